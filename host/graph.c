@@ -1,0 +1,250 @@
+#include "graph.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+const mn_op_desc mn_op_table[MN_OP_COUNT] = {
+#define MN_OP_DESC(e, nm, ar, fl) [MN_OP_##e] = {.name = nm, .arity = ar, .flags = fl},
+    MN_OP_LIST(MN_OP_DESC)
+#undef MN_OP_DESC
+};
+
+size_t mn_dtype_size(mn_dtype dt) {
+  switch (dt) {
+  case MN_F32:
+  case MN_U32: return 4;
+  case MN_BF16:
+  case MN_F16: return 2;
+  }
+  return 0;
+}
+
+int64_t mn_tensor_type_numel(const mn_tensor_type *t) {
+  if (!t || t->rank < 0 || t->rank > MN_MAX_RANK) return 0;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++)
+    n *= t->shape[i];
+  return n;
+}
+
+size_t mn_tensor_type_bytes(const mn_tensor_type *t) {
+  if (!t) return 0;
+  return (size_t)mn_tensor_type_numel(t) * mn_dtype_size(t->dtype);
+}
+
+mn_tensor_type mn_type_make(mn_dtype dt, const int64_t *shape, int rank) {
+  mn_tensor_type t;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank && i < MN_MAX_RANK; i++)
+    t.shape[i] = shape[i];
+  return t;
+}
+
+bool mn_type_same_shape(const mn_tensor_type *a, const mn_tensor_type *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size) {
+  size_t used = 0;
+  int w = snprintf(buf, size, "[");
+  used = w > 0 ? (size_t)w : 0;
+  for (int i = 0; i < t->rank && used < size; i++) {
+    w = snprintf(buf + used, size - used, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if (w > 0) used += (size_t)w;
+  }
+  if (used < size) snprintf(buf + used, size - used, t->dtype == MN_U32 ? "] u32" : "]");
+  return buf;
+}
+
+mn_graph *mn_graph_new(void) { return calloc(1, sizeof(mn_graph)); }
+
+void mn_graph_free(mn_graph *g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    free(g->nodes[i].name);
+    free(g->nodes[i].data);
+  }
+  free(g->nodes);
+  free(g->outputs);
+  free(g);
+}
+
+mn_status mn_graph_status(const mn_graph *g) { return g ? g->status : MN_ERR_INVALID_ARGUMENT; }
+
+const char *mn_graph_error(const mn_graph *g) {
+  if (!g) return "mn_graph_error: graph is NULL";
+  return g->error;
+}
+
+mn_node mn_graph_fail(mn_graph *g, mn_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  mn_vfail(s, fmt, ap);
+  va_end(ap);
+  if (g && g->status == MN_OK) {
+    g->status = s;
+    snprintf(g->error, sizeof g->error, "%s", mn_last_error());
+  }
+  return MN_NO_NODE;
+}
+
+bool mn_graph_check_inputs(mn_graph *g, const char *fn, const mn_node *ins, int n) {
+  if (!g) {
+    mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+    return false;
+  }
+  if (g->status != MN_OK) {
+    mn_set_last_error(g->error);
+    return false;
+  }
+  for (int i = 0; i < n; i++) {
+    if (ins[i] == MN_NO_NODE) {
+      /* An earlier builder failed on another graph or the caller passed the sentinel
+       * by hand; either way this graph has no message yet, so record one. */
+      mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: input %d is MN_NO_NODE", fn, i);
+      return false;
+    }
+    if (ins[i] >= g->num_nodes) {
+      mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                    "%s: input %d is node %u, but the graph has %zu nodes", fn, i, ins[i],
+                    g->num_nodes);
+      return false;
+    }
+  }
+  return true;
+}
+
+mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_inputs,
+                        const mn_tensor_type *type, const mn_op_attrs *attrs, const char *name) {
+  if (g->num_nodes >= (size_t)MN_NO_NODE - 1)
+    return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: graph has too many nodes", mn_op_name(op));
+  if (g->num_nodes == g->cap_nodes) {
+    size_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
+    mn_node_rec *nodes = realloc(g->nodes, cap * sizeof *nodes);
+    if (!nodes) return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: out of memory", mn_op_name(op));
+    g->nodes = nodes;
+    g->cap_nodes = cap;
+  }
+  mn_node_rec *n = &g->nodes[g->num_nodes];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->num_inputs = num_inputs;
+  for (int i = 0; i < num_inputs; i++)
+    n->inputs[i] = inputs[i];
+  n->type = *type;
+  if (attrs) n->attrs = *attrs;
+  if (name) {
+    n->name = strdup(name);
+    if (!n->name)
+      return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: out of memory", mn_op_name(op));
+  }
+  return (mn_node)g->num_nodes++;
+}
+
+mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name) {
+  if (!g || !name) return MN_NO_NODE;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op == op && n->name && strcmp(n->name, name) == 0) return (mn_node)i;
+  }
+  return MN_NO_NODE;
+}
+
+bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src) {
+  *dst = *src;
+  dst->name = NULL;
+  dst->data = NULL;
+  if (src->name && !(dst->name = strdup(src->name))) return false;
+  if (src->data) {
+    size_t bytes = (size_t)mn_tensor_type_numel(&src->type) * sizeof(float);
+    if (!(dst->data = malloc(bytes))) return false;
+    memcpy(dst->data, src->data, bytes);
+  }
+  return true;
+}
+
+mn_graph *mn_graph_clone(const mn_graph *g) {
+  mn_graph *c = mn_graph_new();
+  if (!c) return NULL;
+  c->status = g->status;
+  memcpy(c->error, g->error, sizeof c->error);
+  if (g->num_nodes) {
+    c->nodes = calloc(g->num_nodes, sizeof *c->nodes);
+    if (!c->nodes) goto oom;
+    c->cap_nodes = g->num_nodes;
+  }
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    c->num_nodes = i + 1;
+    if (!mn_node_rec_copy(&c->nodes[i], &g->nodes[i])) goto oom;
+  }
+  if (g->num_outputs) {
+    c->outputs = malloc(g->num_outputs * sizeof *c->outputs);
+    if (!c->outputs) goto oom;
+    memcpy(c->outputs, g->outputs, g->num_outputs * sizeof *c->outputs);
+    c->num_outputs = g->num_outputs;
+  }
+  return c;
+oom:
+  mn_graph_free(c);
+  return NULL;
+}
+
+void mn_set_outputs(mn_graph *g, const mn_node *outputs, size_t n) {
+  if (!mn_graph_check_inputs(g, "mn_set_outputs", NULL, 0)) return;
+  if (n > 0 && !outputs) {
+    mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "mn_set_outputs: outputs is NULL with n = %zu", n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (outputs[i] == MN_NO_NODE || outputs[i] >= g->num_nodes) {
+      mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                    "mn_set_outputs: output %zu is node %u, but the graph has %zu nodes", i,
+                    outputs[i], g->num_nodes);
+      return;
+    }
+  }
+  mn_node *copy = NULL;
+  if (n) {
+    copy = malloc(n * sizeof *copy);
+    if (!copy) {
+      mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "mn_set_outputs: out of memory");
+      return;
+    }
+    memcpy(copy, outputs, n * sizeof *copy);
+  }
+  free(g->outputs);
+  g->outputs = copy;
+  g->num_outputs = n;
+}
+
+size_t mn_graph_outputs(const mn_graph *g, const mn_node **outputs) {
+  if (outputs) *outputs = g ? g->outputs : NULL;
+  return g ? g->num_outputs : 0;
+}
+
+size_t mn_graph_num_nodes(const mn_graph *g) { return g ? g->num_nodes : 0; }
+
+mn_status mn_graph_node(const mn_graph *g, mn_node id, mn_node_info *out) {
+  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_graph_node: graph is NULL");
+  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_graph_node: out is NULL");
+  if (id >= g->num_nodes)
+    return mn_fail(MN_ERR_NOT_FOUND, "mn_graph_node: node %u out of range (graph has %zu nodes)",
+                   id, g->num_nodes);
+  const mn_node_rec *n = &g->nodes[id];
+  out->id = id;
+  out->op = mn_op_name(n->op);
+  out->name = n->name;
+  out->inputs = n->inputs;
+  out->num_inputs = n->num_inputs;
+  out->type = n->type;
+  return MN_OK;
+}

@@ -1,0 +1,84 @@
+/* The graph IR: a flat array of nodes, each naming its inputs by index. */
+#ifndef MN_HOST_GRAPH_H
+#define MN_HOST_GRAPH_H
+
+#include "meganeura.h"
+#include "ops.h"
+
+#define MN_MAX_INPUTS 4
+#define MN_ERROR_CAP  512
+
+/* Op attributes. Unused fields stay zero so that two nodes with equal attributes
+ * compare and hash equal byte for byte. */
+typedef struct mn_op_attrs {
+  float scale;      /* scale */
+  float eps;        /* rms_norm, layer_norm, group_norm */
+  float theta;      /* rope */
+  int pos_offset;   /* rope with a static offset */
+  int head_dim;     /* rope, attention */
+  int num_heads;    /* attention */
+  int num_kv_heads; /* attention */
+  int stride;       /* conv2d */
+  int padding;      /* conv2d */
+  int groups;       /* group_norm */
+  int channels_a;   /* split_a, split_b */
+  int axis;         /* backward ops that reduce along an axis */
+  int64_t num_rows; /* scatter_add */
+} mn_op_attrs;
+
+typedef struct mn_node_rec {
+  mn_op op;
+  int num_inputs;
+  mn_node inputs[MN_MAX_INPUTS];
+  mn_tensor_type type;
+  mn_op_attrs attrs;
+  char *name;  /* inputs and parameters; owned */
+  float *data; /* constants; owned, numel floats */
+} mn_node_rec;
+
+struct mn_graph {
+  mn_node_rec *nodes;
+  size_t num_nodes, cap_nodes;
+  mn_node *outputs;
+  size_t num_outputs;
+  mn_status status;
+  char error[MN_ERROR_CAP];
+};
+
+/* Appends a node (inputs, type and attrs copied; name copied when not NULL).
+ * Returns MN_NO_NODE and records an out-of-memory error in g on failure. */
+mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_inputs,
+                        const mn_tensor_type *type, const mn_op_attrs *attrs, const char *name);
+
+static inline const mn_node_rec *mn_graph_at(const mn_graph *g, mn_node id) {
+  return &g->nodes[id];
+}
+
+/* Records the sticky builder error: the first failure wins, later ones are dropped.
+ * Also sets the thread's last error. Returns MN_NO_NODE for tail calls. */
+mn_node mn_graph_fail(mn_graph *g, mn_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Builder preamble: NULL graph, a graph already in error, or MN_NO_NODE / unknown
+ * node ids in `ins` all make the builder return MN_NO_NODE. `fn` names the builder
+ * in messages. Returns true when the builder may proceed. */
+bool mn_graph_check_inputs(mn_graph *g, const char *fn, const mn_node *ins, int n);
+
+/* "[2,3,4]" (U32 tensors get a "u32" suffix); returns buf. */
+const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size);
+
+mn_tensor_type mn_type_make(mn_dtype dt, const int64_t *shape, int rank);
+bool mn_type_same_shape(const mn_tensor_type *a, const mn_tensor_type *b);
+
+/* Copies a node, duplicating its owned name and constant data; false on allocation
+ * failure (dst then owns whatever was copied and must still be freed). */
+bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src);
+
+/* Deep copy (names, constant data, outputs, error). NULL on allocation failure. */
+mn_graph *mn_graph_clone(const mn_graph *g);
+
+/* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
+ * (MN_OP_INPUT or MN_OP_PARAMETER). */
+mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name);
+
+#endif

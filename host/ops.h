@@ -1,0 +1,101 @@
+/* The op table: every op named once. Builders, shape rules, the reference backend,
+ * autodiff, code generation and reports all index by mn_op.
+ *
+ * X(ENUM, "printable name", number of inputs, flags)
+ *   number of inputs: -1 only for leaves that take none but carry data.
+ *   flags: MN_OPF_* below. */
+#ifndef MN_HOST_OPS_H
+#define MN_HOST_OPS_H
+
+enum {
+  MN_OPF_LEAF = 1 << 0,      /* input, parameter or constant: no kernel */
+  MN_OPF_POINTWISE = 1 << 1, /* out[i] depends only on inputs[i] (same shapes) */
+  MN_OPF_REDUCTION = 1 << 2, /* reduces over one or more axes */
+  MN_OPF_DIFF = 1 << 3,      /* has a VJP rule (gradients flow through it) */
+  MN_OPF_LOSS = 1 << 4,      /* scalar [1] mean loss */
+  MN_OPF_INPLACE = 1 << 5,   /* writes into the buffer of its second input */
+  MN_OPF_BACKWARD = 1 << 6,  /* appears only in graphs produced by autodiff */
+};
+
+#define MN_FORWARD_OP_LIST(X)                                                                      \
+  X(INPUT, "input", 0, MN_OPF_LEAF)                                                                \
+  X(PARAMETER, "parameter", 0, MN_OPF_LEAF)                                                        \
+  X(CONSTANT, "constant", 0, MN_OPF_LEAF)                                                          \
+  X(MATMUL, "matmul", 2, MN_OPF_DIFF)                                                              \
+  X(MATMUL_AT, "matmul_at", 2, MN_OPF_DIFF)                                                        \
+  X(MATMUL_BT, "matmul_bt", 2, MN_OPF_DIFF)                                                        \
+  X(ADD, "add", 2, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(MUL, "mul", 2, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(DIV, "div", 2, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(GREATER, "greater", 2, MN_OPF_POINTWISE)                                                       \
+  X(BIAS_ADD, "bias_add", 2, MN_OPF_DIFF)                                                          \
+  X(BROADCAST_ADD, "broadcast_add", 2, MN_OPF_DIFF)                                                \
+  X(SCALE, "scale", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                             \
+  X(RELU, "relu", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
+  X(SIGMOID, "sigmoid", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                         \
+  X(TANH, "tanh", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
+  X(NEG, "neg", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(ABS, "abs", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(LOG, "log", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(EXP, "exp", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                                 \
+  X(RECIP, "recip", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                             \
+  X(SILU, "silu", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
+  X(GELU, "gelu", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
+  X(SUM_ALL, "sum_all", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                         \
+  X(MEAN_ALL, "mean_all", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                       \
+  X(SOFTMAX, "softmax", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                         \
+  X(LOG_SOFTMAX, "log_softmax", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                 \
+  X(CROSS_ENTROPY_LOSS, "cross_entropy_loss", 2, MN_OPF_REDUCTION | MN_OPF_DIFF | MN_OPF_LOSS)     \
+  X(SPARSE_CROSS_ENTROPY_LOSS, "sparse_cross_entropy_loss", 2,                                     \
+    MN_OPF_REDUCTION | MN_OPF_DIFF | MN_OPF_LOSS)                                                  \
+  X(BCE_LOSS, "bce_loss", 2, MN_OPF_REDUCTION | MN_OPF_DIFF | MN_OPF_LOSS)                         \
+  X(MSE_LOSS, "mse_loss", 2, MN_OPF_REDUCTION | MN_OPF_DIFF | MN_OPF_LOSS)                         \
+  X(L1_LOSS, "l1_loss", 2, MN_OPF_REDUCTION | MN_OPF_DIFF | MN_OPF_LOSS)                           \
+  X(SWIGLU, "swiglu", 2, MN_OPF_POINTWISE | MN_OPF_DIFF)                                           \
+  X(RMS_NORM, "rms_norm", 2, MN_OPF_REDUCTION | MN_OPF_DIFF)                                       \
+  X(LAYER_NORM, "layer_norm", 3, MN_OPF_REDUCTION | MN_OPF_DIFF)                                   \
+  X(ROPE, "rope", 1, MN_OPF_DIFF)                                                                  \
+  X(ROPE_DYNAMIC, "rope_dynamic_offset", 2, MN_OPF_DIFF)                                           \
+  X(CAUSAL_ATTENTION, "causal_attention", 3, MN_OPF_DIFF)                                          \
+  X(FULL_ATTENTION, "full_attention", 3, MN_OPF_DIFF)                                              \
+  X(CROSS_ATTENTION, "cross_attention", 3, MN_OPF_DIFF)                                            \
+  X(EMBEDDING, "embedding", 2, MN_OPF_DIFF)                                                        \
+  X(SCATTER_ADD, "scatter_add", 2, MN_OPF_DIFF)                                                    \
+  X(CONV2D, "conv2d", 2, MN_OPF_DIFF)                                                              \
+  X(GROUP_NORM, "group_norm", 3, MN_OPF_REDUCTION | MN_OPF_DIFF)                                   \
+  X(CONCAT, "concat", 2, MN_OPF_DIFF)                                                              \
+  X(SPLIT_A, "split_a", 1, MN_OPF_DIFF)                                                            \
+  X(SPLIT_B, "split_b", 1, MN_OPF_DIFF)                                                            \
+  X(UPSAMPLE_2X, "upsample_2x", 1, MN_OPF_DIFF)                                                    \
+  X(ADD_PER_CHANNEL, "add_per_channel", 2, MN_OPF_DIFF)                                            \
+  X(CACHE_WRITE, "cache_write", 3, MN_OPF_INPLACE)                                                 \
+  X(CACHED_ATTENTION, "cached_attention", 4, 0)
+
+/* Ops that only autodiff emits are listed in ops_backward.h, owned by autodiff/. */
+#include "ops_backward.h"
+
+#define MN_OP_LIST(X) MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X)
+
+typedef enum mn_op {
+#define MN_OP_ENUM(e, name, arity, flags) MN_OP_##e,
+  MN_OP_LIST(MN_OP_ENUM)
+#undef MN_OP_ENUM
+      MN_OP_COUNT
+} mn_op;
+
+typedef struct mn_op_desc {
+  const char *name;
+  int arity;
+  unsigned flags;
+} mn_op_desc;
+
+extern const mn_op_desc mn_op_table[MN_OP_COUNT];
+
+static inline const char *mn_op_name(mn_op op) {
+  return (unsigned)op < MN_OP_COUNT ? mn_op_table[op].name : "?";
+}
+static inline unsigned mn_op_flags(mn_op op) {
+  return (unsigned)op < MN_OP_COUNT ? mn_op_table[op].flags : 0u;
+}
+
+#endif

@@ -1,0 +1,125 @@
+/* The CPU reference backend: interprets the plan with the reference kernels over one
+ * arena. It is the oracle the CUDA backend is tested against, so it favors clarity. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../error.h"
+#include "../session.h"
+#include "ref_kernels.h"
+
+#define MN_ARENA_ALIGN 256
+
+typedef struct cpu_state {
+  unsigned char *arena;
+  mn_status pending; /* failure of the last step, reported by wait */
+  char pending_error[1024];
+} cpu_state;
+
+static unsigned char *buffer_ptr(mn_session *s, uint32_t buffer) {
+  cpu_state *st = s->backend_state;
+  return st->arena + s->plan->buffers[buffer].offset;
+}
+
+/* Fills computed buffers with NaN (F32) or all-ones (U32) so that a kernel that leaves
+ * part of its output unwritten shows up in tests instead of passing on stale zeros. */
+static void poison(mn_session *s) {
+  const mn_plan *p = s->plan;
+  for (size_t i = 0; i < p->num_buffers; i++) {
+    const mn_buffer_desc *b = &p->buffers[i];
+    if (b->role != MN_BUF_ACTIVATION && b->role != MN_BUF_OUTPUT) continue;
+    unsigned char *dst = buffer_ptr(s, (uint32_t)i);
+    if (p->graph->nodes[b->node].type.dtype == MN_F32) {
+      float *f = (float *)dst;
+      for (size_t k = 0; k < b->bytes / sizeof(float); k++)
+        f[k] = NAN;
+    } else {
+      memset(dst, 0xff, b->bytes);
+    }
+  }
+}
+
+static mn_status cpu_create(mn_session *s) {
+  cpu_state *st = calloc(1, sizeof *st);
+  size_t bytes = s->plan->arena_bytes ? s->plan->arena_bytes : MN_ARENA_ALIGN;
+  bytes = (bytes + MN_ARENA_ALIGN - 1) / MN_ARENA_ALIGN * MN_ARENA_ALIGN;
+  if (st) st->arena = aligned_alloc(MN_ARENA_ALIGN, bytes);
+  if (!st || !st->arena) {
+    free(st);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate the %zu-byte arena", bytes);
+  }
+  memset(st->arena, 0, bytes);
+  s->backend_state = st;
+  poison(s);
+  const mn_graph *g = s->plan->graph;
+  for (size_t i = 0; i < g->num_nodes; i++)
+    if (g->nodes[i].op == MN_OP_CONSTANT)
+      memcpy(buffer_ptr(s, s->plan->node_buffer[i]), g->nodes[i].data,
+             mn_tensor_type_bytes(&g->nodes[i].type));
+  return MN_OK;
+}
+
+static void cpu_destroy(mn_session *s) {
+  cpu_state *st = s->backend_state;
+  if (!st) return;
+  free(st->arena);
+  free(st);
+  s->backend_state = NULL;
+}
+
+static mn_status cpu_write(mn_session *s, uint32_t buffer, const void *src, size_t bytes) {
+  memcpy(buffer_ptr(s, buffer), src, bytes);
+  return MN_OK;
+}
+
+static mn_status cpu_read(mn_session *s, uint32_t buffer, void *dst, size_t bytes) {
+  memcpy(dst, buffer_ptr(s, buffer), bytes);
+  return MN_OK;
+}
+
+static mn_status cpu_step(mn_session *s) {
+  cpu_state *st = s->backend_state;
+  const mn_plan *p = s->plan;
+  const mn_graph *g = p->graph;
+  char msg[sizeof st->pending_error - 64];
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    mn_node id = p->dispatches[d].node;
+    const mn_node_rec *node = &g->nodes[id];
+    mn_ref_ctx c = {.g = g, .id = id, .node = node, .error = msg, .error_size = sizeof msg};
+    c.out = buffer_ptr(s, p->node_buffer[id]);
+    for (int k = 0; k < node->num_inputs; k++)
+      c.in[k] = buffer_ptr(s, p->node_buffer[node->inputs[k]]);
+    msg[0] = '\0';
+    mn_status rc = mn_ref_kernels[node->op](&c);
+    if (rc != MN_OK) {
+      /* Keep the first failure until wait reports it; later steps do not overwrite. */
+      if (st->pending == MN_OK) {
+        st->pending = rc;
+        snprintf(st->pending_error, sizeof st->pending_error, "mn_session_wait: %s", msg);
+      }
+      break;
+    }
+  }
+  return MN_OK;
+}
+
+static mn_status cpu_wait(mn_session *s) {
+  cpu_state *st = s->backend_state;
+  mn_status rc = st->pending;
+  if (rc != MN_OK) {
+    mn_set_last_error(st->pending_error);
+    st->pending = MN_OK;
+    st->pending_error[0] = '\0';
+  }
+  return rc;
+}
+
+const mn_backend_ops mn_cpu_backend = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .write_buffer = cpu_write,
+    .read_buffer = cpu_read,
+    .step = cpu_step,
+    .wait = cpu_wait,
+};

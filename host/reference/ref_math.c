@@ -1,0 +1,97 @@
+/* Reference kernels: matrix products and element-wise ops. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ref_kernels.h"
+
+/* C[M,N] = op(A) op(B) with double accumulation; strides pick the transposes.
+ * a(i,k) = a[i*a_row + k*a_col], b(k,j) = b[k*b_row + j*b_col]. */
+static void gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+                 size_t b_col, float *c, size_t m, size_t n, size_t k) {
+  for (size_t i = 0; i < m; i++)
+    for (size_t j = 0; j < n; j++) {
+      double acc = 0;
+      for (size_t p = 0; p < k; p++)
+        acc += (double)a[i * a_row + p * a_col] * b[p * b_row + j * b_col];
+      c[i * n + j] = (float)acc;
+    }
+}
+
+static int64_t last(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+mn_status mn_ref_MATMUL(const mn_ref_ctx *c) {
+  const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
+  size_t k = (size_t)last(ta), n = (size_t)tb->shape[1], m = (size_t)mn_tensor_type_numel(ta) / k;
+  gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  return MN_OK;
+}
+
+mn_status mn_ref_MATMUL_BT(const mn_ref_ctx *c) {
+  const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
+  size_t k = (size_t)last(ta), n = (size_t)tb->shape[0], m = (size_t)mn_tensor_type_numel(ta) / k;
+  gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), 1, k, mn_ref_out_f32(c), m, n, k);
+  return MN_OK;
+}
+
+mn_status mn_ref_MATMUL_AT(const mn_ref_ctx *c) {
+  const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
+  size_t m = (size_t)last(ta), n = (size_t)last(tb), k = (size_t)mn_tensor_type_numel(ta) / m;
+  gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  return MN_OK;
+}
+
+#define MN_REF_BINARY(E, expr)                                                                     \
+  mn_status mn_ref_##E(const mn_ref_ctx *c) {                                                      \
+    const float *a = mn_ref_in_f32(c, 0), *b = mn_ref_in_f32(c, 1);                                \
+    float *o = mn_ref_out_f32(c);                                                                  \
+    for (size_t i = 0, n = mn_ref_numel(c); i < n; i++)                                            \
+      o[i] = (expr);                                                                               \
+    return MN_OK;                                                                                  \
+  }
+MN_REF_BINARY(ADD, a[i] + b[i])
+MN_REF_BINARY(MUL, a[i] * b[i])
+MN_REF_BINARY(DIV, a[i] / b[i])
+MN_REF_BINARY(GREATER, a[i] > b[i] ? 1.0f : 0.0f)
+#undef MN_REF_BINARY
+
+/* x [.., N] + row [N] or [1, N]: the row repeats over every leading index. */
+static mn_status add_row(const mn_ref_ctx *c) {
+  const float *x = mn_ref_in_f32(c, 0), *row = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = (size_t)last(&c->node->type), total = mn_ref_numel(c);
+  for (size_t i = 0; i < total; i++)
+    o[i] = x[i] + row[i % n];
+  return MN_OK;
+}
+mn_status mn_ref_BIAS_ADD(const mn_ref_ctx *c) { return add_row(c); }
+mn_status mn_ref_BROADCAST_ADD(const mn_ref_ctx *c) { return add_row(c); }
+
+static double gelu_tanh(double x) {
+  const double k = 0.7978845608028654; /* sqrt(2/pi) */
+  return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+#define MN_REF_UNARY(E, expr)                                                                      \
+  mn_status mn_ref_##E(const mn_ref_ctx *c) {                                                      \
+    const float *in = mn_ref_in_f32(c, 0);                                                         \
+    float *o = mn_ref_out_f32(c);                                                                  \
+    for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {                                          \
+      double x = in[i];                                                                            \
+      o[i] = (float)(expr);                                                                        \
+    }                                                                                              \
+    return MN_OK;                                                                                  \
+  }
+MN_REF_UNARY(SCALE, x *(double)c->node->attrs.scale)
+MN_REF_UNARY(RELU, x > 0 ? x : 0.0)
+MN_REF_UNARY(SIGMOID, sigmoid(x))
+MN_REF_UNARY(TANH, tanh(x))
+MN_REF_UNARY(NEG, -x)
+MN_REF_UNARY(ABS, fabs(x))
+MN_REF_UNARY(LOG, log(x))
+MN_REF_UNARY(EXP, exp(x))
+MN_REF_UNARY(RECIP, 1.0 / x)
+MN_REF_UNARY(SILU, x *sigmoid(x))
+MN_REF_UNARY(GELU, gelu_tanh(x))
+#undef MN_REF_UNARY

@@ -1,0 +1,169 @@
+/* Session construction, stepping, outputs and the plan/memory views. */
+#include "session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+mn_session_options mn_session_options_default(void) {
+  return (mn_session_options){
+      .backend = MN_BACKEND_AUTO, .device = 0, .allow_tf32 = false, .optimize = true};
+}
+
+/* AUTO becomes CUDA when a device is usable, else CPU; MN_BACKEND=cpu|cuda|auto in the
+ * environment replaces AUTO (an explicit choice in the options wins). */
+static mn_status resolve_backend(const char *fn, const mn_session_options *o,
+                                 const mn_backend_ops **out) {
+  mn_backend want = o->backend;
+  if (want != MN_BACKEND_AUTO && want != MN_BACKEND_CPU && want != MN_BACKEND_CUDA)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: unknown backend %d", fn, (int)want);
+  const char *env = getenv("MN_BACKEND");
+  if (want == MN_BACKEND_AUTO && env && *env) {
+    if (strcmp(env, "cpu") == 0)
+      want = MN_BACKEND_CPU;
+    else if (strcmp(env, "cuda") == 0)
+      want = MN_BACKEND_CUDA;
+    else if (strcmp(env, "auto") != 0)
+      return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                     "%s: environment MN_BACKEND=\"%s\", expected cpu, cuda or auto", fn, env);
+  }
+  if (want == MN_BACKEND_CUDA)
+    return mn_fail(MN_ERR_DEVICE,
+                   "%s: CUDA backend requested (device %d) but no CUDA device is usable: this "
+                   "build of meganeura has no CUDA backend",
+                   fn, o->device);
+  *out = &mn_cpu_backend;
+  return MN_OK;
+}
+
+static mn_status check_buildable(const char *fn, const mn_graph *g, mn_session **out) {
+  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  *out = NULL;
+  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
+  if (g->status != MN_OK) return mn_fail(g->status, "%s: graph is in error: %s", fn, g->error);
+  if (g->num_outputs == 0)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph has no outputs (call mn_set_outputs)", fn);
+  return MN_OK;
+}
+
+/* Creates a session around an already lowered plan (taking ownership of it). */
+mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
+                            bool training, mn_session **out) {
+  mn_session_options o = opts ? *opts : mn_session_options_default();
+  const mn_backend_ops *backend = NULL;
+  mn_status st = resolve_backend(fn, &o, &backend);
+  if (st != MN_OK) {
+    mn_plan_free(plan);
+    return st;
+  }
+  mn_session *s = calloc(1, sizeof *s);
+  if (!s) {
+    mn_plan_free(plan);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  }
+  s->plan = plan;
+  s->options = o;
+  s->training = training;
+  s->backend = backend;
+  st = backend->create(s);
+  if (st != MN_OK) {
+    mn_plan_free(plan);
+    free(s);
+    return st;
+  }
+  *out = s;
+  return MN_OK;
+}
+
+mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options *opts,
+                                     mn_session **out) {
+  const char *fn = "mn_build_inference_session";
+  mn_status st = check_buildable(fn, g, out);
+  if (st != MN_OK) return st;
+  mn_graph *sorted = mn_graph_toposort(g);
+  if (!sorted) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s", fn, mn_last_error());
+  mn_plan *plan = NULL;
+  if ((st = mn_plan_build(sorted, &plan)) != MN_OK) return st;
+  return mn_session_create(fn, plan, opts, false, out);
+}
+
+void mn_session_free(mn_session *s) {
+  if (!s) return;
+  if (s->backend) s->backend->destroy(s);
+  mn_plan_free(s->plan);
+  free(s);
+}
+
+mn_status mn_session_step(mn_session *s) {
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_step: session is NULL");
+  mn_status st = s->backend->step(s);
+  if (st == MN_OK) s->step_in_flight = true;
+  return st;
+}
+
+mn_status mn_session_wait(mn_session *s) {
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_wait: session is NULL");
+  s->step_in_flight = false;
+  return s->backend->wait(s);
+}
+
+float mn_session_read_loss(mn_session *s) {
+  if (!s || s->plan->loss == MN_NO_NODE) return 0.0f;
+  float loss = 0.0f;
+  if (s->backend->read_buffer(s, s->plan->node_buffer[s->plan->loss], &loss, sizeof loss) != MN_OK)
+    return 0.0f;
+  return loss;
+}
+
+size_t mn_session_num_outputs(const mn_session *s) { return s ? s->plan->graph->num_outputs : 0; }
+
+mn_status mn_session_read_output_by_index(mn_session *s, size_t index, float *out, size_t n) {
+  const char *fn = "mn_session_read_output_by_index";
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  const mn_graph *g = s->plan->graph;
+  if (index >= g->num_outputs)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: index %zu out of range (%zu outputs)", fn, index,
+                   g->num_outputs);
+  mn_node id = g->outputs[index];
+  const mn_tensor_type *t = &g->nodes[id].type;
+  size_t numel = (size_t)mn_tensor_type_numel(t);
+  if (n != numel) {
+    char shape[96];
+    return mn_fail(MN_ERR_SHAPE, "%s: output %zu (node %u %s) has %zu elements, n is %zu", fn,
+                   index, id, mn_shape_str(t, shape, sizeof shape), numel, n);
+  }
+  mn_status st = s->backend->read_buffer(s, s->plan->node_buffer[id], out, numel * sizeof(float));
+  if (st != MN_OK || t->dtype != MN_U32) return st;
+  /* U32 outputs (an index passed through) are returned as floats. */
+  uint32_t *as_u32 = (uint32_t *)out;
+  for (size_t i = 0; i < numel; i++)
+    out[i] = (float)as_u32[i];
+  return MN_OK;
+}
+
+const mn_plan *mn_session_plan(const mn_session *s) { return s ? s->plan : NULL; }
+
+mn_memory_summary mn_session_memory_summary(const mn_session *s) {
+  mn_memory_summary m = {0};
+  if (!s) return m;
+  const mn_plan *p = s->plan;
+  m.total_buffer_bytes = p->arena_bytes;
+  m.num_buffers = p->num_buffers;
+  for (size_t i = 0; i < p->num_buffers; i++) {
+    const mn_buffer_desc *b = &p->buffers[i];
+    if (b->role == MN_BUF_OPT_STATE) m.adam_state_bytes += b->bytes;
+    if (b->bytes > m.largest_buffer_bytes) m.largest_buffer_bytes = b->bytes;
+  }
+  return m;
+}
+
+int mn_memory_summary_format(const mn_memory_summary *m, char *buf, size_t size) {
+  if (!m) return snprintf(buf, size, "(no memory summary)");
+  return snprintf(buf, size, "%zu %s, %.1f MB total (%.1f MB adam state), largest %.1f MB",
+                  m->num_buffers, m->num_buffers == 1 ? "buffer" : "buffers",
+                  (double)m->total_buffer_bytes / 1e6, (double)m->adam_state_bytes / 1e6,
+                  (double)m->largest_buffer_bytes / 1e6);
+}

@@ -1,0 +1,51 @@
+/* The session front end and the interface every backend implements. */
+#ifndef MN_HOST_SESSION_H
+#define MN_HOST_SESSION_H
+
+#include "plan.h"
+
+typedef struct mn_backend_ops {
+  const char *name;
+  /* Allocates buffers for s->plan and fills constants; parameters and inputs start at 0. */
+  mn_status (*create)(mn_session *s);
+  void (*destroy)(mn_session *s);
+  mn_status (*write_buffer)(mn_session *s, uint32_t buffer, const void *src, size_t bytes);
+  mn_status (*read_buffer)(mn_session *s, uint32_t buffer, void *dst, size_t bytes);
+  /* Submits one step; failures found while running it are returned by wait. */
+  mn_status (*step)(mn_session *s);
+  mn_status (*wait)(mn_session *s);
+} mn_backend_ops;
+
+typedef enum mn_optimizer_kind {
+  MN_OPTIM_NONE,
+  MN_OPTIM_SGD,
+  MN_OPTIM_ADAM,
+  MN_OPTIM_ADAMW
+} mn_optimizer_kind;
+
+typedef struct mn_optimizer_config {
+  mn_optimizer_kind kind;
+  float lr, beta1, beta2, eps, weight_decay;
+  float max_grad_norm; /* 0: no clipping */
+} mn_optimizer_config;
+
+struct mn_session {
+  mn_plan *plan;
+  mn_session_options options;
+  bool training;
+  const mn_backend_ops *backend;
+  void *backend_state;
+  mn_optimizer_config optim;
+  uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
+  bool step_in_flight; /* step submitted, wait not yet called */
+};
+
+/* Creates a session around a lowered plan, taking ownership of the plan even on
+ * failure; `fn` names the public builder in messages. */
+mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
+                            bool training, mn_session **out);
+
+/* The reference backend in host/reference/. */
+extern const mn_backend_ops mn_cpu_backend;
+
+#endif

@@ -1,0 +1,259 @@
+/* meganeura: a training framework for NVIDIA GPUs with a C host API.
+ *
+ * A model is described once as a graph of nodes; a session built from it runs the
+ * forward pass (and, for training sessions, the backward pass and the optimizer
+ * update) as one submission per step. The contract of every name below is in
+ * API.md; this header is its C form. */
+#ifndef MEGANEURA_H
+#define MEGANEURA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MN_API
+#else
+#define MN_API __attribute__((visibility("default")))
+#endif
+
+#define MN_VERSION_MAJOR  0
+#define MN_VERSION_MINOR  1
+#define MN_VERSION_PATCH  0
+#define MN_VERSION_STRING "0.1.0"
+MN_API const char *mn_version(void);
+
+/* ---------------------------------------------------------------- types */
+
+typedef uint32_t mn_node;
+#define MN_NO_NODE  ((mn_node)UINT32_MAX)
+#define MN_MAX_RANK 6
+
+/* A shape literal and its rank, for the (shape, rank) argument pairs:
+ * mn_input(g, "x", MN_SHAPE(32, 784)). */
+#define MN_SHAPE(...)                                                                              \
+  ((const int64_t[]){__VA_ARGS__}),                                                                \
+      ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+
+typedef enum mn_dtype { MN_F32, MN_U32, MN_BF16, MN_F16 } mn_dtype;
+MN_API size_t mn_dtype_size(mn_dtype dt);
+
+typedef struct mn_tensor_type {
+  mn_dtype dtype;
+  int rank;
+  int64_t shape[MN_MAX_RANK];
+} mn_tensor_type;
+MN_API int64_t mn_tensor_type_numel(const mn_tensor_type *t);
+MN_API size_t mn_tensor_type_bytes(const mn_tensor_type *t);
+
+typedef enum mn_status {
+  MN_OK = 0,
+  MN_ERR_INVALID_ARGUMENT,
+  MN_ERR_SHAPE,
+  MN_ERR_NOT_FOUND,
+  MN_ERR_IO,
+  MN_ERR_FORMAT,
+  MN_ERR_UNSUPPORTED,
+  MN_ERR_OUT_OF_MEMORY,
+  MN_ERR_DEVICE,
+  MN_ERR_STATE
+} mn_status;
+MN_API const char *mn_status_string(mn_status s);
+/* The message of the last failure on the calling thread ("" when none yet). */
+MN_API const char *mn_last_error(void);
+
+/* ---------------------------------------------------------------- graph */
+
+typedef struct mn_graph mn_graph;
+MN_API mn_graph *mn_graph_new(void);
+MN_API void mn_graph_free(mn_graph *g);
+MN_API mn_status mn_graph_status(const mn_graph *g);
+MN_API const char *mn_graph_error(const mn_graph *g);
+
+/* leaves */
+MN_API mn_node mn_input(mn_graph *g, const char *name, const int64_t *shape, int rank);
+MN_API mn_node mn_input_u32(mn_graph *g, const char *name, const int64_t *shape, int rank);
+MN_API mn_node mn_parameter(mn_graph *g, const char *name, const int64_t *shape, int rank);
+MN_API mn_node mn_constant(mn_graph *g, const float *data, const int64_t *shape, int rank);
+MN_API mn_node mn_scalar(mn_graph *g, float value);
+
+/* matrix products: a [.., M, K] rows flattened; b 2-D */
+MN_API mn_node mn_matmul(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_matmul_at(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_matmul_bt(mn_graph *g, mn_node a, mn_node b);
+
+/* element-wise, identical shapes unless named otherwise */
+MN_API mn_node mn_add(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_mul(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_div(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_greater(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_bias_add(mn_graph *g, mn_node x, mn_node bias);
+MN_API mn_node mn_broadcast_add(mn_graph *g, mn_node x, mn_node row);
+MN_API mn_node mn_scale(mn_graph *g, mn_node x, float s);
+MN_API mn_node mn_relu(mn_graph *g, mn_node x);
+MN_API mn_node mn_sigmoid(mn_graph *g, mn_node x);
+MN_API mn_node mn_tanh(mn_graph *g, mn_node x);
+MN_API mn_node mn_neg(mn_graph *g, mn_node x);
+MN_API mn_node mn_abs(mn_graph *g, mn_node x);
+MN_API mn_node mn_log(mn_graph *g, mn_node x);
+MN_API mn_node mn_exp(mn_graph *g, mn_node x);
+MN_API mn_node mn_recip(mn_graph *g, mn_node x);
+MN_API mn_node mn_silu(mn_graph *g, mn_node x);
+MN_API mn_node mn_gelu(mn_graph *g, mn_node x);
+
+/* reductions */
+MN_API mn_node mn_sum_all(mn_graph *g, mn_node x);
+MN_API mn_node mn_mean_all(mn_graph *g, mn_node x);
+MN_API mn_node mn_softmax(mn_graph *g, mn_node x);
+MN_API mn_node mn_log_softmax(mn_graph *g, mn_node x);
+
+/* losses, each -> [1] */
+MN_API mn_node mn_cross_entropy_loss(mn_graph *g, mn_node logits, mn_node target_probs);
+MN_API mn_node mn_sparse_cross_entropy_loss(mn_graph *g, mn_node logits, mn_node labels);
+MN_API mn_node mn_bce_loss(mn_graph *g, mn_node pred, mn_node target);
+MN_API mn_node mn_mse_loss(mn_graph *g, mn_node pred, mn_node target);
+MN_API mn_node mn_l1_loss(mn_graph *g, mn_node pred, mn_node target);
+
+/* transformer; activations are [T, D] or [B, T, D]; positions count within T */
+MN_API mn_node mn_swiglu(mn_graph *g, mn_node gate, mn_node up);
+MN_API mn_node mn_rms_norm(mn_graph *g, mn_node x, mn_node weight, float eps);
+MN_API mn_node mn_layer_norm(mn_graph *g, mn_node x, mn_node weight, mn_node bias, float eps);
+MN_API mn_node mn_rope(mn_graph *g, mn_node x, float theta, int head_dim);
+MN_API mn_node mn_rope_with_offset(mn_graph *g, mn_node x, float theta, int pos_offset,
+                                   int head_dim);
+MN_API mn_node mn_rope_dynamic_offset(mn_graph *g, mn_node x, float theta, mn_node offset_u32,
+                                      int head_dim);
+MN_API mn_node mn_causal_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
+                                   int num_kv_heads, int head_dim);
+MN_API mn_node mn_full_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
+                                 int num_kv_heads, int head_dim);
+MN_API mn_node mn_cross_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
+                                  int num_kv_heads, int head_dim);
+MN_API mn_node mn_multi_head_attn(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
+                                  int num_kv_heads, int head_dim, bool is_cross);
+MN_API mn_node mn_embedding(mn_graph *g, mn_node indices_u32, mn_node table);
+MN_API mn_node mn_scatter_add(mn_graph *g, mn_node indices_u32, mn_node src, int64_t num_rows);
+
+/* vision: real 4-D NCHW tensors */
+MN_API mn_node mn_conv2d(mn_graph *g, mn_node x, mn_node kernel, int stride, int padding);
+MN_API mn_node mn_group_norm(mn_graph *g, mn_node x, mn_node weight, mn_node bias, int groups,
+                             float eps);
+MN_API mn_node mn_concat(mn_graph *g, mn_node a, mn_node b);
+MN_API mn_node mn_split_a(mn_graph *g, mn_node x, int channels_a);
+MN_API mn_node mn_split_b(mn_graph *g, mn_node x, int channels_a);
+MN_API mn_node mn_upsample_2x(mn_graph *g, mn_node x);
+MN_API mn_node mn_add_per_channel(mn_graph *g, mn_node x, mn_node bias);
+
+/* KV cache (inference) */
+MN_API mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32);
+MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_cache,
+                                   mn_node kv_len_u32, int num_heads, int num_kv_heads,
+                                   int head_dim);
+
+/* outputs and inspection */
+MN_API void mn_set_outputs(mn_graph *g, const mn_node *outputs, size_t n);
+MN_API size_t mn_graph_outputs(const mn_graph *g, const mn_node **outputs);
+MN_API size_t mn_graph_num_nodes(const mn_graph *g);
+typedef struct mn_node_info {
+  mn_node id;
+  const char *op;
+  const char *name; /* inputs and parameters, else NULL */
+  const mn_node *inputs;
+  int num_inputs;
+  mn_tensor_type type;
+} mn_node_info;
+MN_API mn_status mn_graph_node(const mn_graph *g, mn_node id, mn_node_info *out);
+MN_API mn_graph *mn_graph_toposort(const mn_graph *g);
+
+/* ---------------------------------------------------------------- session */
+
+typedef enum mn_backend { MN_BACKEND_AUTO, MN_BACKEND_CUDA, MN_BACKEND_CPU } mn_backend;
+typedef struct mn_session_options {
+  mn_backend backend; /* AUTO: CUDA when a device is usable, else CPU; env MN_BACKEND overrides */
+  int device;         /* CUDA device ordinal */
+  bool allow_tf32;    /* matmuls may use TF32 tensor cores */
+  bool optimize;      /* run the graph optimizer (default true) */
+} mn_session_options;
+MN_API mn_session_options mn_session_options_default(void);
+
+typedef struct mn_session mn_session;
+typedef struct mn_plan mn_plan;
+typedef struct mn_optimize_report mn_optimize_report;
+
+/* opts may be NULL for the defaults */
+MN_API mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts,
+                                  mn_session **out);
+MN_API mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options *opts,
+                                            mn_session **out);
+MN_API mn_status mn_build_session_cached(const mn_graph *g, const char *cache_path,
+                                         const mn_session_options *opts, mn_session **out);
+MN_API mn_status mn_build_session_with_report(const mn_graph *g, const mn_session_options *opts,
+                                              mn_session **out, mn_optimize_report **report);
+MN_API void mn_session_free(mn_session *s);
+
+MN_API mn_status mn_session_set_input(mn_session *s, const char *name, const float *data, size_t n);
+MN_API mn_status mn_session_set_input_u32(mn_session *s, const char *name, const uint32_t *data,
+                                          size_t n);
+MN_API mn_status mn_session_set_parameter(mn_session *s, const char *name, const float *data,
+                                          size_t n);
+MN_API mn_status mn_session_read_param(mn_session *s, const char *name, float *out, size_t n);
+MN_API mn_status mn_session_read_grad(mn_session *s, const char *name, float *out, size_t n);
+
+MN_API mn_status mn_session_set_learning_rate(mn_session *s, float lr);
+MN_API mn_status mn_session_set_adam(mn_session *s, float lr, float beta1, float beta2, float eps);
+MN_API mn_status mn_session_set_adamw(mn_session *s, float lr, float beta1, float beta2, float eps,
+                                      float weight_decay);
+MN_API mn_status mn_session_set_grad_clip(mn_session *s, float max_global_norm);
+
+MN_API mn_status mn_session_step(mn_session *s);
+MN_API mn_status mn_session_wait(mn_session *s);
+MN_API float mn_session_read_loss(mn_session *s);
+MN_API size_t mn_session_num_outputs(const mn_session *s);
+MN_API mn_status mn_session_read_output_by_index(mn_session *s, size_t index, float *out, size_t n);
+
+MN_API const mn_plan *mn_session_plan(const mn_session *s);
+MN_API size_t mn_plan_num_dispatches(const mn_plan *p);
+MN_API size_t mn_plan_num_buffers(const mn_plan *p);
+
+typedef struct mn_memory_summary {
+  size_t total_buffer_bytes, adam_state_bytes, num_buffers, largest_buffer_bytes;
+} mn_memory_summary;
+MN_API mn_memory_summary mn_session_memory_summary(const mn_session *s);
+/* "4 buffers, 12.3 MB total (8.2 MB adam state), largest 4.1 MB" (MB = 10^6 bytes);
+ * returns snprintf's count. */
+MN_API int mn_memory_summary_format(const mn_memory_summary *m, char *buf, size_t size);
+
+MN_API mn_status mn_session_save_checkpoint(mn_session *s, const char *path);
+MN_API mn_status mn_session_load_checkpoint(mn_session *s, const char *path);
+
+MN_API mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict);
+MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);
+
+typedef struct mn_safetensors mn_safetensors;
+typedef struct mn_safetensors_info {
+  const char *dtype;
+  int rank;
+  int64_t shape[MN_MAX_RANK];
+  size_t bytes;
+} mn_safetensors_info;
+MN_API mn_status mn_safetensors_open(const char *path, mn_safetensors **out);
+MN_API void mn_safetensors_close(mn_safetensors *st);
+MN_API size_t mn_safetensors_count(const mn_safetensors *st);
+MN_API const char *mn_safetensors_name(const mn_safetensors *st, size_t i);
+MN_API mn_status mn_safetensors_info_of(const mn_safetensors *st, const char *name,
+                                        mn_safetensors_info *out);
+MN_API mn_status mn_safetensors_read_f32(const mn_safetensors *st, const char *name, float *out,
+                                         size_t n);
+MN_API const char *mn_safetensors_metadata(const mn_safetensors *st, const char *key);
+
+MN_API size_t mn_optimize_report_format(const mn_optimize_report *r, char *buf, size_t size);
+MN_API void mn_optimize_report_free(mn_optimize_report *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
