@@ -22,7 +22,7 @@ typedef struct mn_op_attrs {
   int padding;      /* conv2d */
   int groups;       /* group_norm */
   int channels_a;   /* split_a, split_b */
-  int axis;         /* backward ops that reduce along an axis */
+  int variant;      /* backward ops shared by several forward ops (e.g. causal or not) */
   int64_t num_rows; /* scatter_add */
 } mn_op_attrs;
 
@@ -76,6 +76,9 @@ bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src);
 
 /* Deep copy (names, constant data, outputs, error). NULL on allocation failure. */
 mn_graph *mn_graph_clone(const mn_graph *g);
+
+/* mn_graph_toposort with its status (the public function returns only the graph). */
+mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted);
 
 /* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
  * (MN_OP_INPUT or MN_OP_PARAMETER). */

@@ -10,13 +10,30 @@ static size_t align_up(size_t v) {
   return (v + MN_BUFFER_ALIGN - 1) / MN_BUFFER_ALIGN * MN_BUFFER_ALIGN;
 }
 
-static mn_buffer_role role_of(const mn_graph *g, mn_node id, const bool *is_output) {
+/* is_output: 0 not an output, 1 a user output, 2 a gradient. */
+static mn_buffer_role role_of(const mn_graph *g, mn_node id, const unsigned char *is_output) {
   switch (g->nodes[id].op) {
   case MN_OP_INPUT: return MN_BUF_INPUT;
   case MN_OP_PARAMETER: return MN_BUF_PARAMETER;
   case MN_OP_CONSTANT: return MN_BUF_CONSTANT;
-  default: return is_output[id] ? MN_BUF_OUTPUT : MN_BUF_ACTIVATION;
+  default:
+    return is_output[id] == 2 ? MN_BUF_GRADIENT : is_output[id] ? MN_BUF_OUTPUT : MN_BUF_ACTIVATION;
   }
+}
+
+static mn_status fill_params(mn_plan *p, const int32_t *grad_output) {
+  const mn_graph *g = p->graph;
+  for (size_t i = 0; i < g->num_nodes; i++)
+    p->num_params += g->nodes[i].op == MN_OP_PARAMETER;
+  p->params = calloc(p->num_params ? p->num_params : 1, sizeof *p->params);
+  if (!p->params) return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_plan_build: out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    if (g->nodes[i].op != MN_OP_PARAMETER) continue;
+    p->params[k].param = (mn_node)i;
+    p->params[k++].grad = grad_output[i] >= 0 ? g->outputs[grad_output[i]] : MN_NO_NODE;
+  }
+  return MN_OK;
 }
 
 void mn_plan_free(mn_plan *p) {
@@ -25,10 +42,12 @@ void mn_plan_free(mn_plan *p) {
   free(p->dispatches);
   free(p->buffers);
   free(p->node_buffer);
+  free(p->params);
   free(p);
 }
 
-mn_status mn_plan_build(mn_graph *g, mn_plan **out) {
+mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
+                        mn_plan **out) {
   *out = NULL;
   mn_plan *p = calloc(1, sizeof *p);
   if (!p) {
@@ -37,7 +56,7 @@ mn_status mn_plan_build(mn_graph *g, mn_plan **out) {
   }
   p->graph = g;
   size_t n = g->num_nodes;
-  bool *is_output = calloc(n ? n : 1, sizeof *is_output);
+  unsigned char *is_output = calloc(n ? n : 1, 1);
   p->dispatches = malloc((n ? n : 1) * sizeof *p->dispatches);
   p->buffers = malloc((n ? n : 1) * sizeof *p->buffers);
   p->node_buffer = malloc((n ? n : 1) * sizeof *p->node_buffer);
@@ -46,8 +65,17 @@ mn_status mn_plan_build(mn_graph *g, mn_plan **out) {
     mn_plan_free(p);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_plan_build: out of memory (%zu nodes)", n);
   }
+  p->num_user_outputs = num_user_outputs;
   for (size_t i = 0; i < g->num_outputs; i++)
-    is_output[g->outputs[i]] = true;
+    is_output[g->outputs[i]] = i < num_user_outputs ? 1 : 2;
+  if (grad_output) {
+    mn_status st = fill_params(p, grad_output);
+    if (st != MN_OK) {
+      free(is_output);
+      mn_plan_free(p);
+      return st;
+    }
+  }
 
   for (size_t i = 0; i < n; i++) {
     const mn_node_rec *node = &g->nodes[i];

@@ -12,19 +12,25 @@ typedef enum mn_buffer_role {
   MN_BUF_ACTIVATION, /* intermediate value, may share memory with others */
   MN_BUF_OUTPUT,     /* graph output, readable after wait */
   MN_BUF_GRADIENT,   /* dLoss/dparameter */
-  MN_BUF_OPT_STATE,  /* optimizer state (Adam moments) */
 } mn_buffer_role;
 
 typedef struct mn_buffer_desc {
   size_t bytes;
   size_t offset; /* into the session arena */
-  mn_node node;  /* the node whose value it first holds, MN_NO_NODE for optimizer state */
+  mn_node node;  /* the node whose value it first holds */
   mn_buffer_role role;
 } mn_buffer_desc;
 
 typedef struct mn_dispatch {
   mn_node node; /* the node the dispatch computes */
 } mn_dispatch;
+
+/* A trainable parameter and the node holding its gradient (MN_NO_NODE when the loss
+ * does not depend on it: the optimizer then leaves it alone, as PyTorch does). */
+typedef struct mn_param_slot {
+  mn_node param;
+  mn_node grad;
+} mn_param_slot;
 
 struct mn_plan {
   mn_graph *graph; /* toposorted; owned */
@@ -34,14 +40,21 @@ struct mn_plan {
   size_t num_buffers;
   uint32_t *node_buffer; /* buffer index of every node of graph */
   size_t arena_bytes;
-  mn_node loss; /* output 0 when it is an F32 [1] node, else MN_NO_NODE */
+  mn_node loss;            /* output 0 when it is an F32 [1] node, else MN_NO_NODE */
+  size_t num_user_outputs; /* graph outputs [0, n) are the user's; the rest gradients */
+  mn_param_slot *params;   /* training plans: every parameter, in node order */
+  size_t num_params;
 };
 typedef struct mn_plan mn_plan;
 
-/* Lowers a graph (which the plan takes ownership of, sorted or not) to a plan. Every
- * non-leaf node becomes one dispatch; every node gets a buffer, except in-place ops,
- * which share the buffer of the tensor they update. Buffers are aligned to 256 bytes. */
-mn_status mn_plan_build(mn_graph *g, mn_plan **out);
+/* Lowers a toposorted graph (which the plan takes ownership of, even on failure) to a
+ * plan. Every non-leaf node becomes one dispatch; every node gets a buffer, except
+ * in-place ops, which share the buffer of the tensor they update. Buffers are aligned
+ * to 256 bytes. For training, grad_output[i] is the index of the graph output holding
+ * the gradient of parameter node i (-1: none) and outputs from num_user_outputs on are
+ * gradients; inference passes grad_output = NULL and all outputs are the user's. */
+mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
+                        mn_plan **out);
 void mn_plan_free(mn_plan *p);
 
 static inline const mn_buffer_desc *mn_plan_buffer_of(const mn_plan *p, mn_node id) {

@@ -82,10 +82,10 @@ mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options
   const char *fn = "mn_build_inference_session";
   mn_status st = check_buildable(fn, g, out);
   if (st != MN_OK) return st;
-  mn_graph *sorted = mn_graph_toposort(g);
-  if (!sorted) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s", fn, mn_last_error());
+  mn_graph *sorted = NULL;
+  if ((st = mn_graph_toposort_status(g, &sorted)) != MN_OK) return st;
   mn_plan *plan = NULL;
-  if ((st = mn_plan_build(sorted, &plan)) != MN_OK) return st;
+  if ((st = mn_plan_build(sorted, sorted->num_outputs, NULL, &plan)) != MN_OK) return st;
   return mn_session_create(fn, plan, opts, false, out);
 }
 
@@ -117,16 +117,16 @@ float mn_session_read_loss(mn_session *s) {
   return loss;
 }
 
-size_t mn_session_num_outputs(const mn_session *s) { return s ? s->plan->graph->num_outputs : 0; }
+size_t mn_session_num_outputs(const mn_session *s) { return s ? s->plan->num_user_outputs : 0; }
 
 mn_status mn_session_read_output_by_index(mn_session *s, size_t index, float *out, size_t n) {
   const char *fn = "mn_session_read_output_by_index";
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   const mn_graph *g = s->plan->graph;
-  if (index >= g->num_outputs)
+  if (index >= s->plan->num_user_outputs)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: index %zu out of range (%zu outputs)", fn, index,
-                   g->num_outputs);
+                   s->plan->num_user_outputs);
   mn_node id = g->outputs[index];
   const mn_tensor_type *t = &g->nodes[id].type;
   size_t numel = (size_t)mn_tensor_type_numel(t);
@@ -152,11 +152,14 @@ mn_memory_summary mn_session_memory_summary(const mn_session *s) {
   const mn_plan *p = s->plan;
   m.total_buffer_bytes = p->arena_bytes;
   m.num_buffers = p->num_buffers;
-  for (size_t i = 0; i < p->num_buffers; i++) {
-    const mn_buffer_desc *b = &p->buffers[i];
-    if (b->role == MN_BUF_OPT_STATE) m.adam_state_bytes += b->bytes;
-    if (b->bytes > m.largest_buffer_bytes) m.largest_buffer_bytes = b->bytes;
-  }
+  for (size_t i = 0; i < p->num_buffers; i++)
+    if (p->buffers[i].bytes > m.largest_buffer_bytes) m.largest_buffer_bytes = p->buffers[i].bytes;
+  /* Adam keeps two moments per trained parameter, allocated beside the arena. */
+  if (s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW)
+    for (size_t i = 0; i < p->num_params; i++)
+      if (p->params[i].grad != MN_NO_NODE)
+        m.adam_state_bytes += 2 * mn_plan_buffer_of(p, p->params[i].param)->bytes;
+  m.total_buffer_bytes += m.adam_state_bytes;
   return m;
 }
 

@@ -45,6 +45,11 @@ struct mn_session {
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
                             bool training, mn_session **out);
 
+/* Finds the named leaf of kind `op` (MN_OP_INPUT or MN_OP_PARAMETER) with dtype `dt`
+ * holding exactly n elements; `ptr` is the caller's data pointer, checked for NULL. */
+mn_status mn_session_find_leaf(const char *fn, mn_session *s, mn_op op, mn_dtype dt,
+                               const char *name, const void *ptr, size_t n, mn_node *out);
+
 /* The reference backend in host/reference/. */
 extern const mn_backend_ops mn_cpu_backend;
 

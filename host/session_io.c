@@ -4,9 +4,8 @@
 #include "error.h"
 #include "session.h"
 
-/* Finds the named leaf of kind `op` with dtype `dt` holding exactly n elements. */
-static mn_status find_named(const char *fn, mn_session *s, mn_op op, mn_dtype dt, const char *name,
-                            const void *ptr, size_t n, mn_node *out) {
+mn_status mn_session_find_leaf(const char *fn, mn_session *s, mn_op op, mn_dtype dt,
+                               const char *name, const void *ptr, size_t n, mn_node *out) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!name) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
   if (!ptr) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: \"%s\": data is NULL", fn, name);
@@ -32,7 +31,7 @@ static mn_status find_named(const char *fn, mn_session *s, mn_op op, mn_dtype dt
 static mn_status write_named(const char *fn, mn_session *s, mn_op op, mn_dtype dt, const char *name,
                              const void *data, size_t n) {
   mn_node id;
-  mn_status st = find_named(fn, s, op, dt, name, data, n, &id);
+  mn_status st = mn_session_find_leaf(fn, s, op, dt, name, data, n, &id);
   if (st != MN_OK) return st;
   return s->backend->write_buffer(s, s->plan->node_buffer[id], data, n * 4);
 }
@@ -52,7 +51,8 @@ mn_status mn_session_set_parameter(mn_session *s, const char *name, const float 
 
 mn_status mn_session_read_param(mn_session *s, const char *name, float *out, size_t n) {
   mn_node id;
-  mn_status st = find_named("mn_session_read_param", s, MN_OP_PARAMETER, MN_F32, name, out, n, &id);
+  mn_status st =
+      mn_session_find_leaf("mn_session_read_param", s, MN_OP_PARAMETER, MN_F32, name, out, n, &id);
   if (st != MN_OK) return st;
   return s->backend->read_buffer(s, s->plan->node_buffer[id], out, n * sizeof(float));
 }

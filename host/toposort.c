@@ -38,8 +38,16 @@ static void mark_live(const mn_graph *g, unsigned char *live, mn_node *stack) {
 }
 
 mn_graph *mn_graph_toposort(const mn_graph *g) {
-  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_graph_toposort: graph is NULL"), NULL;
-  if (g->status != MN_OK) return mn_set_last_error(g->error), NULL;
+  mn_graph *out = NULL;
+  mn_graph_toposort_status(g, &out);
+  return out;
+}
+
+mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted) {
+  *sorted = NULL;
+  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_graph_toposort: graph is NULL");
+  if (g->status != MN_OK) return mn_fail(g->status, "%s", g->error);
+  mn_status st = MN_OK;
   size_t n = g->num_nodes;
   unsigned char *live = calloc(n ? n : 1, 1), *state = calloc(n ? n : 1, 1);
   mn_node *order = malloc((n ? n : 1) * sizeof *order);
@@ -61,9 +69,9 @@ mn_graph *mn_graph_toposort(const mn_graph *g) {
       if (f->next_input < node->num_inputs) {
         mn_node in = node->inputs[f->next_input++];
         if (state[in] == ON_STACK) {
-          mn_fail(MN_ERR_INVALID_ARGUMENT,
-                  "mn_graph_toposort: node %u (%s) depends on itself through node %u", in,
-                  mn_op_name(g->nodes[in].op), f->id);
+          st = mn_fail(MN_ERR_INVALID_ARGUMENT,
+                       "mn_graph_toposort: node %u (%s) depends on itself through node %u", in,
+                       mn_op_name(g->nodes[in].op), f->id);
           goto fail;
         }
         if (state[in] == UNSEEN) {
@@ -97,7 +105,7 @@ mn_graph *mn_graph_toposort(const mn_graph *g) {
   }
   goto done;
 oom:
-  mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_graph_toposort: out of memory (%zu nodes)", n);
+  st = mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_graph_toposort: out of memory (%zu nodes)", n);
 fail:
   mn_graph_free(out);
   out = NULL;
@@ -107,5 +115,6 @@ done:
   free(order);
   free(remap);
   free(stack);
-  return out;
+  *sorted = out;
+  return st;
 }

@@ -7,12 +7,14 @@
 #include "../error.h"
 #include "../session.h"
 #include "ref_kernels.h"
+#include "ref_update.h"
 
 #define MN_ARENA_ALIGN 256
 
 typedef struct cpu_state {
   unsigned char *arena;
-  mn_status pending; /* failure of the last step, reported by wait */
+  float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
+  mn_status pending;        /* failure of the last step, reported by wait */
   char pending_error[1024];
 } cpu_state;
 
@@ -59,9 +61,38 @@ static mn_status cpu_create(mn_session *s) {
   return MN_OK;
 }
 
+static void free_adam_state(const mn_plan *p, cpu_state *st) {
+  for (size_t i = 0; st->adam_m && i < p->num_params; i++)
+    free(st->adam_m[i]);
+  for (size_t i = 0; st->adam_v && i < p->num_params; i++)
+    free(st->adam_v[i]);
+  free(st->adam_m);
+  free(st->adam_v);
+  st->adam_m = st->adam_v = NULL;
+}
+
+/* Zeroed moments for every parameter that has a gradient. */
+static mn_status ensure_adam_state(const mn_plan *p, cpu_state *st) {
+  if (st->adam_m) return MN_OK;
+  st->adam_m = calloc(p->num_params ? p->num_params : 1, sizeof *st->adam_m);
+  st->adam_v = calloc(p->num_params ? p->num_params : 1, sizeof *st->adam_v);
+  bool ok = st->adam_m && st->adam_v;
+  for (size_t i = 0; ok && i < p->num_params; i++) {
+    if (p->params[i].grad == MN_NO_NODE) continue;
+    size_t n = (size_t)mn_tensor_type_numel(&p->graph->nodes[p->params[i].param].type);
+    st->adam_m[i] = calloc(n, sizeof(float));
+    st->adam_v[i] = calloc(n, sizeof(float));
+    ok = st->adam_m[i] && st->adam_v[i];
+  }
+  if (ok) return MN_OK;
+  free_adam_state(p, st);
+  return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_session_step: cannot allocate the Adam state");
+}
+
 static void cpu_destroy(mn_session *s) {
   cpu_state *st = s->backend_state;
   if (!st) return;
+  free_adam_state(s->plan, st);
   free(st->arena);
   free(st);
   s->backend_state = NULL;
@@ -97,9 +128,17 @@ static mn_status cpu_step(mn_session *s) {
         st->pending = rc;
         snprintf(st->pending_error, sizeof st->pending_error, "mn_session_wait: %s", msg);
       }
-      break;
+      return MN_OK;
     }
   }
+  if (!s->training || s->optim.kind == MN_OPTIM_NONE) return MN_OK;
+  bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
+  if (adam) {
+    mn_status rc = ensure_adam_state(p, st);
+    if (rc != MN_OK) return rc;
+  }
+  s->step_count++;
+  mn_ref_optimizer_step(p, &s->optim, s->step_count, st->arena, st->adam_m, st->adam_v);
   return MN_OK;
 }
 
