@@ -1,25 +1,161 @@
-/* Reference kernels of this area are written by its owner; until then each reports
- * that it has none. */
+/* Reference kernels: SwiGLU, norms, RoPE, embedding and scatter_add. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "ref_kernels.h"
 
+static size_t last(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
+
 mn_status mn_ref_SWIGLU(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {
+    double x = gate[i];
+    o[i] = (float)(x / (1.0 + exp(-x)) * up[i]);
+  }
+  return MN_OK;
 }
+
 mn_status mn_ref_RMS_NORM(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  double eps = c->node->attrs.eps;
+  for (size_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+      ss += (double)xr[i] * xr[i];
+    double inv = 1.0 / sqrt(ss / (double)n + eps);
+    for (size_t i = 0; i < n; i++)
+      o[r * n + i] = (float)(xr[i] * inv * w[i]);
+  }
+  return MN_OK;
 }
+
 mn_status mn_ref_LAYER_NORM(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *b = mn_ref_in_f32(c, 2);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  double eps = c->node->attrs.eps;
+  for (size_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+      sum += xr[i];
+    double mean = sum / (double)n, var = 0;
+    for (size_t i = 0; i < n; i++)
+      var += (xr[i] - mean) * (xr[i] - mean);
+    double inv = 1.0 / sqrt(var / (double)n + eps);
+    for (size_t i = 0; i < n; i++)
+      o[r * n + i] = (float)((xr[i] - mean) * inv * w[i] + b[i]);
+  }
+  return MN_OK;
 }
+
+/* Rotate-half RoPE over x [T, D] or [B, T, D]; positions restart at `offset` in each
+ * batch. The offset is a double so that a dynamic u32 offset plus T cannot wrap. */
+static void rope(const mn_ref_ctx *c, double offset) {
+  const mn_tensor_type *t = &c->node->type;
+  const float *x = mn_ref_in_f32(c, 0);
+  float *o = mn_ref_out_f32(c);
+  size_t d = last(t), seq = (size_t)t->shape[t->rank - 2], rows = mn_ref_numel(c) / d;
+  size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
+  double theta = c->node->attrs.theta;
+  for (size_t r = 0; r < rows; r++) {
+    double pos = (double)(r % seq) + offset;
+    for (size_t h = 0; h < d; h += hd) {
+      const float *xh = x + r * d + h;
+      float *oh = o + r * d + h;
+      for (size_t i = 0; i < half; i++) {
+        double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
+        double cs = cos(angle), sn = sin(angle), a = xh[i], b = xh[i + half];
+        oh[i] = (float)(a * cs - b * sn);
+        oh[i + half] = (float)(b * cs + a * sn);
+      }
+    }
+  }
+}
+
 mn_status mn_ref_ROPE(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  rope(c, (double)c->node->attrs.pos_offset);
+  return MN_OK;
 }
+
 mn_status mn_ref_ROPE_DYNAMIC(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  rope(c, (double)mn_ref_in_u32(c, 1)[0]);
+  return MN_OK;
 }
+
+/* Every index below `rows`, checked before anything is written; false after recording
+ * the first offender. */
+static bool indices_in_range(const mn_ref_ctx *c, const uint32_t *idx, size_t n, size_t rows,
+                             const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (idx[i] >= rows) {
+      mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
+                  "index %u at position %zu of the indices is out of range for %s of %zu rows",
+                  idx[i], i, what, rows);
+      return false;
+    }
+  return true;
+}
+
 mn_status mn_ref_EMBEDDING(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const uint32_t *idx = mn_ref_in_u32(c, 0);
+  const float *table = mn_ref_in_f32(c, 1);
+  const mn_tensor_type *tt = mn_ref_in_type(c, 1);
+  size_t rows = (size_t)tt->shape[0], d = (size_t)tt->shape[1];
+  size_t n = (size_t)mn_tensor_type_numel(mn_ref_in_type(c, 0));
+  if (!indices_in_range(c, idx, n, rows, "a table")) return MN_ERR_INVALID_ARGUMENT;
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0; i < n; i++)
+    memcpy(o + i * d, table + (size_t)idx[i] * d, d * sizeof *o);
+  return MN_OK;
 }
+
+/* Positions are grouped by destination row (a stable counting sort) so that each row
+ * is summed in double in position order with only a row-sized accumulator. */
 mn_status mn_ref_SCATTER_ADD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const uint32_t *idx = mn_ref_in_u32(c, 0);
+  const float *src = mn_ref_in_f32(c, 1);
+  size_t rows = (size_t)c->node->attrs.num_rows, d = last(&c->node->type);
+  size_t n = (size_t)mn_tensor_type_numel(mn_ref_in_type(c, 0));
+  if (!indices_in_range(c, idx, n, rows, "an output")) return MN_ERR_INVALID_ARGUMENT;
+  size_t *start = calloc(rows + 1, sizeof *start);
+  size_t *order = malloc((n ? n : 1) * sizeof *order);
+  double *acc = malloc((d ? d : 1) * sizeof *acc);
+  if (!start || !order || !acc) {
+    free(start);
+    free(order);
+    free(acc);
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "cannot allocate scratch for %zu rows", rows);
+  }
+  for (size_t i = 0; i < n; i++)
+    start[idx[i] + 1]++;
+  for (size_t r = 0; r < rows; r++)
+    start[r + 1] += start[r];
+  for (size_t i = 0; i < n; i++)
+    order[start[idx[i]]++] = i;
+  /* The fill loop advanced each start to the next row's start; shift back. */
+  for (size_t r = rows; r > 0; r--)
+    start[r] = start[r - 1];
+  start[0] = 0;
+  float *o = mn_ref_out_f32(c);
+  for (size_t r = 0; r < rows; r++) {
+    for (size_t j = 0; j < d; j++)
+      acc[j] = 0;
+    for (size_t k = start[r]; k < start[r + 1]; k++) {
+      const float *s = src + order[k] * d;
+      for (size_t j = 0; j < d; j++)
+        acc[j] += s[j];
+    }
+    for (size_t j = 0; j < d; j++)
+      o[r * d + j] = (float)acc[j];
+  }
+  free(start);
+  free(order);
+  free(acc);
+  return MN_OK;
 }
