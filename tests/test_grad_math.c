@@ -1,9 +1,11 @@
 /* Gradient checks of the matrix products, element-wise ops, sum_all and mean_all. */
 #include "support/gradcheck.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                            \
-  {.name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),          \
-   .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_}
+#define LEAF(nm, lo_, hi_, ...)                                                                    \
+  {                                                                                                \
+    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
+    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
+  }
 
 typedef mn_node (*binary_builder)(mn_graph *, mn_node, mn_node);
 typedef mn_node (*unary_builder)(mn_graph *, mn_node);
@@ -21,20 +23,29 @@ static void check_binary(const char *what, binary_builder f, mn_gc_leaf a, mn_gc
 }
 
 Test(grad_math, matmul_family) {
-  check_binary("matmul 2-D", mn_matmul, (mn_gc_leaf)LEAF("a", -1, 1, 3, 5), (mn_gc_leaf)LEAF("b", -1, 1, 5, 4));
-  check_binary("matmul rank 3", mn_matmul, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5), (mn_gc_leaf)LEAF("b", -1, 1, 5, 1));
-  check_binary("matmul_bt", mn_matmul_bt, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5), (mn_gc_leaf)LEAF("b", -1, 1, 4, 5));
-  check_binary("matmul_at", mn_matmul_at, (mn_gc_leaf)LEAF("a", -1, 1, 6, 3), (mn_gc_leaf)LEAF("b", -1, 1, 6, 4));
+  check_binary("matmul 2-D", mn_matmul, (mn_gc_leaf)LEAF("a", -1, 1, 3, 5),
+               (mn_gc_leaf)LEAF("b", -1, 1, 5, 4));
+  check_binary("matmul rank 3", mn_matmul, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5),
+               (mn_gc_leaf)LEAF("b", -1, 1, 5, 1));
+  check_binary("matmul_bt", mn_matmul_bt, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5),
+               (mn_gc_leaf)LEAF("b", -1, 1, 4, 5));
+  check_binary("matmul_at", mn_matmul_at, (mn_gc_leaf)LEAF("a", -1, 1, 6, 3),
+               (mn_gc_leaf)LEAF("b", -1, 1, 6, 4));
   /* Leading dims laid out differently on the two sides: gradients need a reshape. */
-  check_binary("matmul_at mixed", mn_matmul_at, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 3), (mn_gc_leaf)LEAF("b", -1, 1, 6, 4));
+  check_binary("matmul_at mixed", mn_matmul_at, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 3),
+               (mn_gc_leaf)LEAF("b", -1, 1, 6, 4));
 }
 
 Test(grad_math, element_wise_binary) {
-  check_binary("add", mn_add, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5), (mn_gc_leaf)LEAF("b", -1, 1, 2, 3, 5));
+  check_binary("add", mn_add, (mn_gc_leaf)LEAF("a", -1, 1, 2, 3, 5),
+               (mn_gc_leaf)LEAF("b", -1, 1, 2, 3, 5));
   check_binary("mul", mn_mul, (mn_gc_leaf)LEAF("a", -1, 1, 33), (mn_gc_leaf)LEAF("b", -1, 1, 33));
-  check_binary("div", mn_div, (mn_gc_leaf)LEAF("a", -1, 1, 4, 3), (mn_gc_leaf)LEAF("b", 0.5f, 2, 4, 3));
-  check_binary("bias_add", mn_bias_add, (mn_gc_leaf)LEAF("x", -1, 1, 2, 3, 5), (mn_gc_leaf)LEAF("bias", -1, 1, 5));
-  check_binary("broadcast_add", mn_broadcast_add, (mn_gc_leaf)LEAF("x", -1, 1, 7, 5), (mn_gc_leaf)LEAF("row", -1, 1, 1, 5));
+  check_binary("div", mn_div, (mn_gc_leaf)LEAF("a", -1, 1, 4, 3),
+               (mn_gc_leaf)LEAF("b", 0.5f, 2, 4, 3));
+  check_binary("bias_add", mn_bias_add, (mn_gc_leaf)LEAF("x", -1, 1, 2, 3, 5),
+               (mn_gc_leaf)LEAF("bias", -1, 1, 5));
+  check_binary("broadcast_add", mn_broadcast_add, (mn_gc_leaf)LEAF("x", -1, 1, 7, 5),
+               (mn_gc_leaf)LEAF("row", -1, 1, 1, 5));
 }
 
 static void check_unary(const char *what, unary_builder f, mn_gc_leaf x) {
