@@ -34,10 +34,10 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
   }
   mn_rng rng = mn_rng_new(o.seed);
   mn_graph *g = mn_graph_new();
-  mn_node nodes[8];
-  float *params[8] = {0};
-  cr_assert(num_leaves <= 8);
-  char pname[8][64];
+  mn_node nodes[16];
+  float *params[16] = {0};
+  cr_assert(num_leaves <= 16);
+  char pname[16][64];
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
     size_t n = leaf_numel(l);
