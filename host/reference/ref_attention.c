@@ -1,19 +1,123 @@
-/* Reference kernels of this area are written by its owner; until then each reports
- * that it has none. */
+/* Reference kernels: attention and the KV cache. Scores, softmax and the weighted sum of
+ * values are accumulated in double. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "ref_kernels.h"
 
-mn_status mn_ref_CAUSAL_ATTENTION(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+typedef struct attn_shape {
+  size_t t_len, s_len, heads, kv_heads, head_dim;
+  bool causal;
+} attn_shape;
+
+/* One batch of attention. q is [T, H*hd], k and v are [S, KVH*hd]; query row t attends
+ * to keys 0..t when causal, else to all S keys. scores (S doubles) and acc (hd doubles)
+ * are scratch. */
+
+static void attend(const attn_shape *sh, const float *q, const float *k, const float *v, float *out,
+                   double *scores, double *acc) {
+  size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
+  size_t group = sh->heads / sh->kv_heads;
+  double scale = 1.0 / sqrt((double)hd);
+  for (size_t t = 0; t < sh->t_len; t++) {
+    size_t n_keys = sh->causal ? t + 1 : sh->s_len;
+    for (size_t h = 0; h < sh->heads; h++) {
+      const float *qh = q + t * q_stride + h * hd;
+      size_t kv_off = (h / group) * hd;
+      double max = -INFINITY;
+      for (size_t s = 0; s < n_keys; s++) {
+        const float *ks = k + s * kv_stride + kv_off;
+        double dot = 0;
+        for (size_t d = 0; d < hd; d++)
+          dot += (double)qh[d] * ks[d];
+        scores[s] = dot * scale;
+        if (scores[s] > max) max = scores[s];
+      }
+      double sum = 0;
+      for (size_t s = 0; s < n_keys; s++) {
+        scores[s] = exp(scores[s] - max);
+        sum += scores[s];
+      }
+      for (size_t d = 0; d < hd; d++)
+        acc[d] = 0;
+      for (size_t s = 0; s < n_keys; s++) {
+        const float *vs = v + s * kv_stride + kv_off;
+        for (size_t d = 0; d < hd; d++)
+          acc[d] += scores[s] * vs[d];
+      }
+      float *oh = out + t * q_stride + h * hd;
+      for (size_t d = 0; d < hd; d++)
+        oh[d] = (float)(acc[d] / sum);
+    }
+  }
 }
-mn_status mn_ref_FULL_ATTENTION(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* Runs attend over every batch with scratch sized for s_len keys. */
+static mn_status attend_batches(const mn_ref_ctx *c, const attn_shape *sh, size_t batches,
+                                const float *q, const float *k, const float *v, float *out) {
+  double *scores = malloc((sh->s_len + sh->head_dim) * sizeof *scores);
+  if (!scores)
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention scores", sh->s_len);
+  size_t q_batch = sh->t_len * sh->heads * sh->head_dim;
+  size_t kv_batch = sh->s_len * sh->kv_heads * sh->head_dim;
+  for (size_t b = 0; b < batches; b++)
+    attend(sh, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, out + b * q_batch, scores,
+           scores + sh->s_len);
+  free(scores);
+  return MN_OK;
 }
-mn_status mn_ref_CROSS_ATTENTION(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+static mn_status attention(const mn_ref_ctx *c, bool causal) {
+  const mn_tensor_type *tq = mn_ref_in_type(c, 0), *tk = mn_ref_in_type(c, 1);
+  const mn_op_attrs *a = &c->node->attrs;
+  attn_shape sh = {.t_len = (size_t)tq->shape[tq->rank - 2],
+                   .s_len = (size_t)tk->shape[tk->rank - 2],
+                   .heads = (size_t)a->num_heads,
+                   .kv_heads = (size_t)a->num_kv_heads,
+                   .head_dim = (size_t)a->head_dim,
+                   .causal = causal};
+  size_t batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1;
+  return attend_batches(c, &sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1),
+                        mn_ref_in_f32(c, 2), mn_ref_out_f32(c));
 }
+
+mn_status mn_ref_CAUSAL_ATTENTION(const mn_ref_ctx *c) { return attention(c, true); }
+mn_status mn_ref_FULL_ATTENTION(const mn_ref_ctx *c) { return attention(c, false); }
+mn_status mn_ref_CROSS_ATTENTION(const mn_ref_ctx *c) { return attention(c, false); }
+
+/* out is the cache's own buffer (the plan makes the op in place), so only the row at
+ * kv_pos changes and every other row keeps what earlier steps wrote. */
 mn_status mn_ref_CACHE_WRITE(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const mn_tensor_type *tc = mn_ref_in_type(c, 1);
+  size_t max_seq = (size_t)tc->shape[0], kv_dim = (size_t)tc->shape[1];
+  uint32_t pos = mn_ref_in_u32(c, 2)[0];
+  if (pos >= max_seq)
+    return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
+                       "mn_cache_write: kv_pos %u is out of range for a cache of %zu rows "
+                       "(node %u)",
+                       pos, max_seq, c->node->inputs[1]);
+  float *row = mn_ref_out_f32(c) + (size_t)pos * kv_dim;
+  memmove(row, mn_ref_in_f32(c, 0), kv_dim * sizeof *row);
+  return MN_OK;
 }
+
 mn_status mn_ref_CACHED_ATTENTION(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const mn_tensor_type *tk = mn_ref_in_type(c, 1);
+  const mn_op_attrs *a = &c->node->attrs;
+  size_t max_seq = (size_t)tk->shape[0];
+  uint32_t kv_len = mn_ref_in_u32(c, 3)[0];
+  if (kv_len == 0 || kv_len > max_seq)
+    return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
+                       "mn_cached_attention: kv_len %u is out of range 1..%zu (the rows of "
+                       "k_cache node %u)",
+                       kv_len, max_seq, c->node->inputs[1]);
+  attn_shape sh = {.t_len = 1,
+                   .s_len = kv_len,
+                   .heads = (size_t)a->num_heads,
+                   .kv_heads = (size_t)a->num_kv_heads,
+                   .head_dim = (size_t)a->head_dim,
+                   .causal = false};
+  return attend_batches(c, &sh, 1, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2),
+                        mn_ref_out_f32(c));
 }
