@@ -1,25 +1,120 @@
-/* Reference kernels of this area are written by its owner; until then each reports
- * that it has none. */
+/* Reference kernels of the transformer backward ops: SwiGLU's gate gradient, the norms'
+ * x and weight gradients, and the inverse RoPE rotations. */
+#include <math.h>
+#include <stdlib.h>
+
 #include "ref_kernels.h"
 
+static size_t last(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
+
+/* dy * up * silu'(gate), silu'(g) = s(g) (1 + g (1 - s(g))). */
 mn_status mn_ref_SWIGLU_GRAD_GATE(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {
+    double g = gate[i], s = 1.0 / (1.0 + exp(-g));
+    o[i] = (float)((double)dy[i] * up[i] * s * (1.0 + g * (1.0 - s)));
+  }
+  return MN_OK;
 }
-mn_status mn_ref_RMS_NORM_GRAD_X(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* Per-row statistics of a norm: x_hat = (x - mean) * inv, with mean 0 for rms_norm. */
+static void row_stats(const float *xr, size_t n, double eps, bool center, double *mean,
+                      double *inv) {
+  double m = 0;
+  if (center) {
+    for (size_t i = 0; i < n; i++)
+      m += xr[i];
+    m /= (double)n;
+  }
+  double ss = 0;
+  for (size_t i = 0; i < n; i++)
+    ss += (xr[i] - m) * (xr[i] - m);
+  *mean = m;
+  *inv = 1.0 / sqrt(ss / (double)n + eps);
 }
-mn_status mn_ref_RMS_NORM_GRAD_W(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* With g = dy * w: dx = inv * (g - mean(g) - x_hat * mean(g * x_hat)); rms_norm has no
+ * mean(g) term because its x_hat is not centered. */
+static mn_status norm_grad_x(const mn_ref_ctx *c, bool center) {
+  const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  for (size_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n, *dr = dy + r * n;
+    double mean, inv;
+    row_stats(xr, n, c->node->attrs.eps, center, &mean, &inv);
+    double sg = 0, sgx = 0;
+    for (size_t i = 0; i < n; i++) {
+      double g = (double)dr[i] * w[i];
+      sg += g;
+      sgx += g * (xr[i] - mean) * inv;
+    }
+    double mg = center ? sg / (double)n : 0.0, mgx = sgx / (double)n;
+    for (size_t i = 0; i < n; i++) {
+      double g = (double)dr[i] * w[i], xh = (xr[i] - mean) * inv;
+      o[r * n + i] = (float)(inv * (g - mg - xh * mgx));
+    }
+  }
+  return MN_OK;
 }
-mn_status mn_ref_LAYER_NORM_GRAD_X(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* dw[i] = sum over rows of dy * x_hat. */
+static mn_status norm_grad_w(const mn_ref_ctx *c, bool center) {
+  const float *x = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
+  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
+  size_t n = last(tx), rows = (size_t)mn_tensor_type_numel(tx) / n;
+  double *acc = calloc(n ? n : 1, sizeof *acc);
+  if (!acc) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "cannot allocate scratch for %zu", n);
+  for (size_t r = 0; r < rows; r++) {
+    const float *xr = x + r * n, *dr = dy + r * n;
+    double mean, inv;
+    row_stats(xr, n, c->node->attrs.eps, center, &mean, &inv);
+    for (size_t i = 0; i < n; i++)
+      acc[i] += (double)dr[i] * (xr[i] - mean) * inv;
+  }
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0; i < n; i++)
+    o[i] = (float)acc[i];
+  free(acc);
+  return MN_OK;
 }
-mn_status mn_ref_LAYER_NORM_GRAD_W(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+mn_status mn_ref_RMS_NORM_GRAD_X(const mn_ref_ctx *c) { return norm_grad_x(c, false); }
+mn_status mn_ref_RMS_NORM_GRAD_W(const mn_ref_ctx *c) { return norm_grad_w(c, false); }
+mn_status mn_ref_LAYER_NORM_GRAD_X(const mn_ref_ctx *c) { return norm_grad_x(c, true); }
+mn_status mn_ref_LAYER_NORM_GRAD_W(const mn_ref_ctx *c) { return norm_grad_w(c, true); }
+
+/* The transpose of the forward rotation: dims i and i + half of each head rotate by
+ * -angle, with the forward op's angles (position within T plus the offset). */
+static void rope_inverse(const mn_ref_ctx *c, double offset) {
+  const mn_tensor_type *t = &c->node->type;
+  const float *dy = mn_ref_in_f32(c, 0);
+  float *o = mn_ref_out_f32(c);
+  size_t d = last(t), seq = (size_t)t->shape[t->rank - 2], rows = mn_ref_numel(c) / d;
+  size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
+  double theta = c->node->attrs.theta;
+  for (size_t r = 0; r < rows; r++) {
+    double pos = (double)(r % seq) + offset;
+    for (size_t h = 0; h < d; h += hd) {
+      const float *gh = dy + r * d + h;
+      float *oh = o + r * d + h;
+      for (size_t i = 0; i < half; i++) {
+        double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
+        double cs = cos(angle), sn = sin(angle), a = gh[i], b = gh[i + half];
+        oh[i] = (float)(a * cs + b * sn);
+        oh[i + half] = (float)(b * cs - a * sn);
+      }
+    }
+  }
 }
+
 mn_status mn_ref_ROPE_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  rope_inverse(c, (double)c->node->attrs.pos_offset);
+  return MN_OK;
 }
+
 mn_status mn_ref_ROPE_DYNAMIC_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  rope_inverse(c, (double)mn_ref_in_u32(c, 1)[0]);
+  return MN_OK;
 }
