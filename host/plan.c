@@ -3,12 +3,7 @@
 #include <stdlib.h>
 
 #include "error.h"
-
-#define MN_BUFFER_ALIGN 256
-
-static size_t align_up(size_t v) {
-  return (v + MN_BUFFER_ALIGN - 1) / MN_BUFFER_ALIGN * MN_BUFFER_ALIGN;
-}
+#include "memplan.h"
 
 /* is_output: 0 not an output, 1 a user output, 2 a gradient. */
 static mn_buffer_role role_of(const mn_graph *g, mn_node id, const unsigned char *is_output) {
@@ -88,13 +83,16 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
     }
     mn_buffer_desc *b = &p->buffers[p->num_buffers];
     b->bytes = mn_tensor_type_bytes(&node->type);
-    b->offset = p->arena_bytes;
     b->node = (mn_node)i;
     b->role = role_of(g, (mn_node)i, is_output);
-    p->arena_bytes += align_up(b->bytes);
     p->node_buffer[i] = (uint32_t)p->num_buffers++;
   }
   free(is_output);
+  mn_status st = mn_memplan_layout(p, MN_LAYOUT_PLANNED);
+  if (st != MN_OK) {
+    mn_plan_free(p);
+    return st;
+  }
 
   p->loss = MN_NO_NODE;
   if (g->num_outputs) {

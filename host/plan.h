@@ -49,10 +49,11 @@ typedef struct mn_plan mn_plan;
 
 /* Lowers a toposorted graph (which the plan takes ownership of, even on failure) to a
  * plan. Every non-leaf node becomes one dispatch; every node gets a buffer, except
- * in-place ops, which share the buffer of the tensor they update. Buffers are aligned
- * to 256 bytes. For training, grad_output[i] is the index of the graph output holding
- * the gradient of parameter node i (-1: none) and outputs from num_user_outputs on are
- * gradients; inference passes grad_output = NULL and all outputs are the user's. */
+ * in-place ops, which share the buffer of the tensor they update. Offsets come from
+ * the memory planner (memplan.h): activations share memory by lifetime. For training,
+ * grad_output[i] is the index of the graph output holding the gradient of parameter node i (-1:
+ * none) and outputs from num_user_outputs on are gradients; inference passes grad_output = NULL and
+ * all outputs are the user's. */
 mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
                         mn_plan **out);
 void mn_plan_free(mn_plan *p);

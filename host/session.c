@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "optimizer/optimize.h"
 
 mn_session_options mn_session_options_default(void) {
   return (mn_session_options){
@@ -38,7 +39,7 @@ static mn_status resolve_backend(const char *fn, const mn_session_options *o,
   return MN_OK;
 }
 
-static mn_status check_buildable(const char *fn, const mn_graph *g, mn_session **out) {
+mn_status mn_session_check_buildable(const char *fn, const mn_graph *g, mn_session **out) {
   if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   *out = NULL;
   if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
@@ -77,16 +78,28 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   return MN_OK;
 }
 
+mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session_options *o,
+                             mn_plan **out) {
+  *out = NULL;
+  mn_graph *sorted = NULL;
+  mn_status st = mn_graph_toposort_status(g, &sorted);
+  if (st == MN_OK) st = mn_optimize_graph(fn, &sorted, o, MN_OPTIMIZE_FULL);
+  if (st != MN_OK) {
+    mn_graph_free(sorted);
+    return st;
+  }
+  return mn_plan_build(sorted, sorted->num_outputs, NULL, out);
+}
+
 mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options *opts,
                                      mn_session **out) {
   const char *fn = "mn_build_inference_session";
-  mn_status st = check_buildable(fn, g, out);
+  mn_status st = mn_session_check_buildable(fn, g, out);
   if (st != MN_OK) return st;
-  mn_graph *sorted = NULL;
-  if ((st = mn_graph_toposort_status(g, &sorted)) != MN_OK) return st;
+  mn_session_options o = opts ? *opts : mn_session_options_default();
   mn_plan *plan = NULL;
-  if ((st = mn_plan_build(sorted, sorted->num_outputs, NULL, &plan)) != MN_OK) return st;
-  return mn_session_create(fn, plan, opts, false, out);
+  if ((st = mn_lower_inference(fn, g, &o, &plan)) != MN_OK) return st;
+  return mn_session_create(fn, plan, &o, false, out);
 }
 
 void mn_session_free(mn_session *s) {

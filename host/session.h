@@ -40,6 +40,16 @@ struct mn_session {
   bool step_in_flight; /* step submitted, wait not yet called */
 };
 
+/* The checks every mn_build_* makes first: out, graph, graph error, outputs. */
+mn_status mn_session_check_buildable(const char *fn, const mn_graph *g, mn_session **out);
+
+/* The build pipelines up to the plan (no backend): inference is sort, optimize, plan;
+ * training is sort, optimize, differentiate, optimize, sort, plan. */
+mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session_options *o,
+                             mn_plan **out);
+mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_options *o,
+                            mn_plan **out);
+
 /* Creates a session around a lowered plan, taking ownership of the plan even on
  * failure; `fn` names the public builder in messages. */
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,

@@ -24,40 +24,41 @@ static int32_t *remap_grads(const mn_graph *before, const int32_t *grads, const 
   return out;
 }
 
-mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn_session **out) {
-  const char *fn = "mn_build_session";
-  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_options *o,
+                            mn_plan **out) {
   *out = NULL;
-  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
-  if (g->status != MN_OK) return mn_fail(g->status, "%s: graph is in error: %s", fn, g->error);
-  if (g->num_outputs == 0)
-    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph has no outputs (call mn_set_outputs)", fn);
-  mn_session_options o = opts ? *opts : mn_session_options_default();
-
   mn_graph *fwd = NULL, *full = NULL, *sorted = NULL;
   int32_t *grads = NULL, *sorted_grads = NULL;
   mn_status st = mn_graph_toposort_status(g, &fwd);
-  if (st == MN_OK) st = mn_optimize_graph(fn, &fwd, &o, MN_OPTIMIZE_FORWARD);
+  if (st == MN_OK) st = mn_optimize_graph(fn, &fwd, o, MN_OPTIMIZE_FORWARD);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_autodiff(fn, fwd, &full, grads);
   /* The optimizer keeps node order, names and outputs, so gradients stay matched. */
-  if (st == MN_OK) st = mn_optimize_graph(fn, &full, &o, MN_OPTIMIZE_FULL);
+  if (st == MN_OK) st = mn_optimize_graph(fn, &full, o, MN_OPTIMIZE_FULL);
   if (st == MN_OK) st = mn_graph_toposort_status(full, &sorted);
   if (st == MN_OK && !(sorted_grads = remap_grads(full, grads, sorted)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  mn_plan *plan = NULL;
   if (st == MN_OK) {
-    st = mn_plan_build(sorted, g->num_outputs, sorted_grads, &plan);
+    st = mn_plan_build(sorted, g->num_outputs, sorted_grads, out);
     sorted = NULL; /* owned by the plan now, even on failure */
   }
-  if (st == MN_OK) st = mn_session_create(fn, plan, &o, true, out);
   mn_graph_free(fwd);
   mn_graph_free(full);
   mn_graph_free(sorted);
   free(grads);
   free(sorted_grads);
   return st;
+}
+
+mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn_session **out) {
+  const char *fn = "mn_build_session";
+  mn_status st = mn_session_check_buildable(fn, g, out);
+  if (st != MN_OK) return st;
+  mn_session_options o = opts ? *opts : mn_session_options_default();
+  mn_plan *plan = NULL;
+  if ((st = mn_lower_training(fn, g, &o, &plan)) != MN_OK) return st;
+  return mn_session_create(fn, plan, &o, true, out);
 }
 
 mn_status mn_session_read_grad(mn_session *s, const char *name, float *out, size_t n) {

@@ -1,0 +1,119 @@
+#include "memplan.h"
+
+#include <stdlib.h>
+
+#include "error.h"
+
+#define MN_BUFFER_ALIGN 256
+
+static size_t align_up(size_t v) {
+  return (v + MN_BUFFER_ALIGN - 1) / MN_BUFFER_ALIGN * MN_BUFFER_ALIGN;
+}
+
+size_t mn_memplan_unplanned_bytes(const mn_plan *p) {
+  size_t total = 0;
+  for (size_t i = 0; i < p->num_buffers; i++)
+    total += align_up(p->buffers[i].bytes);
+  return total;
+}
+
+typedef struct interval {
+  uint32_t buffer;
+  size_t first, last; /* dispatch indices, inclusive */
+  size_t offset, size;
+} interval;
+
+static int by_size_desc(const void *a, const void *b) {
+  const interval *x = a, *y = b;
+  if (x->size != y->size) return x->size < y->size ? 1 : -1;
+  return x->first < y->first ? -1 : x->first > y->first;
+}
+
+static int by_offset(const void *a, const void *b) {
+  const interval *x = *(interval *const *)a, *y = *(interval *const *)b;
+  return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Lifetime of every activation buffer: written by the dispatch of its node, read up to
+ * the last dispatch that takes it as an input. Inclusive ends keep a kernel's output
+ * apart from the inputs it reads. */
+static void lifetimes(const mn_plan *p, size_t *first, size_t *last) {
+  const mn_graph *g = p->graph;
+  for (size_t b = 0; b < p->num_buffers; b++)
+    first[b] = last[b] = SIZE_MAX;
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    const mn_node_rec *n = &g->nodes[p->dispatches[d].node];
+    uint32_t out = p->node_buffer[p->dispatches[d].node];
+    if (first[out] == SIZE_MAX) first[out] = d;
+    last[out] = d;
+    for (int k = 0; k < n->num_inputs; k++)
+      last[p->node_buffer[n->inputs[k]]] = d;
+  }
+}
+
+/* Greedy best-fit in decreasing size: each buffer goes to the lowest offset that no
+ * already placed, time-overlapping buffer occupies. */
+static size_t place(interval *iv, size_t n, size_t base) {
+  qsort(iv, n, sizeof *iv, by_size_desc);
+  interval **live = malloc((n ? n : 1) * sizeof *live);
+  size_t end = base;
+  if (!live) return SIZE_MAX;
+  for (size_t i = 0; i < n; i++) {
+    size_t count = 0;
+    for (size_t j = 0; j < i; j++)
+      if (iv[j].first <= iv[i].last && iv[i].first <= iv[j].last) live[count++] = &iv[j];
+    qsort(live, count, sizeof *live, by_offset);
+    size_t offset = base;
+    for (size_t j = 0; j < count; j++) {
+      if (live[j]->offset >= offset + iv[i].size) break;
+      if (live[j]->offset + live[j]->size > offset) offset = live[j]->offset + live[j]->size;
+    }
+    iv[i].offset = offset;
+    if (offset + iv[i].size > end) end = offset + iv[i].size;
+  }
+  free(live);
+  return end;
+}
+
+mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
+  size_t nb = p->num_buffers, pinned_end = 0;
+  if (mode == MN_LAYOUT_ONE_PER_BUFFER) {
+    for (size_t b = 0; b < nb; b++) {
+      p->buffers[b].offset = pinned_end;
+      pinned_end += align_up(p->buffers[b].bytes);
+    }
+    p->arena_bytes = pinned_end;
+    return MN_OK;
+  }
+  size_t *first = malloc((nb ? nb : 1) * sizeof *first),
+         *last = malloc((nb ? nb : 1) * sizeof *last);
+  interval *iv = malloc((nb ? nb : 1) * sizeof *iv);
+  if (!first || !last || !iv) {
+    free(first);
+    free(last);
+    free(iv);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory (%zu buffers)", nb);
+  }
+  lifetimes(p, first, last);
+  size_t count = 0;
+  for (size_t b = 0; b < nb; b++) {
+    mn_buffer_desc *buf = &p->buffers[b];
+    bool shared = buf->role == MN_BUF_ACTIVATION && first[b] != SIZE_MAX;
+    if (!shared) {
+      buf->offset = pinned_end;
+      pinned_end += align_up(buf->bytes);
+      continue;
+    }
+    iv[count++] = (interval){
+        .buffer = (uint32_t)b, .first = first[b], .last = last[b], .size = align_up(buf->bytes)};
+  }
+  size_t end = place(iv, count, pinned_end);
+  for (size_t i = 0; i < count && end != SIZE_MAX; i++)
+    p->buffers[iv[i].buffer].offset = iv[i].offset;
+  free(first);
+  free(last);
+  free(iv);
+  if (end == SIZE_MAX) return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory");
+  p->arena_bytes = end;
+  return MN_OK;
+}

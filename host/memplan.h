@@ -1,0 +1,21 @@
+/* Memory planning: arena offsets for the buffers of a plan. Pinned buffers (inputs,
+ * parameters, constants, outputs, gradients, KV caches) each keep memory of their own
+ * for the whole session; activations share memory with any other activation whose
+ * lifetime (first write to last read, in dispatch order) does not overlap. */
+#ifndef MN_HOST_MEMPLAN_H
+#define MN_HOST_MEMPLAN_H
+
+#include "plan.h"
+
+typedef enum mn_layout_mode {
+  MN_LAYOUT_PLANNED,        /* activations reuse memory by lifetime */
+  MN_LAYOUT_ONE_PER_BUFFER, /* every buffer its own memory (the reference for tests) */
+} mn_layout_mode;
+
+/* Sets every buffer's offset and p->arena_bytes. */
+mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode);
+
+/* Sum of all buffers' aligned sizes: what the arena would be without reuse. */
+size_t mn_memplan_unplanned_bytes(const mn_plan *p);
+
+#endif

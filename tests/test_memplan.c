@@ -1,0 +1,136 @@
+/* The memory planner: activations share arena memory only when their lifetimes do not
+ * overlap, pinned buffers never share, and a planned session computes exactly what a
+ * session with one buffer per node computes. */
+#include <stdlib.h>
+
+#include "memplan.h"
+#include "session.h"
+#include "support/mn_test.h"
+#include "support/models.h"
+
+enum { B = 2, T = 8, V = 11 };
+static const mn_test_block_config cfg = {.d_model = 16,
+                                         .num_heads = 4,
+                                         .num_kv_heads = 2,
+                                         .head_dim = 4,
+                                         .d_ff = 24,
+                                         .rope_theta = 10000.0f,
+                                         .eps = 1e-5f};
+
+static mn_graph *lm_graph(void) {
+  mn_graph *g = mn_graph_new();
+  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(B, T));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(B, T));
+  mn_node emb = mn_parameter(g, "embed", MN_SHAPE(V, cfg.d_model));
+  mn_node h = mn_embedding(g, tokens, emb);
+  for (int l = 0; l < 2; l++) {
+    mn_test_block_weights w = mn_test_block_params(g, &cfg, l);
+    h = mn_test_block(g, &cfg, &w, h);
+  }
+  mn_node outs[2];
+  outs[1] = mn_matmul_bt(g, h, emb);
+  outs[0] = mn_sparse_cross_entropy_loss(g, outs[1], labels);
+  mn_set_outputs(g, outs, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  return g;
+}
+
+static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CPU;
+  mn_plan *plan = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &plan), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_memplan_layout(plan, mode), MN_OK);
+  mn_session *s = NULL;
+  cr_assert_eq(mn_session_create("test", plan, &o, true, &s), MN_OK, "%s", mn_last_error());
+  mn_rng r = mn_rng_new(3);
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    mn_node_info info;
+    mn_graph_node(g, (mn_node)i, &info);
+    if (strcmp(info.op, "parameter") != 0) continue;
+    size_t n = (size_t)mn_tensor_type_numel(&info.type);
+    float *w = malloc(n * sizeof *w);
+    for (size_t k = 0; k < n; k++)
+      w[k] = 0.1f * (float)mn_rng_normal(&r);
+    cr_assert_eq(mn_session_set_parameter(s, info.name, w, n), MN_OK);
+    free(w);
+  }
+  uint32_t tok[B * T], lab[B * T];
+  mn_rng_fill_u32(&r, tok, B * T, V);
+  mn_rng_fill_u32(&r, lab, B * T, V);
+  mn_session_set_input_u32(s, "tokens", tok, B * T);
+  mn_session_set_input_u32(s, "labels", lab, B * T);
+  cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.99f, 1e-8f, 0.01f), MN_OK);
+  return s;
+}
+
+Test(memplan, planned_equals_one_buffer_per_node) {
+  mn_graph *g = lm_graph();
+  mn_session *planned = session_with_layout(g, MN_LAYOUT_PLANNED);
+  mn_session *flat = session_with_layout(g, MN_LAYOUT_ONE_PER_BUFFER);
+  const mn_plan *pp = mn_session_plan(planned), *fp = mn_session_plan(flat);
+  cr_assert_lt(pp->arena_bytes, fp->arena_bytes * 3 / 4, "planning saved too little: %zu of %zu",
+               pp->arena_bytes, fp->arena_bytes);
+  cr_assert_eq(fp->arena_bytes, mn_memplan_unplanned_bytes(fp));
+  static float la[B * T * V], lb[B * T * V];
+  for (int step = 0; step < 3; step++) {
+    mn_session *ss[2] = {planned, flat};
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+    }
+    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
+              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
+    mn_session_read_output_by_index(planned, 1, la, B * T * V);
+    mn_session_read_output_by_index(flat, 1, lb, B * T * V);
+    cr_assert(memcmp(la, lb, sizeof la) == 0, "logits differ at step %d", step);
+  }
+  float wa[16 * 16], wb[16 * 16];
+  mn_session_read_param(planned, "layers.1.self_attn.q_proj.weight", wa, 16 * 16);
+  mn_session_read_param(flat, "layers.1.self_attn.q_proj.weight", wb, 16 * 16);
+  cr_assert(memcmp(wa, wb, sizeof wa) == 0, "parameters differ after 3 AdamW steps");
+  mn_session_free(planned);
+  mn_session_free(flat);
+  mn_graph_free(g);
+}
+
+/* Checks the layout directly: no two buffers that are alive at the same time overlap
+ * in memory, and pinned buffers overlap nothing. */
+Test(memplan, no_live_buffers_overlap) {
+  mn_graph *g = lm_graph();
+  mn_session_options o = mn_session_options_default();
+  mn_plan *p = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
+  size_t nb = p->num_buffers;
+  size_t *first = malloc(nb * sizeof *first), *last = malloc(nb * sizeof *last);
+  for (size_t b = 0; b < nb; b++) {
+    bool pinned = p->buffers[b].role != MN_BUF_ACTIVATION;
+    first[b] = pinned ? 0 : SIZE_MAX;
+    last[b] = pinned ? SIZE_MAX : 0;
+  }
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    const mn_node_rec *n = &p->graph->nodes[p->dispatches[d].node];
+    uint32_t ob = p->node_buffer[p->dispatches[d].node];
+    if (d < first[ob]) first[ob] = d;
+    if (d > last[ob] && last[ob] != SIZE_MAX) last[ob] = d;
+    for (int k = 0; k < n->num_inputs; k++) {
+      uint32_t ib = p->node_buffer[n->inputs[k]];
+      if (d > last[ib] && last[ib] != SIZE_MAX) last[ib] = d;
+    }
+  }
+  size_t shared = 0;
+  for (size_t a = 0; a < nb; a++)
+    for (size_t b = a + 1; b < nb; b++) {
+      const mn_buffer_desc *x = &p->buffers[a], *y = &p->buffers[b];
+      bool mem = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
+      bool time = first[a] <= last[b] && first[b] <= last[a];
+      cr_assert(!(mem && time), "buffers %zu and %zu overlap in memory and time", a, b);
+      shared += mem;
+    }
+  cr_assert_gt(shared, 0, "nothing was shared");
+  cr_assert(p->arena_bytes <= mn_memplan_unplanned_bytes(p));
+  free(first);
+  free(last);
+  mn_plan_free(p);
+  mn_graph_free(g);
+}
