@@ -1,25 +1,157 @@
-/* Reference kernels of this area are written by its owner; until then each reports
- * that it has none. */
+/* Reference kernels of the softmax and loss gradients. The loss gradients read the
+ * upstream gradient of the [1] loss as dy[0]; the mean's 1/count is applied here. */
+#include <math.h>
+
 #include "ref_kernels.h"
 
+static size_t last_dim(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
+static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
+
+/* dx = y * (dy - sum_row(dy * y)). */
 mn_status mn_ref_SOFTMAX_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *y = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  for (size_t r = 0; r < rows; r++, y += n, dy += n, o += n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+      s += (double)dy[i] * y[i];
+    for (size_t i = 0; i < n; i++)
+      o[i] = (float)((double)y[i] * ((double)dy[i] - s));
+  }
+  return MN_OK;
 }
+
+/* dx = dy - softmax * sum_row(dy), the softmax being exp of the forward output. */
 mn_status mn_ref_LOG_SOFTMAX_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *y = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  for (size_t r = 0; r < rows; r++, y += n, dy += n, o += n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+      s += dy[i];
+    for (size_t i = 0; i < n; i++)
+      o[i] = (float)((double)dy[i] - exp((double)y[i]) * s);
+  }
+  return MN_OK;
 }
+
+/* A row's max and log(sum(exp(x - max))), as the forward kernels compute them, so that
+ * the gradient is the derivative of exactly the loss that was reported. */
+typedef struct row_stats {
+  double max, log_sum;
+} row_stats;
+
+static row_stats stats_of(const float *x, size_t n) {
+  double m = x[0];
+  for (size_t i = 1; i < n; i++)
+    if (x[i] > m) m = x[i];
+  double s = 0;
+  for (size_t i = 0; i < n; i++)
+    s += exp((double)x[i] - m);
+  return (row_stats){m, log(s)};
+}
+
+static double softmax_at(const float *x, row_stats st, size_t i) {
+  return exp(((double)x[i] - st.max) - st.log_sum);
+}
+
+/* d logits = dy[0]/R * (softmax * sum_c t - t): the sum of t is kept because targets
+ * need not be distributions (label smoothing, masked rows). */
 mn_status mn_ref_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *x = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
+  for (size_t r = 0; r < rows; r++, x += n, t += n, o += n) {
+    row_stats st = stats_of(x, n);
+    double tsum = 0;
+    for (size_t i = 0; i < n; i++)
+      tsum += t[i];
+    for (size_t i = 0; i < n; i++)
+      o[i] = (float)(k * (softmax_at(x, st, i) * tsum - (double)t[i]));
+  }
+  return MN_OK;
 }
+
+/* d logits = dy[0]/R * (softmax - onehot(label)). The forward pass of the same step
+ * validated the labels, but this kernel checks them again before reading any row, so
+ * that it is safe on its own (e.g. run from another plan). */
 mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *x = mn_ref_in_f32(c, 0);
+  const uint32_t *labels = mn_ref_in_u32(c, 1);
+  const mn_tensor_type *ty = mn_ref_in_type(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = last_dim(&c->node->type), rows = numel(ty), total = mn_ref_numel(c);
+  for (size_t r = 0; r < rows; r++) {
+    if (labels[r] < n) continue;
+    for (size_t i = 0; i < total; i++)
+      o[i] = NAN;
+    char ys[96], ls[96];
+    return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
+                       "label %u at position %zu of labels node %u %s is out of range: logits "
+                       "node %u %s has C = %zu classes",
+                       labels[r], r, c->node->inputs[1], mn_shape_str(ty, ys, sizeof ys),
+                       c->node->inputs[0], mn_shape_str(&c->node->type, ls, sizeof ls), n);
+  }
+  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
+  for (size_t r = 0; r < rows; r++, x += n, o += n) {
+    row_stats st = stats_of(x, n);
+    for (size_t i = 0; i < n; i++)
+      o[i] = (float)(k * (softmax_at(x, st, i) - (i == labels[r] ? 1.0 : 0.0)));
+  }
+  return MN_OK;
 }
+
+/* The forward loss clamps its logs at -100 (as PyTorch's BCELoss); the target's
+ * derivative uses the same clamped logs so that it matches that loss exactly. */
+static double clamped_log(double v) {
+  double l = log(v);
+  return l < -100.0 ? -100.0 : l;
+}
+
+/* variant 0: d pred = dy[0]/n * (p - t) / (p (1 - p)), the denominator floored at 1e-12
+ *   as PyTorch does, so p = 0 or 1 gives a large finite gradient instead of inf or NaN;
+ * variant 1: d target = dy[0]/n * (log(1 - p) - log p). */
 mn_status mn_ref_BCE_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *p = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = mn_ref_numel(c);
+  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)n;
+  if (c->node->attrs.variant == 0) {
+    for (size_t i = 0; i < n; i++) {
+      double pi = p[i], den = pi * (1.0 - pi);
+      o[i] = (float)(k * (pi - (double)t[i]) / (den > 1e-12 ? den : 1e-12));
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      double pi = p[i];
+      o[i] = (float)(k * (clamped_log(1.0 - pi) - clamped_log(pi)));
+    }
+  }
+  return MN_OK;
 }
+
 mn_status mn_ref_MSE_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *p = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = mn_ref_numel(c);
+  double k = 2.0 * (double)mn_ref_in_f32(c, 2)[0] / (double)n;
+  for (size_t i = 0; i < n; i++)
+    o[i] = (float)(k * ((double)p[i] - t[i]));
+  return MN_OK;
 }
+
+/* sign(p - t), 0 where they are equal (the subgradient PyTorch picks). */
 mn_status mn_ref_L1_GRAD(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+  const float *p = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
+  float *o = mn_ref_out_f32(c);
+  size_t n = mn_ref_numel(c);
+  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)n;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)p[i] - t[i];
+    o[i] = (float)(d > 0 ? k : (d < 0 ? -k : 0.0));
+  }
+  return MN_OK;
 }
