@@ -1,5 +1,34 @@
-/* VJP rules of the attention ops are registered by this area's owner; until then the ops have
- * no rule, and building a training session through them reports that. */
+/* VJP rules of causal, full and cross attention. Each gradient is its own backward op over
+ * (q, k, v, dy): the kernels recompute the softmax probabilities instead of the forward
+ * pass storing a [T, S] matrix per head, so only the inputs that need a gradient cost one. */
 #include "autodiff.h"
 
-void mn_vjp_register_attention(mn_vjp_rule *rules) { (void)rules; }
+static mn_status vjp_attention(mn_ad_ctx *c, mn_node y, mn_node dy, bool causal) {
+  const mn_node_rec *n = mn_ad_fwd(c, y);
+  mn_node ins[4] = {n->inputs[0], n->inputs[1], n->inputs[2], dy};
+  mn_op_attrs attrs = n->attrs;
+  attrs.variant = causal ? 1 : 0;
+  static const mn_op grad_op[3] = {MN_OP_ATTENTION_GRAD_Q, MN_OP_ATTENTION_GRAD_K,
+                                   MN_OP_ATTENTION_GRAD_V};
+  for (int i = 0; i < 3; i++) {
+    mn_node x = ins[i];
+    if (!mn_ad_wants(c, x)) continue;
+    /* Self-attention passes one node as several of q, k, v: each role contributes its
+     * own term, and mn_ad_accumulate sums them. */
+    mn_ad_accumulate(c, x, mn_ad_node(c, grad_op[i], ins, 4, &c->g->nodes[x].type, &attrs));
+  }
+  return c->g->status;
+}
+
+static mn_status vjp_causal_attention(mn_ad_ctx *c, mn_node y, mn_node dy) {
+  return vjp_attention(c, y, dy, true);
+}
+static mn_status vjp_bidirectional_attention(mn_ad_ctx *c, mn_node y, mn_node dy) {
+  return vjp_attention(c, y, dy, false);
+}
+
+void mn_vjp_register_attention(mn_vjp_rule *rules) {
+  rules[MN_OP_CAUSAL_ATTENTION] = vjp_causal_attention;
+  rules[MN_OP_FULL_ATTENTION] = vjp_bidirectional_attention;
+  rules[MN_OP_CROSS_ATTENTION] = vjp_bidirectional_attention;
+}

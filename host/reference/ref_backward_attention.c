@@ -1,13 +1,133 @@
-/* Reference kernels of this area are written by its owner; until then each reports
- * that it has none. */
+/* Reference kernels of the attention gradients. Inputs are (q, k, v, dy) with the forward
+ * attrs; variant 1 is causal. Per (batch, query, head) the softmax probabilities P are
+ * recomputed in double, then
+ *   dV[s] += P[s] dy,  dS[s] = P[s] (dy.v[s] - sum_s' P[s'] dy.v[s']),
+ *   dQ = scale sum_s dS[s] k[s],  dK[s] += scale dS[s] q,
+ * with dK and dV summing over the query heads that share a kv head. */
+#include <math.h>
+#include <stdlib.h>
+
 #include "ref_kernels.h"
 
-mn_status mn_ref_ATTENTION_GRAD_Q(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
+
+typedef struct attn_dims {
+  size_t batches, t_len, s_len, heads, kv_heads, head_dim;
+  bool causal;
+} attn_dims;
+
+static attn_dims dims_of(const mn_ref_ctx *c) {
+  const mn_tensor_type *tq = mn_ref_in_type(c, 0), *tk = mn_ref_in_type(c, 1);
+  const mn_op_attrs *a = &c->node->attrs;
+  return (attn_dims){.batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1,
+                     .t_len = (size_t)tq->shape[tq->rank - 2],
+                     .s_len = (size_t)tk->shape[tk->rank - 2],
+                     .heads = (size_t)a->num_heads,
+                     .kv_heads = (size_t)a->num_kv_heads,
+                     .head_dim = (size_t)a->head_dim,
+                     .causal = a->variant == 1};
 }
-mn_status mn_ref_ATTENTION_GRAD_K(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* p[s] = softmax_s(scale q.k[s]) over the n_keys visible keys of one head. */
+static void probabilities(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
+                          size_t hd, double scale, double *p) {
+  double max = -INFINITY;
+  for (size_t s = 0; s < n_keys; s++) {
+    const float *ks = k + s * kv_stride;
+    double dot = 0;
+    for (size_t d = 0; d < hd; d++)
+      dot += (double)qh[d] * ks[d];
+    p[s] = dot * scale;
+    if (p[s] > max) max = p[s];
+  }
+  double sum = 0;
+  for (size_t s = 0; s < n_keys; s++) {
+    p[s] = exp(p[s] - max);
+    sum += p[s];
+  }
+  for (size_t s = 0; s < n_keys; s++)
+    p[s] /= sum;
 }
-mn_status mn_ref_ATTENTION_GRAD_V(const mn_ref_ctx *c) {
-  return mn_ref_fail(c, MN_ERR_UNSUPPORTED, "no reference kernel yet");
+
+/* Turns p into dS in place: dS[s] = p[s] (dy.v[s] - sum_s' p[s'] dy.v[s']). */
+static void score_grad(const float *dyh, const float *v, size_t kv_stride, size_t n_keys, size_t hd,
+                       double *p, double *dp) {
+  double mean = 0;
+  for (size_t s = 0; s < n_keys; s++) {
+    const float *vs = v + s * kv_stride;
+    double dot = 0;
+    for (size_t d = 0; d < hd; d++)
+      dot += (double)dyh[d] * vs[d];
+    dp[s] = dot;
+    mean += p[s] * dot;
+  }
+  for (size_t s = 0; s < n_keys; s++)
+    p[s] *= dp[s] - mean;
 }
+
+/* One batch: adds this batch's gradient of `which` into acc (laid out like that input). */
+static void backward_batch(const attn_dims *sh, grad_of which, const float *q, const float *k,
+                           const float *v, const float *dy, double *acc, double *p, double *dp) {
+  size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
+  size_t group = sh->heads / sh->kv_heads;
+  double scale = 1.0 / sqrt((double)hd);
+  for (size_t t = 0; t < sh->t_len; t++) {
+    size_t n_keys = sh->causal ? t + 1 : sh->s_len;
+    for (size_t h = 0; h < sh->heads; h++) {
+      size_t q_off = t * q_stride + h * hd, kv_off = (h / group) * hd;
+      const float *qh = q + q_off, *dyh = dy + q_off;
+      probabilities(qh, k + kv_off, kv_stride, n_keys, hd, scale, p);
+      if (which == GRAD_V) {
+        for (size_t s = 0; s < n_keys; s++) {
+          double *dv = acc + s * kv_stride + kv_off;
+          for (size_t d = 0; d < hd; d++)
+            dv[d] += p[s] * dyh[d];
+        }
+        continue;
+      }
+      score_grad(dyh, v + kv_off, kv_stride, n_keys, hd, p, dp);
+      if (which == GRAD_Q) {
+        double *dq = acc + q_off;
+        for (size_t s = 0; s < n_keys; s++) {
+          const float *ks = k + s * kv_stride + kv_off;
+          for (size_t d = 0; d < hd; d++)
+            dq[d] += scale * p[s] * ks[d];
+        }
+      } else {
+        for (size_t s = 0; s < n_keys; s++) {
+          double *dk = acc + s * kv_stride + kv_off;
+          for (size_t d = 0; d < hd; d++)
+            dk[d] += scale * p[s] * qh[d];
+        }
+      }
+    }
+  }
+}
+
+static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
+  attn_dims sh = dims_of(c);
+  size_t n_out = mn_ref_numel(c);
+  /* GQA sums several heads' terms into one kv element: accumulate all of them in double
+   * before rounding once. */
+  double *acc = calloc(n_out + 2 * sh.s_len, sizeof *acc);
+  if (!acc)
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n_out);
+  double *p = acc + n_out, *dp = p + sh.s_len;
+  size_t q_batch = sh.t_len * sh.heads * sh.head_dim;
+  size_t kv_batch = sh.s_len * sh.kv_heads * sh.head_dim;
+  size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
+  const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
+  const float *dy = mn_ref_in_f32(c, 3);
+  for (size_t b = 0; b < sh.batches; b++)
+    backward_batch(&sh, which, q + b * q_batch, k + b * kv_batch, v + b * kv_batch,
+                   dy + b * q_batch, acc + b * out_batch, p, dp);
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0; i < n_out; i++)
+    o[i] = (float)acc[i];
+  free(acc);
+  return MN_OK;
+}
+
+mn_status mn_ref_ATTENTION_GRAD_Q(const mn_ref_ctx *c) { return attention_backward(c, GRAD_Q); }
+mn_status mn_ref_ATTENTION_GRAD_K(const mn_ref_ctx *c) { return attention_backward(c, GRAD_K); }
+mn_status mn_ref_ATTENTION_GRAD_V(const mn_ref_ctx *c) { return attention_backward(c, GRAD_V); }
