@@ -127,6 +127,17 @@ mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_in
                         const mn_tensor_type *type, const mn_op_attrs *attrs, const char *name) {
   if (g->num_nodes >= (size_t)MN_NO_NODE - 1)
     return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: graph has too many nodes", mn_op_name(op));
+  if (num_inputs < 0 || num_inputs > MN_MAX_INPUTS)
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: %d inputs", mn_op_name(op), num_inputs);
+  /* Builders pass types, attrs and input lists that point into g->nodes (the type of
+   * their first input); copy them before realloc can move that array. */
+  mn_tensor_type type_copy = *type;
+  mn_op_attrs attrs_copy;
+  memset(&attrs_copy, 0, sizeof attrs_copy);
+  if (attrs) attrs_copy = *attrs;
+  mn_node inputs_copy[MN_MAX_INPUTS];
+  for (int i = 0; i < num_inputs; i++)
+    inputs_copy[i] = inputs[i];
   if (g->num_nodes == g->cap_nodes) {
     size_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
     mn_node_rec *nodes = realloc(g->nodes, cap * sizeof *nodes);
@@ -139,9 +150,9 @@ mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_in
   n->op = op;
   n->num_inputs = num_inputs;
   for (int i = 0; i < num_inputs; i++)
-    n->inputs[i] = inputs[i];
-  n->type = *type;
-  if (attrs) n->attrs = *attrs;
+    n->inputs[i] = inputs_copy[i];
+  n->type = type_copy;
+  n->attrs = attrs_copy;
   if (name) {
     n->name = strdup(name);
     if (!n->name)
