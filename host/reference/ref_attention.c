@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 typedef struct attn_shape {
   size_t t_len, s_len, heads, kv_heads, head_dim;
@@ -25,20 +25,7 @@ static void attend(const attn_shape *sh, const float *q, const float *k, const f
     for (size_t h = 0; h < sh->heads; h++) {
       const float *qh = q + t * q_stride + h * hd;
       size_t kv_off = (h / group) * hd;
-      double max = -INFINITY;
-      for (size_t s = 0; s < n_keys; s++) {
-        const float *ks = k + s * kv_stride + kv_off;
-        double dot = 0;
-        for (size_t d = 0; d < hd; d++)
-          dot += (double)qh[d] * ks[d];
-        scores[s] = dot * scale;
-        if (scores[s] > max) max = scores[s];
-      }
-      double sum = 0;
-      for (size_t s = 0; s < n_keys; s++) {
-        scores[s] = exp(scores[s] - max);
-        sum += scores[s];
-      }
+      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, scores);
       for (size_t d = 0; d < hd; d++)
         acc[d] = 0;
       for (size_t s = 0; s < n_keys; s++) {
@@ -48,7 +35,7 @@ static void attend(const attn_shape *sh, const float *q, const float *k, const f
       }
       float *oh = out + t * q_stride + h * hd;
       for (size_t d = 0; d < hd; d++)
-        oh[d] = (float)(acc[d] / sum);
+        oh[d] = (float)acc[d];
     }
   }
 }

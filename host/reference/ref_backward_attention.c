@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
 
@@ -26,27 +26,6 @@ static attn_dims dims_of(const mn_ref_ctx *c) {
                      .kv_heads = (size_t)a->num_kv_heads,
                      .head_dim = (size_t)a->head_dim,
                      .causal = a->variant == 1};
-}
-
-/* p[s] = softmax_s(scale q.k[s]) over the n_keys visible keys of one head. */
-static void probabilities(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
-                          size_t hd, double scale, double *p) {
-  double max = -INFINITY;
-  for (size_t s = 0; s < n_keys; s++) {
-    const float *ks = k + s * kv_stride;
-    double dot = 0;
-    for (size_t d = 0; d < hd; d++)
-      dot += (double)qh[d] * ks[d];
-    p[s] = dot * scale;
-    if (p[s] > max) max = p[s];
-  }
-  double sum = 0;
-  for (size_t s = 0; s < n_keys; s++) {
-    p[s] = exp(p[s] - max);
-    sum += p[s];
-  }
-  for (size_t s = 0; s < n_keys; s++)
-    p[s] /= sum;
 }
 
 /* Turns p into dS in place: dS[s] = p[s] (dy.v[s] - sum_s' p[s'] dy.v[s']). */
@@ -76,7 +55,7 @@ static void backward_batch(const attn_dims *sh, grad_of which, const float *q, c
     for (size_t h = 0; h < sh->heads; h++) {
       size_t q_off = t * q_stride + h * hd, kv_off = (h / group) * hd;
       const float *qh = q + q_off, *dyh = dy + q_off;
-      probabilities(qh, k + kv_off, kv_stride, n_keys, hd, scale, p);
+      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, p);
       if (which == GRAD_V) {
         for (size_t s = 0; s < n_keys; s++) {
           double *dv = acc + s * kv_stride + kv_off;

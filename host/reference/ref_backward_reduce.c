@@ -2,7 +2,7 @@
  * upstream gradient of the [1] loss as dy[0]; the mean's 1/count is applied here. */
 #include <math.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 static size_t last_dim(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
@@ -39,21 +39,7 @@ mn_status mn_ref_LOG_SOFTMAX_GRAD(const mn_ref_ctx *c) {
 
 /* A row's max and log(sum(exp(x - max))), as the forward kernels compute them, so that
  * the gradient is the derivative of exactly the loss that was reported. */
-typedef struct row_stats {
-  double max, log_sum;
-} row_stats;
-
-static row_stats stats_of(const float *x, size_t n) {
-  double m = x[0];
-  for (size_t i = 1; i < n; i++)
-    if (x[i] > m) m = x[i];
-  double s = 0;
-  for (size_t i = 0; i < n; i++)
-    s += exp((double)x[i] - m);
-  return (row_stats){m, log(s)};
-}
-
-static double softmax_at(const float *x, row_stats st, size_t i) {
+static double softmax_at(const float *x, mn_ref_row_stats st, size_t i) {
   return exp(((double)x[i] - st.max) - st.log_sum);
 }
 
@@ -65,7 +51,7 @@ mn_status mn_ref_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
   for (size_t r = 0; r < rows; r++, x += n, t += n, o += n) {
-    row_stats st = stats_of(x, n);
+    mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     double tsum = 0;
     for (size_t i = 0; i < n; i++)
       tsum += t[i];
@@ -97,7 +83,7 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   }
   double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
-    row_stats st = stats_of(x, n);
+    mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
       o[i] = (float)(k * (softmax_at(x, st, i) - (i == labels[r] ? 1.0 : 0.0)));
   }

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 static size_t last(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
 
@@ -85,36 +85,12 @@ mn_status mn_ref_RMS_NORM_GRAD_W(const mn_ref_ctx *c) { return norm_grad_w(c, fa
 mn_status mn_ref_LAYER_NORM_GRAD_X(const mn_ref_ctx *c) { return norm_grad_x(c, true); }
 mn_status mn_ref_LAYER_NORM_GRAD_W(const mn_ref_ctx *c) { return norm_grad_w(c, true); }
 
-/* The transpose of the forward rotation: dims i and i + half of each head rotate by
- * -angle, with the forward op's angles (position within T plus the offset). */
-static void rope_inverse(const mn_ref_ctx *c, double offset) {
-  const mn_tensor_type *t = &c->node->type;
-  const float *dy = mn_ref_in_f32(c, 0);
-  float *o = mn_ref_out_f32(c);
-  size_t d = last(t), seq = (size_t)t->shape[t->rank - 2], rows = mn_ref_numel(c) / d;
-  size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
-  double theta = c->node->attrs.theta;
-  for (size_t r = 0; r < rows; r++) {
-    double pos = (double)(r % seq) + offset;
-    for (size_t h = 0; h < d; h += hd) {
-      const float *gh = dy + r * d + h;
-      float *oh = o + r * d + h;
-      for (size_t i = 0; i < half; i++) {
-        double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
-        double cs = cos(angle), sn = sin(angle), a = gh[i], b = gh[i + half];
-        oh[i] = (float)(a * cs + b * sn);
-        oh[i + half] = (float)(b * cs - a * sn);
-      }
-    }
-  }
-}
-
 mn_status mn_ref_ROPE_GRAD(const mn_ref_ctx *c) {
-  rope_inverse(c, (double)c->node->attrs.pos_offset);
+  mn_ref_rope_rotate(c, (double)c->node->attrs.pos_offset, -1);
   return MN_OK;
 }
 
 mn_status mn_ref_ROPE_DYNAMIC_GRAD(const mn_ref_ctx *c) {
-  rope_inverse(c, (double)mn_ref_in_u32(c, 1)[0]);
+  mn_ref_rope_rotate(c, (double)mn_ref_in_u32(c, 1)[0], -1);
   return MN_OK;
 }

@@ -2,7 +2,7 @@
  * losses. Every loss writes its scalar into out[0]. */
 #include <math.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 static size_t last_dim(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
@@ -25,24 +25,9 @@ mn_status mn_ref_MEAN_ALL(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* The row's max and log(sum(exp(x - max))). log_softmax is then (x - max) - log_sum,
- * subtracted in that order so that the largest entry's value stays exact even when the
- * row holds values of very different magnitude. */
-typedef struct row_stats {
-  double max, log_sum;
-} row_stats;
-
-static row_stats stats_of(const float *x, size_t n) {
-  double m = x[0];
-  for (size_t i = 1; i < n; i++)
-    if (x[i] > m) m = x[i];
-  double s = 0;
-  for (size_t i = 0; i < n; i++)
-    s += exp((double)x[i] - m);
-  return (row_stats){m, log(s)};
-}
-
-static double log_softmax_at(const float *x, row_stats st, size_t i) {
+/* log_softmax is (x - max) - log_sum, subtracted in that order so that the largest
+ * entry's value stays exact even when the row holds values of very different magnitude. */
+static double log_softmax_at(const float *x, mn_ref_row_stats st, size_t i) {
   return ((double)x[i] - st.max) - st.log_sum;
 }
 
@@ -51,7 +36,7 @@ mn_status mn_ref_SOFTMAX(const mn_ref_ctx *c) {
   float *o = mn_ref_out_f32(c);
   size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
-    row_stats st = stats_of(x, n);
+    mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
       o[i] = (float)exp(log_softmax_at(x, st, i));
   }
@@ -63,7 +48,7 @@ mn_status mn_ref_LOG_SOFTMAX(const mn_ref_ctx *c) {
   float *o = mn_ref_out_f32(c);
   size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
-    row_stats st = stats_of(x, n);
+    mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
       o[i] = (float)log_softmax_at(x, st, i);
   }
@@ -76,7 +61,7 @@ mn_status mn_ref_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   size_t n = last_dim(tl), rows = numel(tl) / n;
   double acc = 0;
   for (size_t r = 0; r < rows; r++, x += n, t += n) {
-    row_stats st = stats_of(x, n);
+    mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
       acc -= (double)t[i] * log_softmax_at(x, st, i);
   }
@@ -122,7 +107,7 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   }
   double acc = 0;
   for (size_t r = 0; r < rows; r++, x += n)
-    acc -= log_softmax_at(x, stats_of(x, n), labels[r]);
+    acc -= log_softmax_at(x, mn_ref_row_stats_of(x, n), labels[r]);
   o[0] = (float)(acc / (double)rows);
   return MN_OK;
 }

@@ -1,0 +1,56 @@
+#include "ref_shared.h"
+
+#include <math.h>
+
+mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n) {
+  double m = x[0];
+  for (size_t i = 1; i < n; i++)
+    if (x[i] > m) m = x[i];
+  double s = 0;
+  for (size_t i = 0; i < n; i++)
+    s += exp((double)x[i] - m);
+  return (mn_ref_row_stats){m, log(s)};
+}
+
+void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction) {
+  const mn_tensor_type *t = &c->node->type;
+  const float *x = mn_ref_in_f32(c, 0);
+  float *o = mn_ref_out_f32(c);
+  size_t d = (size_t)t->shape[t->rank - 1], seq = (size_t)t->shape[t->rank - 2];
+  size_t rows = mn_ref_numel(c) / d;
+  size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
+  double theta = c->node->attrs.theta;
+  for (size_t r = 0; r < rows; r++) {
+    double pos = (double)(r % seq) + offset;
+    for (size_t h = 0; h < d; h += hd) {
+      const float *xh = x + r * d + h;
+      float *oh = o + r * d + h;
+      for (size_t i = 0; i < half; i++) {
+        double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
+        double cs = cos(angle), sn = direction * sin(angle), a = xh[i], b = xh[i + half];
+        oh[i] = (float)(a * cs - b * sn);
+        oh[i + half] = (float)(b * cs + a * sn);
+      }
+    }
+  }
+}
+
+void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
+                            size_t head_dim, double scale, double *p) {
+  double max = -INFINITY;
+  for (size_t s = 0; s < n_keys; s++) {
+    const float *ks = k + s * kv_stride;
+    double dot = 0;
+    for (size_t d = 0; d < head_dim; d++)
+      dot += (double)qh[d] * ks[d];
+    p[s] = dot * scale;
+    if (p[s] > max) max = p[s];
+  }
+  double sum = 0;
+  for (size_t s = 0; s < n_keys; s++) {
+    p[s] = exp(p[s] - max);
+    sum += p[s];
+  }
+  for (size_t s = 0; s < n_keys; s++)
+    p[s] /= sum;
+}
