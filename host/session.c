@@ -111,14 +111,11 @@ void mn_session_free(mn_session *s) {
 
 mn_status mn_session_step(mn_session *s) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_step: session is NULL");
-  mn_status st = s->backend->step(s);
-  if (st == MN_OK) s->step_in_flight = true;
-  return st;
+  return s->backend->step(s);
 }
 
 mn_status mn_session_wait(mn_session *s) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_wait: session is NULL");
-  s->step_in_flight = false;
   return s->backend->wait(s);
 }
 

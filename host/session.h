@@ -37,7 +37,6 @@ struct mn_session {
   void *backend_state;
   mn_optimizer_config optim;
   uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
-  bool step_in_flight; /* step submitted, wait not yet called */
 };
 
 /* The checks every mn_build_* makes first: out, graph, graph error, outputs. */
