@@ -4,14 +4,13 @@
 
 #include "ref_shared.h"
 
-static size_t last_dim(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
 
 /* dx = y * (dy - sum_row(dy * y)). */
 mn_status mn_ref_SOFTMAX_GRAD(const mn_ref_ctx *c) {
   const float *y = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, y += n, dy += n, o += n) {
     double s = 0;
     for (size_t i = 0; i < n; i++)
@@ -26,7 +25,7 @@ mn_status mn_ref_SOFTMAX_GRAD(const mn_ref_ctx *c) {
 mn_status mn_ref_LOG_SOFTMAX_GRAD(const mn_ref_ctx *c) {
   const float *y = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, y += n, dy += n, o += n) {
     double s = 0;
     for (size_t i = 0; i < n; i++)
@@ -48,7 +47,7 @@ static double softmax_at(const float *x, mn_ref_row_stats st, size_t i) {
 mn_status mn_ref_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
   for (size_t r = 0; r < rows; r++, x += n, t += n, o += n) {
     mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
@@ -69,7 +68,7 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   const uint32_t *labels = mn_ref_in_u32(c, 1);
   const mn_tensor_type *ty = mn_ref_in_type(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = numel(ty), total = mn_ref_numel(c);
+  size_t n = mn_ref_last_dim(&c->node->type), rows = numel(ty), total = mn_ref_numel(c);
   for (size_t r = 0; r < rows; r++) {
     if (labels[r] < n) continue;
     for (size_t i = 0; i < total; i++)
@@ -90,13 +89,6 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* The forward loss clamps its logs at -100 (as PyTorch's BCELoss); the target's
- * derivative uses the same clamped logs so that it matches that loss exactly. */
-static double clamped_log(double v) {
-  double l = log(v);
-  return l < -100.0 ? -100.0 : l;
-}
-
 /* variant 0: d pred = dy[0]/n * (p - t) / (p (1 - p)), the denominator floored at 1e-12
  *   as PyTorch does, so p = 0 or 1 gives a large finite gradient instead of inf or NaN;
  * variant 1: d target = dy[0]/n * (log(1 - p) - log p). */
@@ -113,7 +105,7 @@ mn_status mn_ref_BCE_GRAD(const mn_ref_ctx *c) {
   } else {
     for (size_t i = 0; i < n; i++) {
       double pi = p[i];
-      o[i] = (float)(k * (clamped_log(1.0 - pi) - clamped_log(pi)));
+      o[i] = (float)(k * (mn_ref_clamped_log(1.0 - pi) - mn_ref_clamped_log(pi)));
     }
   }
   return MN_OK;

@@ -5,8 +5,6 @@
 
 #include "ref_shared.h"
 
-static size_t last(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
-
 /* dy * up * silu'(gate), silu'(g) = s(g) (1 + g (1 - s(g))). */
 mn_status mn_ref_SWIGLU_GRAD_GATE(const mn_ref_ctx *c) {
   const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
@@ -39,7 +37,7 @@ static void row_stats(const float *xr, size_t n, double eps, bool center, double
 static mn_status norm_grad_x(const mn_ref_ctx *c, bool center) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
   float *o = mn_ref_out_f32(c);
-  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++) {
     const float *xr = x + r * n, *dr = dy + r * n;
     double mean, inv;
@@ -63,7 +61,7 @@ static mn_status norm_grad_x(const mn_ref_ctx *c, bool center) {
 static mn_status norm_grad_w(const mn_ref_ctx *c, bool center) {
   const float *x = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
   const mn_tensor_type *tx = mn_ref_in_type(c, 0);
-  size_t n = last(tx), rows = (size_t)mn_tensor_type_numel(tx) / n;
+  size_t n = mn_ref_last_dim(tx), rows = (size_t)mn_tensor_type_numel(tx) / n;
   double *acc = calloc(n ? n : 1, sizeof *acc);
   if (!acc) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "cannot allocate scratch for %zu", n);
   for (size_t r = 0; r < rows; r++) {

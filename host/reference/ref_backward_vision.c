@@ -4,15 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_kernels.h"
-
-typedef struct nchw {
-  size_t n, c, h, w;
-} nchw;
-
-static nchw dims(const mn_tensor_type *t) {
-  return (nchw){(size_t)t->shape[0], (size_t)t->shape[1], (size_t)t->shape[2], (size_t)t->shape[3]};
-}
+#include "ref_shared.h"
 
 /* The output position o with o * stride - pad + tap == i, or -1 when i falls between
  * strides or outside the output. */
@@ -26,7 +18,8 @@ static int64_t source_of(int64_t i, int64_t tap, int64_t stride, int64_t pad, in
 mn_status mn_ref_CONV2D_GRAD_INPUT(const mn_ref_ctx *c) {
   const float *dy = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  nchw in = dims(&c->node->type), kd = dims(mn_ref_in_type(c, 1)), out = dims(mn_ref_in_type(c, 0));
+  mn_ref_nchw in = mn_ref_nchw_of(&c->node->type), kd = mn_ref_nchw_of(mn_ref_in_type(c, 1)),
+              out = mn_ref_nchw_of(mn_ref_in_type(c, 0));
   int64_t stride = c->node->attrs.stride, pad = c->node->attrs.padding;
   for (size_t n = 0; n < in.n; n++)
     for (size_t ci = 0; ci < in.c; ci++)
@@ -54,7 +47,8 @@ mn_status mn_ref_CONV2D_GRAD_INPUT(const mn_ref_ctx *c) {
 mn_status mn_ref_CONV2D_GRAD_KERNEL(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  nchw in = dims(mn_ref_in_type(c, 0)), out = dims(mn_ref_in_type(c, 1)), kd = dims(&c->node->type);
+  mn_ref_nchw in = mn_ref_nchw_of(mn_ref_in_type(c, 0)), out = mn_ref_nchw_of(mn_ref_in_type(c, 1)),
+              kd = mn_ref_nchw_of(&c->node->type);
   int64_t stride = c->node->attrs.stride, pad = c->node->attrs.padding;
   int64_t ih = (int64_t)in.h, iw = (int64_t)in.w;
   for (size_t co = 0; co < kd.n; co++)
@@ -100,7 +94,7 @@ static void group_stats(const float *x, size_t count, double eps, double *mean, 
 mn_status mn_ref_GROUP_NORM_GRAD_X(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(&c->node->type);
+  mn_ref_nchw d = mn_ref_nchw_of(&c->node->type);
   size_t groups = (size_t)c->node->attrs.groups, cpg = d.c / groups, hw = d.h * d.w;
   size_t count = cpg * hw;
   for (size_t n = 0; n < d.n; n++)
@@ -130,7 +124,7 @@ mn_status mn_ref_GROUP_NORM_GRAD_X(const mn_ref_ctx *c) {
 mn_status mn_ref_GROUP_NORM_GRAD_W(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *dy = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(mn_ref_in_type(c, 0));
+  mn_ref_nchw d = mn_ref_nchw_of(mn_ref_in_type(c, 0));
   size_t groups = (size_t)c->node->attrs.groups, cpg = d.c / groups, hw = d.h * d.w;
   double *stats = malloc(2 * d.n * groups * sizeof *stats);
   if (!stats)
@@ -160,7 +154,7 @@ mn_status mn_ref_GROUP_NORM_GRAD_W(const mn_ref_ctx *c) {
 mn_status mn_ref_SUM_PER_CHANNEL(const mn_ref_ctx *c) {
   const float *dy = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(mn_ref_in_type(c, 0));
+  mn_ref_nchw d = mn_ref_nchw_of(mn_ref_in_type(c, 0));
   size_t hw = d.h * d.w;
   for (size_t ch = 0; ch < d.c; ch++) {
     double acc = 0;
@@ -178,7 +172,7 @@ mn_status mn_ref_SUM_PER_CHANNEL(const mn_ref_ctx *c) {
 mn_status mn_ref_DOWNSAMPLE_SUM_2X(const mn_ref_ctx *c) {
   const float *dy = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(&c->node->type);
+  mn_ref_nchw d = mn_ref_nchw_of(&c->node->type);
   size_t w2 = 2 * d.w;
   for (size_t p = 0; p < d.n * d.c; p++)
     for (size_t y = 0; y < d.h; y++)

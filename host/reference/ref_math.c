@@ -2,7 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 /* C[M,N] = op(A) op(B) with double accumulation; strides pick the transposes.
  * a(i,k) = a[i*a_row + k*a_col], b(k,j) = b[k*b_row + j*b_col]. */
@@ -17,25 +17,26 @@ static void gemm(const float *a, size_t a_row, size_t a_col, const float *b, siz
     }
 }
 
-static int64_t last(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
-
 mn_status mn_ref_MATMUL(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
-  size_t k = (size_t)last(ta), n = (size_t)tb->shape[1], m = (size_t)mn_tensor_type_numel(ta) / k;
+  size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[1],
+         m = (size_t)mn_tensor_type_numel(ta) / k;
   gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
 
 mn_status mn_ref_MATMUL_BT(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
-  size_t k = (size_t)last(ta), n = (size_t)tb->shape[0], m = (size_t)mn_tensor_type_numel(ta) / k;
+  size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[0],
+         m = (size_t)mn_tensor_type_numel(ta) / k;
   gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), 1, k, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
 
 mn_status mn_ref_MATMUL_AT(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
-  size_t m = (size_t)last(ta), n = (size_t)last(tb), k = (size_t)mn_tensor_type_numel(ta) / m;
+  size_t m = (size_t)mn_ref_last_dim(ta), n = (size_t)mn_ref_last_dim(tb),
+         k = (size_t)mn_tensor_type_numel(ta) / m;
   gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
@@ -58,7 +59,7 @@ MN_REF_BINARY(GREATER, a[i] > b[i] ? 1.0f : 0.0f)
 static mn_status add_row(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *row = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = (size_t)last(&c->node->type), total = mn_ref_numel(c);
+  size_t n = (size_t)mn_ref_last_dim(&c->node->type), total = mn_ref_numel(c);
   for (size_t i = 0; i < total; i++)
     o[i] = x[i] + row[i % n];
   return MN_OK;

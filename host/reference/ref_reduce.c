@@ -4,7 +4,6 @@
 
 #include "ref_shared.h"
 
-static size_t last_dim(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
 
 static double sum(const float *x, size_t n) {
@@ -34,7 +33,7 @@ static double log_softmax_at(const float *x, mn_ref_row_stats st, size_t i) {
 mn_status mn_ref_SOFTMAX(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
     mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
@@ -46,7 +45,7 @@ mn_status mn_ref_SOFTMAX(const mn_ref_ctx *c) {
 mn_status mn_ref_LOG_SOFTMAX(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
-  size_t n = last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
     mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
@@ -58,7 +57,7 @@ mn_status mn_ref_LOG_SOFTMAX(const mn_ref_ctx *c) {
 mn_status mn_ref_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
   const mn_tensor_type *tl = mn_ref_in_type(c, 0);
-  size_t n = last_dim(tl), rows = numel(tl) / n;
+  size_t n = mn_ref_last_dim(tl), rows = numel(tl) / n;
   double acc = 0;
   for (size_t r = 0; r < rows; r++, x += n, t += n) {
     mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
@@ -89,7 +88,7 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0);
   const uint32_t *labels = mn_ref_in_u32(c, 1);
   const mn_tensor_type *tl = mn_ref_in_type(c, 0), *ty = mn_ref_in_type(c, 1);
-  size_t n = last_dim(tl), rows = numel(ty);
+  size_t n = mn_ref_last_dim(tl), rows = numel(ty);
   float *o = mn_ref_out_f32(c);
   /* Validate every label before reading any logits row, so a bad label never indexes
    * past its row. */
@@ -112,21 +111,13 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* log clamped below at -100, as PyTorch's BCELoss does, so that p = 0 or 1 gives a
- * finite loss (and t = 0 with p = 0 contributes 0 instead of 0 * -inf). The comparison
- * keeps NaN for p outside [0, 1]. */
-static double clamped_log(double v) {
-  double l = log(v);
-  return l < -100.0 ? -100.0 : l;
-}
-
 mn_status mn_ref_BCE_LOSS(const mn_ref_ctx *c) {
   const float *p = mn_ref_in_f32(c, 0), *t = mn_ref_in_f32(c, 1);
   size_t n = numel(mn_ref_in_type(c, 0));
   double acc = 0;
   for (size_t i = 0; i < n; i++) {
     double pi = p[i], ti = t[i];
-    acc += ti * clamped_log(pi) + (1.0 - ti) * clamped_log(1.0 - pi);
+    acc += ti * mn_ref_clamped_log(pi) + (1.0 - ti) * mn_ref_clamped_log(1.0 - pi);
   }
   mn_ref_out_f32(c)[0] = (float)(-acc / (double)n);
   return MN_OK;

@@ -54,3 +54,8 @@ void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, s
   for (size_t s = 0; s < n_keys; s++)
     p[s] /= sum;
 }
+
+double mn_ref_clamped_log(double v) {
+  double l = log(v);
+  return l < -100.0 ? -100.0 : l;
+}

@@ -5,6 +5,24 @@
 
 #include "ref_kernels.h"
 
+static inline size_t mn_ref_last_dim(const mn_tensor_type *t) {
+  return (size_t)t->shape[t->rank - 1];
+}
+
+/* The four sizes of an NCHW tensor. */
+typedef struct mn_ref_nchw {
+  size_t n, c, h, w;
+} mn_ref_nchw;
+static inline mn_ref_nchw mn_ref_nchw_of(const mn_tensor_type *t) {
+  return (mn_ref_nchw){(size_t)t->shape[0], (size_t)t->shape[1], (size_t)t->shape[2],
+                       (size_t)t->shape[3]};
+}
+
+/* log clamped below at -100, as PyTorch's BCELoss does, so that p = 0 or 1 gives a
+ * finite loss (and t = 0 with p = 0 contributes 0 instead of 0 * -inf); NaN stays NaN
+ * for p outside [0, 1]. Forward and gradient use the same clamp. */
+double mn_ref_clamped_log(double v);
+
 /* A row's max and log(sum(exp(x - max))): softmax and log_softmax of the row follow. */
 typedef struct mn_ref_row_stats {
   double max, log_sum;

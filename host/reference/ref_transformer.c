@@ -5,8 +5,6 @@
 
 #include "ref_shared.h"
 
-static size_t last(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 1]; }
-
 mn_status mn_ref_SWIGLU(const mn_ref_ctx *c) {
   const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
@@ -20,7 +18,7 @@ mn_status mn_ref_SWIGLU(const mn_ref_ctx *c) {
 mn_status mn_ref_RMS_NORM(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   double eps = c->node->attrs.eps;
   for (size_t r = 0; r < rows; r++) {
     const float *xr = x + r * n;
@@ -37,7 +35,7 @@ mn_status mn_ref_RMS_NORM(const mn_ref_ctx *c) {
 mn_status mn_ref_LAYER_NORM(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *b = mn_ref_in_f32(c, 2);
   float *o = mn_ref_out_f32(c);
-  size_t n = last(&c->node->type), rows = mn_ref_numel(c) / n;
+  size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
   double eps = c->node->attrs.eps;
   for (size_t r = 0; r < rows; r++) {
     const float *xr = x + r * n;
@@ -96,7 +94,7 @@ mn_status mn_ref_EMBEDDING(const mn_ref_ctx *c) {
 mn_status mn_ref_SCATTER_ADD(const mn_ref_ctx *c) {
   const uint32_t *idx = mn_ref_in_u32(c, 0);
   const float *src = mn_ref_in_f32(c, 1);
-  size_t rows = (size_t)c->node->attrs.num_rows, d = last(&c->node->type);
+  size_t rows = (size_t)c->node->attrs.num_rows, d = mn_ref_last_dim(&c->node->type);
   size_t n = (size_t)mn_tensor_type_numel(mn_ref_in_type(c, 0));
   if (!indices_in_range(c, idx, n, rows, "an output")) return MN_ERR_INVALID_ARGUMENT;
   size_t *start = calloc(rows + 1, sizeof *start);

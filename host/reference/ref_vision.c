@@ -1,22 +1,15 @@
 /* Reference kernels: 4-D NCHW vision ops. Sizes are read from the node and input types. */
 #include <math.h>
 
-#include "ref_kernels.h"
-
-typedef struct nchw {
-  size_t n, c, h, w;
-} nchw;
-
-static nchw dims(const mn_tensor_type *t) {
-  return (nchw){(size_t)t->shape[0], (size_t)t->shape[1], (size_t)t->shape[2], (size_t)t->shape[3]};
-}
+#include "ref_shared.h"
 
 /* Direct convolution, one output element at a time; taps that fall into the zero padding
  * are skipped rather than read. */
 mn_status mn_ref_CONV2D(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  nchw in = dims(mn_ref_in_type(c, 0)), kd = dims(mn_ref_in_type(c, 1)), out = dims(&c->node->type);
+  mn_ref_nchw in = mn_ref_nchw_of(mn_ref_in_type(c, 0)), kd = mn_ref_nchw_of(mn_ref_in_type(c, 1)),
+              out = mn_ref_nchw_of(&c->node->type);
   int64_t stride = c->node->attrs.stride, pad = c->node->attrs.padding;
   int64_t ih = (int64_t)in.h, iw = (int64_t)in.w;
   for (size_t n = 0; n < out.n; n++)
@@ -48,7 +41,7 @@ mn_status mn_ref_CONV2D(const mn_ref_ctx *c) {
 mn_status mn_ref_GROUP_NORM(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1), *b = mn_ref_in_f32(c, 2);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(&c->node->type);
+  mn_ref_nchw d = mn_ref_nchw_of(&c->node->type);
   size_t groups = (size_t)c->node->attrs.groups, cpg = d.c / groups, hw = d.h * d.w;
   size_t count = cpg * hw;
   double eps = c->node->attrs.eps;
@@ -82,7 +75,7 @@ static void copy_channels(float *dst, size_t cd, size_t d0, const float *src, si
 }
 
 mn_status mn_ref_CONCAT(const mn_ref_ctx *c) {
-  nchw a = dims(mn_ref_in_type(c, 0)), b = dims(mn_ref_in_type(c, 1));
+  mn_ref_nchw a = mn_ref_nchw_of(mn_ref_in_type(c, 0)), b = mn_ref_nchw_of(mn_ref_in_type(c, 1));
   size_t co = a.c + b.c, hw = a.h * a.w;
   float *o = mn_ref_out_f32(c);
   copy_channels(o, co, 0, mn_ref_in_f32(c, 0), a.c, 0, a.c, a.n, hw);
@@ -91,14 +84,14 @@ mn_status mn_ref_CONCAT(const mn_ref_ctx *c) {
 }
 
 mn_status mn_ref_SPLIT_A(const mn_ref_ctx *c) {
-  nchw x = dims(mn_ref_in_type(c, 0));
+  mn_ref_nchw x = mn_ref_nchw_of(mn_ref_in_type(c, 0));
   size_t ca = (size_t)c->node->attrs.channels_a;
   copy_channels(mn_ref_out_f32(c), ca, 0, mn_ref_in_f32(c, 0), x.c, 0, ca, x.n, x.h * x.w);
   return MN_OK;
 }
 
 mn_status mn_ref_SPLIT_B(const mn_ref_ctx *c) {
-  nchw x = dims(mn_ref_in_type(c, 0));
+  mn_ref_nchw x = mn_ref_nchw_of(mn_ref_in_type(c, 0));
   size_t ca = (size_t)c->node->attrs.channels_a, cb = x.c - ca;
   copy_channels(mn_ref_out_f32(c), cb, 0, mn_ref_in_f32(c, 0), x.c, ca, cb, x.n, x.h * x.w);
   return MN_OK;
@@ -107,7 +100,7 @@ mn_status mn_ref_SPLIT_B(const mn_ref_ctx *c) {
 mn_status mn_ref_UPSAMPLE_2X(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
-  nchw in = dims(mn_ref_in_type(c, 0)), out = dims(&c->node->type);
+  mn_ref_nchw in = mn_ref_nchw_of(mn_ref_in_type(c, 0)), out = mn_ref_nchw_of(&c->node->type);
   for (size_t p = 0; p < in.n * in.c; p++)
     for (size_t y = 0; y < out.h; y++)
       for (size_t xx = 0; xx < out.w; xx++)
@@ -118,7 +111,7 @@ mn_status mn_ref_UPSAMPLE_2X(const mn_ref_ctx *c) {
 mn_status mn_ref_ADD_PER_CHANNEL(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *bias = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
-  nchw d = dims(&c->node->type);
+  mn_ref_nchw d = mn_ref_nchw_of(&c->node->type);
   size_t hw = d.h * d.w;
   for (size_t i = 0, total = mn_ref_numel(c); i < total; i++)
     o[i] = x[i] + bias[(i / hw) % d.c];
