@@ -14,6 +14,11 @@ typedef struct mn_backend_ops {
   /* Submits one step; failures found while running it are returned by wait. */
   mn_status (*step)(mn_session *s);
   mn_status (*wait)(mn_session *s);
+  /* Adam moments of plan parameter slot `slot` (which 0: first moment m, 1: second v),
+   * n elements; reading state that was never allocated gives zeros, writing allocates it. */
+  mn_status (*read_optim_state)(mn_session *s, size_t slot, int which, float *dst, size_t n);
+  mn_status (*write_optim_state)(mn_session *s, size_t slot, int which, const float *src,
+                                 size_t n);
 } mn_backend_ops;
 
 typedef enum mn_optimizer_kind {

@@ -142,6 +142,30 @@ static mn_status cpu_step(mn_session *s) {
   return MN_OK;
 }
 
+static mn_status cpu_read_optim_state(mn_session *s, size_t slot, int which, float *dst,
+                                      size_t n) {
+  cpu_state *st = s->backend_state;
+  float **moments = which ? st->adam_v : st->adam_m;
+  if (!moments || !moments[slot])
+    memset(dst, 0, n * sizeof *dst);
+  else
+    memcpy(dst, moments[slot], n * sizeof *dst);
+  return MN_OK;
+}
+
+static mn_status cpu_write_optim_state(mn_session *s, size_t slot, int which, const float *src,
+                                       size_t n) {
+  cpu_state *st = s->backend_state;
+  mn_status rc = ensure_adam_state(s->plan, st);
+  if (rc != MN_OK) return rc;
+  float *dst = (which ? st->adam_v : st->adam_m)[slot];
+  if (!dst)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "parameter slot %zu has no gradient, so no Adam state",
+                   slot);
+  memcpy(dst, src, n * sizeof *dst);
+  return MN_OK;
+}
+
 static mn_status cpu_wait(mn_session *s) {
   cpu_state *st = s->backend_state;
   mn_status rc = st->pending;
@@ -161,4 +185,6 @@ const mn_backend_ops mn_cpu_backend = {
     .read_buffer = cpu_read,
     .step = cpu_step,
     .wait = cpu_wait,
+    .read_optim_state = cpu_read_optim_state,
+    .write_optim_state = cpu_write_optim_state,
 };
