@@ -75,13 +75,41 @@ static size_t place(interval *iv, size_t n, size_t base) {
   return end;
 }
 
+/* Parameters with a gradient first, then their gradients at the same spacing (see
+ * update_bytes in plan.h); marks what it placed and returns the end. */
+static size_t place_update_blocks(mn_plan *p, bool *placed) {
+  size_t span = 0;
+  for (size_t i = 0; i < p->num_params; i++) {
+    if (p->params[i].grad == MN_NO_NODE) continue;
+    uint32_t b = p->node_buffer[p->params[i].param];
+    p->buffers[b].offset = span;
+    placed[b] = true;
+    span += align_up(p->buffers[b].bytes);
+  }
+  for (size_t i = 0; i < p->num_params; i++) {
+    if (p->params[i].grad == MN_NO_NODE) continue;
+    uint32_t b = p->node_buffer[p->params[i].grad];
+    p->buffers[b].offset = span + p->buffers[p->node_buffer[p->params[i].param]].offset;
+    placed[b] = true;
+  }
+  p->update_params_offset = 0;
+  p->update_grads_offset = span;
+  p->update_bytes = span;
+  return 2 * span;
+}
+
 mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
-  size_t nb = p->num_buffers, pinned_end = 0;
+  size_t nb = p->num_buffers;
+  bool *placed = calloc(nb ? nb : 1, sizeof *placed);
+  if (!placed) return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory");
+  size_t pinned_end = place_update_blocks(p, placed);
   if (mode == MN_LAYOUT_ONE_PER_BUFFER) {
     for (size_t b = 0; b < nb; b++) {
+      if (placed[b]) continue;
       p->buffers[b].offset = pinned_end;
       pinned_end += align_up(p->buffers[b].bytes);
     }
+    free(placed);
     p->arena_bytes = pinned_end;
     return MN_OK;
   }
@@ -89,6 +117,7 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
          *last = malloc((nb ? nb : 1) * sizeof *last);
   interval *iv = malloc((nb ? nb : 1) * sizeof *iv);
   if (!first || !last || !iv) {
+    free(placed);
     free(first);
     free(last);
     free(iv);
@@ -98,6 +127,7 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t count = 0;
   for (size_t b = 0; b < nb; b++) {
     mn_buffer_desc *buf = &p->buffers[b];
+    if (placed[b]) continue;
     bool shared = buf->role == MN_BUF_ACTIVATION && first[b] != SIZE_MAX;
     if (!shared) {
       buf->offset = pinned_end;
@@ -110,6 +140,7 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t end = place(iv, count, pinned_end);
   for (size_t i = 0; i < count && end != SIZE_MAX; i++)
     p->buffers[iv[i].buffer].offset = iv[i].offset;
+  free(placed);
   free(first);
   free(last);
   free(iv);

@@ -44,6 +44,10 @@ struct mn_plan {
   size_t num_user_outputs; /* graph outputs [0, n) are the user's; the rest gradients */
   mn_param_slot *params;   /* training plans: every parameter, in node order */
   size_t num_params;
+  /* The parameters that have a gradient lie back to back from update_params_offset, and
+   * their gradients in the same order and spacing from update_grads_offset, so one
+   * optimizer kernel updates them as a single flat vector of update_bytes. */
+  size_t update_params_offset, update_grads_offset, update_bytes;
 };
 typedef struct mn_plan mn_plan;
 

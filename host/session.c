@@ -1,5 +1,8 @@
 /* Session construction, stepping, outputs and the plan/memory views. */
 #include "session.h"
+#ifdef MN_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,11 +33,28 @@ static mn_status resolve_backend(const char *fn, const mn_session_options *o,
       return mn_fail(MN_ERR_INVALID_ARGUMENT,
                      "%s: environment MN_BACKEND=\"%s\", expected cpu, cuda or auto", fn, env);
   }
+#ifdef MN_WITH_CUDA
+  int devices = mn_cuda_usable_devices();
+  if (want == MN_BACKEND_AUTO) want = devices > 0 ? MN_BACKEND_CUDA : MN_BACKEND_CPU;
+  if (want == MN_BACKEND_CUDA && devices == 0)
+    return mn_fail(MN_ERR_DEVICE,
+                   "%s: CUDA backend requested (device %d) but no CUDA device is usable", fn,
+                   o->device);
+  if (want == MN_BACKEND_CUDA && (o->device < 0 || o->device >= devices))
+    return mn_fail(MN_ERR_DEVICE,
+                   "%s: CUDA backend requested (device %d) but only %d CUDA device%s usable", fn,
+                   o->device, devices, devices == 1 ? " is" : "s are");
+  if (want == MN_BACKEND_CUDA) {
+    *out = &mn_cuda_backend;
+    return MN_OK;
+  }
+#else
   if (want == MN_BACKEND_CUDA)
     return mn_fail(MN_ERR_DEVICE,
                    "%s: CUDA backend requested (device %d) but no CUDA device is usable: this "
                    "build of meganeura has no CUDA backend",
                    fn, o->device);
+#endif
   *out = &mn_cpu_backend;
   return MN_OK;
 }
@@ -111,7 +131,17 @@ void mn_session_free(mn_session *s) {
 
 mn_status mn_session_step(mn_session *s) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_step: session is NULL");
-  return s->backend->step(s);
+  mn_status st = s->backend->step(s);
+  if (st == MN_OK) s->steps++;
+  return st;
+}
+
+mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out) {
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_get_stats: session is NULL");
+  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_get_stats: out is NULL");
+  *out = (mn_session_stats){.backend = s->backend->name, .steps = s->steps};
+  if (s->backend->stats) s->backend->stats(s, out);
+  return MN_OK;
 }
 
 mn_status mn_session_wait(mn_session *s) {

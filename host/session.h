@@ -19,6 +19,8 @@ typedef struct mn_backend_ops {
   mn_status (*read_optim_state)(mn_session *s, size_t slot, int which, float *dst, size_t n);
   mn_status (*write_optim_state)(mn_session *s, size_t slot, int which, const float *src,
                                  size_t n);
+  /* Fills the backend's part of the statistics (optional). */
+  void (*stats)(const mn_session *s, mn_session_stats *out);
 } mn_backend_ops;
 
 typedef enum mn_optimizer_kind {
@@ -42,6 +44,7 @@ struct mn_session {
   void *backend_state;
   mn_optimizer_config optim;
   uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
+  uint64_t steps;      /* mn_session_step calls that submitted work */
 };
 
 /* The checks every mn_build_* makes first: out, graph, graph error, outputs. */

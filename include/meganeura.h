@@ -227,6 +227,19 @@ MN_API mn_memory_summary mn_session_memory_summary(const mn_session *s);
  * returns snprintf's count. */
 MN_API int mn_memory_summary_format(const mn_memory_summary *m, char *buf, size_t size);
 
+/* What a session did: proves one device launch per step and reports build costs. */
+typedef struct mn_session_stats {
+  const char *backend;      /* "cpu" or "cuda" */
+  uint64_t steps;           /* mn_session_step calls that submitted work */
+  uint64_t graph_launches;  /* CUDA graph launches (0 on the CPU) */
+  uint64_t submissions;     /* every device submission made by steps, launches included */
+  size_t kernels;           /* distinct compiled kernels */
+  size_t graph_nodes;       /* nodes of the captured step graph */
+  bool kernel_cache_hit;    /* the kernels came from the disk cache: nothing compiled */
+  double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */
+} mn_session_stats;
+MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out);
+
 MN_API mn_status mn_session_save_checkpoint(mn_session *s, const char *path);
 MN_API mn_status mn_session_load_checkpoint(mn_session *s, const char *path);
 

@@ -1,0 +1,130 @@
+/* Captures one whole step into a CUDA graph: staging copies in, every command of the
+ * program, the optimizer update, and the error record and loss copied out. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../host/error.h"
+#include "cuda_state.h"
+
+typedef struct mn_cu_io {
+  void *p[MN_CU_MAX_ARGS];
+} mn_cu_io;
+
+static mn_status launch(cuda_state *st, uint32_t kernel, const unsigned grid[3], unsigned block,
+                        size_t smem, mn_cu_io *io) {
+  void *args[] = {io};
+  dim3 g = {grid[0], grid[1], grid[2]}, b = {block, 1, 1};
+  return mn_cu_check(
+      cudaLaunchKernel((const void *)st->kernels[kernel], g, b, args, smem, st->stream),
+      "launching a kernel");
+}
+
+static mn_status enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
+  const mn_cu_cmd *cmd = &st->prog.cmds[i];
+  switch (cmd->kind) {
+  case MN_CU_CMD_LAUNCH: {
+    mn_cu_io io = {{0}};
+    for (int a = 0; a < cmd->num_args; a++)
+      io.p[a] = mn_cu_resolve(st, s, cmd->args[a]);
+    return launch(st, cmd->kernel, cmd->grid, st->prog.kernels[cmd->kernel].block, cmd->smem, &io);
+  }
+  case MN_CU_CMD_MATMUL: return mn_cu_matmul_enqueue(st, s, i);
+  case MN_CU_CMD_MEMSET:
+    return mn_cu_check(
+        cudaMemsetAsync(mn_cu_resolve(st, s, cmd->args[0]), 0, cmd->bytes, st->stream), "memset");
+  case MN_CU_CMD_COPY:
+    return mn_cu_check(cudaMemcpyAsync(mn_cu_resolve(st, s, cmd->args[0]),
+                                       mn_cu_resolve(st, s, cmd->args[1]), cmd->bytes,
+                                       cudaMemcpyDeviceToDevice, st->stream),
+                       "copy");
+  }
+  return MN_OK;
+}
+
+static mn_status enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
+  const mn_plan *p = s->plan;
+  float *params = (float *)(st->arena + p->update_params_offset);
+  float *grads = (float *)(st->arena + p->update_grads_offset);
+  size_t n = p->update_bytes / sizeof(float);
+  if (key & 2u) {
+    mn_cu_io io = {{grads, st->norm_partials}};
+    const unsigned grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
+    mn_status rc = launch(st, (uint32_t)st->opt_sumsq, grid, 256, 0, &io);
+    if (rc != MN_OK) return rc;
+  }
+  size_t blocks = (n + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
+  float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
+  mn_cu_io io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL}};
+  return launch(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
+}
+
+static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
+  mn_status rc =
+      mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
+                                  cudaMemcpyHostToDevice, st->stream),
+                  "copying scalars");
+  for (size_t i = 0; rc == MN_OK && i < st->num_staged; i++) {
+    const mn_cu_staged *sg = &st->staged[i];
+    rc = mn_cu_check(cudaMemcpyAsync(st->arena + s->plan->buffers[sg->buffer].offset,
+                                     st->host_staging + sg->host_offset, sg->bytes,
+                                     cudaMemcpyHostToDevice, st->stream),
+                     "copying an input");
+  }
+  if (rc == MN_OK)
+    rc = mn_cu_check(
+        cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
+        "recording the input event");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaMemsetAsync(&st->misc->error, 0, sizeof st->misc->error, st->stream),
+                     "clearing the error record");
+  for (size_t i = 0; rc == MN_OK && i < st->prog.num_cmds; i++)
+    rc = enqueue_cmd(st, s, i);
+  if (rc == MN_OK && (key & 1u) && st->opt_update >= 0) rc = enqueue_update(st, s, key);
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->error, &st->misc->error,
+                                     sizeof st->misc->error, cudaMemcpyDeviceToHost, st->stream),
+                     "copying the error record");
+  if (rc == MN_OK && s->plan->loss != MN_NO_NODE)
+    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->loss,
+                                     st->arena + mn_plan_buffer_of(s->plan, s->plan->loss)->offset,
+                                     sizeof(float), cudaMemcpyDeviceToHost, st->stream),
+                     "copying the loss");
+  return rc;
+}
+
+mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
+  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting before capture");
+  if (rc != MN_OK) return rc;
+  if (st->exec) {
+    cudaGraphExecDestroy(st->exec);
+    st->exec = NULL;
+  }
+  st->captured = false;
+  rc = mn_cu_check(cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal),
+                   "starting the capture");
+  if (rc != MN_OK) return rc;
+  rc = enqueue_step(st, s, key);
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", mn_last_error());
+  cudaGraph_t graph = NULL;
+  mn_status end = mn_cu_check(cudaStreamEndCapture(st->stream, &graph), "ending the capture");
+  if (rc != MN_OK) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    mn_set_last_error(msg);
+    return rc;
+  }
+  if (end != MN_OK) return end;
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, NULL, &nodes);
+  rc = mn_cu_check(cudaGraphInstantiate(&st->exec, graph, 0), "instantiating the step graph");
+  cudaGraphDestroy(graph);
+  if (rc != MN_OK) return rc;
+  if (rc == MN_OK) rc = mn_cu_check(cudaGraphUpload(st->exec, st->stream), "uploading the graph");
+  st->graph_nodes = nodes;
+  st->captured_key = key;
+  st->captured = rc == MN_OK;
+  return rc;
+}

@@ -1,0 +1,454 @@
+/* The CUDA backend: one arena per session, kernels compiled by NVRTC (through the disk
+ * cache) when the session is built, matmul algorithms chosen then too, and the whole
+ * step captured into one CUDA graph, so that mn_session_step is one cudaGraphLaunch.
+ *
+ * Inputs are staged in pinned host memory and copied in by the graph's first nodes;
+ * optimizer scalars likewise. A staging area is rewritten only after the previous
+ * step's copies have run (the inputs_consumed event), so set_input during a step is
+ * safe and the host never waits for a whole step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../host/error.h"
+#include "cuda_state.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+mn_status mn_cu_check(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return MN_OK;
+  cudaGetLastError();
+  mn_status s = e == cudaErrorMemoryAllocation ? MN_ERR_OUT_OF_MEMORY : MN_ERR_DEVICE;
+  return mn_fail(s, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+}
+
+void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
+  switch (a.kind) {
+  case MN_CU_ARG_NODE: return st->arena + mn_plan_buffer_of(s->plan, a.node)->offset + a.offset;
+  case MN_CU_ARG_SCRATCH: return st->scratch + a.offset;
+  case MN_CU_ARG_ERROR: return &st->misc->error;
+  case MN_CU_ARG_SCALARS: return &st->misc->scalars;
+  case MN_CU_ARG_NONE: break;
+  }
+  return NULL;
+}
+
+/* Inputs that an in-place op updates (KV caches) keep their device contents across
+ * steps, so they are written directly instead of being re-copied from staging. */
+static bool updated_in_place(const mn_plan *p, uint32_t buffer) {
+  const mn_graph *g = p->graph;
+  for (size_t i = 0; i < g->num_nodes; i++)
+    if ((mn_op_flags(g->nodes[i].op) & MN_OPF_INPLACE) && p->node_buffer[i] == buffer) return true;
+  return false;
+}
+
+static mn_status plan_staging(cuda_state *st, const mn_plan *p) {
+  size_t total = 0;
+  st->staged = calloc(p->num_buffers ? p->num_buffers : 1, sizeof *st->staged);
+  if (!st->staged) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    if (p->buffers[b].role != MN_BUF_INPUT || updated_in_place(p, (uint32_t)b)) continue;
+    st->staged[st->num_staged++] =
+        (mn_cu_staged){.buffer = (uint32_t)b, .host_offset = total, .bytes = p->buffers[b].bytes};
+    total += (p->buffers[b].bytes + 255) / 256 * 256;
+  }
+  mn_status rc = mn_cu_check(cudaMallocHost((void **)&st->host_staging, total ? total : 256),
+                             "pinned staging memory");
+  if (rc == MN_OK) memset(st->host_staging, 0, total ? total : 256);
+  return rc;
+}
+
+static const mn_cu_staged *staged_of(const cuda_state *st, uint32_t buffer) {
+  for (size_t i = 0; i < st->num_staged; i++)
+    if (st->staged[i].buffer == buffer) return &st->staged[i];
+  return NULL;
+}
+
+/* The optimizer kernels join the program's translation unit (kernels/optimizer.cuh). */
+static mn_status declare_optimizer(cuda_state *st, const mn_session *s) {
+  st->opt_sumsq = st->opt_update = -1;
+  const mn_plan *p = s->plan;
+  if (!s->training || p->update_bytes == 0) return MN_OK;
+  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
+  long long n = (long long)(p->update_bytes / sizeof(float));
+  st->opt_sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
+  st->opt_update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
+  if (st->opt_sumsq < 0 || st->opt_update < 0)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  return MN_OK;
+}
+
+static mn_status compile_and_load(cuda_state *st) {
+  int major = 0, minor = 0;
+  mn_status rc = mn_cu_check(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device), "device");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device),
+                     "device");
+  if (rc != MN_OK) return rc;
+  char arch[32];
+  snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
+  char *src = mn_cu_program_source(&st->prog);
+  if (!src) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  mn_cu_binary bin;
+  rc = mn_cu_compile(src, arch, NULL, &bin);
+  free(src);
+  if (rc != MN_OK) return rc;
+  st->compile_ms = bin.compile_ms;
+  st->cache_hit = bin.from_cache;
+  double t0 = now_ms();
+  rc = mn_cu_check(cudaLibraryLoadData(&st->library, bin.data, NULL, NULL, 0, NULL, NULL, 0),
+                   "loading the compiled kernels");
+  mn_cu_binary_free(&bin);
+  if (rc != MN_OK) return rc;
+  st->kernels = calloc(st->prog.num_kernels ? st->prog.num_kernels : 1, sizeof *st->kernels);
+  if (!st->kernels) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  for (size_t k = 0; k < st->prog.num_kernels; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "mn_k%zu", k);
+    rc = mn_cu_check(cudaLibraryGetKernel(&st->kernels[k], st->library, name), "finding a kernel");
+    if (rc != MN_OK) return rc;
+  }
+  /* Launches asking for more than the default 48 KB of shared memory must opt in. */
+  for (size_t i = 0; i < st->prog.num_cmds; i++) {
+    const mn_cu_cmd *cmd = &st->prog.cmds[i];
+    if (cmd->kind != MN_CU_CMD_LAUNCH || cmd->smem <= 48 * 1024) continue;
+    rc = mn_cu_check(cudaKernelSetAttributeForDevice(st->kernels[cmd->kernel],
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     (int)cmd->smem, st->device),
+                     "raising a kernel's shared memory limit");
+    if (rc != MN_OK) return rc;
+  }
+  st->load_ms = now_ms() - t0;
+  return MN_OK;
+}
+
+static mn_status allocate(cuda_state *st, const mn_session *s) {
+  const mn_plan *p = s->plan;
+  st->arena_bytes = p->arena_bytes ? p->arena_bytes : 256;
+  mn_status rc = mn_cu_check(cudaMalloc((void **)&st->arena, st->arena_bytes), "the arena");
+  if (rc == MN_OK && st->prog.scratch_bytes)
+    rc = mn_cu_check(cudaMalloc((void **)&st->scratch, st->prog.scratch_bytes), "scratch memory");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc((void **)&st->misc, sizeof *st->misc), "scalars");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaMalloc((void **)&st->norm_partials, MN_CU_NORM_BLOCKS * sizeof(double)),
+                     "norm partials");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaMallocHost((void **)&st->host_scalars, sizeof *st->host_scalars),
+                     "pinned scalars");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaMallocHost((void **)&st->host_readback, sizeof *st->host_readback),
+                     "pinned readback");
+  if (rc != MN_OK) return rc;
+  memset(st->host_scalars, 0, sizeof *st->host_scalars);
+  memset(st->host_readback, 0, sizeof *st->host_readback);
+  rc = mn_cu_check(cudaMemset(st->arena, 0, st->arena_bytes), "clearing the arena");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemset(st->misc, 0, sizeof *st->misc), "clearing scalars");
+  return rc;
+}
+
+static mn_status upload_constants(cuda_state *st, const mn_session *s) {
+  const mn_graph *g = s->plan->graph;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    if (g->nodes[i].op != MN_OP_CONSTANT) continue;
+    mn_status rc = mn_cu_check(
+        cudaMemcpy(st->arena + mn_plan_buffer_of(s->plan, (mn_node)i)->offset, g->nodes[i].data,
+                   mn_tensor_type_bytes(&g->nodes[i].type), cudaMemcpyHostToDevice),
+        "uploading a constant");
+    if (rc != MN_OK) return rc;
+  }
+  return MN_OK;
+}
+
+static void cuda_destroy(mn_session *s) {
+  cuda_state *st = s->backend_state;
+  if (!st) return;
+  cudaSetDevice(st->device);
+  if (st->stream) cudaStreamSynchronize(st->stream);
+  if (st->exec) cudaGraphExecDestroy(st->exec);
+  mn_cu_matmuls_destroy(st);
+  if (st->lt) cublasLtDestroy(st->lt);
+  if (st->library) cudaLibraryUnload(st->library);
+  if (st->inputs_consumed) cudaEventDestroy(st->inputs_consumed);
+  if (st->stream) cudaStreamDestroy(st->stream);
+  cudaFree(st->arena);
+  cudaFree(st->scratch);
+  cudaFree(st->misc);
+  cudaFree(st->norm_partials);
+  cudaFree(st->adam);
+  cudaFree(st->workspace);
+  cudaFreeHost(st->host_scalars);
+  cudaFreeHost(st->host_readback);
+  cudaFreeHost(st->host_staging);
+  cudaGetLastError();
+  free(st->staged);
+  free(st->kernels);
+  mn_cu_program_free(&st->prog);
+  free(st);
+  s->backend_state = NULL;
+}
+
+static mn_status cuda_create(mn_session *s) {
+  double t0 = now_ms();
+  cuda_state *st = calloc(1, sizeof *st);
+  if (!st) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  s->backend_state = st;
+  st->device = s->options.device;
+  mn_status rc = mn_cu_check(cudaSetDevice(st->device), "selecting the device");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "a stream");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaEventCreateWithFlags(&st->inputs_consumed, cudaEventDisableTiming),
+                     "an event");
+  double tl = now_ms();
+  if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
+  if (rc == MN_OK) rc = declare_optimizer(st, s);
+  st->lower_ms = now_ms() - tl;
+  if (rc == MN_OK) rc = compile_and_load(st);
+  if (rc == MN_OK) rc = allocate(st, s);
+  if (rc == MN_OK) rc = plan_staging(st, s->plan);
+  if (rc == MN_OK) rc = upload_constants(st, s);
+  double tm = now_ms();
+  if (rc == MN_OK) rc = mn_cu_matmuls_prepare(st, s);
+  st->matmul_ms = now_ms() - tm;
+  if (rc == MN_OK) rc = mn_cuda_poison(s);
+  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "session set-up");
+  if (rc != MN_OK) {
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", mn_last_error());
+    cuda_destroy(s);
+    mn_set_last_error(msg);
+    return rc;
+  }
+  st->build_ms = now_ms() - t0;
+  return MN_OK;
+}
+
+/* The previous step's staging copies must have run before staging is rewritten. */
+static mn_status wait_inputs_consumed(cuda_state *st) {
+  if (!st->in_flight) return MN_OK;
+  return mn_cu_check(cudaEventSynchronize(st->inputs_consumed), "waiting for the input copies");
+}
+
+static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, size_t bytes) {
+  cuda_state *st = s->backend_state;
+  const mn_cu_staged *sg = staged_of(st, buffer);
+  if (sg) {
+    mn_status rc = wait_inputs_consumed(st);
+    if (rc != MN_OK) return rc;
+    memcpy(st->host_staging + sg->host_offset, src, bytes);
+    return MN_OK;
+  }
+  /* Parameters and caches: ordered after any step in flight on the session's stream. */
+  void *dst = st->arena + s->plan->buffers[buffer].offset;
+  mn_status rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
+                             "copying to the device");
+  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+  return rc;
+}
+
+static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t bytes) {
+  cuda_state *st = s->backend_state;
+  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
+  if (rc != MN_OK) return rc;
+  if (s->plan->loss != MN_NO_NODE && buffer == s->plan->node_buffer[s->plan->loss] &&
+      bytes == sizeof(float) && st->launches > 0) {
+    memcpy(dst, &st->host_readback->loss, sizeof(float));
+    return MN_OK;
+  }
+  const mn_cu_staged *sg = staged_of(st, buffer);
+  if (sg) {
+    memcpy(dst, st->host_staging + sg->host_offset, bytes);
+    return MN_OK;
+  }
+  return mn_cu_check(
+      cudaMemcpy(dst, st->arena + s->plan->buffers[buffer].offset, bytes, cudaMemcpyDeviceToHost),
+      "copying from the device");
+}
+
+/* Which graph is needed: the update kernels exist only for an optimizer, clipping only
+ * when enabled, and Adam moments only once allocated. */
+static unsigned capture_key(const mn_session *s) {
+  bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
+  bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
+  return (update ? 1u : 0u) | (update && s->optim.max_grad_norm > 0 ? 2u : 0u) |
+         (update && adam ? 4u : 0u);
+}
+
+static mn_status ensure_adam(cuda_state *st, const mn_session *s) {
+  bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
+  if (!adam || st->adam || !s->training || s->plan->update_bytes == 0) return MN_OK;
+  size_t bytes = 2 * s->plan->update_bytes;
+  mn_status rc = mn_cu_check(cudaMalloc((void **)&st->adam, bytes), "the Adam state");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(st->adam, 0, bytes, st->stream), "Adam state");
+  return rc;
+}
+
+static void fill_scalars(const mn_session *s, uint64_t step, mn_cu_scalars *out) {
+  const mn_optimizer_config *o = &s->optim;
+  *out = (mn_cu_scalars){.lr = o->lr,
+                         .beta1 = o->beta1,
+                         .beta2 = o->beta2,
+                         .eps = o->eps,
+                         .weight_decay = o->weight_decay,
+                         .max_grad_norm = o->max_grad_norm,
+                         .step = (uint32_t)step,
+                         .kind = (uint32_t)o->kind,
+                         .bias_correction1 = 1.0 - pow(o->beta1, (double)step),
+                         .bias_correction2 = 1.0 - pow(o->beta2, (double)step)};
+}
+
+static mn_status cuda_step(mn_session *s) {
+  cuda_state *st = s->backend_state;
+  bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
+  mn_status rc = ensure_adam(st, s);
+  if (rc != MN_OK) return rc;
+  unsigned key = capture_key(s);
+  if (!st->captured || st->captured_key != key) {
+    rc = mn_cu_capture(st, s, key);
+    if (rc != MN_OK) return rc;
+  }
+  rc = wait_inputs_consumed(st);
+  if (rc != MN_OK) return rc;
+  fill_scalars(s, s->step_count + (update ? 1 : 0), st->host_scalars);
+  rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
+  if (rc != MN_OK) return rc;
+  st->launches++;
+  st->submissions++;
+  st->in_flight = true;
+  if (update) s->step_count++;
+  return MN_OK;
+}
+
+static const char *error_what(uint32_t what) {
+  switch (what) {
+  case 1: return "index";
+  case 2: return "label";
+  case 3: return "kv_pos";
+  case 4: return "kv_len";
+  }
+  return "value";
+}
+
+static mn_status cuda_wait(mn_session *s) {
+  cuda_state *st = s->backend_state;
+  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "running the step");
+  st->in_flight = false;
+  if (rc != MN_OK) return rc;
+  mn_cu_error *e = &st->host_readback->error;
+  if (e->what == 0) return MN_OK;
+  const mn_graph *g = s->plan->graph;
+  const char *op = e->node < g->num_nodes ? mn_op_name(g->nodes[e->node].op) : "?";
+  if (e->what == 4)
+    rc = mn_fail(MN_ERR_INVALID_ARGUMENT,
+                 "mn_session_wait: node %u (%s): kv_len %lld is out of range 1..%lld", e->node, op,
+                 (long long)e->value, (long long)e->limit);
+  else
+    rc = mn_fail(MN_ERR_INVALID_ARGUMENT,
+                 "mn_session_wait: node %u (%s): %s %lld at position %lld is out of range (must "
+                 "be below %lld)",
+                 e->node, op, error_what(e->what), (long long)e->value, (long long)e->position,
+                 (long long)e->limit);
+  memset(e, 0, sizeof *e);
+  return rc;
+}
+
+/* Slot `slot`'s moments live at the parameter's offset within the update block. */
+static mn_status optim_state_offset(const mn_session *s, size_t slot, int which, size_t n,
+                                    size_t *offset) {
+  const mn_plan *p = s->plan;
+  if (slot >= p->num_params || p->params[slot].grad == MN_NO_NODE)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "parameter slot %zu has no gradient, so no Adam state",
+                   slot);
+  const mn_buffer_desc *b = mn_plan_buffer_of(p, p->params[slot].param);
+  if (n * sizeof(float) > b->bytes)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%zu values exceed parameter slot %zu", n, slot);
+  *offset = (which ? p->update_bytes : 0) + (b->offset - p->update_params_offset);
+  return MN_OK;
+}
+
+static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, float *dst,
+                                       size_t n) {
+  cuda_state *st = s->backend_state;
+  size_t off;
+  mn_status rc = optim_state_offset(s, slot, which, n, &off);
+  if (rc != MN_OK) return rc;
+  if (!st->adam) {
+    memset(dst, 0, n * sizeof *dst);
+    return MN_OK;
+  }
+  rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
+  if (rc != MN_OK) return rc;
+  return mn_cu_check(
+      cudaMemcpy(dst, (unsigned char *)st->adam + off, n * sizeof *dst, cudaMemcpyDeviceToHost),
+      "reading the Adam state");
+}
+
+static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, const float *src,
+                                        size_t n) {
+  cuda_state *st = s->backend_state;
+  size_t off;
+  mn_status rc = optim_state_offset(s, slot, which, n, &off);
+  if (rc != MN_OK) return rc;
+  if (!st->adam && s->plan->update_bytes) {
+    rc = mn_cu_check(cudaMalloc((void **)&st->adam, 2 * s->plan->update_bytes), "the Adam state");
+    if (rc == MN_OK)
+      rc = mn_cu_check(cudaMemsetAsync(st->adam, 0, 2 * s->plan->update_bytes, st->stream),
+                       "the Adam state");
+    st->captured = false; /* the update kernel's arguments change */
+    if (rc != MN_OK) return rc;
+  }
+  rc = mn_cu_check(cudaMemcpyAsync((unsigned char *)st->adam + off, src, n * sizeof *src,
+                                   cudaMemcpyHostToDevice, st->stream),
+                   "writing the Adam state");
+  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "writing the Adam state");
+  return rc;
+}
+
+mn_status mn_cuda_poison(mn_session *s) {
+  if (!s || s->backend != &mn_cuda_backend)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_poison: not a CUDA session");
+  cuda_state *st = s->backend_state;
+  const mn_plan *p = s->plan;
+  /* All-ones bytes are a NaN in f32 and the largest value in u32. */
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    if (d->role != MN_BUF_ACTIVATION && d->role != MN_BUF_OUTPUT && d->role != MN_BUF_GRADIENT)
+      continue;
+    mn_status rc = mn_cu_check(cudaMemsetAsync(st->arena + d->offset, 0xff, d->bytes, st->stream),
+                               "poisoning buffers");
+    if (rc != MN_OK) return rc;
+  }
+  if (st->scratch)
+    return mn_cu_check(cudaMemsetAsync(st->scratch, 0xff, st->prog.scratch_bytes, st->stream),
+                       "poisoning scratch");
+  return MN_OK;
+}
+
+static void cuda_stats(const mn_session *s, mn_session_stats *out) {
+  const cuda_state *st = s->backend_state;
+  out->graph_launches = st->launches;
+  out->submissions = st->submissions;
+  out->kernels = st->prog.num_kernels;
+  out->graph_nodes = st->graph_nodes;
+  out->kernel_cache_hit = st->cache_hit;
+  out->build_ms = st->build_ms;
+  out->compile_ms = st->compile_ms;
+}
+
+const mn_backend_ops mn_cuda_backend = {.name = "cuda",
+                                        .create = cuda_create,
+                                        .destroy = cuda_destroy,
+                                        .write_buffer = cuda_write,
+                                        .read_buffer = cuda_read,
+                                        .step = cuda_step,
+                                        .wait = cuda_wait,
+                                        .read_optim_state = cuda_read_optim_state,
+                                        .write_optim_state = cuda_write_optim_state,
+                                        .stats = cuda_stats};

@@ -1,0 +1,22 @@
+/* The CUDA backend as the rest of the library sees it. */
+#ifndef MN_CUDA_BACKEND_H
+#define MN_CUDA_BACKEND_H
+
+#include "../host/session.h"
+#include "jit.h"
+
+extern const mn_backend_ops mn_cuda_backend;
+
+/* Number of usable CUDA devices (0 when there is no driver or no device). */
+int mn_cuda_usable_devices(void);
+
+/* Lowers a plan and compiles its kernels for `arch` with no device involved (the
+ * offline check that CI runs). */
+mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32,
+                               const char *cache_dir, mn_cu_binary *out);
+
+/* Tests: fills every activation and output buffer and the scratch with NaN, so an
+ * element a kernel fails to write shows up. The session must run on CUDA. */
+mn_status mn_cuda_poison(mn_session *s);
+
+#endif

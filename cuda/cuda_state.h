@@ -1,0 +1,100 @@
+/* The CUDA backend's per-session state, shared by its source files. */
+#ifndef MN_CUDA_STATE_H
+#define MN_CUDA_STATE_H
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda_backend.h"
+#include "emit.h"
+
+/* Mirrors of mn_dev_scalars and mn_dev_error in kernels/common.cuh. */
+typedef struct mn_cu_scalars {
+  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+  uint32_t step, kind;
+  double bias_correction1, bias_correction2;
+} mn_cu_scalars;
+
+typedef struct mn_cu_error {
+  uint32_t what, node;
+  int64_t value, position, limit;
+} mn_cu_error;
+
+/* What the graph's last nodes copy back to pinned host memory. */
+typedef struct mn_cu_readback {
+  mn_cu_error error;
+  float loss;
+} mn_cu_readback;
+
+/* An input copied from pinned staging memory by the graph's first nodes. */
+typedef struct mn_cu_staged {
+  uint32_t buffer;
+  size_t host_offset, bytes;
+} mn_cu_staged;
+
+typedef struct mn_cu_matmul_plan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+} mn_cu_matmul_plan;
+
+typedef struct mn_cu_device_misc {
+  mn_cu_scalars scalars;
+  mn_cu_error error;
+} mn_cu_device_misc;
+
+#define MN_CU_NORM_BLOCKS 256
+
+typedef struct cuda_state {
+  int device;
+  cudaStream_t stream;
+  unsigned char *arena, *scratch;
+  size_t arena_bytes;
+  mn_cu_device_misc *misc; /* device: scalars and the error record */
+  double *norm_partials;   /* device: one per norm block */
+  float *adam;             /* device: m then v, 2 * update_bytes; NULL until Adam is used */
+  void *workspace;         /* cuBLASLt */
+  size_t workspace_bytes;
+  cublasLtHandle_t lt;
+  mn_cu_matmul_plan *matmuls; /* one per program command (only MATMUL ones set) */
+
+  /* pinned host memory */
+  mn_cu_scalars *host_scalars;
+  mn_cu_readback *host_readback;
+  unsigned char *host_staging;
+  mn_cu_staged *staged;
+  size_t num_staged;
+
+  mn_cu_program prog;
+  cudaLibrary_t library;
+  cudaKernel_t *kernels;
+  int opt_sumsq, opt_update; /* kernel indices, -1 for inference */
+
+  cudaGraphExec_t exec;
+  unsigned captured_key; /* what the captured graph was built for (see capture.c) */
+  bool captured;
+  cudaEvent_t inputs_consumed;
+  bool in_flight;
+  uint64_t launches;    /* cudaGraphLaunch calls */
+  uint64_t submissions; /* every stream submission made by step (launches included) */
+  size_t graph_nodes;
+  /* session build, in milliseconds */
+  double lower_ms, compile_ms, load_ms, matmul_ms, build_ms;
+  bool cache_hit;
+} cuda_state;
+
+/* "cuda backend: <what>: <CUDA error string>" as MN_ERR_DEVICE (MN_ERR_OUT_OF_MEMORY for
+ * allocation failures). */
+mn_status mn_cu_check(cudaError_t e, const char *what);
+
+void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a);
+
+/* cuBLASLt: plans for every MATMUL command, chosen at build time; enqueue. */
+mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);
+void mn_cu_matmuls_destroy(cuda_state *st);
+mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd);
+
+/* Records the whole step into a CUDA graph and instantiates it. */
+mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
+
+#endif

@@ -1,0 +1,173 @@
+/* The emitter: lowering functions append commands and declare kernel instances here. */
+#include "emit.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../host/error.h"
+#include "kernel_sources.h"
+
+static bool grow(void **items, size_t *cap, size_t need, size_t item_size) {
+  if (need <= *cap) return true;
+  size_t cap2 = *cap ? *cap * 2 : 64;
+  while (cap2 < need)
+    cap2 *= 2;
+  void *p = realloc(*items, cap2 * item_size);
+  if (!p) return false;
+  *items = p;
+  *cap = cap2;
+  return true;
+}
+
+mn_status mn_cu_oom(const mn_cu_op_ctx *c) {
+  return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory lowering node %u (%s)",
+                 c->id, mn_op_name(c->node->op));
+}
+
+int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
+  char call[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(call, sizeof call, fmt, ap);
+  va_end(ap);
+  if (len < 0 || (size_t)len >= sizeof call) return -1;
+  mn_cu_program *prog = c->prog;
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    if (prog->kernels[i].block == block && strcmp(prog->kernels[i].call, call) == 0) return (int)i;
+  if (!grow((void **)&prog->kernels, &prog->cap_kernels, prog->num_kernels + 1,
+            sizeof *prog->kernels))
+    return -1;
+  char *copy = strdup(call);
+  if (!copy) return -1;
+  prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){.call = copy, .block = block};
+  return (int)prog->num_kernels++;
+}
+
+static mn_cu_cmd *append(const mn_cu_op_ctx *c, mn_cu_cmd_kind kind) {
+  mn_cu_program *prog = c->prog;
+  if (!grow((void **)&prog->cmds, &prog->cap_cmds, prog->num_cmds + 1, sizeof *prog->cmds))
+    return NULL;
+  mn_cu_cmd *cmd = &prog->cmds[prog->num_cmds++];
+  memset(cmd, 0, sizeof *cmd);
+  cmd->kind = kind;
+  cmd->node = c->id;
+  return cmd;
+}
+
+mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, unsigned gz,
+                       size_t smem, int nargs, const mn_cu_arg *args) {
+  if (k < 0) return mn_cu_oom(c);
+  if (nargs < 0 || nargs > MN_CU_MAX_ARGS || gx == 0 || gy == 0 || gz == 0)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "cuda backend: bad launch for node %u (%s): %d arguments, grid %ux%ux%u", c->id,
+                   mn_op_name(c->node->op), nargs, gx, gy, gz);
+  mn_cu_cmd *cmd = append(c, MN_CU_CMD_LAUNCH);
+  if (!cmd) return mn_cu_oom(c);
+  cmd->kernel = (uint32_t)k;
+  cmd->grid[0] = gx;
+  cmd->grid[1] = gy;
+  cmd->grid[2] = gz;
+  cmd->smem = smem;
+  cmd->num_args = nargs;
+  for (int i = 0; i < nargs; i++)
+    cmd->args[i] = args[i];
+  return MN_OK;
+}
+
+mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
+  mn_cu_cmd *cmd = append(c, MN_CU_CMD_MATMUL);
+  if (!cmd) return mn_cu_oom(c);
+  cmd->mm = *d;
+  if (cmd->mm.batch < 1) cmd->mm.batch = 1;
+  return MN_OK;
+}
+
+mn_status mn_cu_memset_zero(const mn_cu_op_ctx *c, mn_cu_arg dst, size_t bytes) {
+  mn_cu_cmd *cmd = append(c, MN_CU_CMD_MEMSET);
+  if (!cmd) return mn_cu_oom(c);
+  cmd->args[0] = dst;
+  cmd->num_args = 1;
+  cmd->bytes = bytes;
+  return MN_OK;
+}
+
+mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t bytes) {
+  mn_cu_cmd *cmd = append(c, MN_CU_CMD_COPY);
+  if (!cmd) return mn_cu_oom(c);
+  cmd->args[0] = dst;
+  cmd->args[1] = src;
+  cmd->num_args = 2;
+  cmd->bytes = bytes;
+  return MN_OK;
+}
+
+mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes) {
+  bytes = (bytes + 255) / 256 * 256;
+  if (bytes > c->prog->scratch_bytes) c->prog->scratch_bytes = bytes;
+  return (mn_cu_arg){.kind = MN_CU_ARG_SCRATCH};
+}
+
+mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out) {
+  memset(out, 0, sizeof *out);
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    mn_node id = p->dispatches[d].node;
+    const mn_node_rec *node = &p->graph->nodes[id];
+    mn_cu_op_ctx c = {
+        .prog = out, .plan = p, .g = p->graph, .id = id, .node = node, .allow_tf32 = allow_tf32};
+    mn_status st = mn_cu_lowerers[node->op](&c);
+    if (st != MN_OK) {
+      mn_cu_program_free(out);
+      return st;
+    }
+  }
+  return MN_OK;
+}
+
+void mn_cu_program_free(mn_cu_program *prog) {
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    free(prog->kernels[i].call);
+  free(prog->kernels);
+  free(prog->cmds);
+  memset(prog, 0, sizeof *prog);
+}
+
+typedef struct strbuf {
+  char *s;
+  size_t len, cap;
+  bool failed;
+} strbuf;
+
+static void sb_append(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_append(strbuf *b, const char *fmt, ...) {
+  if (b->failed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0 || !grow((void **)&b->s, &b->cap, b->len + (size_t)n + 1, 1)) {
+    b->failed = true;
+    return;
+  }
+  va_start(ap, fmt);
+  vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+}
+
+char *mn_cu_program_source(const mn_cu_program *prog) {
+  strbuf b = {0};
+  for (size_t i = 0; i < mn_cu_num_kernel_sources; i++)
+    sb_append(&b, "// ---- %s\n%s\n", mn_cu_kernel_sources[i].name, mn_cu_kernel_sources[i].text);
+  sb_append(&b, "// ---- instances\n");
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    sb_append(
+        &b, "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { %s(io); }\n",
+        prog->kernels[i].block, i, prog->kernels[i].call);
+  if (b.failed) {
+    free(b.s);
+    return NULL;
+  }
+  return b.s;
+}

@@ -1,0 +1,155 @@
+/* Lowering a plan to device work, without touching a device.
+ *
+ * Every dispatch of the plan is lowered by the function of its op (mn_cu_lower_<ENUM>,
+ * table in lower_table.c) into commands: launches of NVRTC-compiled kernel instances,
+ * matmuls (cuBLASLt), memsets and copies. The result is plain data that cuda_backend.c
+ * turns into one CUDA Graph, and that the offline compile check (no GPU needed) turns
+ * into one NVRTC translation unit. Nothing here includes CUDA headers.
+ *
+ * Kernel instances: a kernel template in cuda/kernels/<area>.cuh is a device function
+ *
+ *   template <int N, ...> __device__ void mn_<name>(const mn_ptrs &io)
+ *
+ * reading its pointers from io.p[0..] in the order the launch lists them. The emitter
+ * wraps each distinct (call expression, block size) pair in
+ *
+ *   extern "C" __global__ void __launch_bounds__(B) mn_kI(mn_ptrs io) { <call>(io); }
+ *
+ * so shapes are compile-time constants and identical instances are compiled once. */
+#ifndef MN_CUDA_EMIT_H
+#define MN_CUDA_EMIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../host/plan.h"
+
+#define MN_CU_MAX_ARGS 8
+
+/* A device pointer named before the arena exists. */
+typedef enum mn_cu_arg_kind {
+  MN_CU_ARG_NONE,    /* a null pointer */
+  MN_CU_ARG_NODE,    /* the buffer of a node, plus a byte offset */
+  MN_CU_ARG_SCRATCH, /* the session scratch region, plus a byte offset */
+  MN_CU_ARG_ERROR,   /* the device error record (mn_dev_error in common.cuh) */
+  MN_CU_ARG_SCALARS, /* the per-step scalars (mn_dev_scalars in common.cuh) */
+} mn_cu_arg_kind;
+
+typedef struct mn_cu_arg {
+  mn_cu_arg_kind kind;
+  mn_node node;
+  size_t offset;
+} mn_cu_arg;
+
+/* Row-major matmul C[m,n] = alpha * op(A)[m,k] . op(B)[k,n] + beta * C, repeated
+ * `batch` times at the given element strides. A is stored [m,k] (or [k,m] when
+ * trans_a), B [k,n] (or [n,k] when trans_b), C [m,n], all densely. beta 1 accumulates
+ * into C (gradient sums); beta 0 overwrites it. */
+typedef struct mn_cu_matmul_desc {
+  mn_cu_arg a, b, c;
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  int64_t batch, stride_a, stride_b, stride_c;
+  float alpha, beta;
+} mn_cu_matmul_desc;
+
+typedef enum mn_cu_cmd_kind {
+  MN_CU_CMD_LAUNCH,
+  MN_CU_CMD_MATMUL,
+  MN_CU_CMD_MEMSET, /* bytes of zeros */
+  MN_CU_CMD_COPY,   /* device to device */
+} mn_cu_cmd_kind;
+
+typedef struct mn_cu_cmd {
+  mn_cu_cmd_kind kind;
+  mn_node node; /* the dispatch it belongs to, for messages and profiles */
+  /* LAUNCH */
+  uint32_t kernel;
+  unsigned grid[3];
+  size_t smem;
+  int num_args;
+  mn_cu_arg args[MN_CU_MAX_ARGS];
+  /* MATMUL */
+  mn_cu_matmul_desc mm;
+  /* MEMSET, COPY (args[0] destination, args[1] source) */
+  size_t bytes;
+} mn_cu_cmd;
+
+typedef struct mn_cu_kernel_desc {
+  char *call;     /* e.g. "mn_softmax_fwd<64, 1000>" */
+  unsigned block; /* threads per block (1-D), also its __launch_bounds__ */
+} mn_cu_kernel_desc;
+
+/* The lowered program of a plan. */
+typedef struct mn_cu_program {
+  mn_cu_cmd *cmds;
+  size_t num_cmds, cap_cmds;
+  mn_cu_kernel_desc *kernels;
+  size_t num_kernels, cap_kernels;
+  size_t scratch_bytes; /* largest scratch any dispatch asked for */
+} mn_cu_program;
+
+/* What a lowering function sees. */
+typedef struct mn_cu_op_ctx {
+  mn_cu_program *prog;
+  const mn_plan *plan;
+  const mn_graph *g;
+  mn_node id;
+  const mn_node_rec *node;
+  bool allow_tf32;
+} mn_cu_op_ctx;
+
+typedef mn_status (*mn_cu_lower_fn)(const mn_cu_op_ctx *c);
+
+/* Declares a kernel instance. `fmt` is printf-style and yields the call expression;
+ * returns its index (instances are shared), or -1 when out of memory (the caller
+ * returns mn_cu_oom(c)). */
+int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Appends a launch of kernel `k` on a 1-D or 3-D grid; MN_OK or out of memory. */
+mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, unsigned gz,
+                       size_t smem, int nargs, const mn_cu_arg *args);
+mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d);
+mn_status mn_cu_memset_zero(const mn_cu_op_ctx *c, mn_cu_arg dst, size_t bytes);
+mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t bytes);
+/* Reserves `bytes` of scratch for this dispatch (shared by all dispatches, which run in
+ * order); returns the argument for offset 0 of it. */
+mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes);
+mn_status mn_cu_oom(const mn_cu_op_ctx *c);
+
+static inline mn_cu_arg mn_cu_node_arg(mn_node n) {
+  return (mn_cu_arg){.kind = MN_CU_ARG_NODE, .node = n, .offset = 0};
+}
+static inline mn_cu_arg mn_cu_in(const mn_cu_op_ctx *c, int i) {
+  return mn_cu_node_arg(c->node->inputs[i]);
+}
+static inline mn_cu_arg mn_cu_out(const mn_cu_op_ctx *c) { return mn_cu_node_arg(c->id); }
+static inline mn_cu_arg mn_cu_error_arg(void) { return (mn_cu_arg){.kind = MN_CU_ARG_ERROR}; }
+static inline mn_cu_arg mn_cu_scalars_arg(void) { return (mn_cu_arg){.kind = MN_CU_ARG_SCALARS}; }
+static inline const mn_tensor_type *mn_cu_in_type(const mn_cu_op_ctx *c, int i) {
+  return &c->g->nodes[c->node->inputs[i]].type;
+}
+static inline int64_t mn_cu_numel(const mn_cu_op_ctx *c) {
+  return mn_tensor_type_numel(&c->node->type);
+}
+/* Blocks of `block` threads covering n items (at least one). */
+static inline unsigned mn_cu_blocks(int64_t n, unsigned block) {
+  int64_t b = (n + block - 1) / block;
+  return b < 1 ? 1u : (unsigned)b;
+}
+
+#define MN_CU_DECLARE_LOWER(e, name, arity, flags) mn_status mn_cu_lower_##e(const mn_cu_op_ctx *c);
+MN_OP_LIST(MN_CU_DECLARE_LOWER)
+#undef MN_CU_DECLARE_LOWER
+
+extern const mn_cu_lower_fn mn_cu_lowerers[MN_OP_COUNT];
+
+/* Lowers every dispatch of the plan. */
+mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out);
+void mn_cu_program_free(mn_cu_program *prog);
+/* The NVRTC translation unit: every kernel template source, then one wrapper per
+ * instance named mn_k<index>. Returns a malloc'd string or NULL. */
+char *mn_cu_program_source(const mn_cu_program *prog);
+
+#endif

@@ -1,0 +1,99 @@
+// Shared by every kernel template: the launch argument block, the per-step scalars,
+// runtime error reporting and block-wide reductions. Compiled by NVRTC with no CUDA
+// headers, so only builtins are used.
+
+struct mn_ptrs {
+  void *p[8];
+};
+
+template <typename T> __device__ __forceinline__ T *mn_arg(const mn_ptrs &io, int i) {
+  return static_cast<T *>(io.p[i]);
+}
+
+// Scalars that change between steps without re-capturing the graph; copied from pinned
+// host memory by the graph's first node. Layout mirrors mn_cu_scalars in cuda/runtime.h.
+struct mn_dev_scalars {
+  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+  unsigned int step; // optimizer steps including this one
+  unsigned int kind; // 0 none, 1 SGD, 2 Adam, 3 AdamW
+  double bias_correction1, bias_correction2; // 1 - beta^step, computed on the host
+};
+
+// The first runtime failure of a step (an index out of range). Kernels never read or
+// write out of bounds: they record the failure, write NaN (or skip) and go on; the host
+// formats the message in mn_session_wait. Layout mirrors mn_cu_error in cuda/runtime.h.
+enum mn_dev_error_what {
+  MN_DEV_ERR_INDEX = 1,  // embedding or scatter index >= rows
+  MN_DEV_ERR_LABEL = 2,  // class label >= number of classes
+  MN_DEV_ERR_KV_POS = 3, // cache_write position >= cache rows
+  MN_DEV_ERR_KV_LEN = 4, // cached_attention length 0 or > cache rows
+};
+struct mn_dev_error {
+  unsigned int what; // 0: no failure
+  unsigned int node;
+  long long value, position, limit;
+};
+
+__device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, unsigned int node,
+                                          long long value, long long position, long long limit) {
+  if (atomicCAS(&e->what, 0u, what) == 0u) {
+    e->node = node;
+    e->value = value;
+    e->position = position;
+    e->limit = limit;
+  }
+}
+
+__device__ __forceinline__ float mn_nan() { return __int_as_float(0x7fffffff); }
+
+__device__ __forceinline__ float mn_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float mn_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ double mn_warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block-wide sum / max for a block of BLOCK threads (a multiple of 32, at most 1024);
+// every thread gets the result. `shared` holds at least 32 values; the function
+// synchronizes before reusing it, so back-to-back calls with one buffer are safe.
+template <int BLOCK> __device__ __forceinline__ float mn_block_sum(float v, float *shared) {
+  v = mn_warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < BLOCK / 32 ? shared[lane] : 0.0f;
+  return mn_warp_sum(v);
+}
+template <int BLOCK> __device__ __forceinline__ float mn_block_max(float v, float *shared) {
+  v = mn_warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < BLOCK / 32 ? shared[lane] : -__int_as_float(0x7f800000);
+  return mn_warp_max(v);
+}
+template <int BLOCK> __device__ __forceinline__ double mn_block_sum_d(double v, double *shared) {
+  v = mn_warp_sum_d(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < BLOCK / 32 ? shared[lane] : 0.0;
+  return mn_warp_sum_d(v);
+}
+
+// Grid-stride loop over [0, n) for 1-D launches.
+#define MN_FOR_EACH(i, n)                                                                          \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n);         \
+       i += (long long)gridDim.x * blockDim.x)

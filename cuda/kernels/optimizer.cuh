@@ -1,0 +1,64 @@
+// The optimizer update over every trainable parameter at once: the memory planner lays
+// parameters and gradients out as two flat vectors with equal spacing, so one kernel
+// updates them all. Arithmetic is done in double, as the reference backend does, so the
+// two backends agree to the last bit or nearly.
+
+// Per-block partial sums of squared gradients, for global-norm clipping.
+template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io) {
+  const float *g = mn_arg<const float>(io, 0);
+  double *partials = mn_arg<double>(io, 1);
+  __shared__ double shared[32];
+  double acc = 0.0;
+  MN_FOR_EACH(i, N) {
+    double v = g[i];
+    acc += v * v;
+  }
+  acc = mn_block_sum_d<BLOCK>(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping).
+template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(const mn_ptrs &io) {
+  float *w = mn_arg<float>(io, 0);
+  float *g = mn_arg<float>(io, 1);
+  float *m = mn_arg<float>(io, 2);
+  float *v = mn_arg<float>(io, 3);
+  const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 4);
+  const double *partials = mn_arg<const double>(io, 5);
+  __shared__ double shared[32];
+  double coef = 1.0;
+  if (partials) {
+    // Every block sums the partials in the same order, so all agree on the norm.
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < PARTIALS; i += BLOCK)
+      acc += partials[i];
+    acc = mn_block_sum_d<BLOCK>(acc, shared);
+    coef = (double)sc->max_grad_norm / (sqrt(acc) + 1e-6);
+  }
+  const bool clip = partials && coef < 1.0;
+  const unsigned kind = sc->kind;
+  const double lr = sc->lr;
+  if (kind == 1u) {
+    MN_FOR_EACH(i, N) {
+      float gi = clip ? (float)(g[i] * coef) : g[i];
+      if (clip) g[i] = gi;
+      w[i] = (float)(w[i] - lr * gi);
+    }
+    return;
+  }
+  if (kind != 2u && kind != 3u) return;
+  const double beta1 = sc->beta1, beta2 = sc->beta2, eps = sc->eps;
+  const double decay = kind == 3u ? 1.0 - lr * (double)sc->weight_decay : 1.0;
+  const double step_size = lr / sc->bias_correction1, bc2_sqrt = sqrt(sc->bias_correction2);
+  MN_FOR_EACH(i, N) {
+    float gi = clip ? (float)(g[i] * coef) : g[i];
+    if (clip) g[i] = gi;
+    double mk = beta1 * m[i] + (1.0 - beta1) * gi;
+    double vk = beta2 * v[i] + (1.0 - beta2) * (double)gi * gi;
+    float mf = (float)mk, vf = (float)vk;
+    m[i] = mf;
+    v[i] = vf;
+    double denom = sqrt((double)vf) / bc2_sqrt + eps;
+    w[i] = (float)(w[i] * decay - step_size * mf / denom);
+  }
+}

@@ -1,0 +1,151 @@
+#include "cuda_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "mn_test.h"
+#include "session.h"
+#ifdef MN_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+void mn_test_require_cuda_build(void) {
+#ifndef MN_WITH_CUDA
+  cr_skip_test("built without the CUDA backend");
+#endif
+}
+
+void mn_test_require_cuda_device(void) {
+#ifdef MN_WITH_CUDA
+  if (mn_cuda_usable_devices() > 0) return;
+#endif
+  cr_skip_test("no CUDA device");
+}
+
+void mn_test_assert_compiles(const mn_graph *g, bool training) {
+#ifdef MN_WITH_CUDA
+  mn_session_options o = mn_session_options_default();
+  mn_plan *plan = NULL;
+  mn_status st =
+      training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
+  cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
+  mn_cu_binary bin;
+  st = mn_cuda_compile_plan(plan, "sm_90", false, "", &bin);
+  mn_plan_free(plan);
+  cr_assert_eq(st, MN_OK, "kernels do not compile: %s", mn_last_error());
+  cr_assert_gt(bin.size, 0u, "empty cubin");
+  mn_cu_binary_free(&bin);
+#else
+  (void)g;
+  (void)training;
+  cr_skip_test("built without the CUDA backend");
+#endif
+}
+
+static const mn_test_range *range_of(const mn_test_range *ranges, const char *name) {
+  for (size_t i = 0; ranges && ranges[i].name; i++)
+    if (strcmp(ranges[i].name, name) == 0) return &ranges[i];
+  return NULL;
+}
+
+static mn_session *build(const mn_graph *g, bool training, mn_backend backend) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = backend;
+  mn_session *s = NULL;
+  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "building the %s session failed: %s",
+               backend == MN_BACKEND_CPU ? "CPU" : "CUDA", mn_last_error());
+  return s;
+}
+
+/* Feeds every named input and parameter of g to both sessions. */
+static void feed_both(const mn_graph *g, mn_session *cpu, mn_session *gpu,
+                      const mn_test_range *ranges, mn_rng *rng) {
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_INPUT && n->op != MN_OP_PARAMETER) continue;
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    const mn_test_range *r = range_of(ranges, n->name);
+    if (n->type.dtype == MN_U32) {
+      uint32_t *u = malloc(count * sizeof *u);
+      uint32_t lo = r ? (uint32_t)r->lo : 0, hi = r ? (uint32_t)r->hi : 2;
+      for (size_t k = 0; k < count; k++)
+        u[k] = lo + (uint32_t)(mn_rng_uniform(rng) * (double)(hi - lo));
+      cr_assert_eq(mn_session_set_input_u32(cpu, n->name, u, count), MN_OK, "%s", mn_last_error());
+      cr_assert_eq(mn_session_set_input_u32(gpu, n->name, u, count), MN_OK, "%s", mn_last_error());
+      free(u);
+      continue;
+    }
+    bool param = n->op == MN_OP_PARAMETER;
+    float *f = malloc(count * sizeof *f);
+    mn_rng_fill(rng, f, count, r ? (float)r->lo : (param ? -0.5f : -1.0f),
+                r ? (float)r->hi : (param ? 0.5f : 1.0f));
+    mn_status (*set)(mn_session *, const char *, const float *, size_t) =
+        param ? mn_session_set_parameter : mn_session_set_input;
+    cr_assert_eq(set(cpu, n->name, f, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(set(gpu, n->name, f, count), MN_OK, "%s", mn_last_error());
+    free(f);
+  }
+}
+
+static double compare(const char *what, const float *got, const float *want, size_t n, double tol) {
+  double err = mn_test_rel_err(got, want, n);
+  size_t worst = 0;
+  for (size_t k = 1; k < n; k++)
+    if (!(fabsf(got[k] - want[k]) <= fabsf(got[worst] - want[worst]))) worst = k;
+  cr_assert(err <= tol, "%s: relative error %.3g > %.3g (element %zu: cuda %.9g, cpu %.9g)", what,
+            err, tol, worst, n ? (double)got[worst] : 0.0, n ? (double)want[worst] : 0.0);
+  return err;
+}
+
+double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
+                            const mn_test_range *ranges, uint64_t seed) {
+  mn_test_require_cuda_device();
+  double worst = 0;
+#ifdef MN_WITH_CUDA
+  mn_session *cpu = build(g, training, MN_BACKEND_CPU);
+  mn_session *gpu = build(g, training, MN_BACKEND_CUDA);
+  mn_rng rng = mn_rng_new(seed);
+  feed_both(g, cpu, gpu, ranges, &rng);
+  cr_assert_eq(mn_cuda_poison(gpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(cpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(cpu), MN_OK, "cpu: %s", mn_last_error());
+  cr_assert_eq(mn_session_step(gpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(gpu), MN_OK, "cuda: %s", mn_last_error());
+  for (size_t i = 0; i < mn_session_num_outputs(cpu); i++) {
+    const mn_node_rec *n = &g->nodes[g->outputs[i]];
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+    cr_assert_eq(mn_session_read_output_by_index(gpu, i, a, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_output_by_index(cpu, i, b, count), MN_OK, "%s", mn_last_error());
+    char what[96];
+    snprintf(what, sizeof what, "output %zu (%s)", i, mn_op_name(n->op));
+    double e = compare(what, a, b, count, tol);
+    worst = e > worst ? e : worst;
+    free(a);
+    free(b);
+  }
+  for (size_t i = 0; training && i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_PARAMETER) continue;
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+    cr_assert_eq(mn_session_read_grad(gpu, n->name, a, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_grad(cpu, n->name, b, count), MN_OK, "%s", mn_last_error());
+    char what[160];
+    snprintf(what, sizeof what, "gradient of %s", n->name);
+    double e = compare(what, a, b, count, tol);
+    worst = e > worst ? e : worst;
+    free(a);
+    free(b);
+  }
+  mn_session_free(cpu);
+  mn_session_free(gpu);
+#else
+  (void)g, (void)training, (void)tol, (void)ranges, (void)seed, (void)build, (void)feed_both,
+      (void)compare;
+#endif
+  return worst;
+}

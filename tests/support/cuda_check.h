@@ -1,0 +1,37 @@
+/* GPU test helpers: skipping without a device, checking that a graph's kernels compile
+ * (NVRTC, no device needed), and running a graph on the CPU and on CUDA with the same
+ * random data to compare every output and gradient. */
+#ifndef MN_TEST_CUDA_CHECK_H
+#define MN_TEST_CUDA_CHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "meganeura.h"
+
+/* Skips the calling Criterion test unless the CUDA backend was built. */
+void mn_test_require_cuda_build(void);
+/* Skips the calling test with "no CUDA device" unless a device is usable. */
+void mn_test_require_cuda_device(void);
+
+/* Lowers g (a training session's graph when `training`, else inference) and compiles
+ * every kernel for sm_90 with NVRTC, failing the test with the compiler log. Needs the
+ * CUDA build but no device; call mn_test_require_cuda_build first. */
+void mn_test_assert_compiles(const mn_graph *g, bool training);
+
+/* Value range of one named leaf: F32 uniform in [lo, hi); U32 integers in [lo, hi).
+ * Defaults: inputs F32 [-1, 1), parameters F32 [-0.5, 0.5), U32 [0, 2). */
+typedef struct mn_test_range {
+  const char *name;
+  double lo, hi;
+} mn_test_range;
+
+/* Builds g on the CPU and on CUDA (training sessions when `training`, with no
+ * optimizer: one step computes outputs and gradients), feeds both the same random
+ * inputs and parameters, poisons the CUDA buffers with NaN, runs one step and asserts
+ * that every output and every parameter's gradient agree: ||cuda - cpu|| / ||cpu|| <=
+ * tol. `ranges` ends with a NULL name (or is NULL). Returns the largest error seen. */
+double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
+                            const mn_test_range *ranges, uint64_t seed);
+
+#endif
