@@ -14,6 +14,7 @@
 
 #include "../host/error.h"
 #include "cuda_state.h"
+#include "nvtx.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -207,15 +208,23 @@ static mn_status cuda_create(mn_session *s) {
     rc = mn_cu_check(cudaEventCreateWithFlags(&st->inputs_consumed, cudaEventDisableTiming),
                      "an event");
   double tl = now_ms();
+  mn_nvtx_push("meganeura: lower");
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
   if (rc == MN_OK) rc = declare_optimizer(st, s);
+  mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
+  mn_nvtx_push("meganeura: compile kernels");
   if (rc == MN_OK) rc = compile_and_load(st);
+  mn_nvtx_pop();
+  mn_nvtx_push("meganeura: allocate");
   if (rc == MN_OK) rc = allocate(st, s);
   if (rc == MN_OK) rc = plan_staging(st, s->plan);
   if (rc == MN_OK) rc = upload_constants(st, s);
+  mn_nvtx_pop();
   double tm = now_ms();
+  mn_nvtx_push("meganeura: choose matmul algorithms");
   if (rc == MN_OK) rc = mn_cu_matmuls_prepare(st, s);
+  mn_nvtx_pop();
   st->matmul_ms = now_ms() - tm;
   if (rc == MN_OK) rc = mn_cuda_poison(s);
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "session set-up");
@@ -311,13 +320,19 @@ static mn_status cuda_step(mn_session *s) {
   if (rc != MN_OK) return rc;
   unsigned key = capture_key(s);
   if (!st->captured || st->captured_key != key) {
+    mn_nvtx_push("meganeura: capture step graph");
     rc = mn_cu_capture(st, s, key);
+    mn_nvtx_pop();
     if (rc != MN_OK) return rc;
+    st->captures++;
   }
+  mn_nvtx_push("meganeura: step");
   rc = wait_inputs_consumed(st);
-  if (rc != MN_OK) return rc;
-  fill_scalars(s, s->step_count + (update ? 1 : 0), st->host_scalars);
-  rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
+  if (rc == MN_OK) {
+    fill_scalars(s, s->step_count + (update ? 1 : 0), st->host_scalars);
+    rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
+  }
+  mn_nvtx_pop();
   if (rc != MN_OK) return rc;
   st->launches++;
   st->submissions++;
@@ -411,6 +426,11 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
   return rc;
 }
 
+void *mn_cuda_session_stream(const mn_session *s) {
+  if (!s || s->backend != &mn_cuda_backend) return NULL;
+  return ((cuda_state *)s->backend_state)->stream;
+}
+
 mn_status mn_cuda_poison(mn_session *s) {
   if (!s || s->backend != &mn_cuda_backend)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_poison: not a CUDA session");
@@ -437,6 +457,7 @@ static void cuda_stats(const mn_session *s, mn_session_stats *out) {
   out->submissions = st->submissions;
   out->kernels = st->prog.num_kernels;
   out->graph_nodes = st->graph_nodes;
+  out->graph_captures = st->captures;
   out->kernel_cache_hit = st->cache_hit;
   out->build_ms = st->build_ms;
   out->compile_ms = st->compile_ms;

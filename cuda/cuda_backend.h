@@ -15,6 +15,10 @@ int mn_cuda_usable_devices(void);
 mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32,
                                const char *cache_dir, mn_cu_binary *out);
 
+/* The session's stream (a cudaStream_t), for benchmarks that time with CUDA events;
+ * NULL for a session not on CUDA. */
+void *mn_cuda_session_stream(const mn_session *s);
+
 /* Tests: fills every activation and output buffer and the scratch with NaN, so an
  * element a kernel fails to write shows up. The session must run on CUDA. */
 mn_status mn_cuda_poison(mn_session *s);

@@ -75,7 +75,8 @@ typedef struct cuda_state {
   bool captured;
   cudaEvent_t inputs_consumed;
   bool in_flight;
-  uint64_t launches;    /* cudaGraphLaunch calls */
+  uint64_t launches; /* cudaGraphLaunch calls */
+  uint64_t captures; /* graph (re-)captures */
   uint64_t submissions; /* every stream submission made by step (launches included) */
   size_t graph_nodes;
   /* session build, in milliseconds */

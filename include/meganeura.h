@@ -235,6 +235,7 @@ typedef struct mn_session_stats {
   uint64_t submissions;     /* every device submission made by steps, launches included */
   size_t kernels;           /* distinct compiled kernels */
   size_t graph_nodes;       /* nodes of the captured step graph */
+  uint64_t graph_captures;  /* captures of the step graph: 1 unless the optimizer kind changed */
   bool kernel_cache_hit;    /* the kernels came from the disk cache: nothing compiled */
   double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */
 } mn_session_stats;

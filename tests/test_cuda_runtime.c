@@ -1,23 +1,233 @@
-/* The CUDA runtime pieces that need no device: kernel compilation, the cubin cache and
- * compile errors; and, on a GPU, the one-launch-per-step contract. */
+/* The CUDA runtime: kernel compilation, the cubin cache and compile errors (no device
+ * needed), and on a GPU the one-launch-per-step contract, out-of-memory handling and
+ * device memory returning to where it started. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
 #ifdef MN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include "jit.h"
 #endif
 
-Test(cuda_runtime, an_mlp_graph_compiles_for_sm90) {
-  mn_test_require_cuda_build();
+static mn_graph *mlp_graph(int64_t batch, int64_t in, int64_t hidden, int64_t out) {
   mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(4, 8));
-  mn_node w = mn_parameter(g, "w", MN_SHAPE(8, 3));
-  mn_node y = mn_matmul(g, x, w);
-  mn_node t = mn_input(g, "t", MN_SHAPE(4, 3));
-  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  mn_node x = mn_input(g, "x", MN_SHAPE(batch, in));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(in, hidden));
+  mn_node b1 = mn_parameter(g, "b1", MN_SHAPE(hidden));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(hidden, out));
+  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
+  mn_node y = mn_matmul(g, h, w2);
+  mn_node t = mn_input(g, "t", MN_SHAPE(batch, out));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
+  return g;
+}
+
+Test(cuda_runtime, an_mlp_training_graph_compiles_for_sm90) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
   mn_test_assert_compiles(g, true);
+  mn_test_assert_compiles(g, false);
   mn_graph_free(g);
 }
+
+#ifdef MN_WITH_CUDA
+static const char *tiny_source = "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 1; }\n";
+
+Test(cuda_runtime, a_compile_error_is_a_device_error_with_the_log) {
+  mn_cu_binary bin;
+  mn_status st = mn_cu_compile("extern \"C\" __global__ void k() { undeclared_thing(); }\n",
+                               "sm_90", "", &bin);
+  mn_assert_error(st, MN_ERR_DEVICE, "NVRTC could not compile");
+  cr_assert(strstr(mn_last_error(), "undeclared_thing") != NULL, "log missing: %s",
+            mn_last_error());
+}
+
+static char *temp_dir(void) {
+  char *dir = strdup("/tmp/mn-cache-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  return dir;
+}
+
+static void remove_dir(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+Test(cuda_runtime, a_warm_cache_compiles_nothing_and_a_corrupt_entry_is_replaced) {
+  char *dir = temp_dir();
+  mn_cu_binary cold, warm, again;
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &cold), MN_OK, "%s", mn_last_error());
+  cr_assert(!cold.from_cache);
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &warm), MN_OK, "%s", mn_last_error());
+  cr_assert(warm.from_cache, "second compile was not served from the cache");
+  cr_assert_eq(warm.compile_ms, 0.0);
+  cr_assert_eq(warm.size, cold.size);
+  cr_assert_eq(memcmp(warm.data, cold.data, cold.size), 0);
+  /* Truncate the entry: it must be detected, recompiled and rewritten. */
+  char path[512];
+  snprintf(path, sizeof path, "%s/kernels-sm_90-%s.cubin", dir, cold.key);
+  cr_assert_eq(truncate(path, 20), 0, "cache file %s missing", path);
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &again), MN_OK, "%s", mn_last_error());
+  cr_assert(!again.from_cache, "a truncated cache entry was used");
+  mn_cu_binary_free(&again);
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &again), MN_OK, "%s", mn_last_error());
+  cr_assert(again.from_cache, "the rewritten entry was not used");
+  /* Another architecture or source is another entry. */
+  mn_cu_binary other;
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_80", dir, &other), MN_OK, "%s", mn_last_error());
+  cr_assert(!other.from_cache);
+  cr_assert_str_neq(other.key, cold.key);
+  mn_cu_binary_free(&cold);
+  mn_cu_binary_free(&warm);
+  mn_cu_binary_free(&again);
+  mn_cu_binary_free(&other);
+  remove_dir(dir);
+  free(dir);
+}
+
+Test(cuda_runtime, processes_sharing_the_cache_never_see_a_partial_file) {
+  char *dir = temp_dir();
+  enum { procs = 4, rounds = 3 };
+  for (int i = 0; i < procs; i++) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+      int ok = 1;
+      for (int r = 0; r < rounds; r++) {
+        mn_cu_binary b;
+        ok &= mn_cu_compile(tiny_source, "sm_90", dir, &b) == MN_OK && b.size > 0;
+        mn_cu_binary_free(&b);
+      }
+      _exit(ok ? 0 : 1);
+    }
+  }
+  for (int i = 0; i < procs; i++) {
+    int status = 0;
+    wait(&status);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "a compiling process failed");
+  }
+  mn_cu_binary b;
+  cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &b), MN_OK);
+  cr_assert(b.from_cache);
+  mn_cu_binary_free(&b);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "test $(ls '%s' | grep -c tmp) -eq 0", dir);
+  cr_assert_eq(system(cmd), 0, "temporary files left in the cache folder");
+  remove_dir(dir);
+  free(dir);
+}
+
+static mn_session *cuda_session(const mn_graph *g) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CUDA;
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  return s;
+}
+
+static void feed_mlp(mn_session *s, mn_rng *r) {
+  float x[4 * 8], w1[8 * 16], b1[16], w2[16 * 3], t[4 * 3];
+  mn_rng_fill(r, x, 32, -1, 1);
+  mn_rng_fill(r, t, 12, -1, 1);
+  mn_rng_fill(r, w1, 128, -0.5f, 0.5f);
+  mn_rng_fill(r, b1, 16, -0.5f, 0.5f);
+  mn_rng_fill(r, w2, 48, -0.5f, 0.5f);
+  cr_assert_eq(mn_session_set_input(s, "x", x, 32), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "t", t, 12), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "w1", w1, 128), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "b1", b1, 16), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "w2", w2, 48), MN_OK);
+}
+
+Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture) {
+  mn_test_require_cuda_device();
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  mn_session *s = cuda_session(g);
+  mn_rng r = mn_rng_new(7);
+  feed_mlp(s, &r);
+  cr_assert_eq(mn_session_set_learning_rate(s, 0.1f), MN_OK);
+  float first = 0, last = 0;
+  for (int i = 0; i < 10; i++) {
+    cr_assert_eq(mn_session_set_learning_rate(s, 0.1f / (float)(i + 1)), MN_OK);
+    cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+    last = mn_session_read_loss(s);
+    if (i == 0) first = last;
+  }
+  cr_assert_lt(last, first, "loss did not fall: %g -> %g", first, last);
+  mn_session_stats stats;
+  cr_assert_eq(mn_session_get_stats(s, &stats), MN_OK);
+  cr_assert_str_eq(stats.backend, "cuda");
+  cr_assert_eq(stats.steps, 10u);
+  cr_assert_eq(stats.graph_launches, 10u, "graph launches %llu for 10 steps",
+               (unsigned long long)stats.graph_launches);
+  cr_assert_eq(stats.submissions, 10u, "%llu submissions for 10 steps",
+               (unsigned long long)stats.submissions);
+  cr_assert_eq(stats.graph_captures, 1u, "learning-rate changes re-captured the graph");
+  cr_assert_gt(stats.graph_nodes, 5u);
+  /* The loss comes back through pinned memory; it equals output 0 read from the device. */
+  float loss0 = 0;
+  cr_assert_eq(mn_session_read_output_by_index(s, 0, &loss0, 1), MN_OK);
+  cr_assert_eq(loss0, last);
+  /* A different optimizer kind is a new graph (the Adam state joins it), once. */
+  cr_assert_eq(mn_session_set_adamw(s, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mn_session_step(s), MN_OK);
+    cr_assert_eq(mn_session_wait(s), MN_OK);
+  }
+  cr_assert_eq(mn_session_get_stats(s, &stats), MN_OK);
+  cr_assert_eq(stats.graph_captures, 2u);
+  cr_assert_eq(stats.graph_launches, 13u);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+static size_t free_device_bytes(void) {
+  size_t free_b = 0, total = 0;
+  cr_assert_eq(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+  return free_b;
+}
+
+Test(cuda_runtime, out_of_device_memory_is_reported_and_leaks_nothing) {
+  mn_test_require_cuda_device();
+  mn_graph *g = mn_graph_new();
+  /* 64 G floats: 256 GB for the parameter alone, more than any GPU has. */
+  mn_node x = mn_input(g, "x", MN_SHAPE(1, 65536));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(65536, 1048576));
+  mn_node t = mn_input(g, "t", MN_SHAPE(1, 1048576));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, mn_matmul(g, x, w), t)}, 1);
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CUDA;
+  mn_session *s = (mn_session *)&o;
+  size_t before = free_device_bytes();
+  mn_assert_error(mn_build_session(g, &o, &s), MN_ERR_OUT_OF_MEMORY, "cuda backend");
+  cr_assert_null(s);
+  size_t after = free_device_bytes();
+  cr_assert_eq(after, before, "device memory went from %zu to %zu free bytes", before, after);
+  mn_graph_free(g);
+}
+
+Test(cuda_runtime, building_and_freeing_a_session_100_times_returns_all_device_memory) {
+  mn_test_require_cuda_device();
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  /* The first session loads libraries (cuBLASLt, the kernels' module) that stay. */
+  mn_session_free(cuda_session(g));
+  size_t start = free_device_bytes();
+  for (int i = 0; i < 100; i++) {
+    mn_session *s = cuda_session(g);
+    cr_assert_eq(mn_session_step(s), MN_OK);
+    cr_assert_eq(mn_session_wait(s), MN_OK);
+    mn_session_free(s);
+  }
+  size_t end = free_device_bytes();
+  cr_assert_eq(end, start, "free device memory %zu before, %zu after 100 sessions", start, end);
+  mn_graph_free(g);
+}
+#endif

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: configure with the CUDA backend, build, run the whole
+# ctest suite (GPU suites included), run the benchmarks beside PyTorch, and print a short
+# table last.
+#
+# usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
+#   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
+#                      (and their dependencies) found in DEB_DIR into a private prefix
+#                      instead of installing them; see README "GPU machines".
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-gpu"
+logs=""
+debs=""
+bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --offline) debs=$(cd "$2" && pwd); shift 2 ;;
+    --build-dir) build=$2; shift 2 ;;
+    --log-dir) logs=$2; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+logs=${logs:-$build/logs}
+mkdir -p "$logs"
+jobs=$(nproc 2>/dev/null || echo 4)
+
+step() { printf '\n== %s\n' "$*"; }
+
+have_deps() {
+  [ -f /usr/include/criterion/criterion.h ] && [ -f /usr/include/cjson/cJSON.h ]
+}
+
+cmake_extra=()
+if [ -n "$debs" ]; then
+  step "unpacking $(ls "$debs"/*.deb | wc -l) Debian packages from $debs"
+  prefix=/tmp/meganeura-deps
+  rm -rf "$prefix"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
+  libdir=$(dirname "$(find "$prefix" -name 'libcriterion.so*' | head -n1)")
+  # The -dev packages' .so links point at versioned files in the same folder.
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cmake_extra+=(-DCMAKE_LIBRARY_PATH="$libdir")
+elif ! have_deps; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing cJSON and Criterion"
+    apt-get update -qq && apt-get install -y -qq libcjson-dev libcriterion-dev >/dev/null
+  else
+    echo "gpu-test.sh: cJSON and Criterion are missing; install libcjson-dev and" \
+      "libcriterion-dev, or pass --offline DEB_DIR" >&2
+    exit 1
+  fi
+fi
+
+step "GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+command -v nvcc >/dev/null && nvcc --version | tail -n 2 || true
+
+step "configure and build ($build)"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "$root" -B "$build" "${generator[@]}" -DMN_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+  "${cmake_extra[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs/build.log"; exit 1; }
+
+step "ctest (all suites, GPU suites included)"
+export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
+set +e
+ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 2>&1 | tee "$logs/ctest.log"
+test_rc=${PIPESTATUS[0]}
+set -e
+
+if [ "$bench" = 1 ]; then
+  step "benchmarks"
+  : >"$logs/bench.log"
+  for cmd in "bench_mlp_step" "bench_mlp_step --tf32" "bench_block_step" "bench_block_step --tf32"; do
+    "$build"/$cmd 2>&1 | tee -a "$logs/bench.log" || echo "BENCH-FAILED $cmd" | tee -a "$logs/bench.log"
+  done
+  "$build/bench_memplan_gpt2" 2>&1 | tee -a "$logs/bench.log" || true
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    for flag in "" "--tf32"; do
+      python3 "$root/benchmarks/torch_steps.py" $flag 2>&1 | tee -a "$logs/bench.log" ||
+        echo "BENCH-FAILED torch_steps.py $flag" | tee -a "$logs/bench.log"
+    done
+  else
+    echo "PyTorch with CUDA not available: no PyTorch figures" | tee -a "$logs/bench.log"
+  fi
+fi
+
+step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
+python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" 2>/dev/null ||
+  grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
+exit "$test_rc"
