@@ -167,6 +167,8 @@ static mn_status upload_constants(cuda_state *st, const mn_session *s) {
   return MN_OK;
 }
 
+static mn_status poison(cuda_state *st, const mn_session *s, bool gradients);
+
 static void cuda_destroy(mn_session *s) {
   cuda_state *st = s->backend_state;
   if (!st) return;
@@ -226,7 +228,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_matmuls_prepare(st, s);
   mn_nvtx_pop();
   st->matmul_ms = now_ms() - tm;
-  if (rc == MN_OK) rc = mn_cuda_poison(s);
+  if (rc == MN_OK) rc = poison(st, s, false);
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "session set-up");
   if (rc != MN_OK) {
     char msg[2048];
@@ -431,16 +433,15 @@ void *mn_cuda_session_stream(const mn_session *s) {
   return ((cuda_state *)s->backend_state)->stream;
 }
 
-mn_status mn_cuda_poison(mn_session *s) {
-  if (!s || s->backend != &mn_cuda_backend)
-    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_poison: not a CUDA session");
-  cuda_state *st = s->backend_state;
+/* All-ones bytes are a NaN in f32 and the largest value in u32. Gradients are included
+ * only on request: before the first step they read as zeros, as on the CPU. */
+static mn_status poison(cuda_state *st, const mn_session *s, bool gradients) {
   const mn_plan *p = s->plan;
-  /* All-ones bytes are a NaN in f32 and the largest value in u32. */
   for (size_t b = 0; b < p->num_buffers; b++) {
     const mn_buffer_desc *d = &p->buffers[b];
-    if (d->role != MN_BUF_ACTIVATION && d->role != MN_BUF_OUTPUT && d->role != MN_BUF_GRADIENT)
-      continue;
+    bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT ||
+                    (gradients && d->role == MN_BUF_GRADIENT);
+    if (!computed) continue;
     mn_status rc = mn_cu_check(cudaMemsetAsync(st->arena + d->offset, 0xff, d->bytes, st->stream),
                                "poisoning buffers");
     if (rc != MN_OK) return rc;
@@ -449,6 +450,12 @@ mn_status mn_cuda_poison(mn_session *s) {
     return mn_cu_check(cudaMemsetAsync(st->scratch, 0xff, st->prog.scratch_bytes, st->stream),
                        "poisoning scratch");
   return MN_OK;
+}
+
+mn_status mn_cuda_poison(mn_session *s) {
+  if (!s || s->backend != &mn_cuda_backend)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_poison: not a CUDA session");
+  return poison(s->backend_state, s, true);
 }
 
 static void cuda_stats(const mn_session *s, mn_session_stats *out) {

@@ -4,9 +4,11 @@
 # table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
+#                            [--tests REGEX]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
+#   --tests REGEX      run only the ctest tests matching REGEX
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,13 +16,15 @@ build="$root/build-gpu"
 logs=""
 debs=""
 bench=1
+filter=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --offline) debs=$(cd "$2" && pwd); shift 2 ;;
     --build-dir) build=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --tests) filter=(-R "$2"); shift 2 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -70,7 +74,7 @@ cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs
 step "ctest (all suites, GPU suites included)"
 export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
 set +e
-ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 2>&1 | tee "$logs/ctest.log"
+ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 "${filter[@]}" 2>&1 | tee "$logs/ctest.log"
 test_rc=${PIPESTATUS[0]}
 set -e
 
