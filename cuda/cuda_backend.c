@@ -393,7 +393,7 @@ static mn_status optim_state_offset(const mn_session *s, size_t slot, int which,
 static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, float *dst,
                                        size_t n) {
   cuda_state *st = s->backend_state;
-  size_t off;
+  size_t off = 0;
   mn_status rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
   if (!st->adam) {
@@ -410,7 +410,7 @@ static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, fl
 static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, const float *src,
                                         size_t n) {
   cuda_state *st = s->backend_state;
-  size_t off;
+  size_t off = 0;
   mn_status rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
   if (!st->adam && s->plan->update_bytes) {

@@ -30,7 +30,7 @@ mn_status mn_session_find_leaf(const char *fn, mn_session *s, mn_op op, mn_dtype
 
 static mn_status write_named(const char *fn, mn_session *s, mn_op op, mn_dtype dt, const char *name,
                              const void *data, size_t n) {
-  mn_node id;
+  mn_node id = MN_NO_NODE;
   mn_status st = mn_session_find_leaf(fn, s, op, dt, name, data, n, &id);
   if (st != MN_OK) return st;
   return s->backend->write_buffer(s, s->plan->node_buffer[id], data, n * 4);
@@ -50,7 +50,7 @@ mn_status mn_session_set_parameter(mn_session *s, const char *name, const float 
 }
 
 mn_status mn_session_read_param(mn_session *s, const char *name, float *out, size_t n) {
-  mn_node id;
+  mn_node id = MN_NO_NODE;
   mn_status st =
       mn_session_find_leaf("mn_session_read_param", s, MN_OP_PARAMETER, MN_F32, name, out, n, &id);
   if (st != MN_OK) return st;

@@ -63,7 +63,7 @@ mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn
 
 mn_status mn_session_read_grad(mn_session *s, const char *name, float *out, size_t n) {
   const char *fn = "mn_session_read_grad";
-  mn_node id;
+  mn_node id = MN_NO_NODE;
   mn_status st = mn_session_find_leaf(fn, s, MN_OP_PARAMETER, MN_F32, name, out, n, &id);
   if (st != MN_OK) return st;
   if (!s->training)

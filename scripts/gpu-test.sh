@@ -67,7 +67,10 @@ command -v nvcc >/dev/null && nvcc --version | tail -n 2 || true
 step "configure and build ($build)"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+# Warnings stay warnings here: GPU hosts carry other compiler versions, whose new
+# diagnostics must not stop a test run; CI builds with -Werror.
 cmake -S "$root" -B "$build" "${generator[@]}" -DMN_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+  -DMN_WERROR=OFF \
   "${cmake_extra[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs/build.log"; exit 1; }
 
@@ -96,6 +99,6 @@ if [ "$bench" = 1 ]; then
 fi
 
 step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
-python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" 2>/dev/null ||
+python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
   grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
 exit "$test_rc"

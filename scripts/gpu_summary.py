@@ -17,7 +17,11 @@ def main(ctest_log, bench_log):
     for name in re.findall(r"\d+ - (\S+) \(Failed\)", text):
         print(f"  FAILED {name}")
     ours, torch = {}, {}
-    for line in open(bench_log, errors="replace"):
+    try:
+        bench_lines = open(bench_log, errors="replace").readlines()
+    except OSError:
+        bench_lines = []
+    for line in bench_lines:
         if line.startswith("BENCH "):
             name = line.split()[1]
             (torch if "torch_eager_ms" in line else ours).setdefault(name, {}).update(fields(line))

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds a libFuzzer target (fuzz/TARGET.c) with AddressSanitizer + UndefinedBehaviorSanitizer
+# into build-fuzz/ and runs it for SECONDS, starting from a copy of its seed corpus
+# (fuzz/corpus/<TARGET without "fuzz_">/), so the checked-in corpus is never written to.
+# Exits non-zero when the build fails or the fuzzer finds a crash (the reproducer is left in
+# build-fuzz/artifacts-TARGET/).
+#
+#   scripts/fuzz.sh fuzz_safetensors 600
+#
+# Environment: FUZZ_CC (default clang), FUZZ_FLAGS (extra libFuzzer flags, e.g. -jobs=2).
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 TARGET SECONDS   (TARGET: fuzz_safetensors, fuzz_plan_cache)" >&2
+  exit 2
+}
+[[ $# -eq 2 ]] || usage
+target=$1
+seconds=$2
+[[ $seconds =~ ^[0-9]+$ ]] || usage
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+# The library sources each target links; cuda/ never (the fuzzers run without a GPU).
+shopt -s nullglob
+case "$target" in
+fuzz_safetensors) sources=(io/safetensors_*.c host/error.c) ;;
+fuzz_plan_cache) sources=(io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c) ;;
+*) usage ;;
+esac
+[[ -f fuzz/$target.c ]] || { echo "fuzz/$target.c does not exist" >&2; exit 2; }
+
+cc=${FUZZ_CC:-clang}
+out=build-fuzz
+mkdir -p "$out"
+echo "== build $out/$target"
+"$cc" -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fno-omit-frame-pointer \
+  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror \
+  -Iinclude -Ihost -I. "fuzz/$target.c" "${sources[@]}" -lcjson -lm -lpthread -o "$out/$target"
+
+work=$out/corpus-$target
+artifacts=$out/artifacts-$target
+rm -rf "$work"
+mkdir -p "$work" "$artifacts"
+seeds=(fuzz/corpus/"${target#fuzz_}"/*)
+((${#seeds[@]})) && cp "${seeds[@]}" "$work"/
+dict=()
+[[ -f fuzz/$target.dict ]] && dict=(-dict="fuzz/$target.dict")
+
+echo "== run $target for ${seconds}s (corpus $work, ${#seeds[@]} seeds)"
+status=0
+# shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
+"$out/$target" -max_total_time="$seconds" -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "${dict[@]}" ${FUZZ_FLAGS:-} "$work" || status=$?
+if ((status != 0)); then
+  echo "scripts/fuzz.sh: $target failed (status $status); reproducers in $artifacts/:" >&2
+  ls -l "$artifacts" >&2 || true
+  exit 1
+fi
+echo "== $target: no crash in ${seconds}s"
