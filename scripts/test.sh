@@ -3,6 +3,8 @@
 # configures, builds and runs every test; then builds the CPU code again with
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs the tests once more.
 #
+# Last, each libFuzzer target runs briefly (MN_FUZZ_SECONDS, default 30; 0 skips).
+#
 # Environment: MN_BUILD_DIR (default build), MN_ASAN_BUILD_DIR (default build-asan),
 # MN_SKIP_ASAN=1 to stop after the first pass, MN_JOBS (default: nproc).
 set -euo pipefail
@@ -24,8 +26,11 @@ missing=()
 for c in "${!need_cmd[@]}"; do
   command -v "$c" >/dev/null 2>&1 || missing+=("${need_cmd[$c]}")
 done
+fuzz_seconds=${MN_FUZZ_SECONDS:-30}
+fuzz_packages=()
+[[ $fuzz_seconds == 0 ]] || fuzz_packages=(clang libclang-rt-dev)
 if command -v dpkg >/dev/null 2>&1; then
-  for p in libcjson-dev libcriterion-dev; do
+  for p in libcjson-dev libcriterion-dev "${fuzz_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
 fi
@@ -40,6 +45,13 @@ if ((${#missing[@]})); then
     echo "install them (Debian/Ubuntu: sudo apt-get install ${missing[*]}) or run as root" >&2
     exit 1
   fi
+fi
+
+# The safetensors interop tests compare with the official Python package; they skip
+# with a message when it cannot be installed.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import safetensors, numpy' >/dev/null 2>&1; then
+  python3 -m pip install --quiet numpy safetensors </dev/null ||
+    echo "numpy/safetensors not installed: the safetensors interop tests will skip" >&2
 fi
 
 # ---------------------------------------------------------------- pass 1: the normal build
@@ -82,6 +94,20 @@ if [[ ${MN_SKIP_ASAN:-0} != 1 ]]; then
   fi
 fi
 
+# ---------------------------------------------------------------- pass 3: fuzzing, briefly
+fuzz_status=skipped
+if [[ $fuzz_seconds != 0 ]]; then
+  fuzz_status=0
+  mkdir -p build-fuzz
+  for t in fuzz/fuzz_*.c; do
+    t=$(basename "$t" .c)
+    say "fuzz $t for ${fuzz_seconds} s"
+    scripts/fuzz.sh "$t" "$fuzz_seconds" </dev/null >"build-fuzz/$t.log" 2>&1 ||
+      { fuzz_status=1; tail -n 40 "build-fuzz/$t.log"; }
+    grep -E "^(Done|#[0-9]+ +DONE)" "build-fuzz/$t.log" | tail -n 1 || true
+  done
+fi
+
 # ---------------------------------------------------------------- summary
 summary() { # dir status
   local line
@@ -103,7 +129,13 @@ if [[ $asan_status == skipped ]]; then
 else
   summary "$asan_build" "$asan_status"
 fi
-if [[ $main_status == 0 && ($asan_status == 0 || $asan_status == skipped) ]]; then
+case $fuzz_status in
+0) printf '  %-12s ok      every target ran %s s without a crash\n' fuzz "$fuzz_seconds" ;;
+skipped) printf '  %-12s skipped (MN_FUZZ_SECONDS=0)\n' fuzz ;;
+*) printf '  %-12s FAILED  (logs: build-fuzz/*.log)\n' fuzz ;;
+esac
+if [[ $main_status == 0 && ($asan_status == 0 || $asan_status == skipped) &&
+      ($fuzz_status == 0 || $fuzz_status == skipped) ]]; then
   exit 0
 fi
 exit 1
