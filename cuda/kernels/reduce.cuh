@@ -1,0 +1,290 @@
+// Reductions: whole-tensor sums and mean losses (two passes through double partials, so
+// results are deterministic), softmax and log_softmax over the last axis with their
+// gradients (a group of G threads per row: one warp, or the whole block), and the
+// column sums of sum_rows.
+
+enum mn_red_code {
+  MN_RED_SUM = 1,
+  MN_RED_MEAN,
+  MN_RED_MSE,
+  MN_RED_L1,
+  MN_RED_BCE,
+};
+
+__device__ __forceinline__ double mn_red_clamped_log(double v) {
+  double l = log(v);
+  return l < -100.0 ? -100.0 : l;
+}
+
+// One element's term of a whole-tensor reduction, in double like the reference.
+template <int OP> __device__ __forceinline__ double mn_red_term(float a, float b) {
+  if constexpr (OP == MN_RED_SUM || OP == MN_RED_MEAN)
+    return (double)a;
+  else if constexpr (OP == MN_RED_MSE) {
+    double d = (double)a - (double)b;
+    return d * d;
+  } else if constexpr (OP == MN_RED_L1)
+    return fabs((double)a - (double)b);
+  else {
+    double p = a, t = b;
+    return t * mn_red_clamped_log(p) + (1.0 - t) * mn_red_clamped_log(1.0 - p);
+  }
+}
+
+// The scalar result from the sum of the terms over N elements.
+template <int OP, long long N> __device__ __forceinline__ float mn_red_finish(double acc) {
+  if constexpr (OP == MN_RED_SUM)
+    return (float)acc;
+  else if constexpr (OP == MN_RED_BCE)
+    return (float)(-acc / (double)N);
+  else
+    return (float)(acc / (double)N);
+}
+
+// Pass 1: each block sums a grid-strided share of the N terms (a in p[1], b in p[2]
+// when the op has a second operand) and writes its double partial to p[0][blockIdx.x],
+// or, when DIRECT (one block), the finished scalar to the float p[0][0].
+template <int OP, long long N, int BLOCK, bool DIRECT>
+__device__ void mn_red_all_partial(const mn_ptrs &io) {
+  __shared__ double sh[32];
+  constexpr bool TWO = OP == MN_RED_MSE || OP == MN_RED_L1 || OP == MN_RED_BCE;
+  const float *a = mn_arg<const float>(io, 1), *b = mn_arg<const float>(io, 2);
+  double acc = 0.0;
+  constexpr long long NQ = N / 4;
+  MN_FOR_EACH(q, NQ) {
+    float4 va = reinterpret_cast<const float4 *>(a)[q], vb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (TWO) vb = reinterpret_cast<const float4 *>(b)[q];
+    acc += mn_red_term<OP>(va.x, vb.x) + mn_red_term<OP>(va.y, vb.y) + mn_red_term<OP>(va.z, vb.z) +
+           mn_red_term<OP>(va.w, vb.w);
+  }
+  if constexpr (N % 4 != 0) {
+    const long long i = NQ * 4 + (long long)blockIdx.x * BLOCK + threadIdx.x;
+    if (i < N) acc += mn_red_term<OP>(a[i], TWO ? b[i] : 0.0f);
+  }
+  acc = mn_block_sum_d<BLOCK>(acc, sh);
+  if (threadIdx.x == 0) {
+    if constexpr (DIRECT)
+      mn_arg<float>(io, 0)[0] = mn_red_finish<OP, N>(acc);
+    else
+      mn_arg<double>(io, 0)[blockIdx.x] = acc;
+  }
+}
+
+// Pass 2, one block: sums NPART double partials (p[1]) in a fixed order into the
+// scalar p[0][0]; N is the element count the mean divides by.
+template <int OP, long long N, long long NPART, int BLOCK>
+__device__ void mn_red_all_final(const mn_ptrs &io) {
+  __shared__ double sh[32];
+  const double *part = mn_arg<const double>(io, 1);
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < NPART; i += BLOCK)
+    acc += part[i];
+  acc = mn_block_sum_d<BLOCK>(acc, sh);
+  if (threadIdx.x == 0) mn_arg<float>(io, 0)[0] = mn_red_finish<OP, N>(acc);
+}
+
+// Row groups: G threads per row (G == 32: a warp per row, BLOCK / 32 rows per block,
+// no block barriers; G == BLOCK: a block per row). A group's threads all take the same
+// branches, so a group may leave early without stranding a barrier or a shuffle.
+template <int G> __device__ __forceinline__ float mn_red_gsum(float v, float *sh) {
+  if constexpr (G == 32)
+    return mn_warp_sum(v);
+  else
+    return mn_block_sum<G>(v, sh);
+}
+template <int G> __device__ __forceinline__ float mn_red_gmax(float v, float *sh) {
+  if constexpr (G == 32)
+    return mn_warp_max(v);
+  else
+    return mn_block_max<G>(v, sh);
+}
+
+// Visits the elements of one row of N that thread `lane` of a G-thread group owns,
+// calling f(i, va, vb, 4) for the 16-byte aligned quad at element i and
+// f(i, va, vb, 1) for a single element (in .x). A row whose length is
+// not a multiple of 4 starts at any 4-byte boundary: a scalar head up to the first
+// 16-byte boundary, float4s with four loads in flight per thread (a wide row is
+// latency-bound otherwise), then a scalar tail. b (read when TWO) and any output row
+// written by f must share a's alignment, as rows at one offset of 256-byte aligned
+// buffers do. G >= 4, so the head and tail (at most 3 each) take one step.
+template <int G, long long N, bool TWO, typename F>
+__device__ __forceinline__ void mn_red_row_each(const float *a, const float *b, int lane, F &&f) {
+  const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const long long mis = (long long)((reinterpret_cast<unsigned long long>(a) >> 2) & 3);
+  const long long head = ((4 - mis) & 3) < N ? ((4 - mis) & 3) : N;
+  if (lane < head)
+    f((long long)lane, make_float4(a[lane], 0.0f, 0.0f, 0.0f),
+      make_float4(TWO ? b[lane] : 0.0f, 0.0f, 0.0f, 0.0f), 1);
+  const long long nq = (N - head) >> 2;
+  const float4 *a4 = reinterpret_cast<const float4 *>(a + head);
+  const float4 *b4 = reinterpret_cast<const float4 *>(TWO ? b + head : a + head);
+  long long q = lane;
+  for (; q + 3 * G < nq; q += 4 * G) {
+    float4 x0 = a4[q], x1 = a4[q + G], x2 = a4[q + 2 * G], x3 = a4[q + 3 * G];
+    float4 y0 = z, y1 = z, y2 = z, y3 = z;
+    if constexpr (TWO) {
+      y0 = b4[q];
+      y1 = b4[q + G];
+      y2 = b4[q + 2 * G];
+      y3 = b4[q + 3 * G];
+    }
+    f(head + 4 * q, x0, y0, 4);
+    f(head + 4 * (q + G), x1, y1, 4);
+    f(head + 4 * (q + 2 * G), x2, y2, 4);
+    f(head + 4 * (q + 3 * G), x3, y3, 4);
+  }
+  for (; q < nq; q += G) {
+    float4 y = z;
+    if constexpr (TWO) y = b4[q];
+    f(head + 4 * q, a4[q], y, 4);
+  }
+  const long long t = head + 4 * nq + lane;
+  if (t < N)
+    f(t, make_float4(a[t], 0.0f, 0.0f, 0.0f), make_float4(TWO ? b[t] : 0.0f, 0.0f, 0.0f, 0.0f), 1);
+}
+
+// Width w (4 or 1, a constant once the visitor is inlined) helpers: apply op to the
+// first w lanes of v; store them at p (16-byte aligned when w is 4); add them up.
+template <typename Op> __device__ __forceinline__ float4 mn_red_map4(float4 v, int w, Op op) {
+  return w == 4 ? make_float4(op(v.x), op(v.y), op(v.z), op(v.w))
+                : make_float4(op(v.x), 0.0f, 0.0f, 0.0f);
+}
+__device__ __forceinline__ void mn_red_store(float *p, float4 v, int w) {
+  if (w == 4)
+    *reinterpret_cast<float4 *>(p) = v;
+  else
+    *p = v.x;
+}
+__device__ __forceinline__ float mn_red_sum4(float4 v, int w) {
+  return w == 4 ? (v.x + v.y) + (v.z + v.w) : v.x;
+}
+
+// Online max m and sum s of exp(x - m) over the first W values of v. While m is still
+// -inf every value seen was -inf (each adds exp(-inf) = 0 against a finite stand-in); a
+// NaN propagates into s.
+__device__ __forceinline__ void mn_red_online(float4 v, int w, float &m, float &s) {
+  const float ninf = -__int_as_float(0x7f800000);
+  const float hi = w == 4 ? fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)) : v.x;
+  if (hi > m) {
+    s *= expf(m - hi);
+    m = hi;
+  }
+  const float mm = m == ninf ? 0.0f : m;
+  if (w == 4)
+    s += (expf(v.x - mm) + expf(v.y - mm)) + (expf(v.z - mm) + expf(v.w - mm));
+  else
+    s += expf(v.x - mm);
+}
+
+// A row's max and log(sum(exp(x - max))) (the reference's row statistics), every
+// thread of the group getting both.
+template <int G, long long N>
+__device__ __forceinline__ void mn_red_row_stats(const float *x, int lane, float *sh, float &max,
+                                                 float &log_sum) {
+  const float ninf = -__int_as_float(0x7f800000);
+  float m = ninf, s = 0.0f;
+  mn_red_row_each<G, N, false>(
+      x, x, lane, [&](long long, float4 v, float4, int w) { mn_red_online(v, w, m, s); });
+  max = mn_red_gmax<G>(m, sh);
+  s = m == ninf ? 0.0f : s * expf(m - max);
+  log_sum = logf(mn_red_gsum<G>(s, sh));
+}
+
+// softmax (LOG false) or log_softmax (LOG true) of ROWS rows of N: p[0] out, p[1] x.
+// Like the reference, the log-probability is (x - max) - log_sum.
+template <bool LOG, int BLOCK, int G, long long ROWS, long long N>
+__device__ void mn_red_softmax(const mn_ptrs &io) {
+  __shared__ float sh[32];
+  const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  if (row >= ROWS) return;
+  const float *x = mn_arg<const float>(io, 1) + row * N;
+  float *o = mn_arg<float>(io, 0) + row * N;
+  float m, ls;
+  mn_red_row_stats<G, N>(x, lane, sh, m, ls);
+  mn_red_row_each<G, N, false>(x, x, lane, [&](long long i, float4 v, float4, int w) {
+    mn_red_store(o + i,
+                 mn_red_map4(v, w,
+                             [&](float a) {
+                               float l = (a - m) - ls;
+                               return LOG ? l : expf(l);
+                             }),
+                 w);
+  });
+}
+
+// softmax_grad: y (dy - sum(dy y)); log_softmax_grad: dy - exp(y) sum(dy).
+// p[0] out, p[1] y (the forward output), p[2] dy.
+template <bool LOG, int BLOCK, int G, long long ROWS, long long N>
+__device__ void mn_red_softmax_grad(const mn_ptrs &io) {
+  __shared__ float sh[32];
+  const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  if (row >= ROWS) return;
+  const float *y = mn_arg<const float>(io, 1) + row * N, *dy = mn_arg<const float>(io, 2) + row * N;
+  float *o = mn_arg<float>(io, 0) + row * N;
+  float s = 0.0f;
+  mn_red_row_each<G, N, true>(y, dy, lane, [&](long long, float4 a, float4 d, int w) {
+    s += LOG ? mn_red_sum4(d, w)
+             : mn_red_sum4(make_float4(a.x * d.x, a.y * d.y, a.z * d.z, a.w * d.w), w);
+  });
+  s = mn_red_gsum<G>(s, sh);
+  mn_red_row_each<G, N, true>(y, dy, lane, [&](long long i, float4 a, float4 d, int w) {
+    float4 r;
+    if constexpr (LOG)
+      r = make_float4(d.x - expf(a.x) * s, d.y - expf(a.y) * s, d.z - expf(a.z) * s,
+                      d.w - expf(a.w) * s);
+    else
+      r = make_float4(a.x * (d.x - s), a.y * (d.y - s), a.z * (d.z - s), a.w * (d.w - s));
+    mn_red_store(o + i, r, w);
+  });
+}
+
+// sum_rows: x [ROWS, NCOL] summed over rows into [NCOL]. Grid (column blocks, CH row
+// chunks); thread j of a block owns one column, so loads are coalesced across the
+// block, four rows in flight at a time. CH == 1 writes the float result to p[0];
+// otherwise each chunk writes double partials p[0][chunk * NCOL + col] and
+// mn_red_sum_rows_final adds them in a fixed order.
+template <long long ROWS, long long NCOL, int CH, int BLOCK>
+__device__ void mn_red_sum_rows(const mn_ptrs &io) {
+  const long long col = (long long)blockIdx.x * BLOCK + threadIdx.x;
+  if (col >= NCOL) return;
+  const float *x = mn_arg<const float>(io, 1) + col;
+  const long long r0 = ROWS * blockIdx.y / CH, r1 = ROWS * (blockIdx.y + 1) / CH;
+  double acc = 0.0;
+  long long r = r0;
+  for (; r + 3 < r1; r += 4) {
+    float a0 = x[r * NCOL], a1 = x[(r + 1) * NCOL], a2 = x[(r + 2) * NCOL], a3 = x[(r + 3) * NCOL];
+    acc += (double)a0;
+    acc += (double)a1;
+    acc += (double)a2;
+    acc += (double)a3;
+  }
+  for (; r < r1; r++)
+    acc += (double)x[r * NCOL];
+  if constexpr (CH == 1)
+    mn_arg<float>(io, 0)[col] = (float)acc;
+  else
+    mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
+}
+
+// The CH partials of each column: a block of 256 threads takes 32 columns, its 8 warps
+// each sum every 8th chunk, and one warp adds the 8 sums in order.
+template <long long NCOL, int CH> __device__ void mn_red_sum_rows_final(const mn_ptrs &io) {
+  __shared__ double sh[8][33];
+  const int c = threadIdx.x & 31, part = threadIdx.x >> 5;
+  const long long col = (long long)blockIdx.x * 32 + c;
+  const double *p = mn_arg<const double>(io, 1);
+  double acc = 0.0;
+  if (col < NCOL)
+    for (int k = part; k < CH; k += 8)
+      acc += p[(long long)k * NCOL + col];
+  sh[part][c] = acc;
+  __syncthreads();
+  if (part == 0 && col < NCOL) {
+    double t = 0.0;
+    for (int k = 0; k < 8; k++)
+      t += sh[k][c];
+    mn_arg<float>(io, 0)[col] = (float)t;
+  }
+}

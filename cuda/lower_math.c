@@ -1,0 +1,125 @@
+/* Lowering of the matrix products (cuBLASLt) and the element-wise ops (mn_pw_map of
+ * cuda/kernels/pointwise.cuh, one instance per op code and size). */
+#include <string.h>
+
+#include "../host/error.h"
+#include "emit.h"
+
+#define PW_BLOCK 256
+/* Enough blocks to fill an H200 several times over; larger tensors grid-stride. */
+#define PW_MAX_BLOCKS 4096
+
+static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+static unsigned float_bits(float f) {
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k) {
+  mn_cu_matmul_desc d = {.a = mn_cu_in(c, 0),
+                         .b = mn_cu_in(c, 1),
+                         .c = mn_cu_out(c),
+                         .trans_a = trans_a,
+                         .trans_b = trans_b,
+                         .m = m,
+                         .n = n,
+                         .k = k,
+                         .batch = 1,
+                         .alpha = 1.0f,
+                         .beta = 0.0f};
+  return mn_cu_matmul(c, &d);
+}
+
+/* a [.., K] (leading dims flattened into M) x b [K, N]. */
+mn_status mn_cu_lower_MATMUL(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *ta = mn_cu_in_type(c, 0), *tb = mn_cu_in_type(c, 1);
+  int64_t k = last_dim(ta);
+  return matmul(c, false, false, mn_tensor_type_numel(ta) / k, tb->shape[1], k);
+}
+
+/* a [.., K] x b [N, K]^T. */
+mn_status mn_cu_lower_MATMUL_BT(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *ta = mn_cu_in_type(c, 0), *tb = mn_cu_in_type(c, 1);
+  int64_t k = last_dim(ta);
+  return matmul(c, false, true, mn_tensor_type_numel(ta) / k, tb->shape[0], k);
+}
+
+/* a [.., M]^T x b [.., N]: the leading dims of both flatten into K. */
+mn_status mn_cu_lower_MATMUL_AT(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *ta = mn_cu_in_type(c, 0), *tb = mn_cu_in_type(c, 1);
+  int64_t m = last_dim(ta);
+  return matmul(c, true, false, m, last_dim(tb), mn_tensor_type_numel(ta) / m);
+}
+
+/* One mn_pw_map launch over the node's elements; `nin` element-wise inputs, then for
+ * ops with a scalar operand, that input's buffer (read at [0]). */
+static mn_status pointwise(const mn_cu_op_ctx *c, const char *code, int nargs_in, float attr) {
+  int64_t n = mn_cu_numel(c);
+  int k =
+      mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%s, %lldLL, %uu>", code, (long long)n, float_bits(attr));
+  mn_cu_arg args[4] = {mn_cu_out(c)};
+  for (int i = 0; i < nargs_in; i++)
+    args[1 + i] = mn_cu_in(c, i);
+  unsigned blocks = mn_cu_blocks((n + 3) / 4, PW_BLOCK);
+  if (blocks > PW_MAX_BLOCKS) blocks = PW_MAX_BLOCKS;
+  return mn_cu_launch(c, k, blocks, 1, 1, 0, 1 + nargs_in, args);
+}
+
+#define PW_LOWER(E, nin)                                                                           \
+  mn_status mn_cu_lower_##E(const mn_cu_op_ctx *c) { return pointwise(c, "MN_PW_" #E, nin, 0.0f); }
+PW_LOWER(ADD, 2)
+PW_LOWER(MUL, 2)
+PW_LOWER(DIV, 2)
+PW_LOWER(GREATER, 2)
+PW_LOWER(RELU, 1)
+PW_LOWER(SIGMOID, 1)
+PW_LOWER(TANH, 1)
+PW_LOWER(NEG, 1)
+PW_LOWER(ABS, 1)
+PW_LOWER(LOG, 1)
+PW_LOWER(EXP, 1)
+PW_LOWER(RECIP, 1)
+PW_LOWER(SILU, 1)
+PW_LOWER(GELU, 1)
+PW_LOWER(SWIGLU, 2)
+PW_LOWER(RELU_GRAD, 2)
+PW_LOWER(SIGMOID_GRAD, 2)
+PW_LOWER(TANH_GRAD, 2)
+PW_LOWER(ABS_GRAD, 2)
+PW_LOWER(SILU_GRAD, 2)
+PW_LOWER(GELU_GRAD, 2)
+PW_LOWER(SWIGLU_GRAD_GATE, 3)
+#undef PW_LOWER
+
+mn_status mn_cu_lower_SCALE(const mn_cu_op_ctx *c) {
+  return pointwise(c, "MN_PW_SCALE", 1, c->node->attrs.scale);
+}
+
+/* dy[0] * scale broadcast to the node's shape. */
+mn_status mn_cu_lower_EXPAND_SCALAR(const mn_cu_op_ctx *c) {
+  return pointwise(c, "MN_PW_EXPAND_SCALAR", 1, c->node->attrs.scale);
+}
+
+/* x [.., N] + row [N] or [1, N]. */
+static mn_status add_row(const mn_cu_op_ctx *c) {
+  int64_t n = mn_cu_numel(c), ncol = last_dim(&c->node->type);
+  int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_add_row<%lldLL, %lldLL>", (long long)n, (long long)ncol);
+  mn_cu_arg args[3] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1)};
+  unsigned blocks = mn_cu_blocks(ncol % 4 == 0 ? n / 4 : n, PW_BLOCK);
+  if (blocks > PW_MAX_BLOCKS) blocks = PW_MAX_BLOCKS;
+  return mn_cu_launch(c, k, blocks, 1, 1, 0, 3, args);
+}
+mn_status mn_cu_lower_BIAS_ADD(const mn_cu_op_ctx *c) { return add_row(c); }
+mn_status mn_cu_lower_BROADCAST_ADD(const mn_cu_op_ctx *c) { return add_row(c); }
+
+/* A copy, not an alias: the memory planner gives every node a buffer of its own. */
+mn_status mn_cu_lower_RESHAPE(const mn_cu_op_ctx *c) {
+  return mn_cu_copy(c, mn_cu_out(c), mn_cu_in(c, 0), mn_tensor_type_bytes(&c->node->type));
+}
+
+mn_status mn_cu_lower_ZEROS(const mn_cu_op_ctx *c) {
+  return mn_cu_memset_zero(c, mn_cu_out(c), mn_tensor_type_bytes(&c->node->type));
+}

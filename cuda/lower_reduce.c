@@ -1,0 +1,180 @@
+/* Lowering of the reductions, softmax, losses and their gradients to the kernels of
+ * cuda/kernels/reduce.cuh, reduce_loss.cuh and (element-wise loss gradients)
+ * pointwise.cuh. Whole-tensor sums go through per-block double partials in scratch and
+ * one finishing block, never atomics, so every result is reproducible bit for bit. */
+#include "../host/error.h"
+#include "emit.h"
+
+#define RED_BLOCK 256
+/* Partials of a whole-tensor sum: one finishing block reads at most this many. */
+#define RED_MAX_PARTS 1024
+/* Elements a thread of pass 1 sums at least, so small tensors take one block. */
+#define RED_PER_THREAD 16
+#define PW_BLOCK       256
+#define PW_MAX_BLOCKS  4096
+
+static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+/* Sum over the n elements of input 0 (and input 1 for the two-operand losses) into
+ * the node's scalar; `code` is an mn_red_code. */
+static mn_status reduce_all(const mn_cu_op_ctx *c, const char *code, int nin) {
+  int64_t n = mn_tensor_type_numel(mn_cu_in_type(c, 0));
+  int64_t parts =
+      (n + (int64_t)RED_BLOCK * RED_PER_THREAD - 1) / ((int64_t)RED_BLOCK * RED_PER_THREAD);
+  if (parts > RED_MAX_PARTS) parts = RED_MAX_PARTS;
+  if (parts < 1) parts = 1;
+  mn_cu_arg args[3] = {mn_cu_out(c), mn_cu_in(c, 0), nin > 1 ? mn_cu_in(c, 1) : (mn_cu_arg){0}};
+  if (parts == 1) {
+    int k = mn_cu_kernel(c, RED_BLOCK, "mn_red_all_partial<%s, %lldLL, %d, true>", code,
+                         (long long)n, RED_BLOCK);
+    return mn_cu_launch(c, k, 1, 1, 1, 0, 1 + nin, args);
+  }
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)parts * sizeof(double));
+  args[0] = scratch;
+  int k1 = mn_cu_kernel(c, RED_BLOCK, "mn_red_all_partial<%s, %lldLL, %d, false>", code,
+                        (long long)n, RED_BLOCK);
+  mn_status st = mn_cu_launch(c, k1, (unsigned)parts, 1, 1, 0, 1 + nin, args);
+  if (st != MN_OK) return st;
+  int k2 = mn_cu_kernel(c, RED_BLOCK, "mn_red_all_final<%s, %lldLL, %lldLL, %d>", code,
+                        (long long)n, (long long)parts, RED_BLOCK);
+  mn_cu_arg fin[2] = {mn_cu_out(c), scratch};
+  return mn_cu_launch(c, k2, 1, 1, 1, 0, 2, fin);
+}
+
+mn_status mn_cu_lower_SUM_ALL(const mn_cu_op_ctx *c) { return reduce_all(c, "MN_RED_SUM", 1); }
+mn_status mn_cu_lower_MEAN_ALL(const mn_cu_op_ctx *c) { return reduce_all(c, "MN_RED_MEAN", 1); }
+mn_status mn_cu_lower_BCE_LOSS(const mn_cu_op_ctx *c) { return reduce_all(c, "MN_RED_BCE", 2); }
+mn_status mn_cu_lower_MSE_LOSS(const mn_cu_op_ctx *c) { return reduce_all(c, "MN_RED_MSE", 2); }
+mn_status mn_cu_lower_L1_LOSS(const mn_cu_op_ctx *c) { return reduce_all(c, "MN_RED_L1", 2); }
+
+/* Launch shape of a row-wise kernel over rows of n: g threads per row, from one warp
+ * (several rows per block) up to a 1024-thread block, about 8 float4 loads per thread. */
+typedef struct row_cfg {
+  int64_t rows, n;
+  int block, g;
+  unsigned grid;
+} row_cfg;
+
+static row_cfg row_config(int64_t rows, int64_t n) {
+  row_cfg r = {.rows = rows, .n = n};
+  r.g = 32;
+  while (r.g < 1024 && (int64_t)r.g * 32 < n)
+    r.g *= 2;
+  r.block = r.g == 32 ? 128 : r.g;
+  r.grid = mn_cu_blocks(rows, (unsigned)(r.block / r.g));
+  return r;
+}
+
+/* Rows of the node's input 0 over its last axis. */
+static row_cfg input_rows(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *t = mn_cu_in_type(c, 0);
+  int64_t n = last_dim(t);
+  return row_config(mn_tensor_type_numel(t) / n, n);
+}
+
+static mn_status softmax(const mn_cu_op_ctx *c, bool log) {
+  row_cfg r = input_rows(c);
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_red_softmax<%s, %d, %d, %lldLL, %lldLL>",
+                       log ? "true" : "false", r.block, r.g, (long long)r.rows, (long long)r.n);
+  mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
+  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 2, args);
+}
+mn_status mn_cu_lower_SOFTMAX(const mn_cu_op_ctx *c) { return softmax(c, false); }
+mn_status mn_cu_lower_LOG_SOFTMAX(const mn_cu_op_ctx *c) { return softmax(c, true); }
+
+static mn_status softmax_grad(const mn_cu_op_ctx *c, bool log) {
+  row_cfg r = input_rows(c);
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_red_softmax_grad<%s, %d, %d, %lldLL, %lldLL>",
+                       log ? "true" : "false", r.block, r.g, (long long)r.rows, (long long)r.n);
+  mn_cu_arg args[3] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1)};
+  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 3, args);
+}
+mn_status mn_cu_lower_SOFTMAX_GRAD(const mn_cu_op_ctx *c) { return softmax_grad(c, false); }
+mn_status mn_cu_lower_LOG_SOFTMAX_GRAD(const mn_cu_op_ctx *c) { return softmax_grad(c, true); }
+
+/* The mean of `rows` double partials in scratch into the node's scalar. */
+static mn_status mean_of_rows(const mn_cu_op_ctx *c, mn_cu_arg scratch, int64_t rows) {
+  int k = mn_cu_kernel(c, RED_BLOCK, "mn_red_all_final<MN_RED_MEAN, %lldLL, %lldLL, %d>",
+                       (long long)rows, (long long)rows, RED_BLOCK);
+  mn_cu_arg args[2] = {mn_cu_out(c), scratch};
+  return mn_cu_launch(c, k, 1, 1, 1, 0, 2, args);
+}
+
+mn_status mn_cu_lower_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
+  row_cfg r = input_rows(c);
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_ce_rows<%d, %d, %lldLL, %lldLL>", r.block,
+                       r.g, (long long)r.rows, (long long)r.n);
+  mn_cu_arg args[3] = {scratch, mn_cu_in(c, 0), mn_cu_in(c, 1)};
+  mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 3, args);
+  return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
+}
+
+mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
+  row_cfg r = input_rows(c);
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_sparse_ce_rows<%d, %d, %lldLL, %lldLL, %uu>",
+                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id);
+  mn_cu_arg args[4] = {scratch, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_error_arg()};
+  mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
+  return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
+}
+
+mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
+  row_cfg r = input_rows(c);
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_ce_grad<%d, %d, %lldLL, %lldLL>", r.block,
+                       r.g, (long long)r.rows, (long long)r.n);
+  mn_cu_arg args[4] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2)};
+  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
+}
+
+mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
+  row_cfg r = input_rows(c);
+  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu>",
+                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id);
+  mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
+                       mn_cu_error_arg()};
+  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 5, args);
+}
+
+/* x [.., N] summed over every leading index into N values: column blocks by row chunks,
+ * about 512 blocks in all, each chunk at least 16 rows. */
+mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *t = mn_cu_in_type(c, 0);
+  int64_t ncol = last_dim(t), rows = mn_tensor_type_numel(t) / ncol;
+  int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
+  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
+  int64_t ch = 512 / col_blocks;
+  if (ch > rows / 16) ch = rows / 16;
+  if (ch > 65535) ch = 65535;
+  if (ch < 1) ch = 1;
+  int k1 = mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
+                        (long long)rows, (long long)ncol, (int)ch, block);
+  if (ch == 1) {
+    mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
+    return mn_cu_launch(c, k1, col_blocks, 1, 1, 0, 2, args);
+  }
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
+  mn_cu_arg args[2] = {scratch, mn_cu_in(c, 0)};
+  mn_status st = mn_cu_launch(c, k1, col_blocks, (unsigned)ch, 1, 0, 2, args);
+  if (st != MN_OK) return st;
+  int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
+  mn_cu_arg fin[2] = {mn_cu_out(c), scratch};
+  return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
+}
+
+/* Loss gradients (pred, target, dy [1]) are element-wise: mn_pw_map reads dy[0]. */
+static mn_status loss_grad(const mn_cu_op_ctx *c, const char *code) {
+  int64_t n = mn_cu_numel(c);
+  int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%s, %lldLL, 0u>", code, (long long)n);
+  mn_cu_arg args[4] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2)};
+  unsigned blocks = mn_cu_blocks((n + 3) / 4, PW_BLOCK);
+  if (blocks > PW_MAX_BLOCKS) blocks = PW_MAX_BLOCKS;
+  return mn_cu_launch(c, k, blocks, 1, 1, 0, 4, args);
+}
+mn_status mn_cu_lower_MSE_GRAD(const mn_cu_op_ctx *c) { return loss_grad(c, "MN_PW_MSE_GRAD"); }
+mn_status mn_cu_lower_L1_GRAD(const mn_cu_op_ctx *c) { return loss_grad(c, "MN_PW_L1_GRAD"); }
+mn_status mn_cu_lower_BCE_GRAD(const mn_cu_op_ctx *c) {
+  return loss_grad(c,
+                   c->node->attrs.variant == 0 ? "MN_PW_BCE_GRAD_PRED" : "MN_PW_BCE_GRAD_TARGET");
+}

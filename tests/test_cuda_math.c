@@ -1,0 +1,258 @@
+/* CUDA kernels of the matrix products and element-wise ops against the reference
+ * backend: every graph is compiled with NVRTC (no device needed), then, on a GPU, run
+ * on both backends with the same random data. Backward ops are reached through
+ * training graphs whose loss multiplies the op's output by an input, so that the
+ * upstream gradient is not uniform. */
+#include "support/cuda_check.h"
+#include "support/mn_test.h"
+#ifdef MN_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+#define TOL 1e-5
+
+typedef mn_node (*unary_fn)(mn_graph *, mn_node);
+typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
+
+static bool have_device(void) {
+#ifdef MN_WITH_CUDA
+  return mn_cuda_usable_devices() > 0;
+#else
+  return false;
+#endif
+}
+
+/* Compiles g, then (on a GPU) compares it with the reference. Without a device every
+ * graph of a test is still compiled; the test reports itself skipped at its end. */
+static void check(const mn_graph *g, bool training, const mn_test_range *ranges, uint64_t seed) {
+  mn_test_assert_compiles(g, training);
+  if (have_device()) mn_test_compare_cuda(g, training, TOL, ranges, seed);
+}
+
+/* loss = mse(y * c, t) with c and t inputs of y's shape; outputs: loss, then y. */
+static void finish_training_graph(mn_graph *g, mn_node y) {
+  mn_node_info info;
+  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
+  const mn_tensor_type *t = &info.type;
+  mn_node c = mn_input(g, "c", t->shape, t->rank);
+  mn_node target = mn_input(g, "t", t->shape, t->rank);
+  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
+  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+}
+
+static void check_unary(unary_fn f, const int64_t *shape, int rank, double lo, double hi,
+                        uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  finish_training_graph(g, f(g, mn_parameter(g, "a", shape, rank)));
+  const mn_test_range ranges[] = {{"a", lo, hi}, {NULL, 0, 0}};
+  check(g, true, ranges, seed);
+  mn_graph_free(g);
+}
+
+static void check_binary(binary_fn f, const int64_t *sa, int ra, const int64_t *sb, int rb,
+                         double lo_b, double hi_b, uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", sa, ra), b = mn_parameter(g, "b", sb, rb);
+  finish_training_graph(g, f(g, a, b));
+  const mn_test_range ranges[] = {{"a", -1, 1}, {"b", lo_b, hi_b}, {NULL, 0, 0}};
+  check(g, true, ranges, seed);
+  mn_graph_free(g);
+}
+
+/* ------------------------------------------------------------------ whole graphs */
+
+Test(cuda_math, mlp_training_graph) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(37, 29));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(29, 64)), b1 = mn_parameter(g, "b1", MN_SHAPE(64));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(64, 5)), b2 = mn_parameter(g, "b2", MN_SHAPE(5));
+  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
+  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
+  mn_node t = mn_input(g, "t", MN_SHAPE(37, 5));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  check(g, true, NULL, 1);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, mlp_inference_graph) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(3, 7, 16));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(16, 9)), b = mn_parameter(g, "b", MN_SHAPE(9));
+  mn_set_outputs(g, (mn_node[]){mn_gelu(g, mn_bias_add(g, mn_matmul(g, x, w), b))}, 1);
+  check(g, false, NULL, 2);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ matmuls */
+
+Test(cuda_math, matmul) {
+  mn_test_require_cuda_build();
+  check_binary(mn_matmul, MN_SHAPE(5, 7), MN_SHAPE(7, 3), -1, 1, 3);
+  check_binary(mn_matmul, MN_SHAPE(2, 33, 70), MN_SHAPE(70, 45), -1, 1, 4);
+  check_binary(mn_matmul, MN_SHAPE(1, 1), MN_SHAPE(1, 1), -1, 1, 5);
+  check_binary(mn_matmul, MN_SHAPE(4, 17), MN_SHAPE(17, 1), -1, 1, 6);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, matmul_bt) {
+  mn_test_require_cuda_build();
+  check_binary(mn_matmul_bt, MN_SHAPE(5, 7), MN_SHAPE(3, 7), -1, 1, 7);
+  check_binary(mn_matmul_bt, MN_SHAPE(2, 33, 70), MN_SHAPE(45, 70), -1, 1, 8);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, matmul_at) {
+  mn_test_require_cuda_build();
+  check_binary(mn_matmul_at, MN_SHAPE(6, 3), MN_SHAPE(6, 4), -1, 1, 9);
+  check_binary(mn_matmul_at, MN_SHAPE(2, 33, 17), MN_SHAPE(66, 9), -1, 1, 10);
+  /* Leading dims laid out differently on the two sides: the gradients need a reshape. */
+  check_binary(mn_matmul_at, MN_SHAPE(3, 4, 5), MN_SHAPE(2, 6, 7), -1, 1, 11);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* A GPT-2 block's projections: [B, T, D] activations, T = 64, D = 768. */
+Test(cuda_math, gpt2_projection_shapes) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(2, 64, 768));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(768, 3072)), b = mn_parameter(g, "b", MN_SHAPE(3072));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(768, 3072));
+  mn_node h = mn_gelu(g, mn_bias_add(g, mn_matmul(g, x, w), b));
+  mn_node y = mn_matmul_bt(g, h, w2);
+  mn_node t = mn_input(g, "t", MN_SHAPE(2, 64, 768));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  const mn_test_range ranges[] = {{"w", -0.05, 0.05}, {"w2", -0.05, 0.05}, {NULL, 0, 0}};
+  check(g, true, ranges, 12);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ element-wise */
+
+Test(cuda_math, add_mul_div) {
+  mn_test_require_cuda_build();
+  check_binary(mn_add, MN_SHAPE(3, 5, 7), MN_SHAPE(3, 5, 7), -1, 1, 13);
+  check_binary(mn_add, MN_SHAPE(64, 768), MN_SHAPE(64, 768), -1, 1, 14);
+  check_binary(mn_mul, MN_SHAPE(3, 5, 7), MN_SHAPE(3, 5, 7), -1, 1, 15);
+  check_binary(mn_mul, MN_SHAPE(1), MN_SHAPE(1), -1, 1, 16);
+  check_binary(mn_div, MN_SHAPE(4099), MN_SHAPE(4099), 0.5, 2, 17);
+  check_binary(mn_div, MN_SHAPE(2, 3, 4), MN_SHAPE(2, 3, 4), 0.5, 2, 18);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, bias_add_broadcast_add) {
+  mn_test_require_cuda_build();
+  check_binary(mn_bias_add, MN_SHAPE(3, 5, 7), MN_SHAPE(7), -1, 1, 19);
+  check_binary(mn_bias_add, MN_SHAPE(2, 64, 768), MN_SHAPE(768), -1, 1, 20);
+  check_binary(mn_bias_add, MN_SHAPE(1, 1), MN_SHAPE(1), -1, 1, 21);
+  /* 3000 rows: sum_rows splits the rows into chunks. */
+  check_binary(mn_bias_add, MN_SHAPE(3000, 13), MN_SHAPE(13), -1, 1, 22);
+  check_binary(mn_broadcast_add, MN_SHAPE(7, 5), MN_SHAPE(1, 5), -1, 1, 23);
+  check_binary(mn_broadcast_add, MN_SHAPE(4, 9, 12), MN_SHAPE(1, 12), -1, 1, 24);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, greater) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_input(g, "a", MN_SHAPE(5, 131)), b = mn_input(g, "b", MN_SHAPE(5, 131));
+  mn_set_outputs(g, (mn_node[]){mn_greater(g, a, b)}, 1);
+  check(g, false, NULL, 25);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+static mn_node scale_by_m3(mn_graph *g, mn_node x) { return mn_scale(g, x, -3.0f); }
+static mn_node scale_by_tenth(mn_graph *g, mn_node x) { return mn_scale(g, x, 0.1f); }
+
+Test(cuda_math, scale_neg_abs_relu) {
+  mn_test_require_cuda_build();
+  check_unary(scale_by_m3, MN_SHAPE(3, 5, 7), -1, 1, 26);
+  check_unary(scale_by_tenth, MN_SHAPE(1027), -1, 1, 27);
+  check_unary(mn_neg, MN_SHAPE(1, 1), -1, 1, 28);
+  check_unary(mn_neg, MN_SHAPE(64, 768), -1, 1, 29);
+  check_unary(mn_abs, MN_SHAPE(3, 5, 7), -2, 2, 30);
+  check_unary(mn_abs, MN_SHAPE(64, 768), -2, 2, 31);
+  check_unary(mn_relu, MN_SHAPE(3, 5, 7), -2, 2, 32);
+  check_unary(mn_relu, MN_SHAPE(2, 64, 768), -2, 2, 33);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, sigmoid_tanh) {
+  mn_test_require_cuda_build();
+  check_unary(mn_sigmoid, MN_SHAPE(3, 5, 7), -6, 6, 34);
+  check_unary(mn_sigmoid, MN_SHAPE(64, 768), -6, 6, 35);
+  check_unary(mn_tanh, MN_SHAPE(3, 5, 7), -3, 3, 36);
+  check_unary(mn_tanh, MN_SHAPE(64, 768), -3, 3, 37);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, log_exp_recip) {
+  mn_test_require_cuda_build();
+  check_unary(mn_log, MN_SHAPE(3, 5, 7), 0.1, 4, 38);
+  check_unary(mn_log, MN_SHAPE(4099), 0.1, 4, 39);
+  check_unary(mn_exp, MN_SHAPE(3, 5, 7), -3, 2, 40);
+  check_unary(mn_exp, MN_SHAPE(64, 768), -3, 2, 41);
+  check_unary(mn_recip, MN_SHAPE(3, 5, 7), 0.5, 2, 42);
+  check_unary(mn_recip, MN_SHAPE(1), 0.5, 2, 43);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, silu_gelu) {
+  mn_test_require_cuda_build();
+  check_unary(mn_silu, MN_SHAPE(3, 5, 7), -6, 6, 44);
+  check_unary(mn_silu, MN_SHAPE(2, 64, 768), -6, 6, 45);
+  check_unary(mn_gelu, MN_SHAPE(3, 5, 7), -5, 5, 46);
+  check_unary(mn_gelu, MN_SHAPE(2, 64, 768), -5, 5, 47);
+  check_unary(mn_gelu, MN_SHAPE(1), -5, 5, 48);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_math, swiglu) {
+  mn_test_require_cuda_build();
+  check_binary(mn_swiglu, MN_SHAPE(3, 5, 7), MN_SHAPE(3, 5, 7), -1, 1, 49);
+  check_binary(mn_swiglu, MN_SHAPE(2, 64, 2048), MN_SHAPE(2, 64, 2048), -1, 1, 50);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* sum_all and mean_all are lowered with the reductions, but their gradient is
+ * expand_scalar, an element-wise kernel of this file's ops. */
+Test(cuda_math, expand_scalar) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", MN_SHAPE(3, 5, 7)), b = mn_parameter(g, "b", MN_SHAPE(1001));
+  mn_node s = mn_add(g, mn_scale(g, mn_mean_all(g, mn_tanh(g, a)), 3.0f), mn_sum_all(g, b));
+  mn_node t = mn_input(g, "t", MN_SHAPE(1));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, s, t)}, 1);
+  check(g, true, NULL, 51);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* split_a's gradient pads dy with zeros (a zeros node) and concatenates. */
+Test(cuda_math, zeros) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_parameter(g, "x", MN_SHAPE(2, 5, 3, 4));
+  finish_training_graph(g, mn_split_a(g, x, 2));
+  check(g, true, NULL, 52);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* The same activation feeding two branches: gradients accumulate with adds. */
+Test(cuda_math, fan_out) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", MN_SHAPE(9, 11)), w = mn_parameter(g, "w", MN_SHAPE(11, 11));
+  mn_node y = mn_add(g, mn_tanh(g, mn_mul(g, a, a)), mn_matmul(g, a, w));
+  finish_training_graph(g, mn_div(g, y, mn_add(g, mn_exp(g, a), mn_exp(g, mn_matmul(g, a, w)))));
+  check(g, true, NULL, 53);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}

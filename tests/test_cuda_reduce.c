@@ -1,0 +1,276 @@
+/* CUDA kernels of the reductions, softmax, losses and their gradients against the
+ * reference backend: every graph is compiled with NVRTC (no device needed), then, on a
+ * GPU, run on both backends with the same random data; plus the runtime error of an
+ * out-of-range label. */
+#include "support/cuda_check.h"
+#include "support/mn_test.h"
+#ifdef MN_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+#define TOL 1e-5
+
+typedef mn_node (*unary_fn)(mn_graph *, mn_node);
+typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
+
+static bool have_device(void) {
+#ifdef MN_WITH_CUDA
+  return mn_cuda_usable_devices() > 0;
+#else
+  return false;
+#endif
+}
+
+/* Compiles g, then (on a GPU) compares it with the reference. Without a device every
+ * graph of a test is still compiled; the test reports itself skipped at its end. */
+static void check(const mn_graph *g, bool training, const mn_test_range *ranges, uint64_t seed) {
+  mn_test_assert_compiles(g, training);
+  if (have_device()) mn_test_compare_cuda(g, training, TOL, ranges, seed);
+}
+
+/* loss = mse(y * c, t) with c and t inputs of y's shape; outputs: loss, then y. The
+ * factor c makes the upstream gradient of y differ from element to element. */
+static void finish_training_graph(mn_graph *g, mn_node y) {
+  mn_node_info info;
+  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
+  const mn_tensor_type *t = &info.type;
+  mn_node c = mn_input(g, "c", t->shape, t->rank);
+  mn_node target = mn_input(g, "t", t->shape, t->rank);
+  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
+  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+}
+
+static void check_unary(unary_fn f, const int64_t *shape, int rank, double lo, double hi,
+                        uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  finish_training_graph(g, f(g, mn_parameter(g, "a", shape, rank)));
+  const mn_test_range ranges[] = {{"a", lo, hi}, {NULL, 0, 0}};
+  check(g, true, ranges, seed);
+  mn_graph_free(g);
+}
+
+/* A loss of two parameters, scaled by 3 so that the loss gradient's dy is not 1. */
+static void check_loss(binary_fn f, const int64_t *shape, int rank, const mn_test_range *ranges,
+                       uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", shape, rank), b = mn_parameter(g, "b", shape, rank);
+  mn_node loss = mn_scale(g, f(g, a, b), 3.0f);
+  mn_set_outputs(g, (mn_node[]){loss}, 1);
+  check(g, true, ranges, seed);
+  mn_graph_free(g);
+}
+
+/* ------------------------------------------------------------------ sum_all, mean_all */
+
+Test(cuda_reduce, sum_all_mean_all) {
+  mn_test_require_cuda_build();
+  check_unary(mn_sum_all, MN_SHAPE(1), -1, 1, 1);
+  check_unary(mn_sum_all, MN_SHAPE(3, 5, 7), -1, 1, 2);
+  check_unary(mn_mean_all, MN_SHAPE(3, 5, 7), -1, 1, 3);
+  /* One block (up to 4096 elements), then two passes with few and with capped parts. */
+  check_unary(mn_mean_all, MN_SHAPE(4099), -1, 1, 4);
+  check_unary(mn_sum_all, MN_SHAPE(64, 768), 0, 1, 5);
+  check_unary(mn_mean_all, MN_SHAPE(2000, 2501), 0, 1, 6);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ softmax */
+
+/* Rows of 1; a warp per row (short rows, float4 and not); a block per row (4096-wide
+ * and a GPT-2 vocabulary row); GPT-2 attention-sized rows. */
+Test(cuda_reduce, softmax) {
+  mn_test_require_cuda_build();
+  check_unary(mn_softmax, MN_SHAPE(5, 1), -3, 3, 7);
+  check_unary(mn_softmax, MN_SHAPE(3, 5, 7), -3, 3, 8);
+  check_unary(mn_softmax, MN_SHAPE(2, 64, 768), -3, 3, 9);
+  check_unary(mn_softmax, MN_SHAPE(12, 64, 64), -3, 3, 10);
+  check_unary(mn_softmax, MN_SHAPE(3, 4096), -3, 3, 11);
+  check_unary(mn_softmax, MN_SHAPE(3, 50257), -3, 3, 12);
+  check_unary(mn_softmax, MN_SHAPE(1000, 13), -3, 3, 13);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_reduce, log_softmax) {
+  mn_test_require_cuda_build();
+  check_unary(mn_log_softmax, MN_SHAPE(1, 1), -3, 3, 14);
+  check_unary(mn_log_softmax, MN_SHAPE(3, 5, 7), -3, 3, 15);
+  check_unary(mn_log_softmax, MN_SHAPE(2, 64, 768), -3, 3, 16);
+  check_unary(mn_log_softmax, MN_SHAPE(3, 4096), -3, 3, 17);
+  check_unary(mn_log_softmax, MN_SHAPE(3, 50257), -3, 3, 18);
+  check_unary(mn_log_softmax, MN_SHAPE(37), -3, 3, 19);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* Wide-ranged logits: the max subtraction must keep exp finite. */
+Test(cuda_reduce, softmax_large_logits) {
+  mn_test_require_cuda_build();
+  check_unary(mn_softmax, MN_SHAPE(4, 1000), -80, 80, 20);
+  check_unary(mn_log_softmax, MN_SHAPE(4, 1000), -80, 80, 21);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+
+Test(cuda_reduce, cross_entropy) {
+  mn_test_require_cuda_build();
+  const mn_test_range r[] = {{"a", -3, 3}, {"b", 0, 1}, {NULL, 0, 0}};
+  check_loss(mn_cross_entropy_loss, MN_SHAPE(3, 5, 7), r, 22);
+  check_loss(mn_cross_entropy_loss, MN_SHAPE(1, 1), r, 23);
+  check_loss(mn_cross_entropy_loss, MN_SHAPE(64, 768), r, 24);
+  check_loss(mn_cross_entropy_loss, MN_SHAPE(4, 50257), r, 25);
+  check_loss(mn_cross_entropy_loss, MN_SHAPE(37), r, 26);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* logits [.., C] from a parameter through a matmul, labels U32 [..]. */
+static void check_sparse(const int64_t *shape, int rank, uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  int64_t c = shape[rank - 1];
+  mn_node logits = mn_parameter(g, "logits", shape, rank);
+  mn_node labels = rank == 1 ? mn_input_u32(g, "labels", MN_SHAPE(1))
+                             : mn_input_u32(g, "labels", shape, rank - 1);
+  mn_node loss = mn_scale(g, mn_sparse_cross_entropy_loss(g, logits, labels), 0.5f);
+  mn_set_outputs(g, (mn_node[]){loss}, 1);
+  const mn_test_range r[] = {{"logits", -4, 4}, {"labels", 0, (double)c}, {NULL, 0, 0}};
+  check(g, true, r, seed);
+  mn_graph_free(g);
+}
+
+Test(cuda_reduce, sparse_cross_entropy) {
+  mn_test_require_cuda_build();
+  check_sparse(MN_SHAPE(5, 1), 1);
+  check_sparse(MN_SHAPE(37), 2);
+  check_sparse(MN_SHAPE(3, 5, 7), 3);
+  check_sparse(MN_SHAPE(2, 64, 768), 4);
+  check_sparse(MN_SHAPE(2, 64, 50257), 5);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* A classifier: matmul, bias, softmax cross-entropy on soft targets and sparse
+ * cross-entropy on labels, trained together. */
+Test(cuda_reduce, classifier_training_graph) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(33, 20));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(20, 10)), b = mn_parameter(g, "b", MN_SHAPE(10));
+  mn_node logits = mn_bias_add(g, mn_matmul(g, x, w), b);
+  mn_node probs = mn_input(g, "probs", MN_SHAPE(33, 10));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(33));
+  mn_node loss = mn_add(g, mn_cross_entropy_loss(g, logits, mn_softmax(g, probs)),
+                        mn_sparse_cross_entropy_loss(g, logits, labels));
+  mn_set_outputs(g, (mn_node[]){loss, mn_softmax(g, logits)}, 2);
+  const mn_test_range r[] = {{"labels", 0, 10}, {NULL, 0, 0}};
+  check(g, true, r, 6);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ other losses */
+
+Test(cuda_reduce, mse_l1) {
+  mn_test_require_cuda_build();
+  check_loss(mn_mse_loss, MN_SHAPE(1), NULL, 27);
+  check_loss(mn_mse_loss, MN_SHAPE(3, 5, 7), NULL, 28);
+  check_loss(mn_mse_loss, MN_SHAPE(1000, 1001), NULL, 29);
+  check_loss(mn_l1_loss, MN_SHAPE(3, 5, 7), NULL, 30);
+  check_loss(mn_l1_loss, MN_SHAPE(64, 768), NULL, 31);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_reduce, bce) {
+  mn_test_require_cuda_build();
+  const mn_test_range r[] = {{"a", 0.02, 0.98}, {"b", 0, 1}, {NULL, 0, 0}};
+  check_loss(mn_bce_loss, MN_SHAPE(3, 5, 7), r, 32);
+  check_loss(mn_bce_loss, MN_SHAPE(64, 768), r, 33);
+  check_loss(mn_bce_loss, MN_SHAPE(1), r, 34);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* Predictions from a sigmoid, as a binary classifier makes them. */
+Test(cuda_reduce, bce_of_sigmoid) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", MN_SHAPE(17, 3)), t = mn_input(g, "t", MN_SHAPE(17, 3));
+  mn_set_outputs(g, (mn_node[]){mn_bce_loss(g, mn_sigmoid(g, a), t)}, 1);
+  const mn_test_range r[] = {{"a", -4, 4}, {"t", 0, 1}, {NULL, 0, 0}};
+  check(g, true, r, 35);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ sum_rows */
+
+/* A bias over 16 x 1024 rows of 768 (a GPT-2 batch): sum_rows in row chunks. */
+Test(cuda_reduce, sum_rows_gpt2_batch) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(16, 1024, 768));
+  mn_node b = mn_parameter(g, "b", MN_SHAPE(768));
+  mn_set_outputs(g, (mn_node[]){mn_sum_all(g, mn_tanh(g, mn_bias_add(g, x, b)))}, 1);
+  check(g, true, NULL, 36);
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+Test(cuda_reduce, sum_rows_shapes) {
+  mn_test_require_cuda_build();
+  const int64_t cols[] = {1, 5, 255, 257, 50257};
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+    mn_graph *g = mn_graph_new();
+    mn_node x = mn_input(g, "x", MN_SHAPE(40, cols[i]));
+    mn_node row = mn_parameter(g, "row", MN_SHAPE(1, cols[i]));
+    finish_training_graph(g, mn_broadcast_add(g, x, row));
+    check(g, true, NULL, 37 + i);
+    mn_graph_free(g);
+  }
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ label errors */
+
+/* Steps a CUDA session whose labels hold one value >= C and expects wait to fail. */
+static void expect_label_error(bool training) {
+  mn_graph *g = mn_graph_new();
+  mn_node logits = mn_parameter(g, "logits", MN_SHAPE(2, 3, 37));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(2, 3));
+  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
+  mn_test_assert_compiles(g, training);
+  mn_test_require_cuda_device();
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CUDA;
+  mn_session *s = NULL;
+  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  float w[2 * 3 * 37];
+  mn_rng rng = mn_rng_new(7);
+  mn_rng_fill(&rng, w, 2 * 3 * 37, -1, 1);
+  cr_assert_eq(mn_session_set_parameter(s, "logits", w, 2 * 3 * 37), MN_OK, "%s", mn_last_error());
+  uint32_t bad[6] = {0, 36, 5, 1, 2, 37};
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", bad, 6), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  mn_assert_error(mn_session_wait(s), MN_ERR_INVALID_ARGUMENT, "37");
+  cr_assert(strstr(mn_last_error(), "sparse_cross_entropy"), "%s", mn_last_error());
+  cr_assert(strstr(mn_last_error(), "label"), "%s", mn_last_error());
+
+  /* Valid labels on the next step give a finite loss. */
+  bad[5] = 3;
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", bad, 6), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  float loss = NAN;
+  cr_assert_eq(mn_session_read_output_by_index(s, 0, &loss, 1), MN_OK, "%s", mn_last_error());
+  cr_assert(isfinite(loss) && loss > 0, "loss %g", (double)loss);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+Test(cuda_reduce, label_out_of_range_inference) {
+  mn_test_require_cuda_build();
+  expect_label_error(false);
+}
+
+Test(cuda_reduce, label_out_of_range_training) {
+  mn_test_require_cuda_build();
+  expect_label_error(true);
+}
