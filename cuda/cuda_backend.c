@@ -149,8 +149,13 @@ static mn_status allocate(cuda_state *st, const mn_session *s) {
   if (rc != MN_OK) return rc;
   memset(st->host_scalars, 0, sizeof *st->host_scalars);
   memset(st->host_readback, 0, sizeof *st->host_readback);
-  rc = mn_cu_check(cudaMemset(st->arena, 0, st->arena_bytes), "clearing the arena");
-  if (rc == MN_OK) rc = mn_cu_check(cudaMemset(st->misc, 0, sizeof *st->misc), "clearing scalars");
+  /* Everything goes through the session's stream: it does not synchronize with the
+   * legacy default stream, so a plain cudaMemset could land after later writes. */
+  rc =
+      mn_cu_check(cudaMemsetAsync(st->arena, 0, st->arena_bytes, st->stream), "clearing the arena");
+  if (rc == MN_OK)
+    rc =
+        mn_cu_check(cudaMemsetAsync(st->misc, 0, sizeof *st->misc, st->stream), "clearing scalars");
   return rc;
 }
 
@@ -158,10 +163,11 @@ static mn_status upload_constants(cuda_state *st, const mn_session *s) {
   const mn_graph *g = s->plan->graph;
   for (size_t i = 0; i < g->num_nodes; i++) {
     if (g->nodes[i].op != MN_OP_CONSTANT) continue;
-    mn_status rc = mn_cu_check(
-        cudaMemcpy(st->arena + mn_plan_buffer_of(s->plan, (mn_node)i)->offset, g->nodes[i].data,
-                   mn_tensor_type_bytes(&g->nodes[i].type), cudaMemcpyHostToDevice),
-        "uploading a constant");
+    mn_status rc =
+        mn_cu_check(cudaMemcpyAsync(st->arena + mn_plan_buffer_of(s->plan, (mn_node)i)->offset,
+                                    g->nodes[i].data, mn_tensor_type_bytes(&g->nodes[i].type),
+                                    cudaMemcpyHostToDevice, st->stream),
+                    "uploading a constant");
     if (rc != MN_OK) return rc;
   }
   return MN_OK;

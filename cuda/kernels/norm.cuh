@@ -1,0 +1,292 @@
+// Row norms over the last axis: rms_norm and layer_norm, their x gradients and their
+// weight gradients. A group of BLOCK threads per row: one warp for short rows (RPB rows
+// per block then, reduced with shuffles alone), else the whole block. A row of N floats is
+// read as NV = N / VEC vectors (VEC 4 or 2 when N allows it: every node buffer starts
+// 256-byte aligned, so every row then starts 16- or 8-byte aligned); thread t of the group
+// owns vectors t, t + BLOCK, ..., ITEMS of them. When CACHE, a row is read from memory
+// once and kept in registers between the passes; rows too wide for that are re-read
+// (from L1/L2) in each pass.
+//
+// The reference accumulates the row statistics and gradient sums in double and forms
+// every output in double before rounding to float; these kernels do the same, so results
+// differ from it only by summation order. Row statistics are computed exactly as the
+// reference's row_stats (rms_norm: mean 0), so the gradients differentiate what the
+// forward computed. eps arrives as the bits of the float attribute.
+
+// This thread's index within its row's group.
+template <int BLOCK> __device__ __forceinline__ int mn_norm_t() {
+  return BLOCK == 32 ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
+}
+
+// Sum over the row's group; every thread of it gets the result. A one-warp group needs
+// no shared memory and no barrier, so warps of a block may leave independently.
+template <int BLOCK> __device__ __forceinline__ double mn_norm_sum(double v, double *sh) {
+  if constexpr (BLOCK == 32)
+    return mn_warp_sum_d(v);
+  else
+    return mn_block_sum_d<BLOCK>(v, sh);
+}
+
+template <int VEC> __device__ __forceinline__ void mn_norm_ld(const float *p, float *v) {
+  if constexpr (VEC == 4) {
+    const float4 t = *reinterpret_cast<const float4 *>(p);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  } else if constexpr (VEC == 2) {
+    const float2 t = *reinterpret_cast<const float2 *>(p);
+    v[0] = t.x;
+    v[1] = t.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+template <int VEC> __device__ __forceinline__ void mn_norm_st(float *p, const float *v) {
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else if constexpr (VEC == 2)
+    *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
+  else
+    *p = v[0];
+}
+
+// Slot k of this thread's share of a row: from the register cache when CACHE, else from
+// memory.
+template <int VEC, bool CACHE>
+__device__ __forceinline__ void mn_norm_get(const float *cache, int k, const float *row,
+                                            long long j, float *v) {
+  if constexpr (CACHE) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+      v[e] = cache[k * VEC + e];
+  } else {
+    mn_norm_ld<VEC>(row + j * VEC, v);
+  }
+}
+
+// Loads this thread's share of a row into the cache (nothing when !CACHE).
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE>
+__device__ __forceinline__ void mn_norm_fill(float *cache, const float *row) {
+  if constexpr (CACHE) {
+    constexpr long long NV = N / VEC;
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+      const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+      if (j < NV) mn_norm_ld<VEC>(row + j * VEC, cache + k * VEC);
+    }
+  }
+}
+
+// mean (0 without CENTER) and 1 / sqrt(mean((x - mean)^2) + eps) of one row, as the
+// reference's row_stats computes them. Every thread of the group gets both.
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER>
+__device__ __forceinline__ void mn_norm_stats(const float *xc, const float *x, double eps,
+                                              double *sh, double &mean, double &inv) {
+  constexpr long long NV = N / VEC;
+  double m = 0.0;
+  if constexpr (CENTER) {
+    double s = 0.0;
+#pragma unroll(CACHE ? ITEMS : 1)
+    for (int k = 0; k < ITEMS; k++) {
+      const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+      if (j < NV) {
+        float a[VEC];
+        mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          s += (double)a[e];
+      }
+    }
+    m = mn_norm_sum<BLOCK>(s, sh) / (double)N;
+  }
+  double ss = 0.0;
+#pragma unroll(CACHE ? ITEMS : 1)
+  for (int k = 0; k < ITEMS; k++) {
+    const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+    if (j < NV) {
+      float a[VEC];
+      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const double d = (double)a[e] - m;
+        ss += d * d;
+      }
+    }
+  }
+  ss = mn_norm_sum<BLOCK>(ss, sh);
+  mean = m;
+  inv = 1.0 / sqrt(ss / (double)N + eps);
+}
+
+// The row of this thread's group, or -1 past the last of the ROWS rows (only whole
+// warps of a block of one-warp groups get that).
+template <int BLOCK, int RPB, long long ROWS> __device__ __forceinline__ long long mn_norm_row() {
+  if constexpr (RPB == 1) return blockIdx.x;
+  const long long row = (long long)blockIdx.x * RPB + (threadIdx.x >> 5);
+  return row < ROWS ? row : -1;
+}
+
+// Forward. p[0] x, p[1] weight, p[2] bias (CENTER only), p[3] out; ROWS rows, RPB per
+// block (RPB > 1 only with BLOCK 32).
+//   rms_norm:   out = x * inv * w
+//   layer_norm: out = (x - mean) * inv * w + b
+template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
+          bool CENTER, unsigned EPS_BITS>
+__device__ void mn_norm_fwd(const mn_ptrs &io) {
+  __shared__ double sh[32];
+  constexpr long long NV = N / VEC;
+  const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
+  if (row < 0) return;
+  const float *x = mn_arg<const float>(io, 0) + row * N;
+  const float *w = mn_arg<const float>(io, 1), *b = mn_arg<const float>(io, 2);
+  float *out = mn_arg<float>(io, 3) + row * N;
+  float xc[CACHE ? ITEMS * VEC : 1];
+  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
+  double mean, inv;
+  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, (double)__int_as_float((int)EPS_BITS),
+                                                     sh, mean, inv);
+#pragma unroll(CACHE ? ITEMS : 1)
+  for (int k = 0; k < ITEMS; k++) {
+    const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+    if (j < NV) {
+      float a[VEC], wv[VEC], o[VEC];
+      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+      mn_norm_ld<VEC>(w + j * VEC, wv);
+      if constexpr (CENTER) {
+        float bv[VEC];
+        mn_norm_ld<VEC>(b + j * VEC, bv);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          o[e] = (float)(((double)a[e] - mean) * inv * (double)wv[e] + (double)bv[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          o[e] = (float)((double)a[e] * inv * (double)wv[e]);
+      }
+      mn_norm_st<VEC>(out + j * VEC, o);
+    }
+  }
+}
+
+// x gradient. p[0] x, p[1] weight, p[2] dy, p[3] dx; rows as for the forward. With
+// g = dy * w and x_hat = (x - mean) * inv: dx = inv * (g - mean(g) - x_hat * mean(g *
+// x_hat)), without the mean(g) term for rms_norm (its x_hat is not centered).
+template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
+          bool CENTER, unsigned EPS_BITS>
+__device__ void mn_norm_grad_x(const mn_ptrs &io) {
+  __shared__ double sh[32];
+  constexpr long long NV = N / VEC;
+  const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
+  if (row < 0) return;
+  const float *x = mn_arg<const float>(io, 0) + row * N;
+  const float *w = mn_arg<const float>(io, 1);
+  const float *dy = mn_arg<const float>(io, 2) + row * N;
+  float *dx = mn_arg<float>(io, 3) + row * N;
+  float xc[CACHE ? ITEMS * VEC : 1], dc[CACHE ? ITEMS * VEC : 1];
+  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
+  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(dc, dy);
+  double mean, inv;
+  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, (double)__int_as_float((int)EPS_BITS),
+                                                     sh, mean, inv);
+  double sg = 0.0, sgx = 0.0;
+#pragma unroll(CACHE ? ITEMS : 1)
+  for (int k = 0; k < ITEMS; k++) {
+    const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+    if (j < NV) {
+      float a[VEC], d[VEC], wv[VEC];
+      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+      mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
+      mn_norm_ld<VEC>(w + j * VEC, wv);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const double g = (double)d[e] * (double)wv[e];
+        sg += g;
+        sgx += g * (((double)a[e] - mean) * inv);
+      }
+    }
+  }
+  const double mg = CENTER ? mn_norm_sum<BLOCK>(sg, sh) / (double)N : 0.0;
+  const double mgx = mn_norm_sum<BLOCK>(sgx, sh) / (double)N;
+#pragma unroll(CACHE ? ITEMS : 1)
+  for (int k = 0; k < ITEMS; k++) {
+    const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+    if (j < NV) {
+      float a[VEC], d[VEC], wv[VEC], o[VEC];
+      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+      mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
+      mn_norm_ld<VEC>(w + j * VEC, wv);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) {
+        const double g = (double)d[e] * (double)wv[e];
+        const double xh = ((double)a[e] - mean) * inv;
+        o[e] = (float)(inv * (g - mg - xh * mgx));
+      }
+      mn_norm_st<VEC>(dx + j * VEC, o);
+    }
+  }
+}
+
+// Weight gradient, pass 1 of 2: dw[i] = sum over rows of dy * x_hat. Block c takes rows
+// [c * CHUNK, (c + 1) * CHUNK) of the ROWS and writes its column sums, in double, to
+// p[2][c * N + i] (scratch). p[0] x, p[1] dy. A fixed split and a fixed order in pass 2
+// make the result deterministic (no atomics).
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, unsigned EPS_BITS,
+          long long ROWS, long long CHUNK>
+__device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
+  __shared__ double sh[32];
+  constexpr long long NV = N / VEC;
+  const float *x0 = mn_arg<const float>(io, 0), *dy0 = mn_arg<const float>(io, 1);
+  double *part = mn_arg<double>(io, 2) + (long long)blockIdx.x * N;
+  const double eps = (double)__int_as_float((int)EPS_BITS);
+  // Column accumulators stay in registers for rows that fit the cache; wider rows spill
+  // them to local memory, which is still correct.
+  double acc[ITEMS * VEC];
+#pragma unroll
+  for (int k = 0; k < ITEMS * VEC; k++)
+    acc[k] = 0.0;
+  const long long r0 = (long long)blockIdx.x * CHUNK;
+  const long long r1 = r0 + CHUNK < ROWS ? r0 + CHUNK : ROWS;
+  for (long long r = r0; r < r1; r++) {
+    const float *x = x0 + r * N, *dy = dy0 + r * N;
+    float xc[CACHE ? ITEMS * VEC : 1];
+    mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
+    double mean, inv;
+    mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, eps, sh, mean, inv);
+#pragma unroll(CACHE ? ITEMS : 1)
+    for (int k = 0; k < ITEMS; k++) {
+      const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+      if (j < NV) {
+        float a[VEC], d[VEC];
+        mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+        mn_norm_ld<VEC>(dy + j * VEC, d);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+          acc[k * VEC + e] += (double)d[e] * (((double)a[e] - mean) * inv);
+      }
+    }
+  }
+#pragma unroll(CACHE ? ITEMS : 1)
+  for (int k = 0; k < ITEMS; k++) {
+    const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+    if (j < NV) {
+#pragma unroll
+      for (int e = 0; e < VEC; e++)
+        part[j * VEC + e] = acc[k * VEC + e];
+    }
+  }
+}
+
+// Weight gradient, pass 2 of 2: dw[i] = sum over the CHUNKS partials of column i, in
+// chunk order. p[0] partials (scratch, double), p[1] dw.
+template <long long N, int CHUNKS> __device__ void mn_norm_grad_w_sum(const mn_ptrs &io) {
+  const double *part = mn_arg<const double>(io, 0);
+  float *dw = mn_arg<float>(io, 1);
+  MN_FOR_EACH(i, N) {
+    double s = 0.0;
+    for (int c = 0; c < CHUNKS; c++)
+      s += part[(long long)c * N + i];
+    dw[i] = (float)s;
+  }
+}

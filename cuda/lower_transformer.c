@@ -1,0 +1,189 @@
+/* Lowering of the transformer ops: the row norms and their gradients (norm.cuh), RoPE
+ * and its transpose (rope.cuh), embedding, scatter_add and the KV cache write
+ * (embedding.cuh). Shapes, eps, theta and static offsets become template constants;
+ * launch shapes are chosen here from the shapes. */
+#include <string.h>
+
+#include "../host/error.h"
+#include "emit.h"
+
+/* Grid-stride kernels loop over what a grid of at most this many blocks does not cover. */
+#define MAX_GRID 65535u
+/* Rows wider than this are refused: the weight gradient keeps one double accumulator
+ * per column a thread owns, which would not fit a thread's local memory. */
+#define MAX_NORM_WIDTH ((int64_t)1 << 18)
+/* Bytes of double partials the norm weight gradient may take from the scratch. */
+#define NORM_PARTIAL_BYTES ((int64_t)64 << 20)
+/* Row chunks (blocks) of the norm weight gradient: a few blocks per SM. */
+#define NORM_MAX_CHUNKS 512
+
+static unsigned float_bits(float f) {
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+static const char *tf(bool b) { return b ? "true" : "false"; }
+
+static unsigned grid_for(int64_t n, unsigned block) {
+  unsigned g = mn_cu_blocks(n, block);
+  return g > MAX_GRID ? MAX_GRID : g;
+}
+
+/* Floats moved per access for rows of n floats: every row stays aligned to it. */
+static int vec_for(int64_t n) { return n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
+
+/* ---- norms ---- */
+
+/* Launch shape of a row norm over x (see norm.cuh): `block` threads per row, each owning
+ * ITEMS vectors of VEC floats, aiming at 16 (VEC 4) or 8 floats per thread so that a row
+ * of up to 16384 floats stays in registers between passes. */
+typedef struct norm_cfg {
+  int64_t n, rows;
+  int vec, items;
+  unsigned block;
+  bool cache;
+} norm_cfg;
+
+static mn_status norm_config(const mn_cu_op_ctx *c, const mn_tensor_type *x, norm_cfg *k) {
+  k->n = last_dim(x);
+  k->rows = mn_tensor_type_numel(x) / k->n;
+  if (k->n > MAX_NORM_WIDTH || k->rows > INT32_MAX)
+    return mn_fail(MN_ERR_UNSUPPORTED,
+                   "cuda backend: node %u (%s): rows of %lld floats (%lld rows) exceed the "
+                   "norm kernels' limits (%lld floats, %d rows)",
+                   c->id, mn_op_name(c->node->op), (long long)k->n, (long long)k->rows,
+                   (long long)MAX_NORM_WIDTH, INT32_MAX);
+  k->vec = vec_for(k->n);
+  int64_t nv = k->n / k->vec, per_thread = k->vec == 1 ? 8 : 4;
+  int64_t b = (nv + per_thread - 1) / per_thread;
+  b = (b + 31) / 32 * 32;
+  b = b < 32 ? 32 : b > 1024 ? 1024 : b;
+  k->block = (unsigned)b;
+  k->items = (int)((nv + b - 1) / b);
+  k->cache = k->items * k->vec <= 16;
+  return MN_OK;
+}
+
+/* Rows of one warp go 8 to a block of 256 threads. */
+static unsigned rows_per_block(const norm_cfg *k) { return k->block == 32 ? 8u : 1u; }
+
+/* The forward (inputs x, w[, b]) and the x gradient (inputs x, w, dy): the same launch
+ * shape and argument layout, the output last. */
+static mn_status lower_norm_rows(const mn_cu_op_ctx *c, const char *kernel, bool center,
+                                 mn_cu_arg third) {
+  norm_cfg k;
+  mn_status st = norm_config(c, mn_cu_in_type(c, 0), &k);
+  if (st != MN_OK) return st;
+  unsigned rpb = rows_per_block(&k);
+  int kid = mn_cu_kernel(c, k.block * rpb, "%s<%u, %u, %lld, %d, %lld, %d, %s, %s, %uu>", kernel,
+                         k.block, rpb, (long long)k.rows, k.vec, (long long)k.n, k.items,
+                         tf(k.cache), tf(center), float_bits(c->node->attrs.eps));
+  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), third, mn_cu_out(c)};
+  return mn_cu_launch(c, kid, mn_cu_blocks(k.rows, rpb), 1, 1, 0, 4, args);
+}
+
+static mn_status lower_norm_fwd(const mn_cu_op_ctx *c, bool center) {
+  return lower_norm_rows(c, "mn_norm_fwd", center,
+                         center ? mn_cu_in(c, 2) : (mn_cu_arg){.kind = MN_CU_ARG_NONE});
+}
+
+static mn_status lower_norm_grad_x(const mn_cu_op_ctx *c, bool center) {
+  return lower_norm_rows(c, "mn_norm_grad_x", center, mn_cu_in(c, 2));
+}
+
+/* Inputs (x, dy) -> [N]. Deterministic: each block sums a fixed chunk of rows into
+ * double partials in the scratch, then one thread per column adds the partials in
+ * chunk order. */
+static mn_status lower_norm_grad_w(const mn_cu_op_ctx *c, bool center) {
+  norm_cfg k;
+  mn_status st = norm_config(c, mn_cu_in_type(c, 0), &k);
+  if (st != MN_OK) return st;
+  int64_t chunks = k.rows < NORM_MAX_CHUNKS ? k.rows : NORM_MAX_CHUNKS;
+  int64_t fit = NORM_PARTIAL_BYTES / (k.n * (int64_t)sizeof(double));
+  if (fit < 1) fit = 1;
+  if (chunks > fit) chunks = fit;
+  int64_t chunk = (k.rows + chunks - 1) / chunks;
+  chunks = (k.rows + chunk - 1) / chunk;
+  mn_cu_arg part = mn_cu_scratch(c, (size_t)(chunks * k.n) * sizeof(double));
+  int k1 =
+      mn_cu_kernel(c, k.block, "mn_norm_grad_w_partial<%u, %d, %lld, %d, %s, %s, %uu, %lld, %lld>",
+                   k.block, k.vec, (long long)k.n, k.items, tf(k.cache), tf(center),
+                   float_bits(c->node->attrs.eps), (long long)k.rows, (long long)chunk);
+  mn_cu_arg a1[3] = {mn_cu_in(c, 0), mn_cu_in(c, 1), part};
+  st = mn_cu_launch(c, k1, (unsigned)chunks, 1, 1, 0, 3, a1);
+  if (st != MN_OK) return st;
+  int k2 = mn_cu_kernel(c, 256, "mn_norm_grad_w_sum<%lld, %d>", (long long)k.n, (int)chunks);
+  mn_cu_arg a2[2] = {part, mn_cu_out(c)};
+  return mn_cu_launch(c, k2, grid_for(k.n, 256), 1, 1, 0, 2, a2);
+}
+
+mn_status mn_cu_lower_RMS_NORM(const mn_cu_op_ctx *c) { return lower_norm_fwd(c, false); }
+mn_status mn_cu_lower_LAYER_NORM(const mn_cu_op_ctx *c) { return lower_norm_fwd(c, true); }
+mn_status mn_cu_lower_RMS_NORM_GRAD_X(const mn_cu_op_ctx *c) { return lower_norm_grad_x(c, false); }
+mn_status mn_cu_lower_RMS_NORM_GRAD_W(const mn_cu_op_ctx *c) { return lower_norm_grad_w(c, false); }
+mn_status mn_cu_lower_LAYER_NORM_GRAD_X(const mn_cu_op_ctx *c) {
+  return lower_norm_grad_x(c, true);
+}
+mn_status mn_cu_lower_LAYER_NORM_GRAD_W(const mn_cu_op_ctx *c) {
+  return lower_norm_grad_w(c, true);
+}
+
+/* ---- RoPE ---- */
+
+/* Input 0 is x (forward) or dy (gradient); input 1 the U32 offset when dyn. One thread
+ * per (row, rotated pair index); each covers every head of its row. */
+static mn_status lower_rope(const mn_cu_op_ctx *c, int dir, bool dyn) {
+  const mn_tensor_type *t = &c->node->type;
+  const mn_op_attrs *a = &c->node->attrs;
+  int64_t d = last_dim(t), seq = t->shape[t->rank - 2], rows = mn_tensor_type_numel(t) / d;
+  int kid = mn_cu_kernel(c, 256, "mn_rope_apply<%lld, %lld, %lld, %d, %d, %d, %s, %uu>",
+                         (long long)rows, (long long)seq, (long long)d, a->head_dim, dir,
+                         dyn ? 0 : a->pos_offset, tf(dyn), float_bits(a->theta));
+  mn_cu_arg args[3] = {mn_cu_in(c, 0), mn_cu_out(c),
+                       dyn ? mn_cu_in(c, 1) : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
+  return mn_cu_launch(c, kid, grid_for(rows * (a->head_dim / 2), 256), 1, 1, 0, 3, args);
+}
+
+mn_status mn_cu_lower_ROPE(const mn_cu_op_ctx *c) { return lower_rope(c, 1, false); }
+mn_status mn_cu_lower_ROPE_DYNAMIC(const mn_cu_op_ctx *c) { return lower_rope(c, 1, true); }
+mn_status mn_cu_lower_ROPE_GRAD(const mn_cu_op_ctx *c) { return lower_rope(c, -1, false); }
+mn_status mn_cu_lower_ROPE_DYNAMIC_GRAD(const mn_cu_op_ctx *c) { return lower_rope(c, -1, true); }
+
+/* ---- embedding, scatter_add, cache_write ---- */
+
+/* Inputs (indices U32 [..], table [rows, D]) -> [.., D]. */
+mn_status mn_cu_lower_EMBEDDING(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *tt = mn_cu_in_type(c, 1);
+  int64_t ni = mn_tensor_type_numel(mn_cu_in_type(c, 0)), rows = tt->shape[0], d = tt->shape[1];
+  int vec = vec_for(d);
+  int kid = mn_cu_kernel(c, 256, "mn_emb_gather<%lld, %lld, %lld, %d, %uu>", (long long)ni,
+                         (long long)d, (long long)rows, vec, (unsigned)c->id);
+  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_out(c), mn_cu_error_arg()};
+  return mn_cu_launch(c, kid, grid_for(ni * d / vec, 256), 1, 1, 0, 4, args);
+}
+
+/* Inputs (indices U32 [..], src [.., D]) -> [num_rows, D]: zeros, then atomic adds. */
+mn_status mn_cu_lower_SCATTER_ADD(const mn_cu_op_ctx *c) {
+  int64_t ni = mn_tensor_type_numel(mn_cu_in_type(c, 0)), rows = c->node->attrs.num_rows;
+  int64_t d = last_dim(&c->node->type);
+  mn_status st = mn_cu_memset_zero(c, mn_cu_out(c), mn_tensor_type_bytes(&c->node->type));
+  if (st != MN_OK) return st;
+  int kid = mn_cu_kernel(c, 256, "mn_emb_scatter_add<%lld, %lld, %lld, %uu>", (long long)ni,
+                         (long long)d, (long long)rows, (unsigned)c->id);
+  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_out(c), mn_cu_error_arg()};
+  return mn_cu_launch(c, kid, grid_for(ni * d, 256), 1, 1, 0, 4, args);
+}
+
+/* Inputs (new_kv [1, D], cache [rows, D], kv_pos U32 [1]); the node's buffer is the
+ * cache's (an in-place op), so only row kv_pos is written. */
+mn_status mn_cu_lower_CACHE_WRITE(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *tc = mn_cu_in_type(c, 1);
+  int64_t rows = tc->shape[0], d = tc->shape[1];
+  int kid = mn_cu_kernel(c, 256, "mn_emb_cache_write<%lld, %lld, %uu>", (long long)rows,
+                         (long long)d, (unsigned)c->id);
+  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_out(c), mn_cu_in(c, 2), mn_cu_error_arg()};
+  return mn_cu_launch(c, kid, grid_for(d, 256), 1, 1, 0, 4, args);
+}
