@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: configure with the CUDA backend, build, run the whole
-# ctest suite (GPU suites included), run the benchmarks beside PyTorch, and print a short
-# table last.
+# One command for a GPU machine: configure with the CUDA backend, build, run the
+# benchmarks beside PyTorch, run the whole ctest suite (GPU suites included), and print a
+# short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
 #                            [--tests REGEX]
@@ -74,13 +74,6 @@ cmake -S "$root" -B "$build" "${generator[@]}" -DMN_WITH_CUDA=ON -DCMAKE_BUILD_T
   "${cmake_extra[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs/build.log"; exit 1; }
 
-step "ctest (all suites, GPU suites included)"
-export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
-set +e
-ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 "${filter[@]}" 2>&1 | tee "$logs/ctest.log"
-test_rc=${PIPESTATUS[0]}
-set -e
-
 if [ "$bench" = 1 ]; then
   step "benchmarks"
   : >"$logs/bench.log"
@@ -97,6 +90,13 @@ if [ "$bench" = 1 ]; then
     echo "PyTorch with CUDA not available: no PyTorch figures" | tee -a "$logs/bench.log"
   fi
 fi
+
+step "ctest (all suites, GPU suites included)"
+export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
+set +e
+ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 "${filter[@]}" 2>&1 | tee "$logs/ctest.log"
+test_rc=${PIPESTATUS[0]}
+set -e
 
 step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
