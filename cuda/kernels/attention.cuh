@@ -1,0 +1,539 @@
+// Attention: flash-style forward (online softmax, no [T, S] matrix in memory), its
+// statistics pre-pass for the backward ops, dQ and dK / dV kernels that recompute the
+// probabilities, and split-KV decoding over a KV cache.
+//
+// Every tiled kernel runs 128 threads (4 warps) and owns a tile of BR = 16 * RM "rows"
+// (queries, or keys for dK / dV); it streams tiles of BC "columns" through shared memory.
+// In a warp, lane = rg * 8 + cg: the lane holds rows rg * RM .. rg * RM + RM - 1 of its
+// warp's 4 * RM rows, score columns cg, cg + 8, ... (so a row's statistics reduce over the
+// 8 lanes of one rg with xor-shuffles 1, 2, 4, and the float4 reads of a column tile hit 8
+// distinct bank groups), and accumulator head dims cg * 4 + 32 * u + e. Head dims are
+// padded with zeros to HDP, a multiple of 32. Tiles are stored row-major with a stride of
+// HDP + 4 (or BC + 4) floats so that those float4 reads do not conflict.
+//
+// Scores are scale * q.k with the dot product always summed in the same order (mn_attn_dot),
+// so the backward kernels recompute bit-identical scores and probabilities no larger than 1.
+
+constexpr int mn_attn_block = 128;
+
+__device__ __forceinline__ float mn_attn_f4(const float4 &v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// Max and sum over the 8 lanes that share a row (same rg).
+__device__ __forceinline__ float mn_attn_row_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+}
+__device__ __forceinline__ float mn_attn_row_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v + __shfl_xor_sync(0xffffffffu, v, 4);
+}
+
+__device__ __forceinline__ float mn_attn_neg_inf() { return -__int_as_float(0x7f800000); }
+
+// Copies rows first .. first + ROWS - 1 of one head (src: row 0 at the head's first column,
+// rows `stride` floats apart) into dst[r * LD + d]; rows at or past `count` and dims at or
+// past HD become zeros.
+template <int HD, int HDP, int ROWS, int LD>
+__device__ __forceinline__ void mn_attn_load(float *dst, const float *src, long long stride,
+                                             long long first, long long count) {
+  if constexpr (HD % 4 == 0) {
+    constexpr int C4 = HDP / 4;
+    for (int i = threadIdx.x; i < ROWS * C4; i += mn_attn_block) {
+      const int r = i / C4, c = (i - r * C4) * 4;
+      const long long row = first + r;
+      float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (row < count && c < HD) v = *reinterpret_cast<const float4 *>(src + row * stride + c);
+      *reinterpret_cast<float4 *>(dst + r * LD + c) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < ROWS * HDP; i += mn_attn_block) {
+      const int r = i / HDP, c = i - r * HDP;
+      const long long row = first + r;
+      dst[r * LD + c] = row < count && c < HD ? src[row * stride + c] : 0.0f;
+    }
+  }
+}
+
+// s[i][j] = a[i * LDA + :] . b[j * 8 * LDB + :] over the first HDQ dims (a: the lane's first
+// row; b: its first column), summed in increasing d.
+template <int RM, int CN, int HDQ, int LDA, int LDB>
+__device__ __forceinline__ void mn_attn_dot(float (&s)[RM][CN], const float *a, const float *b) {
+#pragma unroll
+  for (int i = 0; i < RM; i++)
+#pragma unroll
+    for (int j = 0; j < CN; j++)
+      s[i][j] = 0.0f;
+#pragma unroll 2
+  for (int d = 0; d < HDQ; d += 4) {
+    float4 av[RM], bv[CN];
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+      av[i] = *reinterpret_cast<const float4 *>(a + i * LDA + d);
+#pragma unroll
+    for (int j = 0; j < CN; j++)
+      bv[j] = *reinterpret_cast<const float4 *>(b + j * 8 * LDB + d);
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+#pragma unroll
+      for (int j = 0; j < CN; j++) {
+        float t = fmaf(av[i].x, bv[j].x, s[i][j]);
+        t = fmaf(av[i].y, bv[j].y, t);
+        t = fmaf(av[i].z, bv[j].z, t);
+        s[i][j] = fmaf(av[i].w, bv[j].w, t);
+      }
+  }
+}
+
+// acc[i][u][e] += sum_k p[i * LDP + k] * c[k * LDC + 32 * u + e] over the BC columns of a
+// tile (p: the lane's first row of the probability tile; c: the value tile at dim cg * 4).
+template <int RM, int DN4, int BC, int LDP, int LDC>
+__device__ __forceinline__ void mn_attn_acc(float (&acc)[RM][DN4][4], const float *p,
+                                            const float *c) {
+#pragma unroll 2
+  for (int k = 0; k < BC; k += 4) {
+    float4 pv[RM];
+#pragma unroll
+    for (int i = 0; i < RM; i++)
+      pv[i] = *reinterpret_cast<const float4 *>(p + i * LDP + k);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+      for (int u = 0; u < DN4; u++) {
+        const float4 cv = *reinterpret_cast<const float4 *>(c + (k + kk) * LDC + 32 * u);
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+          const float pk = mn_attn_f4(pv[i], kk);
+          acc[i][u][0] = fmaf(pk, cv.x, acc[i][u][0]);
+          acc[i][u][1] = fmaf(pk, cv.y, acc[i][u][1]);
+          acc[i][u][2] = fmaf(pk, cv.z, acc[i][u][2]);
+          acc[i][u][3] = fmaf(pk, cv.w, acc[i][u][3]);
+        }
+      }
+  }
+}
+
+// Writes row `row` of a head's output (dst: row 0 at the head's first column) from the
+// lane's accumulator dims, times `mul`.
+template <int HD, int DN4>
+__device__ __forceinline__ void mn_attn_store_row(float *dst, const float (&acc)[DN4][4], float mul,
+                                                  int cg) {
+#pragma unroll
+  for (int u = 0; u < DN4; u++) {
+    const int d = cg * 4 + 32 * u;
+    if constexpr (HD % 4 == 0) {
+      if (d < HD) {
+        float4 o = {acc[u][0] * mul, acc[u][1] * mul, acc[u][2] * mul, acc[u][3] * mul};
+        *reinterpret_cast<float4 *>(dst + d) = o;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (d + e < HD) dst[d + e] = acc[u][e] * mul;
+    }
+  }
+}
+
+// Forward over one (query tile, head, batch) block: grid (ceil(T / BR), H, B).
+// MODE 0 writes the output: io = q, k, v, out.
+// MODE 1 and 2 are the backward pre-pass: io = q, k, v, dy, m, inv_l, delta; they write per
+// (b, h, t) at (b * H + h) * T + t the row max m and 1 / sum of exp(score - m), so that
+// P = exp(score - m) * inv_l, and MODE 1 also delta = sum_s P_s dP_s with dP_s = dy . v_s
+// (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the gradient
+// kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+          int MODE>
+__device__ void mn_attn_fwd(const mn_ptrs &io) {
+  constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
+  constexpr int HDQ = (HD + 3) / 4 * 4;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *qs = mn_attn_smem;  // [BR][LDA]
+  float *ks = qs + BR * LDA; // [BC][LDA]
+  float *vs = ks + BC * LDA; // [BC][LDA], modes 0 and 1
+  float *ps = vs + BC * LDA; // mode 0: probabilities [BR][LDP]; mode 1: dy rows [BR][LDA]
+
+  const long long num_tiles = (T + BR - 1) / BR;
+  // Causal tiles late in the sequence do the most work: start them first.
+  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  const long long q0 = tile * BR, b = blockIdx.z;
+  const int h = blockIdx.y, kvh = h / (H / KVH);
+  const long long qoff = b * T * H * HD + h * HD;
+  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
+  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const int lane = threadIdx.x & 31, cg = lane & 7;
+  const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
+  const float scale = 1.0f / sqrtf((float)HD);
+
+  mn_attn_load<HD, HDP, BR, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
+  if constexpr (MODE == 1)
+    mn_attn_load<HD, HDP, BR, LDA>(ps, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  // acc: the unnormalized output (mode 0); dsum: sum_s exp(score_s - m) dP_s (mode 1).
+  float acc[MODE == 0 ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
+#pragma unroll
+  for (int i = 0; i < RM; i++) {
+    m[i] = mn_attn_neg_inf();
+    l[i] = 0.0f;
+    dsum[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < (MODE == 0 ? RM : 1); i++)
+#pragma unroll
+    for (int u = 0; u < DN4; u++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[i][u][e] = 0.0f;
+
+  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  for (long long c0 = 0; c0 < kend; c0 += BC) {
+    __syncthreads(); // the previous tile's readers are done with ks, vs
+    mn_attn_load<HD, HDP, BC, LDA>(ks, kb, (long long)KVH * HD, c0, S);
+    if constexpr (MODE != 2) mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
+    __syncthreads();
+    float s[RM][CN], dp[MODE == 1 ? RM : 1][CN];
+    mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
+    if constexpr (MODE == 1)
+      mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, ps + rbase * LDA, vs + cg * LDA);
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+      const long long r = q0 + rbase + i;
+      float mx = mn_attn_neg_inf();
+#pragma unroll
+      for (int j = 0; j < CN; j++) {
+        const long long c = c0 + cg + 8 * j;
+        const bool ok = c < S && (!CAUSAL || c <= r);
+        s[i][j] = ok ? s[i][j] * scale : mn_attn_neg_inf();
+        mx = fmaxf(mx, s[i][j]);
+      }
+      // Key 0 is in the first tile and visible to every row, so m_new is finite.
+      const float m_new = fmaxf(m[i], mn_attn_row_max(mx));
+      const float alpha = expf(m[i] - m_new);
+      float sum = 0.0f, dpart = 0.0f;
+#pragma unroll
+      for (int j = 0; j < CN; j++) {
+        s[i][j] = expf(s[i][j] - m_new);
+        sum += s[i][j];
+        if constexpr (MODE == 0) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
+        if constexpr (MODE == 1) dpart = fmaf(s[i][j], dp[i][j], dpart);
+      }
+      l[i] = l[i] * alpha + mn_attn_row_sum(sum);
+      m[i] = m_new;
+      if constexpr (MODE == 1) dsum[i] = dsum[i] * alpha + mn_attn_row_sum(dpart);
+      if constexpr (MODE == 0) {
+#pragma unroll
+        for (int u = 0; u < DN4; u++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            acc[i][u][e] *= alpha;
+      }
+    }
+    if constexpr (MODE == 0) {
+      __syncwarp(); // a warp reads back only the probability rows it wrote
+      mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, vs + cg * 4);
+    }
+  }
+
+  if constexpr (MODE == 0) {
+    float *ob = mn_arg<float>(io, 3) + qoff;
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+      const long long r = q0 + rbase + i;
+      if (r < T) mn_attn_store_row<HD, DN4>(ob + r * H * HD, acc[i], 1.0f / l[i], cg);
+    }
+  } else {
+    const long long sb = ((long long)b * H + h) * T;
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+      const long long r = q0 + rbase + i;
+      if (cg == 0 && r < T) {
+        const float inv_l = 1.0f / l[i];
+        mn_arg<float>(io, 4)[sb + r] = m[i];
+        mn_arg<float>(io, 5)[sb + r] = inv_l;
+        if constexpr (MODE == 1) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
+      }
+    }
+  }
+}
+
+// dQ over one (query tile, head, batch) block, grid (ceil(T / BR), H, B); io = q, k, v, dy,
+// m, inv_l, delta (from the MODE 1 pre-pass), dq. dS = P (dy . v - delta) and
+// dq = scale * sum_s dS k_s.
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL>
+__device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
+  constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
+  constexpr int HDQ = (HD + 3) / 4 * 4;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *qs = mn_attn_smem;   // [BR][LDA]
+  float *dys = qs + BR * LDA; // [BR][LDA]
+  float *ks = dys + BR * LDA; // [BC][LDA]
+  float *vs = ks + BC * LDA;  // [BC][LDA]
+  float *ps = vs + BC * LDA;  // [BR][LDP]
+
+  const long long num_tiles = (T + BR - 1) / BR;
+  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  const long long q0 = tile * BR, b = blockIdx.z;
+  const int h = blockIdx.y, kvh = h / (H / KVH);
+  const long long qoff = b * T * H * HD + h * HD;
+  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
+  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const int lane = threadIdx.x & 31, cg = lane & 7;
+  const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
+  const float scale = 1.0f / sqrtf((float)HD);
+
+  mn_attn_load<HD, HDP, BR, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
+  mn_attn_load<HD, HDP, BR, LDA>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  float acc[RM][DN4][4], rm[RM], ril[RM], rdelta[RM];
+  const long long sb = ((long long)b * H + h) * T;
+#pragma unroll
+  for (int i = 0; i < RM; i++) {
+    const long long r = q0 + rbase + i;
+    rm[i] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
+    ril[i] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
+    rdelta[i] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < DN4; u++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[i][u][e] = 0.0f;
+  }
+
+  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  for (long long c0 = 0; c0 < kend; c0 += BC) {
+    __syncthreads();
+    mn_attn_load<HD, HDP, BC, LDA>(ks, kb, (long long)KVH * HD, c0, S);
+    mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
+    __syncthreads();
+    float s[RM][CN], dp[RM][CN];
+    mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
+    mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, dys + rbase * LDA, vs + cg * LDA);
+#pragma unroll
+    for (int i = 0; i < RM; i++) {
+      const long long r = q0 + rbase + i;
+#pragma unroll
+      for (int j = 0; j < CN; j++) {
+        const long long c = c0 + cg + 8 * j;
+        const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+        const float p = ok ? expf(s[i][j] * scale - rm[i]) * ril[i] : 0.0f;
+        ps[(rbase + i) * LDP + cg + 8 * j] = p * (dp[i][j] - rdelta[i]);
+      }
+    }
+    __syncwarp();
+    mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, ks + cg * 4);
+  }
+
+  float *dqb = mn_arg<float>(io, 7) + qoff;
+#pragma unroll
+  for (int i = 0; i < RM; i++) {
+    const long long r = q0 + rbase + i;
+    if (r < T) mn_attn_store_row<HD, DN4>(dqb + r * H * HD, acc[i], scale, cg);
+  }
+}
+
+// dK (GRAD_K) or dV over one (key tile, kv head, batch) block, grid (ceil(S / BR), KVH, B);
+// io = q, k, v, dy, m, inv_l, delta, out. The block loops over the query heads of its kv
+// head's group and over query tiles, so each gradient element is summed by one thread in
+// a fixed order (no atomics): dv_s = sum P_s dy, dk_s = scale * sum dS_s q.
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+          bool GRAD_K>
+__device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
+  constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
+  constexpr int HDQ = (HD + 3) / 4 * 4, G = H / KVH;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *ks = mn_attn_smem;                 // [BR][LDA]
+  float *vs = ks + BR * LDA;                // [BR][LDA], GRAD_K only
+  float *qs = vs + (GRAD_K ? BR * LDA : 0); // [BC][LDA]
+  float *dys = qs + BC * LDA;               // [BC][LDA]
+  float *ps = dys + BC * LDA;               // [BR][LDP]
+  float *st = ps + BR * LDP;                // m, inv_l, delta: [3][BC]
+
+  const long long c0 = (long long)blockIdx.x * BR, b = blockIdx.z;
+  const int kvh = blockIdx.y;
+  const long long kvoff = b * S * KVH * HD + kvh * HD;
+  const int lane = threadIdx.x & 31, cg = lane & 7;
+  const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
+  const float scale = 1.0f / sqrtf((float)HD);
+
+  mn_attn_load<HD, HDP, BR, LDA>(ks, mn_arg<const float>(io, 1) + kvoff, (long long)KVH * HD, c0,
+                                 S);
+  if constexpr (GRAD_K)
+    mn_attn_load<HD, HDP, BR, LDA>(vs, mn_arg<const float>(io, 2) + kvoff, (long long)KVH * HD, c0,
+                                   S);
+  float acc[RM][DN4][4];
+#pragma unroll
+  for (int i = 0; i < RM; i++)
+#pragma unroll
+    for (int u = 0; u < DN4; u++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[i][u][e] = 0.0f;
+
+  // Causal: queries before this key tile never see it.
+  const long long r_start = CAUSAL ? c0 / BC * BC : 0;
+  for (int g = 0; g < G; g++) {
+    const int h = kvh * G + g;
+    const long long qoff = b * T * H * HD + h * HD, sb = ((long long)b * H + h) * T;
+    for (long long r0 = r_start; r0 < T; r0 += BC) {
+      __syncthreads();
+      mn_attn_load<HD, HDP, BC, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, r0,
+                                     T);
+      mn_attn_load<HD, HDP, BC, LDA>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
+                                     T);
+      for (int j = threadIdx.x; j < BC; j += mn_attn_block) {
+        const long long r = r0 + j;
+        st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
+        st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
+        if constexpr (GRAD_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+      }
+      __syncthreads();
+      float s[RM][CN];
+      mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, ks + rbase * LDA, qs + cg * LDA);
+      if constexpr (GRAD_K) {
+        float dp[RM][CN];
+        mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, vs + rbase * LDA, dys + cg * LDA);
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+          for (int j = 0; j < CN; j++)
+            s[i][j] = (dp[i][j] - st[2 * BC + cg + 8 * j]) *
+                      (expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+          for (int j = 0; j < CN; j++)
+            s[i][j] = expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j];
+      }
+#pragma unroll
+      for (int i = 0; i < RM; i++) {
+        const long long c = c0 + rbase + i;
+#pragma unroll
+        for (int j = 0; j < CN; j++) {
+          const long long r = r0 + cg + 8 * j;
+          const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+          ps[(rbase + i) * LDP + cg + 8 * j] = ok ? s[i][j] : 0.0f;
+        }
+      }
+      __syncwarp();
+      mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, (GRAD_K ? qs : dys) + cg * 4);
+    }
+  }
+
+  float *ob = mn_arg<float>(io, 7) + kvoff;
+#pragma unroll
+  for (int i = 0; i < RM; i++) {
+    const long long c = c0 + rbase + i;
+    if (c < S) mn_attn_store_row<HD, DN4>(ob + c * KVH * HD, acc[i], GRAD_K ? scale : 1.0f, cg);
+  }
+}
+
+// Decoding one query row against a KV cache, split over the cache: block (group slice,
+// split) handles keys split * 128 .. + 127 (one per thread) for GB query heads of one kv
+// head, grid (KVH * ceil(G / GB), ceil(MAXS / 128)); io = q, k_cache, v_cache, kv_len, pm,
+// pl, po. Partial results per (split, head) at split * H + h: the max score pm, the sum of
+// exp(score - pm) pl, and the unnormalized output po [HD]. Splits at or past kv_len, and
+// every split when kv_len is out of range, write nothing: mn_attn_decode_combine checks
+// kv_len and reads only the splits it covers.
+template <int HD, int H, int KVH, long long MAXS, int GB>
+__device__ void mn_attn_decode_part(const mn_ptrs &io) {
+  constexpr int G = H / KVH, NGB = (G + GB - 1) / GB;
+  constexpr long long KVD = (long long)KVH * HD;
+  __shared__ float qs[GB * HD];
+  __shared__ float ps[GB * mn_attn_block];
+  __shared__ float red[32];
+  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 3);
+  const long long c0 = (long long)blockIdx.y * mn_attn_block;
+  if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
+  const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
+  const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
+  const float *q = mn_arg<const float>(io, 0);
+  for (int i = threadIdx.x; i < GB * HD; i += mn_attn_block)
+    qs[i] = i < ng * HD ? q[(long long)h0 * HD + i] : 0.0f;
+  __syncthreads();
+
+  const long long c = c0 + threadIdx.x;
+  const bool valid = c < (long long)kv_len;
+  float s[GB];
+#pragma unroll
+  for (int i = 0; i < GB; i++)
+    s[i] = 0.0f;
+  if (valid) {
+    const float *kr = mn_arg<const float>(io, 1) + c * KVD + kvh * HD;
+    if constexpr (HD % 4 == 0) {
+      for (int d = 0; d < HD; d += 4) {
+        const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+#pragma unroll
+        for (int i = 0; i < GB; i++) {
+          float t = fmaf(qs[i * HD + d], kv.x, s[i]);
+          t = fmaf(qs[i * HD + d + 1], kv.y, t);
+          t = fmaf(qs[i * HD + d + 2], kv.z, t);
+          s[i] = fmaf(qs[i * HD + d + 3], kv.w, t);
+        }
+      }
+    } else {
+      for (int d = 0; d < HD; d++) {
+        const float kd = kr[d];
+#pragma unroll
+        for (int i = 0; i < GB; i++)
+          s[i] = fmaf(qs[i * HD + d], kd, s[i]);
+      }
+    }
+  }
+  const float scale = 1.0f / sqrtf((float)HD);
+  float *pm = mn_arg<float>(io, 4), *pl = mn_arg<float>(io, 5);
+#pragma unroll
+  for (int i = 0; i < GB; i++) {
+    const float si = valid ? s[i] * scale : mn_attn_neg_inf();
+    const float mx = mn_block_max<mn_attn_block>(si, red); // thread 0's key is valid
+    const float p = expf(si - mx);
+    const float sum = mn_block_sum<mn_attn_block>(p, red);
+    ps[i * mn_attn_block + threadIdx.x] = p;
+    if (threadIdx.x == 0 && i < ng) {
+      pm[(long long)blockIdx.y * H + h0 + i] = mx;
+      pl[(long long)blockIdx.y * H + h0 + i] = sum;
+    }
+  }
+  __syncthreads();
+  const int nk = kv_len - c0 < mn_attn_block ? (int)(kv_len - c0) : mn_attn_block;
+  const float *vb = mn_arg<const float>(io, 2) + c0 * KVD + kvh * HD;
+  float *po = mn_arg<float>(io, 6);
+  for (int idx = threadIdx.x; idx < ng * HD; idx += mn_attn_block) {
+    const int i = idx / HD, d = idx - i * HD;
+    float a = 0.0f;
+    for (int k = 0; k < nk; k++)
+      a = fmaf(ps[i * mn_attn_block + k], vb[k * KVD + d], a);
+    po[((long long)blockIdx.y * H + h0 + i) * HD + d] = a;
+  }
+}
+
+// Merges the splits of mn_attn_decode_part: one block per query head, grid H; io = kv_len,
+// pm, pl, po, out, error. An out-of-range kv_len is reported once and every output is NaN.
+template <int HD, int H, long long MAXS, unsigned int NODE, int BLOCK>
+__device__ void mn_attn_decode_combine(const mn_ptrs &io) {
+  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
+  const int h = blockIdx.x;
+  float *out = mn_arg<float>(io, 4) + (long long)h * HD;
+  if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
+    if (h == 0 && threadIdx.x == 0)
+      mn_report(mn_arg<mn_dev_error>(io, 5), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
+    for (int d = threadIdx.x; d < HD; d += BLOCK)
+      out[d] = mn_nan();
+    return;
+  }
+  const float *pm = mn_arg<const float>(io, 1), *pl = mn_arg<const float>(io, 2);
+  const float *po = mn_arg<const float>(io, 3);
+  const int splits = (int)((kv_len + mn_attn_block - 1) / mn_attn_block);
+  float mx = mn_attn_neg_inf();
+  for (int sp = 0; sp < splits; sp++)
+    mx = fmaxf(mx, pm[(long long)sp * H + h]);
+  float sum = 0.0f;
+  for (int sp = 0; sp < splits; sp++)
+    sum = fmaf(pl[(long long)sp * H + h], expf(pm[(long long)sp * H + h] - mx), sum);
+  for (int d = threadIdx.x; d < HD; d += BLOCK) {
+    float a = 0.0f;
+    for (int sp = 0; sp < splits; sp++)
+      a = fmaf(po[((long long)sp * H + h) * HD + d], expf(pm[(long long)sp * H + h] - mx), a);
+    out[d] = a / sum;
+  }
+}

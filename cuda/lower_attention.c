@@ -1,0 +1,189 @@
+/* Lowering of the attention ops to the kernels of cuda/kernels/attention.cuh.
+ *
+ * Forward: one flash-style launch (grid: query tiles x heads x batches). Each backward op
+ * is its own dispatch of two launches: the statistics pre-pass (the forward kernel in a
+ * mode that writes each query row's max, 1 / sum and delta = sum_s P_s dP_s into scratch
+ * instead of the output), then dQ per query tile or dK / dV per key tile. Cached
+ * attention splits the cache over blocks of 128 keys and merges the partial softmaxes. */
+#include "../host/error.h"
+#include "emit.h"
+
+#define ATTN_BLOCK        128u
+#define ATTN_MAX_HEAD_DIM 256
+/* Keys per block of the decode kernel (one per thread). */
+#define DECODE_KEYS 128
+/* Query heads of one kv head handled together by a decode block. */
+#define DECODE_MAX_GROUP 8
+#define GRID_YZ_MAX      65535
+
+typedef struct attn_dims {
+  int64_t batches, t_len, s_len;
+  int heads, kv_heads, head_dim, head_dim_padded;
+  bool causal;
+} attn_dims;
+
+/* A kernel's tile: rm query (or key) rows per lane, so 16 * rm rows per block, and bc
+ * columns per tile streamed through shared memory. */
+typedef struct attn_tile {
+  int rm, bc;
+} attn_tile;
+
+static mn_status unsupported(const mn_cu_op_ctx *c, const char *why, long long value) {
+  return mn_fail(MN_ERR_UNSUPPORTED, "cuda backend: node %u (%s): %s (%lld)", c->id,
+                 mn_op_name(c->node->op), why, value);
+}
+
+static mn_status dims_of(const mn_cu_op_ctx *c, bool causal, attn_dims *d) {
+  const mn_tensor_type *tq = mn_cu_in_type(c, 0), *tk = mn_cu_in_type(c, 1);
+  const mn_op_attrs *a = &c->node->attrs;
+  *d = (attn_dims){.batches = tq->rank == 3 ? tq->shape[0] : 1,
+                   .t_len = tq->shape[tq->rank - 2],
+                   .s_len = tk->shape[tk->rank - 2],
+                   .heads = a->num_heads,
+                   .kv_heads = a->num_kv_heads,
+                   .head_dim = a->head_dim,
+                   .head_dim_padded = (a->head_dim + 31) / 32 * 32,
+                   .causal = causal};
+  if (d->head_dim > ATTN_MAX_HEAD_DIM)
+    return unsupported(c, "head_dim above 256 has no CUDA kernel", d->head_dim);
+  if (d->heads > GRID_YZ_MAX) return unsupported(c, "too many heads for one grid", d->heads);
+  if (d->batches > GRID_YZ_MAX) return unsupported(c, "too many batches for one grid", d->batches);
+  return MN_OK;
+}
+
+/* Short sequences get smaller row tiles so that fewer rows are padding. */
+static attn_tile fit_rows(attn_tile t, int64_t rows) {
+  while (t.rm > 1 && 8 * (int64_t)t.rm >= rows)
+    t.rm /= 2;
+  return t;
+}
+
+/* Larger head dims hold more accumulators per lane and larger tiles in shared memory, so
+ * they take fewer rows and columns. */
+static attn_tile forward_tile(const attn_dims *d) {
+  attn_tile t = d->head_dim <= 64    ? (attn_tile){4, 64}
+                : d->head_dim <= 128 ? (attn_tile){4, 32}
+                                     : (attn_tile){2, 32};
+  return fit_rows(t, d->t_len);
+}
+
+static attn_tile backward_tile(const attn_dims *d, int64_t rows) {
+  attn_tile t = d->head_dim <= 64    ? (attn_tile){4, 32}
+                : d->head_dim <= 128 ? (attn_tile){2, 32}
+                                     : (attn_tile){2, 16};
+  return fit_rows(t, rows);
+}
+
+static size_t row_stride(const attn_dims *d) { return (size_t)d->head_dim_padded + 4; }
+
+static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int mode,
+                                const mn_cu_arg *args, int nargs) {
+  attn_tile t = forward_tile(d);
+  size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
+  /* q, k and v tiles; then the probability tile (output), or dy rows (delta), or for
+   * mode 2 only q and k. */
+  size_t ld = row_stride(d);
+  size_t smem = mode == 0   ? 4 * ((br + 2 * bc) * ld + br * (bc + 4))
+                : mode == 1 ? 4 * (2 * (br + bc) * ld)
+                            : 4 * ((br + bc) * ld);
+  int k =
+      mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
+                   d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len,
+                   (long long)d->s_len, d->heads, d->kv_heads, d->causal ? "true" : "false", mode);
+  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)br), (unsigned)d->heads,
+                      (unsigned)d->batches, smem, nargs, args);
+}
+
+static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
+  attn_dims d;
+  mn_status st = dims_of(c, causal, &d);
+  if (st != MN_OK) return st;
+  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
+  return launch_forward(c, &d, 0, args, 4);
+}
+
+mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, true); }
+mn_status mn_cu_lower_FULL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
+mn_status mn_cu_lower_CROSS_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
+
+typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
+
+static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* Pre-pass into scratch (row max, 1 / row sum and, except for dV, delta per (b, h, t)),
+ * then the gradient kernel reading them. */
+static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
+  attn_dims d;
+  mn_status st = dims_of(c, c->node->attrs.variant == 1, &d);
+  if (st != MN_OK) return st;
+  if (d.kv_heads > GRID_YZ_MAX) return unsupported(c, "too many kv heads for one grid", d.kv_heads);
+  size_t stat_bytes = align256((size_t)(d.batches * d.heads * d.t_len) * sizeof(float));
+  mn_cu_arg m = mn_cu_scratch(c, 3 * stat_bytes), inv_l = m, delta = m;
+  inv_l.offset = stat_bytes;
+  delta.offset = 2 * stat_bytes;
+  mn_cu_arg args[8] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
+                       inv_l,          delta,          mn_cu_out(c)};
+  st = launch_forward(c, &d, which == GRAD_V ? 2 : 1, args, 7);
+  if (st != MN_OK) return st;
+
+  const char *causal = d.causal ? "true" : "false";
+  size_t ld = row_stride(&d);
+  if (which == GRAD_Q) {
+    attn_tile t = backward_tile(&d, d.t_len);
+    size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
+    size_t smem = 4 * ((2 * br + 2 * bc) * ld + br * (bc + 4));
+    int k =
+        mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s>",
+                     d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len,
+                     (long long)d.s_len, d.heads, d.kv_heads, causal);
+    return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
+                        (unsigned)d.batches, smem, 8, args);
+  }
+  attn_tile t = backward_tile(&d, d.s_len);
+  size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
+  size_t smem = 4 * (((which == GRAD_K ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + 3 * bc);
+  int k = mn_cu_kernel(
+      c, ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s>", d.head_dim,
+      d.head_dim_padded, t.rm, t.bc, (long long)d.t_len, (long long)d.s_len, d.heads, d.kv_heads,
+      causal, which == GRAD_K ? "true" : "false");
+  return mn_cu_launch(c, k, mn_cu_blocks(d.s_len, (unsigned)br), (unsigned)d.kv_heads,
+                      (unsigned)d.batches, smem, 8, args);
+}
+
+mn_status mn_cu_lower_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_Q); }
+mn_status mn_cu_lower_ATTENTION_GRAD_K(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_K); }
+mn_status mn_cu_lower_ATTENTION_GRAD_V(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_V); }
+
+/* q [1, H*hd] against rows 0..kv_len-1 of the caches; kv_len (input 3) is read on the
+ * device, so the splits cover the whole cache and those past kv_len do nothing. */
+mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
+  const mn_op_attrs *a = &c->node->attrs;
+  int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
+  int64_t max_seq = mn_cu_in_type(c, 1)->shape[0];
+  if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
+  int64_t splits = (max_seq + DECODE_KEYS - 1) / DECODE_KEYS;
+  if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
+  int group = heads / kv_heads;
+  int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
+  unsigned slices = (unsigned)((group + gb - 1) / gb);
+
+  size_t parts = (size_t)splits * (size_t)heads;
+  size_t stat_bytes = align256(parts * sizeof(float));
+  mn_cu_arg pm = mn_cu_scratch(c, 2 * stat_bytes + parts * (size_t)hd * sizeof(float));
+  mn_cu_arg pl = pm, po = pm;
+  pl.offset = stat_bytes;
+  po.offset = 2 * stat_bytes;
+  mn_cu_arg part_args[7] = {
+      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), pm, pl, po};
+  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
+                       kv_heads, (long long)max_seq, gb);
+  mn_status st =
+      mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, 1, 0, 7, part_args);
+  if (st != MN_OK) return st;
+
+  unsigned block = hd <= 32 ? 32u : hd <= 64 ? 64u : hd <= 128 ? 128u : 256u;
+  mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), pm, pl, po, mn_cu_out(c), mn_cu_error_arg()};
+  k = mn_cu_kernel(c, block, "mn_attn_decode_combine<%d, %d, %lldLL, %uu, %u>", hd, heads,
+                   (long long)max_seq, (unsigned)c->id, block);
+  return mn_cu_launch(c, k, (unsigned)heads, 1, 1, 0, 6, combine_args);
+}
