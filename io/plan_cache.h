@@ -1,0 +1,56 @@
+/* The plan cache behind mn_build_session_cached: the lowered training graph (after optimize,
+ * autodiff and toposort) as JSON, keyed by a hash of the user's graph, the options and the
+ * library, so that a warm build skips lowering.
+ *
+ * File layout (one JSON object):
+ *   format "meganeura-plan-cache", format_version, library_version,
+ *   key       32 hex digits: mn_plan_cache_key of the user graph and options,
+ *   checksum  32 hex digits: hash of the lowered graph as deserialized (catches damage that
+ *             still parses, such as a changed digit in a shape),
+ *   num_user_outputs, outputs [node...], param_grads [[parameter node, output index]...],
+ *   nodes [{op (name from the op table), in [...], dtype, shape [...], attrs {non-zero
+ *           fields}, name (inputs, parameters), user_constant (index of the user graph's
+ *           constant with the same data) or data [...] (constants made by lowering)}].
+ * Floats are numbers printed with %.9g (exact for f32); non-finite ones are strings with
+ * their bits ("0x7fc00000"), since JSON has no literal for them. */
+#ifndef MN_IO_PLAN_CACHE_H
+#define MN_IO_PLAN_CACHE_H
+
+#include <stddef.h>
+
+/* By its folder-relative name: benchmarks include this header as "../io/plan_cache.h". */
+#include "graph_hash.h"
+#include "plan.h"
+
+#define MN_PLAN_CACHE_FORMAT         "meganeura-plan-cache"
+#define MN_PLAN_CACHE_FORMAT_VERSION 1
+
+enum {
+  /* The fuzzer clears it to reach the validation behind the checksum. */
+  MN_PLAN_CACHE_VERIFY_CHECKSUM = 1u << 0,
+};
+
+/* Serializes the lowered training plan that was built from `user` with options o into a new
+ * NUL-terminated JSON string (free with free()). */
+mn_status mn_plan_cache_serialize(const mn_plan *plan, const mn_graph *user,
+                                  const mn_session_options *o, char **json);
+
+/* Reads a cache image of len bytes (no NUL needed) for user graph `user` and options o; on
+ * success *out is the plan, built with mn_plan_build. Otherwise *out is NULL, `why` (when not
+ * NULL) holds the reason, and the status says which kind of miss it is:
+ *   MN_ERR_STATE   stale: another graph, other options, another library version;
+ *   MN_ERR_FORMAT  corrupt: not JSON, a missing or ill-typed field, a value that fails
+ *                  validation, a checksum mismatch;
+ *   MN_ERR_OUT_OF_MEMORY.
+ * A miss is reported through `why`, not the thread's last error: it is not the caller's
+ * failure (only running out of memory sets both). */
+mn_status mn_plan_cache_parse(const char *json, size_t len, const mn_graph *user,
+                              const mn_session_options *o, unsigned flags, mn_plan **out, char *why,
+                              size_t why_size);
+
+/* The checksum stored in a cache file: the lowered graph, the number of user outputs and the
+ * parameter -> gradient output pairs (grad_output[i] for parameter node i, -1 for others). */
+mn_hash128 mn_plan_cache_checksum(const mn_graph *lowered, size_t num_user_outputs,
+                                  const int32_t *grad_output);
+
+#endif

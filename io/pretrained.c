@@ -1,0 +1,301 @@
+/* Pretrained weights: parameters by name from a safetensors file or a sharded checkpoint
+ * (model.safetensors.index.json, whose weight_map names the shard of every tensor), F16, BF16
+ * and F64 converted to f32; and the parameters saved back under their own names, F32, in a
+ * file that transformers loads.
+ *
+ * Like checkpoints, a load checks every parameter's tensor (presence when strict, dtype, shape)
+ * before it writes any, so a file that does not fit changes nothing: MN_ERR_SHAPE for another
+ * shape (never transposed or reshaped), MN_ERR_FORMAT for a dtype that is not F32, F16, BF16 or
+ * F64 and for a bad index, MN_ERR_NOT_FOUND for a parameter a strict load does not find,
+ * MN_ERR_IO for a file or shard that cannot be opened. On success mn_last_error() names the
+ * tensors skipped because the graph has no parameter for them (GPT-2's attn.bias masks, a tied
+ * lm_head) and, for non-strict loads, the parameters that kept their values; it is "" when
+ * there are none. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "error.h"
+#include "io/safetensors.h"
+#include "io/session_params.h"
+
+#define MAX_INDEX_BYTES ((size_t)64 << 20)
+
+/* A tensor of the source and the open file that holds it. */
+typedef struct source_entry {
+  const char *name; /* owned by the file handle or the parsed index */
+  size_t file;
+} source_entry;
+
+typedef struct source {
+  const char *fn, *path;
+  mn_safetensors **files;
+  const char **shards; /* file name of each open file (sharded sources) */
+  size_t num_files;
+  source_entry *entries; /* in file order (single file) or weight_map order (sharded) */
+  size_t num_entries;
+  cJSON *index; /* keeps the weight_map's names alive */
+} source;
+
+static void source_free(source *src) {
+  for (size_t i = 0; i < src->num_files; i++)
+    mn_safetensors_close(src->files[i]);
+  free(src->files);
+  free(src->shards);
+  free(src->entries);
+  cJSON_Delete(src->index);
+}
+
+static mn_status open_single(source *src) {
+  if (!(src->files = calloc(1, sizeof *src->files)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  mn_status st = mn_safetensors_open(src->path, &src->files[0]);
+  if (st != MN_OK) return mn_io_rewrap(st, src->fn);
+  src->num_files = 1;
+  size_t n = mn_safetensors_count(src->files[0]);
+  if (!(src->entries = calloc(n ? n : 1, sizeof *src->entries)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  for (size_t i = 0; i < n; i++)
+    src->entries[i] = (source_entry){mn_safetensors_name(src->files[0], i), 0};
+  src->num_entries = n;
+  return MN_OK;
+}
+
+static mn_status read_text(const source *src, char **text, size_t *len) {
+  FILE *fp = fopen(src->path, "rb");
+  if (!fp)
+    return mn_fail(MN_ERR_IO, "%s: %s: cannot open: %s", src->fn, src->path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode) || (size_t)sb.st_size > MAX_INDEX_BYTES) {
+    fclose(fp);
+    return mn_fail(MN_ERR_IO, "%s: %s: not a regular file of at most %zu bytes", src->fn, src->path,
+                   MAX_INDEX_BYTES);
+  }
+  char *buf = malloc((size_t)sb.st_size + 1);
+  size_t got = buf ? fread(buf, 1, (size_t)sb.st_size, fp) : 0;
+  fclose(fp);
+  if (!buf) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", src->fn, src->path);
+  buf[got] = '\0';
+  *text = buf;
+  *len = got;
+  return MN_OK;
+}
+
+/* A shard is a plain file name next to the index: no folders, so that an index cannot point
+ * anywhere else on the disk. */
+static bool plain_file_name(const char *s) {
+  return s && *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+/* The open file for shard `name`, opened on first use. */
+static mn_status shard_file(source *src, const char *name, size_t *index) {
+  for (size_t i = 0; i < src->num_files; i++)
+    if (strcmp(src->shards[i], name) == 0) {
+      *index = i;
+      return MN_OK;
+    }
+  const char *slash = strrchr(src->path, '/');
+  int dir_len = slash ? (int)(slash - src->path) + 1 : 0;
+  size_t size = (size_t)dir_len + strlen(name) + 1;
+  char *full = malloc(size);
+  if (!full) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  snprintf(full, size, "%.*s%s", dir_len, src->path, name);
+  mn_status st = mn_safetensors_open(full, &src->files[src->num_files]);
+  free(full);
+  if (st != MN_OK) {
+    char inner[1024];
+    snprintf(inner, sizeof inner, "%s", mn_last_error());
+    return mn_fail(st, "%s: %s: shard \"%s\": %s", src->fn, src->path, name, inner);
+  }
+  src->shards[src->num_files] = name;
+  *index = src->num_files++;
+  return MN_OK;
+}
+
+static mn_status open_index(source *src) {
+  char *text = NULL;
+  size_t len = 0;
+  mn_status st = read_text(src, &text, &len);
+  if (st != MN_OK) return st;
+  src->index = cJSON_ParseWithLength(text, len);
+  free(text);
+  const cJSON *map = cJSON_GetObjectItemCaseSensitive(src->index, "weight_map");
+  if (!cJSON_IsObject(map))
+    return mn_fail(MN_ERR_FORMAT, "%s: %s: not a safetensors index (no \"weight_map\" object)",
+                   src->fn, src->path);
+  size_t n = (size_t)cJSON_GetArraySize(map);
+  src->files = calloc(n ? n : 1, sizeof *src->files);
+  src->shards = calloc(n ? n : 1, sizeof *src->shards);
+  src->entries = calloc(n ? n : 1, sizeof *src->entries);
+  if (!src->files || !src->shards || !src->entries)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  const cJSON *item;
+  cJSON_ArrayForEach(item, map) {
+    const char *shard = cJSON_GetStringValue(item);
+    if (!plain_file_name(shard))
+      return mn_fail(MN_ERR_FORMAT,
+                     "%s: %s: weight_map entry \"%s\" is not a file name in the index's folder",
+                     src->fn, src->path, item->string);
+    size_t file = 0;
+    if ((st = shard_file(src, shard, &file)) != MN_OK) return st;
+    if (mn_safetensors_raw(src->files[file], item->string, NULL, NULL, NULL) != MN_OK)
+      return mn_fail(MN_ERR_FORMAT,
+                     "%s: %s: weight_map puts \"%s\" in %s, which has no such tensor", src->fn,
+                     src->path, item->string, shard);
+    src->entries[src->num_entries++] = (source_entry){item->string, file};
+  }
+  return MN_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static long find_entry(const source *src, const char *name) {
+  for (size_t i = 0; i < src->num_entries; i++)
+    if (strcmp(src->entries[i].name, name) == 0) return (long)i;
+  return -1;
+}
+
+static bool convertible(const char *dtype) {
+  return strcmp(dtype, "F32") == 0 || strcmp(dtype, "F16") == 0 || strcmp(dtype, "BF16") == 0 ||
+         strcmp(dtype, "F64") == 0;
+}
+
+/* Matches every parameter with its tensor (entry[i], -1 when the source lacks it) and checks
+ * dtype and shape; parameters the source lacks go to `missing`. */
+static mn_status match(const source *src, const mn_io_param *params, size_t np, long *entry,
+                       mn_io_name_list *missing) {
+  for (size_t i = 0; i < np; i++) {
+    const mn_io_param *p = &params[i];
+    entry[i] = find_entry(src, p->name);
+    if (entry[i] < 0) {
+      mn_io_name_list_add(missing, p->name);
+      continue;
+    }
+    const mn_safetensors *file = src->files[src->entries[entry[i]].file];
+    mn_safetensors_info info;
+    if (mn_safetensors_info_of(file, p->name, &info) != MN_OK)
+      return mn_io_rewrap(MN_ERR_SHAPE, src->fn);
+    if (!convertible(info.dtype))
+      return mn_fail(MN_ERR_FORMAT,
+                     "%s: %s: tensor \"%s\" is %s; parameters load from F32, F16, BF16 or F64",
+                     src->fn, src->path, p->name, info.dtype);
+    if (!mn_io_same_shape(p->type, info.rank, info.shape)) {
+      char have[96], want[96];
+      return mn_fail(MN_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s in the file, the parameter is %s",
+                     src->fn, src->path, p->name,
+                     mn_io_shape_str(info.rank, info.shape, have, sizeof have),
+                     mn_shape_str(p->type, want, sizeof want));
+    }
+  }
+  return MN_OK;
+}
+
+static mn_status apply(const source *src, mn_session *s, const mn_io_param *params, size_t np,
+                       const long *entry, float *stage) {
+  for (size_t i = 0; i < np; i++) {
+    if (entry[i] < 0) continue;
+    const mn_safetensors *file = src->files[src->entries[entry[i]].file];
+    mn_status st = mn_safetensors_read_f32(file, params[i].name, stage, params[i].numel);
+    if (st == MN_OK)
+      st = s->backend->write_buffer(s, params[i].buffer, stage, params[i].numel * sizeof(float));
+    if (st != MN_OK) return st;
+  }
+  return MN_OK;
+}
+
+/* The success message: what was skipped and what kept its value ("" when neither). */
+static mn_status report(const source *src, const mn_io_param *params, size_t np,
+                        mn_io_name_list *missing) {
+  mn_io_name_list skipped = {0};
+  for (size_t i = 0; i < src->num_entries; i++)
+    if (mn_io_param_index(params, np, src->entries[i].name) < 0 &&
+        find_entry(src, src->entries[i].name) == (long)i) /* a name listed twice counts once */
+      mn_io_name_list_add(&skipped, src->entries[i].name);
+  size_t ns = skipped.count + skipped.dropped, nm = missing->count + missing->dropped;
+  if (!ns && !nm) {
+    mn_set_last_error("");
+    return MN_OK;
+  }
+  char kept[1600] = "";
+  if (nm)
+    snprintf(kept, sizeof kept, "%s%zu %s not in the file kept %s value: %s", ns ? "; " : "", nm,
+             nm == 1 ? "parameter" : "parameters", nm == 1 ? "its" : "their",
+             mn_io_name_list_str(missing));
+  if (!ns) return mn_fail(MN_OK, "%s: %s: %s", src->fn, src->path, kept);
+  return mn_fail(MN_OK, "%s: %s: skipped %zu %s not in the graph: %s%s", src->fn, src->path, ns,
+                 ns == 1 ? "tensor" : "tensors", mn_io_name_list_str(&skipped), kept);
+}
+
+mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict) {
+  const char *fn = "mn_session_load_safetensors";
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+  if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
+  source src = {.fn = fn, .path = path};
+  mn_io_param *params = NULL;
+  size_t np = 0;
+  long *entry = NULL;
+  float *stage = NULL;
+  mn_io_name_list missing = {0};
+  mn_status st = ends_with(path, ".json") ? open_index(&src) : open_single(&src);
+  if (st == MN_OK) st = mn_io_params(fn, s, &params, &np);
+  if (st == MN_OK && !(entry = malloc((np ? np : 1) * sizeof *entry)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  if (st == MN_OK) st = match(&src, params, np, entry, &missing);
+  if (st == MN_OK && strict && (missing.count || missing.dropped)) {
+    size_t nm = missing.count + missing.dropped;
+    st = mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s not in the file: %s", fn, path,
+                 nm, nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(&missing));
+  }
+  if (st == MN_OK && !(stage = malloc(mn_io_params_max_numel(params, np) * sizeof *stage)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", fn, path);
+  if (st == MN_OK) st = apply(&src, s, params, np, entry, stage);
+  if (st == MN_OK) st = report(&src, params, np, &missing);
+  free(stage);
+  free(entry);
+  free(params);
+  source_free(&src);
+  return st;
+}
+
+mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
+  const char *fn = "mn_session_save_safetensors";
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+  if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
+  mn_io_param *params = NULL;
+  size_t np = 0, floats = 0;
+  mn_st_tensor *tensors = NULL;
+  float *data = NULL;
+  mn_status st = mn_io_params(fn, s, &params, &np);
+  for (size_t i = 0; st == MN_OK && i < np; i++)
+    floats += params[i].numel;
+  if (st == MN_OK && (!(tensors = calloc(np ? np : 1, sizeof *tensors)) ||
+                      !(data = malloc((floats ? floats : 1) * sizeof *data))))
+    st =
+        mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory staging %zu floats", fn, path, floats);
+  float *dst = data;
+  for (size_t i = 0; st == MN_OK && i < np; i++) {
+    const mn_io_param *p = &params[i];
+    st = s->backend->read_buffer(s, p->buffer, dst, p->numel * sizeof(float));
+    tensors[i] = (mn_st_tensor){.name = p->name,
+                                .dtype = "F32",
+                                .rank = p->type->rank,
+                                .data = dst,
+                                .bytes = p->numel * sizeof(float)};
+    memcpy(tensors[i].shape, p->type->shape, sizeof tensors[i].shape);
+    dst += p->numel;
+  }
+  /* transformers refuses safetensors files without format "pt" in their metadata. */
+  const mn_st_meta meta[] = {{"format", "pt"}};
+  if (st == MN_OK && (st = mn_safetensors_write(path, tensors, np, meta, 1)) != MN_OK)
+    st = mn_io_rewrap(st, fn);
+  free(tensors);
+  free(data);
+  free(params);
+  return st;
+}

@@ -1,0 +1,88 @@
+#include "io/session_params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, size_t *n) {
+  const mn_plan *p = s->plan;
+  const mn_graph *g = p->graph;
+  *out = NULL;
+  *n = 0;
+  size_t count = 0;
+  for (size_t i = 0; i < g->num_nodes; i++)
+    count += g->nodes[i].op == MN_OP_PARAMETER;
+  mn_io_param *params = calloc(count ? count : 1, sizeof *params);
+  if (!params) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  size_t k = 0, j = 0;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *node = &g->nodes[i];
+    if (node->op != MN_OP_PARAMETER) continue;
+    mn_io_param *q = &params[k++];
+    q->name = node->name;
+    q->type = &node->type;
+    q->numel = (size_t)mn_tensor_type_numel(&node->type);
+    q->buffer = p->node_buffer[i];
+    q->slot = -1;
+    /* Training plans list their slots in node order too. */
+    while (j < p->num_params && p->params[j].param < (mn_node)i)
+      j++;
+    if (j < p->num_params && p->params[j].param == (mn_node)i && p->params[j].grad != MN_NO_NODE)
+      q->slot = (long)j;
+  }
+  *out = params;
+  *n = count;
+  return MN_OK;
+}
+
+long mn_io_param_index(const mn_io_param *params, size_t n, const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(params[i].name, name) == 0) return (long)i;
+  return -1;
+}
+
+size_t mn_io_params_max_numel(const mn_io_param *params, size_t n) {
+  size_t m = 1;
+  for (size_t i = 0; i < n; i++)
+    if (params[i].numel > m) m = params[i].numel;
+  return m;
+}
+
+mn_status mn_io_rewrap(mn_status st, const char *fn) {
+  char inner[1024];
+  snprintf(inner, sizeof inner, "%s", mn_last_error());
+  return mn_fail(st, "%s: %s", fn, inner);
+}
+
+bool mn_io_same_shape(const mn_tensor_type *t, int rank, const int64_t *shape) {
+  if (t->rank != rank) return false;
+  for (int i = 0; i < rank; i++)
+    if (t->shape[i] != shape[i]) return false;
+  return true;
+}
+
+const char *mn_io_shape_str(int rank, const int64_t *shape, char *buf, size_t size) {
+  mn_tensor_type t = mn_type_make(MN_F32, shape, rank < 0 ? 0 : rank);
+  return mn_shape_str(&t, buf, size);
+}
+
+void mn_io_name_list_add(mn_io_name_list *l, const char *name) {
+  size_t need = strlen(name) + (l->count ? 2 : 0);
+  /* Room is kept for the " ... (N more)" tail. */
+  if (l->dropped || l->len + need + 32 >= sizeof l->text) {
+    l->dropped++;
+    return;
+  }
+  int w = snprintf(l->text + l->len, sizeof l->text - l->len, "%s%s", l->count ? ", " : "", name);
+  if (w > 0) l->len += (size_t)w;
+  l->count++;
+}
+
+const char *mn_io_name_list_str(mn_io_name_list *l) {
+  l->text[l->len] = '\0';
+  if (l->dropped)
+    snprintf(l->text + l->len, sizeof l->text - l->len, ", ... (%zu more)", l->dropped);
+  return l->text;
+}

@@ -1,0 +1,46 @@
+/* What checkpoints and pretrained weights share: the parameters of a session as named
+ * tensors, and messages built from other functions' failures and from lists of names. */
+#ifndef MN_IO_SESSION_PARAMS_H
+#define MN_IO_SESSION_PARAMS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "session.h"
+
+typedef struct mn_io_param {
+  const char *name; /* owned by the session's plan */
+  const mn_tensor_type *type;
+  size_t numel;
+  uint32_t buffer;
+  long slot; /* plan parameter slot that has Adam moments (a gradient), else -1 */
+} mn_io_param;
+
+/* Every parameter of s in node order (the order of the plan's slots). *out is malloc'd. */
+mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, size_t *n);
+
+/* Index into params of the parameter called name, or -1. Linear: sessions hold hundreds of
+ * parameters and each load looks each name up once. */
+long mn_io_param_index(const mn_io_param *params, size_t n, const char *name);
+
+/* Largest numel among params (at least 1), for one staging buffer. */
+size_t mn_io_params_max_numel(const mn_io_param *params, size_t n);
+
+/* Records "fn: <the current last error>" with status st and returns st. */
+mn_status mn_io_rewrap(mn_status st, const char *fn);
+
+/* "[3,4] F32"-style comparison: does a file tensor's shape equal the parameter's? */
+bool mn_io_same_shape(const mn_tensor_type *t, int rank, const int64_t *shape);
+/* "[3,4]" into buf. */
+const char *mn_io_shape_str(int rank, const int64_t *shape, char *buf, size_t size);
+
+/* A bounded comma-separated list of names for messages: "a, b, c, ... (12 more)". */
+typedef struct mn_io_name_list {
+  char text[1400];
+  size_t len, count, dropped;
+} mn_io_name_list;
+void mn_io_name_list_add(mn_io_name_list *l, const char *name);
+/* NUL-terminated text of the list, with the "(N more)" tail when names were dropped. */
+const char *mn_io_name_list_str(mn_io_name_list *l);
+
+#endif
