@@ -298,7 +298,7 @@ static mn_status gn_geom_of(const mn_cu_op_ctx *c, const mn_tensor_type *x, gn_g
 
 /* A group-norm kernel with one block per (sample, group): io x, w, <third>, out. */
 static mn_status gn_launch(const mn_cu_op_ctx *c, const char *name, mn_cu_arg third) {
-  gn_geom g;
+  gn_geom g = {0};
   mn_status st = gn_geom_of(c, mn_cu_in_type(c, 0), &g);
   if (st != MN_OK) return st;
   int k = mn_cu_kernel(c, g.block, "%s<%u, %d, %lld, %lldLL, %lld, %uu>", name, g.block, g.vec,
@@ -352,7 +352,7 @@ static mn_status channel_sums(const mn_cu_op_ctx *c, const nchw *d, int64_t grou
 
 /* (x, dy) -> dw [C]: group statistics into scratch, then the per-channel sums. */
 mn_status mn_cu_lower_GROUP_NORM_GRAD_W(const mn_cu_op_ctx *c) {
-  gn_geom g;
+  gn_geom g = {0};
   mn_status st = gn_geom_of(c, mn_cu_in_type(c, 0), &g);
   if (st != MN_OK) return st;
   int64_t stats = 2 * g.d.n * g.groups, partial_at = round_up(stats, 64);

@@ -200,7 +200,7 @@ Test(safetensors_interop, reads_files_written_by_python) {
   char *line = NULL;
   size_t cap = 0;
   while (getline(&line, &cap, m) > 0) {
-    char *f[8];
+    char *f[8] = {0};
     int n = split_tabs(line, f, 8);
     size_t *seen;
     mn_safetensors *st = open_cached(&d, cache, &ncache, f[1], &seen);
