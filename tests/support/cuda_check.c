@@ -50,9 +50,10 @@ static const mn_test_range *range_of(const mn_test_range *ranges, const char *na
   return NULL;
 }
 
-static mn_session *build(const mn_graph *g, bool training, mn_backend backend) {
+static mn_session *build(const mn_graph *g, bool training, mn_backend backend, bool tf32) {
   mn_session_options o = mn_session_options_default();
   o.backend = backend;
+  o.allow_tf32 = tf32;
   mn_session *s = NULL;
   mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
   cr_assert_eq(st, MN_OK, "building the %s session failed: %s",
@@ -100,13 +101,13 @@ static double compare(const char *what, const float *got, const float *want, siz
   return err;
 }
 
-double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
-                            const mn_test_range *ranges, uint64_t seed) {
+static double compare_backends(const mn_graph *g, bool training, double tol,
+                               const mn_test_range *ranges, uint64_t seed, bool tf32) {
   mn_test_require_cuda_device();
   double worst = 0;
 #ifdef MN_WITH_CUDA
-  mn_session *cpu = build(g, training, MN_BACKEND_CPU);
-  mn_session *gpu = build(g, training, MN_BACKEND_CUDA);
+  mn_session *cpu = build(g, training, MN_BACKEND_CPU, false);
+  mn_session *gpu = build(g, training, MN_BACKEND_CUDA, tf32);
   mn_rng rng = mn_rng_new(seed);
   feed_both(g, cpu, gpu, ranges, &rng);
   cr_assert_eq(mn_cuda_poison(gpu), MN_OK, "%s", mn_last_error());
@@ -144,8 +145,18 @@ double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
   mn_session_free(cpu);
   mn_session_free(gpu);
 #else
-  (void)g, (void)training, (void)tol, (void)ranges, (void)seed, (void)build, (void)feed_both,
-      (void)compare;
+  (void)g, (void)training, (void)tol, (void)ranges, (void)seed, (void)tf32, (void)build,
+      (void)feed_both, (void)compare;
 #endif
   return worst;
+}
+
+double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
+                            const mn_test_range *ranges, uint64_t seed) {
+  return compare_backends(g, training, tol, ranges, seed, false);
+}
+
+double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
+                                 const mn_test_range *ranges, uint64_t seed) {
+  return compare_backends(g, training, tol, ranges, seed, true);
 }

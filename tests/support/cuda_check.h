@@ -33,5 +33,8 @@ typedef struct mn_test_range {
  * tol. `ranges` ends with a NULL name (or is NULL). Returns the largest error seen. */
 double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
                             const mn_test_range *ranges, uint64_t seed);
+/* The same with the CUDA session's matmuls allowed to use TF32 (allow_tf32). */
+double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
+                                 const mn_test_range *ranges, uint64_t seed);
 
 #endif
