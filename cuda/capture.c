@@ -47,7 +47,7 @@ static mn_status enqueue_update(cuda_state *st, const mn_session *s, unsigned ke
   float *grads = (float *)(st->arena + p->update_grads_offset);
   size_t n = p->update_bytes / sizeof(float);
   if (key & 2u) {
-    mn_cu_io io = {{grads, st->norm_partials}};
+    mn_cu_io io = {{grads, st->norm_partials, &st->misc->error}};
     const unsigned grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
     mn_status rc = launch(st, (uint32_t)st->opt_sumsq, grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
@@ -56,7 +56,8 @@ static mn_status enqueue_update(cuda_state *st, const mn_session *s, unsigned ke
   if (blocks > 4096) blocks = 4096;
   const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
-  mn_cu_io io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL}};
+  mn_cu_io io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
+                  &st->misc->error}};
   return launch(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
 }
 
@@ -76,9 +77,6 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
     rc = mn_cu_check(
         cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
         "recording the input event");
-  if (rc == MN_OK)
-    rc = mn_cu_check(cudaMemsetAsync(&st->misc->error, 0, sizeof st->misc->error, st->stream),
-                     "clearing the error record");
   for (size_t i = 0; rc == MN_OK && i < st->prog.num_cmds; i++)
     rc = enqueue_cmd(st, s, i);
   if (rc == MN_OK && (key & 1u) && st->opt_update >= 0) rc = enqueue_update(st, s, key);

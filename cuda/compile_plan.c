@@ -5,11 +5,17 @@
 #include "cuda_backend.h"
 #include "emit.h"
 
-mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32,
+mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
                                const char *cache_dir, mn_cu_binary *out) {
   mn_cu_program prog;
   mn_status st = mn_cu_program_build(p, allow_tf32, &prog);
   if (st != MN_OK) return st;
+  int sumsq, update;
+  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update);
+  if (st != MN_OK) {
+    mn_cu_program_free(&prog);
+    return st;
+  }
   char *src = mn_cu_program_source(&prog);
   mn_cu_program_free(&prog);
   if (!src) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: no memory for kernel source");

@@ -71,20 +71,6 @@ static const mn_cu_staged *staged_of(const cuda_state *st, uint32_t buffer) {
   return NULL;
 }
 
-/* The optimizer kernels join the program's translation unit (kernels/optimizer.cuh). */
-static mn_status declare_optimizer(cuda_state *st, const mn_session *s) {
-  st->opt_sumsq = st->opt_update = -1;
-  const mn_plan *p = s->plan;
-  if (!s->training || p->update_bytes == 0) return MN_OK;
-  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
-  long long n = (long long)(p->update_bytes / sizeof(float));
-  st->opt_sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
-  st->opt_update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
-  if (st->opt_sumsq < 0 || st->opt_update < 0)
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  return MN_OK;
-}
-
 static mn_status compile_and_load(cuda_state *st) {
   int major = 0, minor = 0;
   mn_status rc = mn_cu_check(
@@ -116,16 +102,23 @@ static mn_status compile_and_load(cuda_state *st) {
     rc = mn_cu_check(cudaLibraryGetKernel(&st->kernels[k], st->library, name), "finding a kernel");
     if (rc != MN_OK) return rc;
   }
-  /* Launches asking for more than the default 48 KB of shared memory must opt in. */
+  /* Kernels launched with more than the default 48 KB of shared memory must opt in, with
+   * the largest amount any of their launches asks for. */
+  size_t *smem = calloc(st->prog.num_kernels ? st->prog.num_kernels : 1, sizeof *smem);
+  if (!smem) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   for (size_t i = 0; i < st->prog.num_cmds; i++) {
     const mn_cu_cmd *cmd = &st->prog.cmds[i];
-    if (cmd->kind != MN_CU_CMD_LAUNCH || cmd->smem <= 48 * 1024) continue;
-    rc = mn_cu_check(cudaKernelSetAttributeForDevice(st->kernels[cmd->kernel],
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     (int)cmd->smem, st->device),
-                     "raising a kernel's shared memory limit");
-    if (rc != MN_OK) return rc;
+    if (cmd->kind == MN_CU_CMD_LAUNCH && cmd->smem > smem[cmd->kernel])
+      smem[cmd->kernel] = cmd->smem;
   }
+  for (size_t k = 0; k < st->prog.num_kernels && rc == MN_OK; k++)
+    if (smem[k] > 48 * 1024)
+      rc = mn_cu_check(cudaKernelSetAttributeForDevice(st->kernels[k],
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       (int)smem[k], st->device),
+                       "raising a kernel's shared memory limit");
+  free(smem);
+  if (rc != MN_OK) return rc;
   st->load_ms = now_ms() - t0;
   return MN_OK;
 }
@@ -218,7 +211,9 @@ static mn_status cuda_create(mn_session *s) {
   double tl = now_ms();
   mn_nvtx_push("meganeura: lower");
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
-  if (rc == MN_OK) rc = declare_optimizer(st, s);
+  if (rc == MN_OK)
+    rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
+                                     &st->opt_update);
   mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
   mn_nvtx_push("meganeura: compile kernels");
@@ -247,6 +242,11 @@ static mn_status cuda_create(mn_session *s) {
   return MN_OK;
 }
 
+/* Every entry point runs on the session's device, whatever the calling thread chose. */
+static mn_status use_device(const cuda_state *st) {
+  return mn_cu_check(cudaSetDevice(st->device), "selecting the session's device");
+}
+
 /* The previous step's staging copies must have run before staging is rewritten. */
 static mn_status wait_inputs_consumed(cuda_state *st) {
   if (!st->in_flight) return MN_OK;
@@ -255,6 +255,8 @@ static mn_status wait_inputs_consumed(cuda_state *st) {
 
 static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, size_t bytes) {
   cuda_state *st = s->backend_state;
+  mn_status dev = use_device(st);
+  if (dev != MN_OK) return dev;
   const mn_cu_staged *sg = staged_of(st, buffer);
   if (sg) {
     mn_status rc = wait_inputs_consumed(st);
@@ -272,6 +274,8 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
 
 static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t bytes) {
   cuda_state *st = s->backend_state;
+  mn_status dev = use_device(st);
+  if (dev != MN_OK) return dev;
   mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
   if (rc != MN_OK) return rc;
   if (s->plan->loss != MN_NO_NODE && buffer == s->plan->node_buffer[s->plan->loss] &&
@@ -324,7 +328,8 @@ static void fill_scalars(const mn_session *s, uint64_t step, mn_cu_scalars *out)
 static mn_status cuda_step(mn_session *s) {
   cuda_state *st = s->backend_state;
   bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
-  mn_status rc = ensure_adam(st, s);
+  mn_status rc = use_device(st);
+  if (rc == MN_OK) rc = ensure_adam(st, s);
   if (rc != MN_OK) return rc;
   unsigned key = capture_key(s);
   if (!st->captured || st->captured_key != key) {
@@ -361,6 +366,8 @@ static const char *error_what(uint32_t what) {
 
 static mn_status cuda_wait(mn_session *s) {
   cuda_state *st = s->backend_state;
+  mn_status dev = use_device(st);
+  if (dev != MN_OK) return dev;
   mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "running the step");
   st->in_flight = false;
   if (rc != MN_OK) return rc;
@@ -378,7 +385,18 @@ static mn_status cuda_wait(mn_session *s) {
                  "be below %lld)",
                  e->node, op, error_what(e->what), (long long)e->value, (long long)e->position,
                  (long long)e->limit);
+  /* The failed step and those after it updated nothing; count as the reference does. */
+  if (e->skipped_step > 0) s->step_count = e->skipped_step - 1;
   memset(e, 0, sizeof *e);
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", mn_last_error());
+  mn_status cleared =
+      mn_cu_check(cudaMemsetAsync(&st->misc->error, 0, sizeof st->misc->error, st->stream),
+                  "clearing an error");
+  if (cleared == MN_OK)
+    cleared = mn_cu_check(cudaStreamSynchronize(st->stream), "clearing an error");
+  if (cleared != MN_OK) return cleared;
+  mn_set_last_error(msg);
   return rc;
 }
 
@@ -400,7 +418,8 @@ static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, fl
                                        size_t n) {
   cuda_state *st = s->backend_state;
   size_t off = 0;
-  mn_status rc = optim_state_offset(s, slot, which, n, &off);
+  mn_status rc = use_device(st);
+  if (rc == MN_OK) rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
   if (!st->adam) {
     memset(dst, 0, n * sizeof *dst);
@@ -417,7 +436,8 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
                                         size_t n) {
   cuda_state *st = s->backend_state;
   size_t off = 0;
-  mn_status rc = optim_state_offset(s, slot, which, n, &off);
+  mn_status rc = use_device(st);
+  if (rc == MN_OK) rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
   if (!st->adam && s->plan->update_bytes) {
     rc = mn_cu_check(cudaMalloc((void **)&st->adam, 2 * s->plan->update_bytes), "the Adam state");
@@ -461,7 +481,8 @@ static mn_status poison(cuda_state *st, const mn_session *s, bool gradients) {
 mn_status mn_cuda_poison(mn_session *s) {
   if (!s || s->backend != &mn_cuda_backend)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_poison: not a CUDA session");
-  return poison(s->backend_state, s, true);
+  mn_status rc = use_device(s->backend_state);
+  return rc == MN_OK ? poison(s->backend_state, s, true) : rc;
 }
 
 static void cuda_stats(const mn_session *s, mn_session_stats *out) {

@@ -10,9 +10,9 @@ extern const mn_backend_ops mn_cuda_backend;
 /* Number of usable CUDA devices (0 when there is no driver or no device). */
 int mn_cuda_usable_devices(void);
 
-/* Lowers a plan and compiles its kernels for `arch` with no device involved (the
- * offline check that CI runs). */
-mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32,
+/* Lowers a plan (with the optimizer kernels of a training session) and compiles its
+ * kernels for `arch` with no device involved (the offline check that CI runs). */
+mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
                                const char *cache_dir, mn_cu_binary *out);
 
 /* The session's stream (a cudaStream_t), for benchmarks that time with CUDA events;

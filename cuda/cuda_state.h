@@ -18,6 +18,7 @@ typedef struct mn_cu_scalars {
 typedef struct mn_cu_error {
   uint32_t what, node;
   int64_t value, position, limit;
+  uint32_t skipped_step, pad;
 } mn_cu_error;
 
 /* What the graph's last nodes copy back to pinned host memory. */
@@ -42,8 +43,6 @@ typedef struct mn_cu_device_misc {
   mn_cu_scalars scalars;
   mn_cu_error error;
 } mn_cu_device_misc;
-
-#define MN_CU_NORM_BLOCKS 256
 
 typedef struct cuda_state {
   int device;

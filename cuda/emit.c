@@ -125,6 +125,19 @@ mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *
   return MN_OK;
 }
 
+mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
+                                      int *sumsq, int *update) {
+  *sumsq = *update = -1;
+  if (!training || p->update_bytes == 0) return MN_OK;
+  mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
+  long long n = (long long)(p->update_bytes / sizeof(float));
+  *sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
+  *update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
+  if (*sumsq < 0 || *update < 0)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  return MN_OK;
+}
+
 void mn_cu_program_free(mn_cu_program *prog) {
   for (size_t i = 0; i < prog->num_kernels; i++)
     free(prog->kernels[i].call);

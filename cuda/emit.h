@@ -148,6 +148,12 @@ extern const mn_cu_lower_fn mn_cu_lowerers[MN_OP_COUNT];
 /* Lowers every dispatch of the plan. */
 mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out);
 void mn_cu_program_free(mn_cu_program *prog);
+/* Declares the optimizer kernels (kernels/optimizer.cuh) of a training plan that has
+ * parameters to update; sets *sumsq and *update to their indices, or -1. */
+mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
+                                      int *sumsq, int *update);
+
+#define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, then one wrapper per
  * instance named mn_k<index>. Returns a malloc'd string or NULL. */
 char *mn_cu_program_source(const mn_cu_program *prog);

@@ -73,9 +73,14 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
   uint64_t ws = st->workspace_bytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof ws);
-  uint32_t align_b = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->b)),
-           align_a = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->a)),
-           align_c = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->c));
+  /* Every batch's matrix must be as aligned as promised, not only the first. */
+  uintptr_t batched = d->batch > 1;
+  uint32_t align_b = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->b) |
+                                  (batched * (uintptr_t)d->stride_b * sizeof(float))),
+           align_a = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->a) |
+                                  (batched * (uintptr_t)d->stride_a * sizeof(float))),
+           align_c = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->c) |
+                                  (batched * (uintptr_t)d->stride_c * sizeof(float)));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
                                        sizeof align_b);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,

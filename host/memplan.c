@@ -76,8 +76,10 @@ static size_t place(interval *iv, size_t n, size_t base) {
 }
 
 /* Parameters with a gradient first, then their gradients at the same spacing (see
- * update_bytes in plan.h); marks what it placed and returns the end. */
-static size_t place_update_blocks(mn_plan *p, bool *placed) {
+ * update_bytes in plan.h); marks what it placed and sets *end. The flat update needs
+ * each gradient to own a buffer of its parameter's size, which autodiff guarantees;
+ * a plan that breaks it is refused rather than trained wrongly. */
+static mn_status place_update_blocks(mn_plan *p, bool *placed, size_t *end) {
   size_t span = 0;
   for (size_t i = 0; i < p->num_params; i++) {
     if (p->params[i].grad == MN_NO_NODE) continue;
@@ -88,21 +90,33 @@ static size_t place_update_blocks(mn_plan *p, bool *placed) {
   }
   for (size_t i = 0; i < p->num_params; i++) {
     if (p->params[i].grad == MN_NO_NODE) continue;
-    uint32_t b = p->node_buffer[p->params[i].grad];
-    p->buffers[b].offset = span + p->buffers[p->node_buffer[p->params[i].param]].offset;
-    placed[b] = true;
+    uint32_t pb = p->node_buffer[p->params[i].param], gb = p->node_buffer[p->params[i].grad];
+    if (placed[gb] || p->buffers[gb].role != MN_BUF_GRADIENT ||
+        p->buffers[gb].bytes != p->buffers[pb].bytes)
+      return mn_fail(MN_ERR_STATE,
+                     "memory planning: the gradient of parameter node %u does not own a buffer "
+                     "of its size",
+                     p->params[i].param);
+    p->buffers[gb].offset = span + p->buffers[pb].offset;
+    placed[gb] = true;
   }
   p->update_params_offset = 0;
   p->update_grads_offset = span;
   p->update_bytes = span;
-  return 2 * span;
+  *end = 2 * span;
+  return MN_OK;
 }
 
 mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t nb = p->num_buffers;
   bool *placed = calloc(nb ? nb : 1, sizeof *placed);
   if (!placed) return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory");
-  size_t pinned_end = place_update_blocks(p, placed);
+  size_t pinned_end = 0;
+  mn_status st = place_update_blocks(p, placed, &pinned_end);
+  if (st != MN_OK) {
+    free(placed);
+    return st;
+  }
   if (mode == MN_LAYOUT_ONE_PER_BUFFER) {
     for (size_t b = 0; b < nb; b++) {
       if (placed[b]) continue;

@@ -19,9 +19,10 @@ struct mn_dev_scalars {
   double bias_correction1, bias_correction2; // 1 - beta^step, computed on the host
 };
 
-// The first runtime failure of a step (an index out of range). Kernels never read or
-// write out of bounds: they record the failure, write NaN (or skip) and go on; the host
-// formats the message in mn_session_wait. Layout mirrors mn_cu_error in cuda/runtime.h.
+// The first runtime failure since the last mn_session_wait (an index out of range).
+// Kernels never read or write out of bounds: they record the failure, write NaN (or
+// skip) and go on; the optimizer then leaves the weights alone, as the reference does,
+// and the host formats the message and clears the record in mn_session_wait. Layout mirrors mn_cu_error in cuda/runtime.h.
 enum mn_dev_error_what {
   MN_DEV_ERR_INDEX = 1,  // embedding or scatter index >= rows
   MN_DEV_ERR_LABEL = 2,  // class label >= number of classes
@@ -32,6 +33,8 @@ struct mn_dev_error {
   unsigned int what; // 0: no failure
   unsigned int node;
   long long value, position, limit;
+  unsigned int skipped_step; // the first optimizer step skipped because of the failure
+  unsigned int pad;
 };
 
 __device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, unsigned int node,

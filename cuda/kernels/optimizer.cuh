@@ -7,6 +7,7 @@
 template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io) {
   const float *g = mn_arg<const float>(io, 0);
   double *partials = mn_arg<double>(io, 1);
+  if (mn_arg<const mn_dev_error>(io, 2)->what) return;
   __shared__ double shared[32];
   double acc = 0.0;
   MN_FOR_EACH(i, N) {
@@ -17,7 +18,8 @@ template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping).
+// io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping),
+// the error record: after a failed kernel (NaN rows) nothing is updated.
 template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(const mn_ptrs &io) {
   float *w = mn_arg<float>(io, 0);
   float *g = mn_arg<float>(io, 1);
@@ -25,6 +27,12 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
   float *v = mn_arg<float>(io, 3);
   const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 4);
   const double *partials = mn_arg<const double>(io, 5);
+  mn_dev_error *err = mn_arg<mn_dev_error>(io, 6);
+  if (err->what) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && err->skipped_step == 0u)
+      err->skipped_step = sc->step;
+    return;
+  }
   __shared__ double shared[32];
   double coef = 1.0;
   if (partials) {
@@ -35,7 +43,8 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
     acc = mn_block_sum_d<BLOCK>(acc, shared);
     coef = (double)sc->max_grad_norm / (sqrt(acc) + 1e-6);
   }
-  const bool clip = partials && coef < 1.0;
+  // A NaN norm scales every gradient by NaN, as clip_grad_norm_ and the reference do.
+  const bool clip = partials && !(coef >= 1.0);
   const unsigned kind = sc->kind;
   const double lr = sc->lr;
   if (kind == 1u) {

@@ -32,7 +32,7 @@ void mn_test_assert_compiles(const mn_graph *g, bool training) {
       training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
   cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
   mn_cu_binary bin;
-  st = mn_cuda_compile_plan(plan, "sm_90", false, "", &bin);
+  st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
   mn_plan_free(plan);
   cr_assert_eq(st, MN_OK, "kernels do not compile: %s", mn_last_error());
   cr_assert_gt(bin.size, 0u, "empty cubin");
