@@ -5,58 +5,16 @@
  * upstream gradient is not uniform. */
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
-#ifdef MN_WITH_CUDA
-#include "cuda_backend.h"
-#endif
 
-#define TOL 1e-5
-
-typedef mn_node (*unary_fn)(mn_graph *, mn_node);
 typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
-
-static bool have_device(void) {
-#ifdef MN_WITH_CUDA
-  return mn_cuda_usable_devices() > 0;
-#else
-  return false;
-#endif
-}
-
-/* Compiles g, then (on a GPU) compares it with the reference. Without a device every
- * graph of a test is still compiled; the test reports itself skipped at its end. */
-static void check(const mn_graph *g, bool training, const mn_test_range *ranges, uint64_t seed) {
-  mn_test_assert_compiles(g, training);
-  if (have_device()) mn_test_compare_cuda(g, training, TOL, ranges, seed);
-}
-
-/* loss = mse(y * c, t) with c and t inputs of y's shape; outputs: loss, then y. */
-static void finish_training_graph(mn_graph *g, mn_node y) {
-  mn_node_info info;
-  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
-  const mn_tensor_type *t = &info.type;
-  mn_node c = mn_input(g, "c", t->shape, t->rank);
-  mn_node target = mn_input(g, "t", t->shape, t->rank);
-  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
-  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-}
-
-static void check_unary(unary_fn f, const int64_t *shape, int rank, double lo, double hi,
-                        uint64_t seed) {
-  mn_graph *g = mn_graph_new();
-  finish_training_graph(g, f(g, mn_parameter(g, "a", shape, rank)));
-  const mn_test_range ranges[] = {{"a", lo, hi}, {NULL, 0, 0}};
-  check(g, true, ranges, seed);
-  mn_graph_free(g);
-}
 
 static void check_binary(binary_fn f, const int64_t *sa, int ra, const int64_t *sb, int rb,
                          double lo_b, double hi_b, uint64_t seed) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_parameter(g, "a", sa, ra), b = mn_parameter(g, "b", sb, rb);
-  finish_training_graph(g, f(g, a, b));
+  mn_test_finish_training_graph(g, f(g, a, b));
   const mn_test_range ranges[] = {{"a", -1, 1}, {"b", lo_b, hi_b}, {NULL, 0, 0}};
-  check(g, true, ranges, seed);
+  mn_test_check_cuda(g, true, ranges, seed);
   mn_graph_free(g);
 }
 
@@ -72,7 +30,7 @@ Test(cuda_math, mlp_training_graph) {
   mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
   mn_node t = mn_input(g, "t", MN_SHAPE(37, 5));
   mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
-  check(g, true, NULL, 1);
+  mn_test_check_cuda(g, true, NULL, 1);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -83,7 +41,7 @@ Test(cuda_math, mlp_inference_graph) {
   mn_node x = mn_input(g, "x", MN_SHAPE(3, 7, 16));
   mn_node w = mn_parameter(g, "w", MN_SHAPE(16, 9)), b = mn_parameter(g, "b", MN_SHAPE(9));
   mn_set_outputs(g, (mn_node[]){mn_gelu(g, mn_bias_add(g, mn_matmul(g, x, w), b))}, 1);
-  check(g, false, NULL, 2);
+  mn_test_check_cuda(g, false, NULL, 2);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -127,7 +85,7 @@ Test(cuda_math, gpt2_projection_shapes) {
   mn_node t = mn_input(g, "t", MN_SHAPE(2, 64, 768));
   mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
   const mn_test_range ranges[] = {{"w", -0.05, 0.05}, {"w2", -0.05, 0.05}, {NULL, 0, 0}};
-  check(g, true, ranges, 12);
+  mn_test_check_cuda(g, true, ranges, 12);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -162,7 +120,7 @@ Test(cuda_math, greater) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_input(g, "a", MN_SHAPE(5, 131)), b = mn_input(g, "b", MN_SHAPE(5, 131));
   mn_set_outputs(g, (mn_node[]){mn_greater(g, a, b)}, 1);
-  check(g, false, NULL, 25);
+  mn_test_check_cuda(g, false, NULL, 25);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -172,44 +130,44 @@ static mn_node scale_by_tenth(mn_graph *g, mn_node x) { return mn_scale(g, x, 0.
 
 Test(cuda_math, scale_neg_abs_relu) {
   mn_test_require_cuda_build();
-  check_unary(scale_by_m3, MN_SHAPE(3, 5, 7), -1, 1, 26);
-  check_unary(scale_by_tenth, MN_SHAPE(1027), -1, 1, 27);
-  check_unary(mn_neg, MN_SHAPE(1, 1), -1, 1, 28);
-  check_unary(mn_neg, MN_SHAPE(64, 768), -1, 1, 29);
-  check_unary(mn_abs, MN_SHAPE(3, 5, 7), -2, 2, 30);
-  check_unary(mn_abs, MN_SHAPE(64, 768), -2, 2, 31);
-  check_unary(mn_relu, MN_SHAPE(3, 5, 7), -2, 2, 32);
-  check_unary(mn_relu, MN_SHAPE(2, 64, 768), -2, 2, 33);
+  mn_test_check_cuda_unary(scale_by_m3, MN_SHAPE(3, 5, 7), -1, 1, 26);
+  mn_test_check_cuda_unary(scale_by_tenth, MN_SHAPE(1027), -1, 1, 27);
+  mn_test_check_cuda_unary(mn_neg, MN_SHAPE(1, 1), -1, 1, 28);
+  mn_test_check_cuda_unary(mn_neg, MN_SHAPE(64, 768), -1, 1, 29);
+  mn_test_check_cuda_unary(mn_abs, MN_SHAPE(3, 5, 7), -2, 2, 30);
+  mn_test_check_cuda_unary(mn_abs, MN_SHAPE(64, 768), -2, 2, 31);
+  mn_test_check_cuda_unary(mn_relu, MN_SHAPE(3, 5, 7), -2, 2, 32);
+  mn_test_check_cuda_unary(mn_relu, MN_SHAPE(2, 64, 768), -2, 2, 33);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_math, sigmoid_tanh) {
   mn_test_require_cuda_build();
-  check_unary(mn_sigmoid, MN_SHAPE(3, 5, 7), -6, 6, 34);
-  check_unary(mn_sigmoid, MN_SHAPE(64, 768), -6, 6, 35);
-  check_unary(mn_tanh, MN_SHAPE(3, 5, 7), -3, 3, 36);
-  check_unary(mn_tanh, MN_SHAPE(64, 768), -3, 3, 37);
+  mn_test_check_cuda_unary(mn_sigmoid, MN_SHAPE(3, 5, 7), -6, 6, 34);
+  mn_test_check_cuda_unary(mn_sigmoid, MN_SHAPE(64, 768), -6, 6, 35);
+  mn_test_check_cuda_unary(mn_tanh, MN_SHAPE(3, 5, 7), -3, 3, 36);
+  mn_test_check_cuda_unary(mn_tanh, MN_SHAPE(64, 768), -3, 3, 37);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_math, log_exp_recip) {
   mn_test_require_cuda_build();
-  check_unary(mn_log, MN_SHAPE(3, 5, 7), 0.1, 4, 38);
-  check_unary(mn_log, MN_SHAPE(4099), 0.1, 4, 39);
-  check_unary(mn_exp, MN_SHAPE(3, 5, 7), -3, 2, 40);
-  check_unary(mn_exp, MN_SHAPE(64, 768), -3, 2, 41);
-  check_unary(mn_recip, MN_SHAPE(3, 5, 7), 0.5, 2, 42);
-  check_unary(mn_recip, MN_SHAPE(1), 0.5, 2, 43);
+  mn_test_check_cuda_unary(mn_log, MN_SHAPE(3, 5, 7), 0.1, 4, 38);
+  mn_test_check_cuda_unary(mn_log, MN_SHAPE(4099), 0.1, 4, 39);
+  mn_test_check_cuda_unary(mn_exp, MN_SHAPE(3, 5, 7), -3, 2, 40);
+  mn_test_check_cuda_unary(mn_exp, MN_SHAPE(64, 768), -3, 2, 41);
+  mn_test_check_cuda_unary(mn_recip, MN_SHAPE(3, 5, 7), 0.5, 2, 42);
+  mn_test_check_cuda_unary(mn_recip, MN_SHAPE(1), 0.5, 2, 43);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_math, silu_gelu) {
   mn_test_require_cuda_build();
-  check_unary(mn_silu, MN_SHAPE(3, 5, 7), -6, 6, 44);
-  check_unary(mn_silu, MN_SHAPE(2, 64, 768), -6, 6, 45);
-  check_unary(mn_gelu, MN_SHAPE(3, 5, 7), -5, 5, 46);
-  check_unary(mn_gelu, MN_SHAPE(2, 64, 768), -5, 5, 47);
-  check_unary(mn_gelu, MN_SHAPE(1), -5, 5, 48);
+  mn_test_check_cuda_unary(mn_silu, MN_SHAPE(3, 5, 7), -6, 6, 44);
+  mn_test_check_cuda_unary(mn_silu, MN_SHAPE(2, 64, 768), -6, 6, 45);
+  mn_test_check_cuda_unary(mn_gelu, MN_SHAPE(3, 5, 7), -5, 5, 46);
+  mn_test_check_cuda_unary(mn_gelu, MN_SHAPE(2, 64, 768), -5, 5, 47);
+  mn_test_check_cuda_unary(mn_gelu, MN_SHAPE(1), -5, 5, 48);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
@@ -229,7 +187,7 @@ Test(cuda_math, expand_scalar) {
   mn_node s = mn_add(g, mn_scale(g, mn_mean_all(g, mn_tanh(g, a)), 3.0f), mn_sum_all(g, b));
   mn_node t = mn_input(g, "t", MN_SHAPE(1));
   mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, s, t)}, 1);
-  check(g, true, NULL, 51);
+  mn_test_check_cuda(g, true, NULL, 51);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -239,8 +197,8 @@ Test(cuda_math, zeros) {
   mn_test_require_cuda_build();
   mn_graph *g = mn_graph_new();
   mn_node x = mn_parameter(g, "x", MN_SHAPE(2, 5, 3, 4));
-  finish_training_graph(g, mn_split_a(g, x, 2));
-  check(g, true, NULL, 52);
+  mn_test_finish_training_graph(g, mn_split_a(g, x, 2));
+  mn_test_check_cuda(g, true, NULL, 52);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -251,8 +209,9 @@ Test(cuda_math, fan_out) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_parameter(g, "a", MN_SHAPE(9, 11)), w = mn_parameter(g, "w", MN_SHAPE(11, 11));
   mn_node y = mn_add(g, mn_tanh(g, mn_mul(g, a, a)), mn_matmul(g, a, w));
-  finish_training_graph(g, mn_div(g, y, mn_add(g, mn_exp(g, a), mn_exp(g, mn_matmul(g, a, w)))));
-  check(g, true, NULL, 53);
+  mn_test_finish_training_graph(
+      g, mn_div(g, y, mn_add(g, mn_exp(g, a), mn_exp(g, mn_matmul(g, a, w)))));
+  mn_test_check_cuda(g, true, NULL, 53);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }

@@ -4,51 +4,8 @@
  * out-of-range label. */
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
-#ifdef MN_WITH_CUDA
-#include "cuda_backend.h"
-#endif
 
-#define TOL 1e-5
-
-typedef mn_node (*unary_fn)(mn_graph *, mn_node);
 typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
-
-static bool have_device(void) {
-#ifdef MN_WITH_CUDA
-  return mn_cuda_usable_devices() > 0;
-#else
-  return false;
-#endif
-}
-
-/* Compiles g, then (on a GPU) compares it with the reference. Without a device every
- * graph of a test is still compiled; the test reports itself skipped at its end. */
-static void check(const mn_graph *g, bool training, const mn_test_range *ranges, uint64_t seed) {
-  mn_test_assert_compiles(g, training);
-  if (have_device()) mn_test_compare_cuda(g, training, TOL, ranges, seed);
-}
-
-/* loss = mse(y * c, t) with c and t inputs of y's shape; outputs: loss, then y. The
- * factor c makes the upstream gradient of y differ from element to element. */
-static void finish_training_graph(mn_graph *g, mn_node y) {
-  mn_node_info info;
-  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
-  const mn_tensor_type *t = &info.type;
-  mn_node c = mn_input(g, "c", t->shape, t->rank);
-  mn_node target = mn_input(g, "t", t->shape, t->rank);
-  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
-  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-}
-
-static void check_unary(unary_fn f, const int64_t *shape, int rank, double lo, double hi,
-                        uint64_t seed) {
-  mn_graph *g = mn_graph_new();
-  finish_training_graph(g, f(g, mn_parameter(g, "a", shape, rank)));
-  const mn_test_range ranges[] = {{"a", lo, hi}, {NULL, 0, 0}};
-  check(g, true, ranges, seed);
-  mn_graph_free(g);
-}
 
 /* A loss of two parameters, scaled by 3 so that the loss gradient's dy is not 1. */
 static void check_loss(binary_fn f, const int64_t *shape, int rank, const mn_test_range *ranges,
@@ -57,7 +14,7 @@ static void check_loss(binary_fn f, const int64_t *shape, int rank, const mn_tes
   mn_node a = mn_parameter(g, "a", shape, rank), b = mn_parameter(g, "b", shape, rank);
   mn_node loss = mn_scale(g, f(g, a, b), 3.0f);
   mn_set_outputs(g, (mn_node[]){loss}, 1);
-  check(g, true, ranges, seed);
+  mn_test_check_cuda(g, true, ranges, seed);
   mn_graph_free(g);
 }
 
@@ -65,13 +22,13 @@ static void check_loss(binary_fn f, const int64_t *shape, int rank, const mn_tes
 
 Test(cuda_reduce, sum_all_mean_all) {
   mn_test_require_cuda_build();
-  check_unary(mn_sum_all, MN_SHAPE(1), -1, 1, 1);
-  check_unary(mn_sum_all, MN_SHAPE(3, 5, 7), -1, 1, 2);
-  check_unary(mn_mean_all, MN_SHAPE(3, 5, 7), -1, 1, 3);
+  mn_test_check_cuda_unary(mn_sum_all, MN_SHAPE(1), -1, 1, 1);
+  mn_test_check_cuda_unary(mn_sum_all, MN_SHAPE(3, 5, 7), -1, 1, 2);
+  mn_test_check_cuda_unary(mn_mean_all, MN_SHAPE(3, 5, 7), -1, 1, 3);
   /* One block (up to 4096 elements), then two passes with few and with capped parts. */
-  check_unary(mn_mean_all, MN_SHAPE(4099), -1, 1, 4);
-  check_unary(mn_sum_all, MN_SHAPE(64, 768), 0, 1, 5);
-  check_unary(mn_mean_all, MN_SHAPE(2000, 2501), 0, 1, 6);
+  mn_test_check_cuda_unary(mn_mean_all, MN_SHAPE(4099), -1, 1, 4);
+  mn_test_check_cuda_unary(mn_sum_all, MN_SHAPE(64, 768), 0, 1, 5);
+  mn_test_check_cuda_unary(mn_mean_all, MN_SHAPE(2000, 2501), 0, 1, 6);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
@@ -81,32 +38,32 @@ Test(cuda_reduce, sum_all_mean_all) {
  * and a GPT-2 vocabulary row); GPT-2 attention-sized rows. */
 Test(cuda_reduce, softmax) {
   mn_test_require_cuda_build();
-  check_unary(mn_softmax, MN_SHAPE(5, 1), -3, 3, 7);
-  check_unary(mn_softmax, MN_SHAPE(3, 5, 7), -3, 3, 8);
-  check_unary(mn_softmax, MN_SHAPE(2, 64, 768), -3, 3, 9);
-  check_unary(mn_softmax, MN_SHAPE(12, 64, 64), -3, 3, 10);
-  check_unary(mn_softmax, MN_SHAPE(3, 4096), -3, 3, 11);
-  check_unary(mn_softmax, MN_SHAPE(3, 50257), -3, 3, 12);
-  check_unary(mn_softmax, MN_SHAPE(1000, 13), -3, 3, 13);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(5, 1), -3, 3, 7);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(3, 5, 7), -3, 3, 8);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(2, 64, 768), -3, 3, 9);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(12, 64, 64), -3, 3, 10);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(3, 4096), -3, 3, 11);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(3, 50257), -3, 3, 12);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(1000, 13), -3, 3, 13);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_reduce, log_softmax) {
   mn_test_require_cuda_build();
-  check_unary(mn_log_softmax, MN_SHAPE(1, 1), -3, 3, 14);
-  check_unary(mn_log_softmax, MN_SHAPE(3, 5, 7), -3, 3, 15);
-  check_unary(mn_log_softmax, MN_SHAPE(2, 64, 768), -3, 3, 16);
-  check_unary(mn_log_softmax, MN_SHAPE(3, 4096), -3, 3, 17);
-  check_unary(mn_log_softmax, MN_SHAPE(3, 50257), -3, 3, 18);
-  check_unary(mn_log_softmax, MN_SHAPE(37), -3, 3, 19);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(1, 1), -3, 3, 14);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(3, 5, 7), -3, 3, 15);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(2, 64, 768), -3, 3, 16);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(3, 4096), -3, 3, 17);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(3, 50257), -3, 3, 18);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(37), -3, 3, 19);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 /* Wide-ranged logits: the max subtraction must keep exp finite. */
 Test(cuda_reduce, softmax_large_logits) {
   mn_test_require_cuda_build();
-  check_unary(mn_softmax, MN_SHAPE(4, 1000), -80, 80, 20);
-  check_unary(mn_log_softmax, MN_SHAPE(4, 1000), -80, 80, 21);
+  mn_test_check_cuda_unary(mn_softmax, MN_SHAPE(4, 1000), -80, 80, 20);
+  mn_test_check_cuda_unary(mn_log_softmax, MN_SHAPE(4, 1000), -80, 80, 21);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
@@ -133,7 +90,7 @@ static void check_sparse(const int64_t *shape, int rank, uint64_t seed) {
   mn_node loss = mn_scale(g, mn_sparse_cross_entropy_loss(g, logits, labels), 0.5f);
   mn_set_outputs(g, (mn_node[]){loss}, 1);
   const mn_test_range r[] = {{"logits", -4, 4}, {"labels", 0, (double)c}, {NULL, 0, 0}};
-  check(g, true, r, seed);
+  mn_test_check_cuda(g, true, r, seed);
   mn_graph_free(g);
 }
 
@@ -161,7 +118,7 @@ Test(cuda_reduce, classifier_training_graph) {
                         mn_sparse_cross_entropy_loss(g, logits, labels));
   mn_set_outputs(g, (mn_node[]){loss, mn_softmax(g, logits)}, 2);
   const mn_test_range r[] = {{"labels", 0, 10}, {NULL, 0, 0}};
-  check(g, true, r, 6);
+  mn_test_check_cuda(g, true, r, 6);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -194,7 +151,7 @@ Test(cuda_reduce, bce_of_sigmoid) {
   mn_node a = mn_parameter(g, "a", MN_SHAPE(17, 3)), t = mn_input(g, "t", MN_SHAPE(17, 3));
   mn_set_outputs(g, (mn_node[]){mn_bce_loss(g, mn_sigmoid(g, a), t)}, 1);
   const mn_test_range r[] = {{"a", -4, 4}, {"t", 0, 1}, {NULL, 0, 0}};
-  check(g, true, r, 35);
+  mn_test_check_cuda(g, true, r, 35);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -208,7 +165,7 @@ Test(cuda_reduce, sum_rows_gpt2_batch) {
   mn_node x = mn_input(g, "x", MN_SHAPE(16, 1024, 768));
   mn_node b = mn_parameter(g, "b", MN_SHAPE(768));
   mn_set_outputs(g, (mn_node[]){mn_sum_all(g, mn_tanh(g, mn_bias_add(g, x, b)))}, 1);
-  check(g, true, NULL, 36);
+  mn_test_check_cuda(g, true, NULL, 36);
   mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
@@ -220,8 +177,8 @@ Test(cuda_reduce, sum_rows_shapes) {
     mn_graph *g = mn_graph_new();
     mn_node x = mn_input(g, "x", MN_SHAPE(40, cols[i]));
     mn_node row = mn_parameter(g, "row", MN_SHAPE(1, cols[i]));
-    finish_training_graph(g, mn_broadcast_add(g, x, row));
-    check(g, true, NULL, 37 + i);
+    mn_test_finish_training_graph(g, mn_broadcast_add(g, x, row));
+    mn_test_check_cuda(g, true, NULL, 37 + i);
     mn_graph_free(g);
   }
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */

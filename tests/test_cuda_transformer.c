@@ -35,18 +35,6 @@ static void check(const mn_graph *g, bool training, const mn_test_range *ranges,
     mn_test_compare_cuda(g, training, TOL, ranges, seed);
 }
 
-/* loss = mse(y * c, t) with c and t inputs of y's shape; outputs: loss, then y. */
-static void finish_training_graph(mn_graph *g, mn_node y) {
-  mn_node_info info;
-  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
-  const mn_tensor_type *t = &info.type;
-  mn_node c = mn_input(g, "c", t->shape, t->rank);
-  mn_node target = mn_input(g, "t", t->shape, t->rank);
-  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
-  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-}
-
 static void finish_inference_graph(mn_graph *g, mn_node y) {
   mn_set_outputs(g, &y, 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
@@ -65,7 +53,7 @@ static void check_norm(bool layer, const int64_t *shape, int rank, float eps, ui
     y = mn_layer_norm(g, x, w, mn_parameter(g, "b", MN_SHAPE(shape[rank - 1])), eps);
   else
     y = mn_rms_norm(g, x, w, eps);
-  finish_training_graph(g, y);
+  mn_test_finish_training_graph(g, y);
   /* An offset keeps layer_norm's rows from being centred already. */
   const mn_test_range ranges[] = {{"x", -1, 3}, {"w", 0.5, 1.5}, {NULL, 0, 0}};
   check(g, true, ranges, seed);
@@ -141,7 +129,7 @@ CUDA_TEST(norm_weight_shared) {
   mn_node x = mn_parameter(g, "x", MN_SHAPE(2, 9, 48));
   mn_node w = mn_parameter(g, "w", MN_SHAPE(48)), b = mn_parameter(g, "b", MN_SHAPE(48));
   mn_node y = mn_add(g, mn_rms_norm(g, x, w, 1e-5f), mn_layer_norm(g, x, w, b, 1e-5f));
-  finish_training_graph(g, y);
+  mn_test_finish_training_graph(g, y);
   check(g, true, NULL, 55);
   mn_graph_free(g);
 }
@@ -160,7 +148,7 @@ static void check_rope(const int64_t *shape, int rank, float theta, int head_dim
   else
     y = mn_rope_with_offset(g, x, theta, static_offset, head_dim);
   if (training)
-    finish_training_graph(g, y);
+    mn_test_finish_training_graph(g, y);
   else
     finish_inference_graph(g, y);
   const mn_test_range ranges[] = {
@@ -213,7 +201,7 @@ static void check_embedding(const int64_t *ishape, int irank, int64_t rows, int6
   mn_node table = mn_parameter(g, "table", MN_SHAPE(rows, d));
   mn_node y = mn_embedding(g, idx, table);
   if (training)
-    finish_training_graph(g, y);
+    mn_test_finish_training_graph(g, y);
   else
     finish_inference_graph(g, y);
   const mn_test_range ranges[] = {{"idx", 0, (double)rows}, {NULL, 0, 0}};
@@ -247,7 +235,7 @@ static void check_scatter_add(const int64_t *sshape, int srank, int64_t rows, in
       training ? mn_parameter(g, "src", sshape, srank) : mn_input(g, "src", sshape, srank);
   mn_node y = mn_scatter_add(g, idx, src, rows);
   if (training)
-    finish_training_graph(g, y);
+    mn_test_finish_training_graph(g, y);
   else
     finish_inference_graph(g, y);
   const mn_test_range ranges[] = {{"idx", 0, (double)idx_hi}, {NULL, 0, 0}};
@@ -446,7 +434,7 @@ CUDA_TEST(llama_block_training) {
   mn_node n = mn_rms_norm(g, h, w, 1e-5f);
   mn_node q = mn_rope_with_offset(g, n, 10000.0f, 5, 64);
   mn_node k = mn_rope_dynamic_offset(g, n, 10000.0f, mn_input_u32(g, "offset", MN_SHAPE(1)), 64);
-  finish_training_graph(g, mn_add(g, h, mn_mul(g, q, k)));
+  mn_test_finish_training_graph(g, mn_add(g, h, mn_mul(g, q, k)));
   const mn_test_range ranges[] = {{"idx", 0, 97}, {"offset", 5, 6}, {NULL, 0, 0}};
   check(g, true, ranges, 130);
   mn_graph_free(g);

@@ -160,3 +160,37 @@ double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
                                  const mn_test_range *ranges, uint64_t seed) {
   return compare_backends(g, training, tol, ranges, seed, true);
 }
+
+bool mn_test_cuda_device_present(void) {
+#ifdef MN_WITH_CUDA
+  return mn_cuda_usable_devices() > 0;
+#else
+  return false;
+#endif
+}
+
+void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
+                        uint64_t seed) {
+  mn_test_assert_compiles(g, training);
+  if (mn_test_cuda_device_present()) mn_test_compare_cuda(g, training, 1e-5, ranges, seed);
+}
+
+void mn_test_finish_training_graph(mn_graph *g, mn_node y) {
+  mn_node_info info;
+  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK, "%s", mn_graph_error(g));
+  const mn_tensor_type *t = &info.type;
+  mn_node c = mn_input(g, "c", t->shape, t->rank);
+  mn_node target = mn_input(g, "t", t->shape, t->rank);
+  mn_node loss = mn_mse_loss(g, mn_mul(g, y, c), target);
+  mn_set_outputs(g, (mn_node[]){loss, y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+}
+
+void mn_test_check_cuda_unary(mn_node (*f)(mn_graph *, mn_node), const int64_t *shape, int rank,
+                              double lo, double hi, uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  mn_test_finish_training_graph(g, f(g, mn_parameter(g, "a", shape, rank)));
+  const mn_test_range ranges[] = {{"a", lo, hi}, {NULL, 0, 0}};
+  mn_test_check_cuda(g, true, ranges, seed);
+  mn_graph_free(g);
+}

@@ -37,4 +37,20 @@ double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
 double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
                                  const mn_test_range *ranges, uint64_t seed);
 
+/* True when this build has the CUDA backend and a device is usable. */
+bool mn_test_cuda_device_present(void);
+
+/* The op-suite routine: compiles g's kernels (no device needed) and, when a device is
+ * usable, compares g on both backends at 1e-5. */
+void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
+                        uint64_t seed);
+
+/* Makes y the subject of a training graph: loss = mse(y * c, t) with inputs c and t of
+ * y's shape (c makes the upstream gradient differ per element); outputs loss, then y. */
+void mn_test_finish_training_graph(mn_graph *g, mn_node y);
+
+/* f(parameter "a" of the given shape, values in [lo, hi)) through mn_test_check_cuda. */
+void mn_test_check_cuda_unary(mn_node (*f)(mn_graph *, mn_node), const int64_t *shape, int rank,
+                              double lo, double hi, uint64_t seed);
+
 #endif
