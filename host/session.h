@@ -56,6 +56,10 @@ mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session
                              mn_plan **out);
 mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_options *o,
                             mn_plan **out);
+/* mn_lower_training, filling `report` (when not NULL) with what the optimizer did and
+ * the lowering time. */
+mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_session_options *o,
+                                   mn_plan **out, mn_optimize_report *report);
 
 /* Creates a session around a lowered plan, taking ownership of the plan even on
  * failure; `fn` names the public builder in messages. */

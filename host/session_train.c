@@ -3,14 +3,17 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autodiff/autodiff.h"
 #include "error.h"
 #include "optimizer/optimize.h"
+#include "optimizer/report.h"
 #include "session.h"
 
-/* grad_output indexed by node of `before` (same node order as `after` up to dead-node
- * removal) rewritten for `after`, matching parameters by their unique names. */
+/* grad_output indexed by node of `before` (the graph autodiff differentiated) rewritten
+ * for `after`, matching parameters by their unique names: the optimizer and the sort in
+ * between renumber nodes but keep names, and outputs by index. */
 static int32_t *remap_grads(const mn_graph *before, const int32_t *grads, const mn_graph *after) {
   int32_t *out = malloc((after->num_nodes ? after->num_nodes : 1) * sizeof *out);
   if (!out) return NULL;
@@ -24,20 +27,27 @@ static int32_t *remap_grads(const mn_graph *before, const int32_t *grads, const 
   return out;
 }
 
-mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_options *o,
-                            mn_plan **out) {
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_session_options *o,
+                                   mn_plan **out, mn_optimize_report *report) {
   *out = NULL;
+  double t0 = now_ms();
   mn_graph *fwd = NULL, *full = NULL, *sorted = NULL;
   int32_t *grads = NULL, *sorted_grads = NULL;
   mn_status st = mn_graph_toposort_status(g, &fwd);
-  if (st == MN_OK) st = mn_optimize_graph(fn, &fwd, o, MN_OPTIMIZE_FORWARD);
+  if (st == MN_OK) st = mn_optimize_graph_report(fn, &fwd, o, MN_OPTIMIZE_FORWARD, report);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_autodiff(fn, fwd, &full, grads);
-  /* The optimizer keeps node order, names and outputs, so gradients stay matched. */
-  if (st == MN_OK) st = mn_optimize_graph(fn, &full, o, MN_OPTIMIZE_FULL);
+  /* The optimizer keeps names and the outputs' order, so gradients stay matched. */
+  if (st == MN_OK) st = mn_optimize_graph_report(fn, &full, o, MN_OPTIMIZE_FULL, report);
   if (st == MN_OK) st = mn_graph_toposort_status(full, &sorted);
-  if (st == MN_OK && !(sorted_grads = remap_grads(full, grads, sorted)))
+  if (st == MN_OK && !(sorted_grads = remap_grads(fwd, grads, sorted)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) {
     st = mn_plan_build(sorted, g->num_outputs, sorted_grads, out);
@@ -48,7 +58,17 @@ mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_
   mn_graph_free(sorted);
   free(grads);
   free(sorted_grads);
+  if (report && st == MN_OK) {
+    report->lower_ms = now_ms() - t0;
+    report->plan_dispatches = (*out)->num_dispatches;
+    report->plan_buffers = (*out)->num_buffers;
+  }
   return st;
+}
+
+mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_options *o,
+                            mn_plan **out) {
+  return mn_lower_training_report(fn, g, o, out, NULL);
 }
 
 mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn_session **out) {
@@ -59,6 +79,29 @@ mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn
   mn_plan *plan = NULL;
   if ((st = mn_lower_training(fn, g, &o, &plan)) != MN_OK) return st;
   return mn_session_create(fn, plan, &o, true, out);
+}
+
+mn_status mn_build_session_with_report(const mn_graph *g, const mn_session_options *opts,
+                                       mn_session **out, mn_optimize_report **report) {
+  const char *fn = "mn_build_session_with_report";
+  if (report) *report = NULL;
+  mn_status st = mn_session_check_buildable(fn, g, out);
+  if (st != MN_OK) return st;
+  mn_optimize_report *r = NULL;
+  if (report && !(r = mn_optimize_report_new()))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  double t0 = now_ms();
+  mn_session_options o = opts ? *opts : mn_session_options_default();
+  mn_plan *plan = NULL;
+  st = mn_lower_training_report(fn, g, &o, &plan, r);
+  if (st == MN_OK) st = mn_session_create(fn, plan, &o, true, out);
+  if (st != MN_OK) {
+    mn_optimize_report_free(r);
+    return st;
+  }
+  if (r) r->build_ms = now_ms() - t0;
+  if (report) *report = r;
+  return MN_OK;
 }
 
 mn_status mn_session_read_grad(mn_session *s, const char *name, float *out, size_t n) {
