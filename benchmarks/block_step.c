@@ -3,16 +3,10 @@
  * AdamW, MSE against a target. The block is tests/support/models.c, the one the
  * gradient checks verify. benchmarks/torch_steps.py times the same step in PyTorch. */
 #include "../tests/support/models.h"
-#include "bench_util.h"
+#include "common/step_bench.h"
 
 enum { B = 8, T = 512 };
-static const mn_test_block_config cfg = {.d_model = 576,
-                                         .num_heads = 9,
-                                         .num_kv_heads = 3,
-                                         .head_dim = 64,
-                                         .d_ff = 1536,
-                                         .rope_theta = 10000.0f,
-                                         .eps = 1e-5f};
+static const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(576, 9, 3, 64, 1536);
 
 static mn_graph *block(void) {
   mn_graph *g = mn_graph_new();
@@ -30,15 +24,9 @@ static void fill_random(float *x, size_t n, float scale) {
 }
 
 int main(int argc, char **argv) {
-  mn_session_options o = mn_session_options_default();
-  o.allow_tf32 = argc > 1 && strcmp(argv[1], "--tf32") == 0;
-  double cold = 0, warm = 0;
-  bool hit = false;
-  bench_build_times(block, &o, &cold, &warm, &hit);
-
-  mn_graph *g = block();
-  mn_session *s = NULL;
-  bench_check(mn_build_session(g, &o, &s), "build");
+  bench_step b = bench_step_begin(argc, argv, block);
+  mn_graph *g = b.g;
+  mn_session *s = b.s;
   srand(2);
   size_t act = (size_t)B * T * (size_t)cfg.d_model;
   float *x = malloc(act * sizeof *x);
@@ -62,15 +50,6 @@ int main(int argc, char **argv) {
     free(w);
   }
   bench_check(mn_session_set_adamw(s, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f), "adamw");
-  double ms = bench_steps_ms(s, 10, 11, 10);
-  mn_session_stats st;
-  mn_session_get_stats(s, &st);
-  printf("BENCH block_step%s backend=%s step_ms=%.4f launches_per_step=%.2f build_cold_ms=%.1f "
-         "build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu loss=%.4f\n",
-         o.allow_tf32 ? "_tf32" : "", st.backend, ms,
-         st.steps ? (double)st.submissions / (double)st.steps : 0.0, cold, warm, hit ? 1 : 0,
-         st.kernels, st.graph_nodes, mn_session_read_loss(s));
-  mn_session_free(s);
-  mn_graph_free(g);
+  bench_step_end(&b, "block_step", bench_steps_ms(s, 10, 11, 10));
   return 0;
 }

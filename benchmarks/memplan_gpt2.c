@@ -6,51 +6,14 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gpt_graph.h"
 #include "memplan.h"
 #include "session.h"
 
-enum { LAYERS = 12, D = 768, HEADS = 12, FF = 3072, VOCAB = 50257 };
-
-static mn_node linear(mn_graph *g, mn_node x, int layer, const char *what, int64_t in,
-                      int64_t out) {
-  char w[96], b[96];
-  snprintf(w, sizeof w, "transformer.h.%d.%s.weight", layer, what);
-  snprintf(b, sizeof b, "transformer.h.%d.%s.bias", layer, what);
-  /* GPT-2's Conv1D stores weights [in, out], so plain mn_matmul. */
-  return mn_bias_add(g, mn_matmul(g, x, mn_parameter(g, w, MN_SHAPE(in, out))),
-                     mn_parameter(g, b, MN_SHAPE(out)));
-}
-
-static mn_node norm(mn_graph *g, mn_node x, int layer, const char *what) {
-  char w[96], b[96];
-  snprintf(w, sizeof w, "transformer.h.%d.%s.weight", layer, what);
-  snprintf(b, sizeof b, "transformer.h.%d.%s.bias", layer, what);
-  return mn_layer_norm(g, x, mn_parameter(g, w, MN_SHAPE(D)), mn_parameter(g, b, MN_SHAPE(D)),
-                       1e-5f);
-}
-
 int main(int argc, char **argv) {
   int64_t batch = argc > 1 ? atoll(argv[1]) : 16, seq = argc > 2 ? atoll(argv[2]) : 1024;
-  mn_graph *g = mn_graph_new();
-  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(batch, seq));
-  mn_node positions = mn_input_u32(g, "positions", MN_SHAPE(batch, seq));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch, seq));
-  mn_node wte = mn_parameter(g, "transformer.wte.weight", MN_SHAPE(VOCAB, D));
-  mn_node wpe = mn_parameter(g, "transformer.wpe.weight", MN_SHAPE(seq, D));
-  mn_node h = mn_add(g, mn_embedding(g, tokens, wte), mn_embedding(g, positions, wpe));
-  for (int l = 0; l < LAYERS; l++) {
-    mn_node a = norm(g, h, l, "ln_1");
-    mn_node q = linear(g, a, l, "attn.q", D, D), k = linear(g, a, l, "attn.k", D, D);
-    mn_node v = linear(g, a, l, "attn.v", D, D);
-    mn_node att = mn_causal_attention(g, q, k, v, HEADS, HEADS, D / HEADS);
-    h = mn_add(g, h, linear(g, att, l, "attn.c_proj", D, D));
-    mn_node m = mn_gelu(g, linear(g, norm(g, h, l, "ln_2"), l, "mlp.c_fc", D, FF));
-    h = mn_add(g, h, linear(g, m, l, "mlp.c_proj", FF, D));
-  }
-  mn_node ln_f = mn_layer_norm(g, h, mn_parameter(g, "transformer.ln_f.weight", MN_SHAPE(D)),
-                               mn_parameter(g, "transformer.ln_f.bias", MN_SHAPE(D)), 1e-5f);
-  mn_node loss = mn_sparse_cross_entropy_loss(g, mn_matmul_bt(g, ln_f, wte), labels);
-  mn_set_outputs(g, &loss, 1);
+  const gpt_config c = gpt2_small(batch, seq);
+  mn_graph *g = gpt_graph(&c);
 
   mn_session_options o = mn_session_options_default();
   mn_plan *plan = NULL;

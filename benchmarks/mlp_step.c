@@ -1,7 +1,7 @@
 /* The MLP training step of issue 4: 784-512-512-10, batch 128, ReLU, softmax
  * cross-entropy, SGD. Prints one BENCH line (milliseconds per step, build times) for
  * scripts/gpu-test.sh; benchmarks/torch_steps.py times the same step in PyTorch. */
-#include "bench_util.h"
+#include "common/step_bench.h"
 
 enum { B = 128, IN = 784, H = 512, OUT = 10 };
 
@@ -24,15 +24,8 @@ static mn_graph *mlp(void) {
 }
 
 int main(int argc, char **argv) {
-  mn_session_options o = mn_session_options_default();
-  o.allow_tf32 = argc > 1 && strcmp(argv[1], "--tf32") == 0;
-  double cold = 0, warm = 0;
-  bool hit = false;
-  bench_build_times(mlp, &o, &cold, &warm, &hit);
-
-  mn_graph *g = mlp();
-  mn_session *s = NULL;
-  bench_check(mn_build_session(g, &o, &s), "build");
+  bench_step b = bench_step_begin(argc, argv, mlp);
+  mn_session *s = b.s;
   float *x = malloc(sizeof(float) * B * IN);
   uint32_t labels[B];
   srand(1);
@@ -54,16 +47,7 @@ int main(int argc, char **argv) {
     free(w);
   }
   bench_check(mn_session_set_learning_rate(s, 0.01f), "lr");
-  double ms = bench_steps_ms(s, 50, 21, 100);
-  mn_session_stats st;
-  mn_session_get_stats(s, &st);
-  printf("BENCH mlp_step%s backend=%s step_ms=%.4f launches_per_step=%.2f build_cold_ms=%.1f "
-         "build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu loss=%.4f\n",
-         o.allow_tf32 ? "_tf32" : "", st.backend, ms,
-         st.steps ? (double)st.submissions / (double)st.steps : 0.0, cold, warm, hit ? 1 : 0,
-         st.kernels, st.graph_nodes, mn_session_read_loss(s));
+  bench_step_end(&b, "mlp_step", bench_steps_ms(s, 50, 21, 100));
   free(x);
-  mn_session_free(s);
-  mn_graph_free(g);
   return 0;
 }

@@ -11,64 +11,22 @@
 #include <unistd.h>
 
 #include "../io/plan_cache.h"
+#include "bench_util.h"
+#include "gpt_graph.h"
 #include "session.h"
 
-enum { LAYERS = 12, D = 64, HEADS = 4, FF = 256, VOCAB = 512, BATCH = 2, SEQ = 32 };
-
-static mn_node linear(mn_graph *g, mn_node x, int layer, const char *what, int64_t in,
-                      int64_t out) {
-  char w[96], b[96];
-  snprintf(w, sizeof w, "transformer.h.%d.%s.weight", layer, what);
-  snprintf(b, sizeof b, "transformer.h.%d.%s.bias", layer, what);
-  return mn_bias_add(g, mn_matmul(g, x, mn_parameter(g, w, MN_SHAPE(in, out))),
-                     mn_parameter(g, b, MN_SHAPE(out)));
-}
-
-static mn_node norm(mn_graph *g, mn_node x, int layer, const char *what) {
-  char w[96], b[96];
-  snprintf(w, sizeof w, "transformer.h.%d.%s.weight", layer, what);
-  snprintf(b, sizeof b, "transformer.h.%d.%s.bias", layer, what);
-  return mn_layer_norm(g, x, mn_parameter(g, w, MN_SHAPE(D)), mn_parameter(g, b, MN_SHAPE(D)),
-                       1e-5f);
-}
-
-static mn_graph *gpt(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(BATCH, SEQ));
-  mn_node positions = mn_input_u32(g, "positions", MN_SHAPE(BATCH, SEQ));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(BATCH, SEQ));
-  mn_node wte = mn_parameter(g, "transformer.wte.weight", MN_SHAPE(VOCAB, D));
-  mn_node wpe = mn_parameter(g, "transformer.wpe.weight", MN_SHAPE(SEQ, D));
-  mn_node h = mn_add(g, mn_embedding(g, tokens, wte), mn_embedding(g, positions, wpe));
-  for (int l = 0; l < LAYERS; l++) {
-    mn_node a = norm(g, h, l, "ln_1");
-    mn_node q = linear(g, a, l, "attn.q", D, D), k = linear(g, a, l, "attn.k", D, D);
-    mn_node v = linear(g, a, l, "attn.v", D, D);
-    mn_node att = mn_causal_attention(g, q, k, v, HEADS, HEADS, D / HEADS);
-    h = mn_add(g, h, linear(g, att, l, "attn.c_proj", D, D));
-    mn_node m = mn_gelu(g, linear(g, norm(g, h, l, "ln_2"), l, "mlp.c_fc", D, FF));
-    h = mn_add(g, h, linear(g, m, l, "mlp.c_proj", FF, D));
-  }
-  mn_node ln_f = mn_layer_norm(g, h, mn_parameter(g, "transformer.ln_f.weight", MN_SHAPE(D)),
-                               mn_parameter(g, "transformer.ln_f.bias", MN_SHAPE(D)), 1e-5f);
-  mn_node loss = mn_sparse_cross_entropy_loss(g, mn_matmul_bt(g, ln_f, wte), labels);
-  mn_set_outputs(g, &loss, 1);
-  return g;
-}
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
+/* GPT-2 small's depth (12 layers) at the small width the header speaks of. */
+static gpt_config config(void) {
+  gpt_config c = gpt2_small(2, 32);
+  c.heads = 4;
+  c.d_model = 64;
+  c.d_ff = 256;
+  c.vocab = 512;
+  return c;
 }
 
 static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  qsort(v, (size_t)n, sizeof *v, bench_cmp);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -86,32 +44,32 @@ static char *slurp(const char *path, size_t *len) {
   return buf;
 }
 
-static void fail(const char *what) {
-  fprintf(stderr, "%s failed: %s\n", what, mn_last_error());
-  exit(1);
-}
-
 static double run_ms(const mn_graph *g, const char *path, mode m) {
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
   if (m == COLD) unlink(path);
   mn_session *s = NULL;
   mn_plan *plan = NULL;
-  double t0 = now_ms();
+  double t0 = bench_now_ms();
   if (m == LOWER) {
-    if (mn_lower_training("bench", g, &o, &plan) != MN_OK) fail("lowering");
+    bench_check(mn_lower_training("bench", g, &o, &plan), "lowering");
   } else if (m == READ) {
     size_t len = 0;
     char *text = slurp(path, &len);
-    if (!text || mn_plan_cache_parse(text, len, g, &o, MN_PLAN_CACHE_VERIFY_CHECKSUM, &plan, NULL,
-                                     0) != MN_OK)
-      fail("reading the cache");
+    if (!text) {
+      fprintf(stderr, "cannot read %s\n", path);
+      exit(1);
+    }
+    bench_check(
+        mn_plan_cache_parse(text, len, g, &o, MN_PLAN_CACHE_VERIFY_CHECKSUM, &plan, NULL, 0),
+        "reading the cache");
     free(text);
-  } else if ((m == UNCACHED ? mn_build_session(g, &o, &s)
-                            : mn_build_session_cached(g, path, &o, &s)) != MN_OK) {
-    fail("build");
+  } else {
+    bench_check(m == UNCACHED ? mn_build_session(g, &o, &s)
+                              : mn_build_session_cached(g, path, &o, &s),
+                "build");
   }
-  double t1 = now_ms();
+  double t1 = bench_now_ms();
   mn_plan_free(plan);
   mn_session_free(s);
   return t1 - t0;
@@ -125,7 +83,8 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s", argv[2]);
   else
     snprintf(path, sizeof path, "/tmp/mn_bench_plan_cache_%ld.json", (long)getpid());
-  mn_graph *g = gpt();
+  const gpt_config c = config();
+  mn_graph *g = gpt_graph(&c);
   if (mn_graph_status(g) != MN_OK) {
     fprintf(stderr, "graph: %s\n", mn_graph_error(g));
     return 1;
@@ -144,8 +103,8 @@ int main(int argc, char **argv) {
   printf("plan cache, gpt-style %d layers (d %d, %zu user nodes), cpu backend, median of %d:\n"
          "  lowering %.2f ms, reading the cache %.2f ms (%zu bytes)\n"
          "  session build: mn_build_session %.2f ms, cached cold %.2f ms, cached warm %.2f ms\n",
-         LAYERS, D, mn_graph_num_nodes(g), repeats, med[LOWER], med[READ], bytes, med[UNCACHED],
-         med[COLD], med[WARM]);
+         c.layers, (int)c.d_model, mn_graph_num_nodes(g), repeats, med[LOWER], med[READ], bytes,
+         med[UNCACHED], med[COLD], med[WARM]);
   unlink(path);
   for (int m = 0; m < NUM_MODES; m++)
     free(t[m]);

@@ -3,7 +3,6 @@
  * a missing or extra tensor, bad metadata) is refused with its own status and message and
  * changes nothing; and a save killed at any moment leaves at the path either nothing (before
  * the first save finished) or one complete checkpoint, never a partial one. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -19,47 +18,10 @@
 #include "io/safetensors.h"
 #include "session.h"
 #include "support/mn_test.h"
+#include "support/session_util.h"
+#include "support/tmp_dir.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
-
-/* ---------------------------------------------------------------- files */
-
-typedef struct tmp_dir {
-  char dir[64];
-} tmp_dir;
-
-static tmp_dir make_dir(void) {
-  tmp_dir t;
-  snprintf(t.dir, sizeof t.dir, "/tmp/mn_checkpoint_XXXXXX");
-  cr_assert_not_null(mkdtemp(t.dir));
-  return t;
-}
-
-static const char *in_dir(const tmp_dir *t, const char *name) {
-  static char path[4][160];
-  static int next;
-  char *p = path[next++ % 4];
-  snprintf(p, sizeof path[0], "%s/%s", t->dir, name);
-  return p;
-}
-
-/* Removes the folder and everything in it; returns how many files it held. */
-static size_t remove_dir(const tmp_dir *t) {
-  DIR *d = opendir(t->dir);
-  cr_assert_not_null(d);
-  struct dirent *e;
-  size_t n = 0;
-  char path[512];
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-      snprintf(path, sizeof path, "%s/%s", t->dir, e->d_name);
-      unlink(path);
-      n++;
-    }
-  closedir(d);
-  rmdir(t->dir);
-  return n;
-}
 
 /* ---------------------------------------------------------------- the model */
 
@@ -82,35 +44,13 @@ static mn_graph *mlp(int64_t hidden) {
   return g;
 }
 
-static const char *const param_names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
-                                          "unused"};
+/* The parameters of mlp(), "unused" included. */
+enum { NUM_PARAMS = 5 };
 
-static size_t param_numel(const char *name, int64_t hidden) {
-  if (strcmp(name, "fc1.weight") == 0) return (size_t)(K * hidden);
-  if (strcmp(name, "fc1.bias") == 0) return (size_t)hidden;
-  if (strcmp(name, "fc2.weight") == 0) return (size_t)(hidden * N);
-  if (strcmp(name, "fc2.bias") == 0) return N;
-  return 3;
-}
-
-static mn_session *session_of(const mn_graph *g, bool training) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_session *s = NULL;
-  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
-  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-  return s;
-}
-
-static void init_params(mn_session *s, int64_t hidden, uint64_t seed) {
+/* Every parameter uniform in [-0.5, 0.5), drawn in node order from `seed`. */
+static void init_params(const mn_graph *g, mn_session *s, uint64_t seed) {
   mn_rng rng = mn_rng_new(seed);
-  for (size_t i = 0; i < LEN(param_names); i++) {
-    size_t n = param_numel(param_names[i], hidden);
-    float *v = malloc(n * sizeof *v);
-    mn_rng_fill(&rng, v, n, -0.5f, 0.5f);
-    cr_assert_eq(mn_session_set_parameter(s, param_names[i], v, n), MN_OK, "%s", mn_last_error());
-    free(v);
-  }
+  mn_test_init_uniform(g, s, &rng, -0.5f, 0.5f, false);
 }
 
 /* Inputs differ from step to step but depend only on the step number. */
@@ -130,21 +70,6 @@ static float step(mn_session *s, int t) {
   return mn_session_read_loss(s);
 }
 
-/* Every parameter, concatenated in param_names order; free() it. */
-static float *read_params(mn_session *s, int64_t hidden, size_t *count) {
-  size_t total = 0;
-  for (size_t i = 0; i < LEN(param_names); i++)
-    total += param_numel(param_names[i], hidden);
-  float *all = malloc(total * sizeof *all), *dst = all;
-  for (size_t i = 0; i < LEN(param_names); i++) {
-    size_t n = param_numel(param_names[i], hidden);
-    cr_assert_eq(mn_session_read_param(s, param_names[i], dst, n), MN_OK, "%s", mn_last_error());
-    dst += n;
-  }
-  *count = total;
-  return all;
-}
-
 typedef enum variant { ADAMW, ADAMW_CLIP, ADAM, SGD } variant;
 
 static void configure(mn_session *s, variant v) {
@@ -161,8 +86,8 @@ static void configure(mn_session *s, variant v) {
 
 /* A session trained `steps` steps from a fixed start. */
 static mn_session *trained(const mn_graph *g, variant v, int steps) {
-  mn_session *s = session_of(g, true);
-  init_params(s, H, 5);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
+  init_params(g, s, 5);
   configure(s, v);
   for (int t = 0; t < steps; t++)
     step(s, t);
@@ -173,8 +98,8 @@ static mn_session *trained(const mn_graph *g, variant v, int steps) {
 
 static void check_resume(variant v) {
   enum { BEFORE = 10, AFTER = 10 };
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H);
   mn_session *a = trained(g, v, BEFORE);
   cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
@@ -183,24 +108,19 @@ static void check_resume(variant v) {
     want[i] = step(a, BEFORE + i);
 
   /* A fresh session: other initial values, no optimizer configured; the file restores all. */
-  mn_session *b = session_of(g, true);
-  init_params(b, H, 99);
+  mn_session *b = mn_test_session(g, MN_BACKEND_CPU, true);
+  init_params(g, b, 99);
   cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
   cr_assert_eq(b->step_count, (uint64_t)BEFORE);
   for (int i = 0; i < AFTER; i++)
     got[i] = step(b, BEFORE + i);
   cr_assert(memcmp(want, got, sizeof want) == 0, "losses differ after resuming: %.9g vs %.9g",
             want[AFTER - 1], got[AFTER - 1]);
-  size_t na, nb;
-  float *pa = read_params(a, H, &na), *pb = read_params(b, H, &nb);
-  cr_assert_eq(na, nb);
-  cr_assert(memcmp(pa, pb, na * sizeof *pa) == 0, "parameters differ after resuming");
-  free(pa);
-  free(pb);
+  mn_test_assert_same_params(g, a, b, 0, "after resuming");
   mn_session_free(a);
   mn_session_free(b);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, resume_adamw_is_exact) { check_resume(ADAMW); }
@@ -209,8 +129,8 @@ Test(checkpoint, resume_adam_is_exact) { check_resume(ADAM); }
 Test(checkpoint, resume_sgd_is_exact) { check_resume(SGD); }
 
 Test(checkpoint, file_layout_and_metadata) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H);
   mn_session *s = trained(g, ADAMW_CLIP, 3);
   cr_assert_eq(mn_session_save_checkpoint(s, path), MN_OK, "%s", mn_last_error());
@@ -235,7 +155,7 @@ Test(checkpoint, file_layout_and_metadata) {
     cr_assert_str_eq(v, meta[i].value, "metadata %s", meta[i].key);
   }
   /* Four trained parameters with two moments each, plus "unused" without moments. */
-  cr_assert_eq(mn_safetensors_count(st), 5 + 4 * 2);
+  cr_assert_eq(mn_safetensors_count(st), NUM_PARAMS + 4 * 2);
   mn_safetensors_info info;
   cr_assert_eq(mn_safetensors_info_of(st, "optimizer.exp_avg_sq.fc1.weight", &info), MN_OK);
   cr_assert_str_eq(info.dtype, "F32");
@@ -253,33 +173,29 @@ Test(checkpoint, file_layout_and_metadata) {
   mn_safetensors_close(st);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, inference_session_takes_the_parameters) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H);
   mn_session *s = trained(g, ADAMW, 2);
   cr_assert_eq(mn_session_save_checkpoint(s, path), MN_OK, "%s", mn_last_error());
-  mn_session *inf = session_of(g, false);
+  mn_session *inf = mn_test_session(g, MN_BACKEND_CPU, false);
   cr_assert_eq(mn_session_load_checkpoint(inf, path), MN_OK, "%s", mn_last_error());
-  size_t na, nb;
-  float *pa = read_params(s, H, &na), *pb = read_params(inf, H, &nb);
-  cr_assert(na == nb && memcmp(pa, pb, na * sizeof *pa) == 0);
+  mn_test_assert_same_params(g, s, inf, 0, "in the inference session");
   /* And an inference session's own checkpoint has no optimizer state. */
   cr_assert_eq(mn_session_save_checkpoint(inf, path), MN_OK, "%s", mn_last_error());
   mn_safetensors *st = NULL;
   cr_assert_eq(mn_safetensors_open(path, &st), MN_OK);
-  cr_assert_eq(mn_safetensors_count(st), LEN(param_names));
+  cr_assert_eq(mn_safetensors_count(st), NUM_PARAMS);
   cr_assert_str_eq(mn_safetensors_metadata(st, "optimizer"), "none");
   mn_safetensors_close(st);
-  free(pa);
-  free(pb);
   mn_session_free(s);
   mn_session_free(inf);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 /* ---------------------------------------------------------------- refused files */
@@ -368,15 +284,11 @@ static void check_refused(const char *path, mn_status want, const char *fragment
   mn_assert_error(mn_session_load_checkpoint(a, path), want, fragment);
   cr_assert(strstr(mn_last_error(), "mn_session_load_checkpoint: ") == mn_last_error(), "%s",
             mn_last_error());
-  size_t na, nb;
-  float *pa = read_params(a, H, &na), *pb = read_params(b, H, &nb);
-  cr_assert(memcmp(pa, pb, na * sizeof *pa) == 0, "a refused load changed parameters");
+  mn_test_assert_same_params(g, a, b, 0, "after a refused load");
   cr_assert(memcmp(&a->optim, &b->optim, sizeof a->optim) == 0, "optimizer settings changed");
   cr_assert_eq(a->step_count, b->step_count);
   float la = step(a, 3), lb = step(b, 3);
   cr_assert(memcmp(&la, &lb, sizeof la) == 0, "loss after a refused load: %.9g vs %.9g", la, lb);
-  free(pa);
-  free(pb);
   mn_session_free(a);
   mn_session_free(b);
   mn_graph_free(g);
@@ -384,16 +296,16 @@ static void check_refused(const char *path, mn_status want, const char *fragment
 
 /* Saves a checkpoint of the standard model (edited by e) and checks that it is refused. */
 static void check_refused_edit(edit e, mn_status want, const char *fragment) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H);
   mn_session *s = trained(g, ADAMW_CLIP, 1);
-  init_params(s, H, 77); /* values the refused load must not bring in */
+  init_params(g, s, 77); /* values the refused load must not bring in */
   write_edited(s, path, e);
   mn_session_free(s);
   mn_graph_free(g);
   check_refused(path, want, fragment);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, missing_file) {
@@ -402,8 +314,8 @@ Test(checkpoint, missing_file) {
 }
 
 Test(checkpoint, not_a_checkpoint) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "weights.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "weights.safetensors");
   mn_graph *g = mlp(H);
   mn_session *s = trained(g, ADAMW, 1);
   /* Weights alone, as for transformers: no checkpoint metadata. */
@@ -411,12 +323,12 @@ Test(checkpoint, not_a_checkpoint) {
   mn_session_free(s);
   mn_graph_free(g);
   check_refused(path, MN_ERR_FORMAT, "not a meganeura checkpoint");
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, truncated_file) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H);
   mn_session *s = trained(g, ADAMW, 1);
   cr_assert_eq(mn_session_save_checkpoint(s, path), MN_OK);
@@ -426,20 +338,20 @@ Test(checkpoint, truncated_file) {
   mn_session_free(s);
   mn_graph_free(g);
   check_refused(path, MN_ERR_FORMAT, "mn_session_load_checkpoint: mn_safetensors_open: ");
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, shape_mismatch) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = mlp(H / 2);
-  mn_session *s = session_of(g, true);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
   cr_assert_eq(mn_session_save_checkpoint(s, path), MN_OK);
   mn_session_free(s);
   mn_graph_free(g);
   check_refused(path, MN_ERR_SHAPE,
                 "tensor \"fc1.weight\" is [8,16] in the file, the parameter is [8,32]");
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(checkpoint, missing_parameter) {
@@ -486,7 +398,7 @@ Test(checkpoint, bad_metadata) {
 
 Test(checkpoint, argument_errors) {
   mn_graph *g = mlp(H);
-  mn_session *s = session_of(g, true);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
   mn_assert_error(mn_session_save_checkpoint(NULL, "/tmp/x"), MN_ERR_INVALID_ARGUMENT,
                   "mn_session_save_checkpoint: session is NULL");
   mn_assert_error(mn_session_save_checkpoint(s, NULL), MN_ERR_INVALID_ARGUMENT,
@@ -567,10 +479,11 @@ static double now_ms(void) {
  * no save ever finished. Temp files of killed saves may remain in the folder (nothing reads
  * them); the test counts them and removes them. */
 Test(checkpoint, killed_saves_leave_a_complete_file, .timeout = 240) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "ck.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   mn_graph *g = big_graph();
-  mn_session *s = session_of(g, true), *check = session_of(g, true);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true),
+             *check = mn_test_session(g, MN_BACKEND_CPU, true);
   float *buf = malloc(BIG_NUMEL * sizeof *buf);
 
   /* One save's duration sets the range of kill delays. */
@@ -629,7 +542,7 @@ Test(checkpoint, killed_saves_leave_a_complete_file, .timeout = 240) {
     if (got == in_flight) last_done = got;
   }
   size_t present = access(path, F_OK) == 0 ? 1 : 0;
-  size_t leftovers = remove_dir(&t) - present;
+  size_t leftovers = mn_tmp_dir_remove(&t) - present;
   cr_log_info("%d kills, save of %.0f ms: %d before any save finished, %zu leftover temp files",
               KILLS, save_ms, absent, leftovers);
   free(buf);

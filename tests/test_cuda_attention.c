@@ -7,6 +7,7 @@
 
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
+#include "support/session_util.h"
 
 #define TOL 1e-5
 
@@ -162,10 +163,7 @@ static void check_kv_len_error(uint32_t kv_len) {
   mn_graph *g = build_cached(&smol);
   mn_test_assert_compiles(g, false);
   mn_test_require_cuda_device();
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, false);
   size_t nq = (size_t)smol.heads * smol.head_dim;
   size_t nkv = (size_t)smol.max_seq * smol.kv_heads * smol.head_dim;
   float *data = malloc(nkv * sizeof *data);

@@ -2,67 +2,31 @@
  * data: the loss trajectories over 20 steps and the final weights must agree. Also the
  * planned step against inputs that change every step (staging through pinned memory). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
 #include "support/models.h"
+#include "support/session_util.h"
+#include "support/tmp_dir.h"
 
 enum { STEPS = 20 };
 
 typedef void (*configure_fn)(mn_session *s);
 typedef void (*feed_fn)(mn_session *s, int step);
 
-static mn_session *build_on(const mn_graph *g, mn_backend b) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = b;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
-  return s;
-}
-
-/* Same random weights into both sessions: normal(0, 0.1), norms at 1. */
-static void init_params(const mn_graph *g, mn_session *a, mn_session *b, uint64_t seed) {
-  mn_rng r = mn_rng_new(seed);
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *w = malloc(n * sizeof *w);
-    bool is_norm = strstr(info.name, "norm") != NULL;
-    for (size_t k = 0; k < n; k++)
-      w[k] = is_norm ? 1.0f : 0.1f * (float)mn_rng_normal(&r);
-    cr_assert_eq(mn_session_set_parameter(a, info.name, w, n), MN_OK);
-    cr_assert_eq(mn_session_set_parameter(b, info.name, w, n), MN_OK);
-    free(w);
-  }
-}
-
-static void assert_same_params(const mn_graph *g, mn_session *gpu, mn_session *cpu, double tol) {
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-    cr_assert_eq(mn_session_read_param(gpu, info.name, a, n), MN_OK);
-    cr_assert_eq(mn_session_read_param(cpu, info.name, b, n), MN_OK);
-    double err = mn_test_rel_err(a, b, n);
-    cr_assert(err <= tol, "parameter %s after %d steps: relative error %.3g", info.name, STEPS,
-              err);
-    free(a);
-    free(b);
-  }
+/* The same random weights (seed 11) into every session: normal(0, 0.1), norms at 1. */
+static void init_params(const mn_graph *g, mn_session *const *sessions, size_t n) {
+  mn_rng r = mn_rng_new(11);
+  mn_test_init_normal(g, sessions, n, &r, 0.1f, true);
 }
 
 /* Trains both for STEPS steps, feeding per-step data, and compares every loss. */
 static void compare_training(const mn_graph *g, configure_fn configure, feed_fn feed, double tol) {
   mn_test_require_cuda_device();
-  mn_session *cpu = build_on(g, MN_BACKEND_CPU), *gpu = build_on(g, MN_BACKEND_CUDA);
-  init_params(g, cpu, gpu, 11);
+  mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true),
+             *gpu = mn_test_session(g, MN_BACKEND_CUDA, true);
+  init_params(g, (mn_session *[]){cpu, gpu}, 2);
   configure(cpu);
   configure(gpu);
   double worst = 0;
@@ -79,7 +43,9 @@ static void compare_training(const mn_graph *g, configure_fn configure, feed_fn 
     worst = rel > worst ? rel : worst;
   }
   cr_log_info("largest relative loss difference over %d steps: %.3g", STEPS, worst);
-  assert_same_params(g, gpu, cpu, 10 * tol);
+  char when[32];
+  snprintf(when, sizeof when, "after %d steps", STEPS);
+  mn_test_assert_same_params(g, gpu, cpu, 10 * tol, when);
   mn_session_stats stats;
   mn_session_get_stats(gpu, &stats);
   cr_assert_eq(stats.graph_launches, (uint64_t)STEPS);
@@ -142,25 +108,8 @@ Test(cuda_models, mlp_adamw_with_clipping_matches_the_reference_for_20_steps) {
 enum { TB_B = 2, TB_T = 40, TB_V = 97 };
 
 static mn_graph *transformer(void) {
-  const mn_test_block_config cfg = {.d_model = 96,
-                                    .num_heads = 6,
-                                    .num_kv_heads = 2,
-                                    .head_dim = 16,
-                                    .d_ff = 160,
-                                    .rope_theta = 10000.0f,
-                                    .eps = 1e-5f};
-  mn_graph *g = mn_graph_new();
-  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(TB_B, TB_T));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(TB_B, TB_T));
-  mn_node emb = mn_parameter(g, "embed_tokens.weight", MN_SHAPE(TB_V, cfg.d_model));
-  mn_node h = mn_embedding(g, tokens, emb);
-  for (int l = 0; l < 2; l++) {
-    mn_test_block_weights w = mn_test_block_params(g, &cfg, l);
-    h = mn_test_block(g, &cfg, &w, h);
-  }
-  mn_node norm = mn_parameter(g, "norm.weight", MN_SHAPE(cfg.d_model));
-  mn_node logits = mn_matmul_bt(g, mn_rms_norm(g, h, norm, cfg.eps), emb);
-  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
+  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(96, 6, 2, 16, 160);
+  mn_graph *g = mn_test_lm(&cfg, TB_B, TB_T, TB_V, 2);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
 }
@@ -215,13 +164,13 @@ Test(cuda_models, tf32_matmuls_stay_within_the_documented_level) {
 
 static void sgd_tf32_trajectory(const mn_graph *g, double tol) {
   mn_test_require_cuda_device();
-  mn_session *cpu = build_on(g, MN_BACKEND_CPU);
+  mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CUDA;
   o.allow_tf32 = true;
   mn_session *gpu = NULL;
   cr_assert_eq(mn_build_session(g, &o, &gpu), MN_OK, "%s", mn_last_error());
-  init_params(g, cpu, gpu, 11);
+  init_params(g, (mn_session *[]){cpu, gpu}, 2);
   sgd(cpu);
   sgd(gpu);
   for (int step = 0; step < STEPS; step++) {
@@ -260,36 +209,22 @@ static void train(mn_session *s, int first, int count, float *losses) {
 Test(cuda_models, checkpoint_resume_is_bitwise_exact_on_the_gpu) {
   mn_test_require_cuda_device();
   mn_graph *g = mlp();
-  mn_session *a = build_on(g, MN_BACKEND_CUDA), *b = build_on(g, MN_BACKEND_CUDA);
-  mn_session *unused = build_on(g, MN_BACKEND_CPU);
-  init_params(g, a, unused, 11);
+  mn_session *a = mn_test_session(g, MN_BACKEND_CUDA, true),
+             *b = mn_test_session(g, MN_BACKEND_CUDA, true);
+  init_params(g, &a, 1);
   adamw_clip(a);
   float warm[10], after_a[10], after_b[10];
   train(a, 0, 10, warm);
-  char path[] = "/tmp/mn-cuda-ckpt-XXXXXX";
-  int fd = mkstemp(path);
-  cr_assert_geq(fd, 0);
-  close(fd);
+  mn_tmp_dir t = mn_tmp_dir_make("mn_cuda_ckpt");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
   cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
   train(a, 10, 10, after_a);
   cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
   train(b, 10, 10, after_b);
   cr_assert_eq(memcmp(after_a, after_b, sizeof after_a), 0, "losses after resume differ");
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *pa = malloc(n * sizeof *pa), *pb = malloc(n * sizeof *pb);
-    cr_assert_eq(mn_session_read_param(a, info.name, pa, n), MN_OK);
-    cr_assert_eq(mn_session_read_param(b, info.name, pb, n), MN_OK);
-    cr_assert_eq(memcmp(pa, pb, n * sizeof *pa), 0, "parameter %s differs after resume", info.name);
-    free(pa);
-    free(pb);
-  }
-  remove(path);
+  mn_test_assert_same_params(g, a, b, 0, "after resume");
+  mn_tmp_dir_remove(&t);
   mn_session_free(a);
   mn_session_free(b);
-  mn_session_free(unused);
   mn_graph_free(g);
 }

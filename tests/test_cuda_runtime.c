@@ -9,6 +9,8 @@
 
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
+#include "support/session_util.h"
+#include "support/tmp_dir.h"
 #ifdef MN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -37,7 +39,8 @@ Test(cuda_runtime, an_mlp_training_graph_compiles_for_sm90) {
 }
 
 #ifdef MN_WITH_CUDA
-static const char *tiny_source = "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 1; }\n";
+static const char *tiny_source =
+    "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] = 1; }\n";
 
 Test(cuda_runtime, a_compile_error_is_a_device_error_with_the_log) {
   mn_cu_binary bin;
@@ -48,20 +51,9 @@ Test(cuda_runtime, a_compile_error_is_a_device_error_with_the_log) {
             mn_last_error());
 }
 
-static char *temp_dir(void) {
-  char *dir = strdup("/tmp/mn-cache-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  return dir;
-}
-
-static void remove_dir(const char *dir) {
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  cr_assert_eq(system(cmd), 0);
-}
-
 Test(cuda_runtime, a_warm_cache_compiles_nothing_and_a_corrupt_entry_is_replaced) {
-  char *dir = temp_dir();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_cuda_cache");
+  const char *dir = t.path;
   mn_cu_binary cold, warm, again;
   cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &cold), MN_OK, "%s", mn_last_error());
   cr_assert(!cold.from_cache);
@@ -71,8 +63,9 @@ Test(cuda_runtime, a_warm_cache_compiles_nothing_and_a_corrupt_entry_is_replaced
   cr_assert_eq(warm.size, cold.size);
   cr_assert_eq(memcmp(warm.data, cold.data, cold.size), 0);
   /* Truncate the entry: it must be detected, recompiled and rewritten. */
-  char path[512];
-  snprintf(path, sizeof path, "%s/kernels-sm_90-%s.cubin", dir, cold.key);
+  char name[256];
+  snprintf(name, sizeof name, "kernels-sm_90-%s.cubin", cold.key);
+  const char *path = mn_tmp_path(&t, name);
   cr_assert_eq(truncate(path, 20), 0, "cache file %s missing", path);
   cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &again), MN_OK, "%s", mn_last_error());
   cr_assert(!again.from_cache, "a truncated cache entry was used");
@@ -88,12 +81,12 @@ Test(cuda_runtime, a_warm_cache_compiles_nothing_and_a_corrupt_entry_is_replaced
   mn_cu_binary_free(&warm);
   mn_cu_binary_free(&again);
   mn_cu_binary_free(&other);
-  remove_dir(dir);
-  free(dir);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(cuda_runtime, processes_sharing_the_cache_never_see_a_partial_file) {
-  char *dir = temp_dir();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_cuda_cache");
+  const char *dir = t.path;
   enum { procs = 4, rounds = 3 };
   for (int i = 0; i < procs; i++) {
     pid_t pid = fork();
@@ -117,19 +110,9 @@ Test(cuda_runtime, processes_sharing_the_cache_never_see_a_partial_file) {
   cr_assert_eq(mn_cu_compile(tiny_source, "sm_90", dir, &b), MN_OK);
   cr_assert(b.from_cache);
   mn_cu_binary_free(&b);
-  char cmd[512];
-  snprintf(cmd, sizeof cmd, "test $(ls '%s' | grep -c tmp) -eq 0", dir);
-  cr_assert_eq(system(cmd), 0, "temporary files left in the cache folder");
-  remove_dir(dir);
-  free(dir);
-}
-
-static mn_session *cuda_session(const mn_graph *g) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
-  return s;
+  size_t left = mn_tmp_dir_count(&t, "tmp");
+  cr_assert_eq(left, 0, "%zu temporary files left in the cache folder", left);
+  mn_tmp_dir_remove(&t);
 }
 
 static void feed_mlp(mn_session *s, mn_rng *r) {
@@ -149,7 +132,7 @@ static void feed_mlp(mn_session *s, mn_rng *r) {
 Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture) {
   mn_test_require_cuda_device();
   mn_graph *g = mlp_graph(4, 8, 16, 3);
-  mn_session *s = cuda_session(g);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);
   mn_rng r = mn_rng_new(7);
   feed_mlp(s, &r);
   cr_assert_eq(mn_session_set_learning_rate(s, 0.1f), MN_OK);
@@ -218,10 +201,10 @@ Test(cuda_runtime, building_and_freeing_a_session_100_times_returns_all_device_m
   mn_test_require_cuda_device();
   mn_graph *g = mlp_graph(4, 8, 16, 3);
   /* The first session loads libraries (cuBLASLt, the kernels' module) that stay. */
-  mn_session_free(cuda_session(g));
+  mn_session_free(mn_test_session(g, MN_BACKEND_CUDA, true));
   size_t start = free_device_bytes();
   for (int i = 0; i < 100; i++) {
-    mn_session *s = cuda_session(g);
+    mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);
     cr_assert_eq(mn_session_step(s), MN_OK);
     cr_assert_eq(mn_session_wait(s), MN_OK);
     mn_session_free(s);

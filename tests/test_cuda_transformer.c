@@ -9,6 +9,7 @@
 
 #include "support/cuda_check.h"
 #include "support/mn_test.h"
+#include "support/session_util.h"
 
 #define TOL 1e-5
 
@@ -40,39 +41,43 @@ static void finish_inference_graph(mn_graph *g, mn_node y) {
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
 }
 
+/* Makes y the subject of g (a training graph when `training`, else its only output), checks
+ * g, and frees it. */
+static void finish_and_check(mn_graph *g, mn_node y, bool training, const mn_test_range *ranges,
+                             uint64_t seed) {
+  if (training)
+    mn_test_finish_training_graph(g, y);
+  else
+    finish_inference_graph(g, y);
+  check(g, training, ranges, seed);
+  mn_graph_free(g);
+}
+
 /* ------------------------------------------------------------------ norms */
 
 /* rms_norm (layer_norm when `layer`) of a parameter x of the given shape, forward and
  * backward (x, weight and bias gradients). */
+/* The norm of x over its last dimension, with parameters "w" (and "b" when `layer`). */
+static mn_node norm_of(mn_graph *g, bool layer, mn_node x, const int64_t *shape, int rank,
+                       float eps) {
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(shape[rank - 1]));
+  if (!layer) return mn_rms_norm(g, x, w, eps);
+  return mn_layer_norm(g, x, w, mn_parameter(g, "b", MN_SHAPE(shape[rank - 1])), eps);
+}
+
 static void check_norm(bool layer, const int64_t *shape, int rank, float eps, uint64_t seed) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_parameter(g, "x", shape, rank);
-  mn_node w = mn_parameter(g, "w", MN_SHAPE(shape[rank - 1]));
-  mn_node y;
-  if (layer)
-    y = mn_layer_norm(g, x, w, mn_parameter(g, "b", MN_SHAPE(shape[rank - 1])), eps);
-  else
-    y = mn_rms_norm(g, x, w, eps);
-  mn_test_finish_training_graph(g, y);
   /* An offset keeps layer_norm's rows from being centred already. */
   const mn_test_range ranges[] = {{"x", -1, 3}, {"w", 0.5, 1.5}, {NULL, 0, 0}};
-  check(g, true, ranges, seed);
-  mn_graph_free(g);
+  finish_and_check(g, norm_of(g, layer, x, shape, rank, eps), true, ranges, seed);
 }
 
 static void check_norm_inference(bool layer, const int64_t *shape, int rank, float eps,
                                  uint64_t seed) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", shape, rank);
-  mn_node w = mn_parameter(g, "w", MN_SHAPE(shape[rank - 1]));
-  mn_node y;
-  if (layer)
-    y = mn_layer_norm(g, x, w, mn_parameter(g, "b", MN_SHAPE(shape[rank - 1])), eps);
-  else
-    y = mn_rms_norm(g, x, w, eps);
-  finish_inference_graph(g, y);
-  check(g, false, NULL, seed);
-  mn_graph_free(g);
+  finish_and_check(g, norm_of(g, layer, x, shape, rank, eps), false, NULL, seed);
 }
 
 CUDA_TEST(rms_norm_llama_shapes) {
@@ -129,9 +134,7 @@ CUDA_TEST(norm_weight_shared) {
   mn_node x = mn_parameter(g, "x", MN_SHAPE(2, 9, 48));
   mn_node w = mn_parameter(g, "w", MN_SHAPE(48)), b = mn_parameter(g, "b", MN_SHAPE(48));
   mn_node y = mn_add(g, mn_rms_norm(g, x, w, 1e-5f), mn_layer_norm(g, x, w, b, 1e-5f));
-  mn_test_finish_training_graph(g, y);
-  check(g, true, NULL, 55);
-  mn_graph_free(g);
+  finish_and_check(g, y, true, NULL, 55);
 }
 
 /* ------------------------------------------------------------------ RoPE */
@@ -147,15 +150,10 @@ static void check_rope(const int64_t *shape, int rank, float theta, int head_dim
     y = mn_rope_dynamic_offset(g, x, theta, mn_input_u32(g, "offset", MN_SHAPE(1)), head_dim);
   else
     y = mn_rope_with_offset(g, x, theta, static_offset, head_dim);
-  if (training)
-    mn_test_finish_training_graph(g, y);
-  else
-    finish_inference_graph(g, y);
   const mn_test_range ranges[] = {
       {"offset", (double)(dyn_offset < 0 ? 0 : dyn_offset), (double)(dyn_offset + 1)},
       {NULL, 0, 0}};
-  check(g, training, ranges, seed);
-  mn_graph_free(g);
+  finish_and_check(g, y, training, ranges, seed);
 }
 
 /* SmolLM-style: 9 heads of 64, offset 5, static and dynamic. */
@@ -199,14 +197,8 @@ static void check_embedding(const int64_t *ishape, int irank, int64_t rows, int6
   mn_graph *g = mn_graph_new();
   mn_node idx = mn_input_u32(g, "idx", ishape, irank);
   mn_node table = mn_parameter(g, "table", MN_SHAPE(rows, d));
-  mn_node y = mn_embedding(g, idx, table);
-  if (training)
-    mn_test_finish_training_graph(g, y);
-  else
-    finish_inference_graph(g, y);
   const mn_test_range ranges[] = {{"idx", 0, (double)rows}, {NULL, 0, 0}};
-  check(g, training, ranges, seed);
-  mn_graph_free(g);
+  finish_and_check(g, mn_embedding(g, idx, table), training, ranges, seed);
 }
 
 CUDA_TEST(embedding_gpt2_vocab) {
@@ -233,14 +225,8 @@ static void check_scatter_add(const int64_t *sshape, int srank, int64_t rows, in
   mn_node idx = mn_input_u32(g, "idx", sshape, srank - 1);
   mn_node src =
       training ? mn_parameter(g, "src", sshape, srank) : mn_input(g, "src", sshape, srank);
-  mn_node y = mn_scatter_add(g, idx, src, rows);
-  if (training)
-    mn_test_finish_training_graph(g, y);
-  else
-    finish_inference_graph(g, y);
   const mn_test_range ranges[] = {{"idx", 0, (double)idx_hi}, {NULL, 0, 0}};
-  check(g, training, ranges, seed);
-  mn_graph_free(g);
+  finish_and_check(g, mn_scatter_add(g, idx, src, rows), training, ranges, seed);
 }
 
 CUDA_TEST(scatter_add_repeated_indices) {
@@ -252,14 +238,6 @@ CUDA_TEST(scatter_add_repeated_indices) {
 }
 
 /* ------------------------------------------------------------------ runtime errors */
-
-static mn_session *cuda_inference_session(const mn_graph *g) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "build: %s", mn_last_error());
-  return s;
-}
 
 static void assert_message_has(const char *fragment) {
   cr_assert(strstr(mn_last_error(), fragment) != NULL, "message \"%s\" lacks \"%s\"",
@@ -276,7 +254,7 @@ Test(cuda_transformer, embedding_index_out_of_range) {
   finish_inference_graph(g, mn_embedding(g, idx, table));
   mn_test_assert_compiles(g, false);
   mn_test_require_cuda_device();
-  mn_session *s = cuda_inference_session(g);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, false);
   size_t nt = (size_t)50257 * 64;
   float *t = malloc(nt * sizeof *t);
   mn_rng rng = mn_rng_new(110);
@@ -313,7 +291,7 @@ Test(cuda_transformer, scatter_add_index_out_of_range) {
   finish_inference_graph(g, mn_scatter_add(g, idx, src, 2));
   mn_test_assert_compiles(g, false);
   mn_test_require_cuda_device();
-  mn_session *s = cuda_inference_session(g);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, false);
   const float data[] = {1, 2, 3, 4, 5, 6};
   cr_assert_eq(mn_session_set_input(s, "src", data, 6), MN_OK, "%s", mn_last_error());
   const uint32_t bad[] = {1, 4000000000u, 0};
@@ -352,11 +330,8 @@ Test(cuda_transformer, cache_write_steps) {
   mn_test_assert_compiles(g, false);
   mn_test_require_cuda_device();
 
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_session *cpu = NULL;
-  cr_assert_eq(mn_build_inference_session(g, &o, &cpu), MN_OK, "%s", mn_last_error());
-  mn_session *gpu = cuda_inference_session(g);
+  mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, false);
+  mn_session *gpu = mn_test_session(g, MN_BACKEND_CUDA, false);
   mn_session *both[2] = {cpu, gpu};
   mn_rng rng = mn_rng_new(120);
   float init[CACHE_ROWS * KV_DIM], row[KV_DIM];

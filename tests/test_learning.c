@@ -5,6 +5,7 @@
 
 #include "support/mn_test.h"
 #include "support/models.h"
+#include "support/session_util.h"
 
 enum { FEATURES = 8, CLASSES = 4, HIDDEN = 32, BATCH = 256 };
 
@@ -39,10 +40,7 @@ Test(learning, mlp_classifies_blobs) {
   mn_node logits = mn_bias_add(g, mn_matmul_bt(g, h, w2), b2);
   mn_node outs[2] = {mn_cross_entropy_loss(g, logits, t), logits};
   mn_set_outputs(g, outs, 2);
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
 
   mn_rng r = mn_rng_new(11);
   float centres[CLASSES * FEATURES];
@@ -68,8 +66,7 @@ Test(learning, mlp_classifies_blobs) {
   cr_assert_lt(last, first * 0.5f, "loss did not fall: %g -> %g", first, last);
 
   /* Held-out batch through an inference session carrying the trained weights. */
-  mn_session *inf = NULL;
-  cr_assert_eq(mn_build_inference_session(g, &o, &inf), MN_OK, "%s", mn_last_error());
+  mn_session *inf = mn_test_session(g, MN_BACKEND_CPU, false);
   const char *names[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
   size_t sizes[] = {HIDDEN * FEATURES, HIDDEN, CLASSES * HIDDEN, CLASSES};
   float *buf = malloc(HIDDEN * FEATURES * sizeof *buf);
@@ -107,45 +104,14 @@ Test(learning, transformer_overfits_text) {
     vocab_of[i] = -1;
   for (const char *p = text; *p; p++)
     if (vocab_of[(unsigned char)*p] < 0) vocab_of[(unsigned char)*p] = vocab++;
-  const mn_test_block_config cfg = {.d_model = 32,
-                                    .num_heads = 4,
-                                    .num_kv_heads = 2,
-                                    .head_dim = 8,
-                                    .d_ff = 64,
-                                    .rope_theta = 10000.0f,
-                                    .eps = 1e-5f};
-  mn_graph *g = mn_graph_new();
-  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(B, T));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(B, T));
-  mn_node emb = mn_parameter(g, "embed_tokens.weight", MN_SHAPE(vocab, cfg.d_model));
-  mn_node h = mn_embedding(g, tokens, emb);
-  for (int l = 0; l < LAYERS; l++) {
-    mn_test_block_weights w = mn_test_block_params(g, &cfg, l);
-    h = mn_test_block(g, &cfg, &w, h);
-  }
-  mn_node norm = mn_parameter(g, "norm.weight", MN_SHAPE(cfg.d_model));
-  mn_node logits = mn_matmul_bt(g, mn_rms_norm(g, h, norm, cfg.eps), emb); /* tied head */
-  mn_node loss = mn_sparse_cross_entropy_loss(g, logits, labels);
-  mn_set_outputs(g, &loss, 1);
+  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(32, 4, 2, 8, 64);
+  mn_graph *g = mn_test_lm(&cfg, B, T, vocab, LAYERS);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
 
+  /* Norm weights (the rank-1 parameters) at 1, the others normal(0, 0.08). */
   mn_rng r = mn_rng_new(5);
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *w = malloc(n * sizeof *w);
-    bool is_norm = info.type.rank == 1;
-    for (size_t k = 0; k < n; k++)
-      w[k] = is_norm ? 1.0f : 0.08f * (float)mn_rng_normal(&r);
-    cr_assert_eq(mn_session_set_parameter(s, info.name, w, n), MN_OK);
-    free(w);
-  }
+  mn_test_init_normal(g, &s, 1, &r, 0.08f, true);
   uint32_t tok[B * T], lab[B * T];
   int len = (int)sizeof text - 1;
   for (int b = 0; b < B; b++)

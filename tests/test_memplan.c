@@ -7,25 +7,21 @@
 #include "session.h"
 #include "support/mn_test.h"
 #include "support/models.h"
+#include "support/session_util.h"
 
 enum { B = 2, T = 8, V = 11 };
-static const mn_test_block_config cfg = {.d_model = 16,
-                                         .num_heads = 4,
-                                         .num_kv_heads = 2,
-                                         .head_dim = 4,
-                                         .d_ff = 24,
-                                         .rope_theta = 10000.0f,
-                                         .eps = 1e-5f};
 
+/* Unlike mn_test_lm: no final norm, and the logits are a second output, compared bit for bit. */
 static mn_graph *lm_graph(void) {
+  const mn_test_block_config *cfg = &mn_test_tiny_block;
   mn_graph *g = mn_graph_new();
   mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(B, T));
   mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(B, T));
-  mn_node emb = mn_parameter(g, "embed", MN_SHAPE(V, cfg.d_model));
+  mn_node emb = mn_parameter(g, "embed", MN_SHAPE(V, cfg->d_model));
   mn_node h = mn_embedding(g, tokens, emb);
   for (int l = 0; l < 2; l++) {
-    mn_test_block_weights w = mn_test_block_params(g, &cfg, l);
-    h = mn_test_block(g, &cfg, &w, h);
+    mn_test_block_weights w = mn_test_block_params(g, cfg, l);
+    h = mn_test_block(g, cfg, &w, h);
   }
   mn_node outs[2];
   outs[1] = mn_matmul_bt(g, h, emb);
@@ -43,18 +39,9 @@ static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
   cr_assert_eq(mn_memplan_layout(plan, mode), MN_OK);
   mn_session *s = NULL;
   cr_assert_eq(mn_session_create("test", plan, &o, true, &s), MN_OK, "%s", mn_last_error());
+  /* Every parameter normal(0, 0.1), norms included; the same stream then draws the tokens. */
   mn_rng r = mn_rng_new(3);
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *w = malloc(n * sizeof *w);
-    for (size_t k = 0; k < n; k++)
-      w[k] = 0.1f * (float)mn_rng_normal(&r);
-    cr_assert_eq(mn_session_set_parameter(s, info.name, w, n), MN_OK);
-    free(w);
-  }
+  mn_test_init_normal(g, &s, 1, &r, 0.1f, false);
   uint32_t tok[B * T], lab[B * T];
   mn_rng_fill_u32(&r, tok, B * T, V);
   mn_rng_fill_u32(&r, lab, B * T, V);

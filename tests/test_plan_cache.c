@@ -2,7 +2,6 @@
  * mn_build_session; a changed graph, other options or another library version make the cache
  * stale; a damaged file is corrupt; either costs exactly one warning line and a rebuild that
  * rewrites the file. Also the reader's validation, called directly on edited cache text. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,70 +12,45 @@
 #include "session.h"
 #include "support/mn_test.h"
 #include "support/models.h"
+#include "support/session_util.h"
+#include "support/tmp_dir.h"
 
 #define STEPS 3
 
 /* ---------------------------------------------------------------- files and stderr */
 
-typedef struct tmp_dir {
-  char dir[64];
+/* A fresh folder and the cache file's path in it (not created). */
+typedef struct cache_dir {
+  mn_tmp_dir t;
   char cache[128];
-} tmp_dir;
+} cache_dir;
 
-static tmp_dir make_dir(void) {
-  tmp_dir t;
-  snprintf(t.dir, sizeof t.dir, "/tmp/mn_plan_cache_XXXXXX");
-  cr_assert_not_null(mkdtemp(t.dir));
-  snprintf(t.cache, sizeof t.cache, "%s/plan.json", t.dir);
-  return t;
+static cache_dir make_dir(void) {
+  cache_dir c = {.t = mn_tmp_dir_make("mn_plan_cache")};
+  snprintf(c.cache, sizeof c.cache, "%s", mn_tmp_path(&c.t, "plan.json"));
+  return c;
 }
 
-static void remove_dir(const tmp_dir *t) {
-  DIR *d = opendir(t->dir);
-  cr_assert_not_null(d);
-  struct dirent *e;
-  char path[512];
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-      snprintf(path, sizeof path, "%s/%s", t->dir, e->d_name);
-      unlink(path);
-    }
-  closedir(d);
-  rmdir(t->dir);
-}
+static void remove_dir(const cache_dir *c) { mn_tmp_dir_remove(&c->t); }
 
-static char *read_text(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = '\0';
-  fclose(f);
-  if (len) *len = (size_t)n;
-  return buf;
-}
-
-static void write_text(const char *path, const char *text, size_t n) {
-  FILE *f = fopen(path, "wb");
-  cr_assert_not_null(f);
-  cr_assert_eq(fwrite(text, 1, n, f), n);
-  fclose(f);
+/* text with its first `from` replaced by `to`, malloc'd; text must contain `from` (`where`
+ * names the text in the failure). */
+static char *replace_first(const char *text, const char *from, const char *to, const char *where) {
+  const char *at = strstr(text, from);
+  cr_assert_not_null(at, "\"%s\" not in the %s", from, where);
+  size_t head = (size_t)(at - text);
+  char *out = malloc(strlen(text) - strlen(from) + strlen(to) + 1);
+  memcpy(out, text, head);
+  strcpy(out + head, to);
+  strcat(out, at + strlen(from));
+  return out;
 }
 
 /* Replaces the first `from` in the file with `to`; the file must contain it. */
 static void edit_file(const char *path, const char *from, const char *to) {
-  char *text = read_text(path, NULL);
-  char *at = strstr(text, from);
-  cr_assert_not_null(at, "\"%s\" not in the cache file", from);
-  size_t head = (size_t)(at - text), tail = strlen(at + strlen(from));
-  char *out = malloc(head + strlen(to) + tail + 1);
-  memcpy(out, text, head);
-  memcpy(out + head, to, strlen(to));
-  memcpy(out + head + strlen(to), at + strlen(from), tail + 1);
-  write_text(path, out, strlen(out));
+  char *text = mn_test_read_file(path, NULL);
+  char *out = replace_first(text, from, to, "cache file");
+  mn_test_write_file(path, out, strlen(out));
   free(out);
   free(text);
 }
@@ -151,18 +125,12 @@ static mn_graph *mlp_graph(mlp_config c) {
 static mn_graph *default_mlp(void) { return mlp_graph((mlp_config){.hidden = 16, .scale = 0.5f}); }
 
 static mn_graph *block_graph(void) {
-  mn_test_block_config c = {.d_model = 16,
-                            .num_heads = 4,
-                            .num_kv_heads = 2,
-                            .head_dim = 4,
-                            .d_ff = 24,
-                            .rope_theta = 10000.0f,
-                            .eps = 1e-5f};
+  const mn_test_block_config *c = &mn_test_tiny_block;
   mn_graph *g = mn_graph_new();
-  mn_node h = mn_input(g, "h", MN_SHAPE(6, 16));
-  mn_node target = mn_input(g, "target", MN_SHAPE(6, 16));
-  mn_test_block_weights w = mn_test_block_params(g, &c, 0);
-  mn_node out = mn_test_block(g, &c, &w, h);
+  mn_node h = mn_input(g, "h", MN_SHAPE(6, c->d_model));
+  mn_node target = mn_input(g, "target", MN_SHAPE(6, c->d_model));
+  mn_test_block_weights w = mn_test_block_params(g, c, 0);
+  mn_node out = mn_test_block(g, c, &w, h);
   mn_node loss = mn_mse_loss(g, out, target);
   mn_set_outputs(g, &loss, 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
@@ -186,21 +154,7 @@ typedef struct run {
 static run train(mn_session *s, const mn_graph *g) {
   mn_rng rng = mn_rng_new(42);
   run r = {.params = NULL};
-  size_t total = 0;
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    cr_assert_eq(mn_graph_node(g, (mn_node)i, &info), MN_OK);
-    bool param = strcmp(info.op, "parameter") == 0;
-    if (!param && strcmp(info.op, "input") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *v = malloc(n * sizeof *v);
-    mn_rng_fill(&rng, v, n, -0.5f, 0.5f);
-    mn_status st = param ? mn_session_set_parameter(s, info.name, v, n)
-                         : mn_session_set_input(s, info.name, v, n);
-    cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-    free(v);
-    if (param) total += n;
-  }
+  mn_test_init_uniform(g, s, &rng, -0.5f, 0.5f, true);
   cr_assert_eq(mn_session_set_adamw(s, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f), MN_OK);
   cr_assert_eq(mn_session_set_grad_clip(s, 0.5f), MN_OK);
   for (int t = 0; t < STEPS; t++) {
@@ -208,17 +162,8 @@ static run train(mn_session *s, const mn_graph *g) {
     cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
     r.losses[t] = mn_session_read_loss(s);
   }
-  r.params = malloc(total * sizeof *r.params);
-  r.num_params = total;
-  float *dst = r.params;
-  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
-    mn_node_info info;
-    mn_graph_node(g, (mn_node)i, &info);
-    if (strcmp(info.op, "parameter") != 0) continue;
-    size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    cr_assert_eq(mn_session_read_param(s, info.name, dst, n), MN_OK, "%s", mn_last_error());
-    dst += n;
-  }
+  r.params = mn_test_read_params(g, s);
+  r.num_params = mn_test_param_count(g);
   return r;
 }
 
@@ -231,9 +176,7 @@ static void assert_same_run(const run *a, const run *b) {
 }
 
 static run train_uncached(const mn_graph *g) {
-  mn_session_options o = cpu();
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
   run r = train(s, g);
   mn_session_free(s);
   return r;
@@ -265,7 +208,7 @@ static char *warning(const char *path, const char *state, const char *why) {
 /* Cold (no file: silent, writes it), warm (silent, reads it, leaves it alone), both equal to
  * the uncached build bit for bit. */
 static void check_cold_and_warm(mn_graph *g) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_session_options o = cpu();
   run ref = train_uncached(g);
   run cold = train_cached(g, t.cache, &o, "");
@@ -290,7 +233,7 @@ Test(plan_cache, transformer_block_cached_trains_like_uncached) {
 /* The cache is written for graph a; building b must say stale, rebuild, and rewrite it. */
 static void check_stale(mn_graph *a, mn_graph *b, const mn_session_options *oa,
                         const mn_session_options *ob, const char *why) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_session *s = NULL;
   cr_assert_eq(mn_build_session_cached(a, t.cache, oa, &s), MN_OK, "%s", mn_last_error());
   mn_session_free(s);
@@ -331,7 +274,7 @@ Test(plan_cache, changed_options_are_stale) {
 }
 
 Test(plan_cache, device_ordinal_is_not_part_of_the_key) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_graph *g = default_mlp();
   mn_session_options a = cpu(), b = cpu();
   b.device = 3;
@@ -345,7 +288,7 @@ Test(plan_cache, device_ordinal_is_not_part_of_the_key) {
 }
 
 Test(plan_cache, other_library_version_is_stale) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_graph *g = default_mlp();
   mn_session_options o = cpu();
   run ref = train_cached(g, t.cache, &o, "");
@@ -365,7 +308,7 @@ Test(plan_cache, other_library_version_is_stale) {
 
 /* The file is damaged by `damage`; the build must say corrupt (why), rebuild and rewrite it. */
 static void check_corrupt(void (*damage)(const char *path), const char *why) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_graph *g = default_mlp();
   mn_session_options o = cpu();
   run ref = train_uncached(g);
@@ -388,8 +331,8 @@ static void check_corrupt(void (*damage)(const char *path), const char *why) {
 
 static void truncate_half(const char *path) {
   size_t n;
-  char *text = read_text(path, &n);
-  write_text(path, text, n / 2);
+  char *text = mn_test_read_file(path, &n);
+  mn_test_write_file(path, text, n / 2);
   free(text);
 }
 
@@ -399,10 +342,10 @@ static void garbage(const char *path) {
   for (size_t i = 0; i < sizeof junk; i++)
     junk[i] = (unsigned char)(mn_rng_uniform(&rng) * 256);
   junk[0] = 0x89; /* not '{' whatever the generator says */
-  write_text(path, (const char *)junk, sizeof junk);
+  mn_test_write_file(path, junk, sizeof junk);
 }
 
-static void empty(const char *path) { write_text(path, "", 0); }
+static void empty(const char *path) { mn_test_write_file(path, "", 0); }
 static void unknown_op(const char *path) {
   edit_file(path, "\"op\":\"relu\"", "\"op\":\"frobnicate\"");
 }
@@ -410,7 +353,7 @@ static void unknown_op(const char *path) {
 static void changed_attribute(const char *path) {
   edit_file(path, "\"scale\":0.5", "\"scale\":0.25");
 }
-static void not_a_cache(const char *path) { write_text(path, "{\"hello\":1}", 11); }
+static void not_a_cache(const char *path) { mn_test_write_file(path, "{\"hello\":1}", 11); }
 static void wrong_arity(const char *path) {
   edit_file(path, "\"op\":\"relu\",\"in\":[", "\"op\":\"relu\",\"in\":[0,");
 }
@@ -421,9 +364,10 @@ Test(plan_cache, empty_file_is_corrupt) { check_corrupt(empty, "not valid JSON")
 Test(plan_cache, other_json_is_corrupt) {
   check_corrupt(not_a_cache, "no \"format\": \"meganeura-plan-cache\"");
 }
-Test(plan_cache, unknown_op_is_rejected) {
-  /* Node numbers are those of the lowered graph: inputs and parameters come first. */
-  tmp_dir t = make_dir();
+/* The relu's node number in the cached plan of default_mlp(). Node numbers are those of the
+ * lowered graph, where inputs and parameters come first. */
+static size_t cached_relu_node(void) {
+  cache_dir t = make_dir();
   mn_graph *g = default_mlp();
   mn_session_options o = cpu();
   mn_session *s = NULL;
@@ -435,25 +379,16 @@ Test(plan_cache, unknown_op_is_rejected) {
   mn_session_free(s);
   mn_graph_free(g);
   remove_dir(&t);
+  return relu;
+}
+Test(plan_cache, unknown_op_is_rejected) {
   char why[64];
-  snprintf(why, sizeof why, "node %zu: unknown op \"frobnicate\"", relu);
+  snprintf(why, sizeof why, "node %zu: unknown op \"frobnicate\"", cached_relu_node());
   check_corrupt(unknown_op, why);
 }
 Test(plan_cache, wrong_arity_is_rejected) {
-  tmp_dir t = make_dir();
-  mn_graph *g = default_mlp();
-  mn_session_options o = cpu();
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session_cached(g, t.cache, &o, &s), MN_OK);
-  const mn_graph *lowered = mn_session_plan(s)->graph;
-  size_t relu = 0;
-  while (lowered->nodes[relu].op != MN_OP_RELU)
-    relu++;
-  mn_session_free(s);
-  mn_graph_free(g);
-  remove_dir(&t);
   char why[64];
-  snprintf(why, sizeof why, "node %zu: relu takes 1 inputs, not 2", relu);
+  snprintf(why, sizeof why, "node %zu: relu takes 1 inputs, not 2", cached_relu_node());
   check_corrupt(wrong_arity, why);
 }
 Test(plan_cache, changed_value_fails_the_checksum) {
@@ -461,7 +396,7 @@ Test(plan_cache, changed_value_fails_the_checksum) {
 }
 
 Test(plan_cache, unreadable_cache_path_is_corrupt_and_unwritable_is_reported) {
-  tmp_dir t = make_dir();
+  cache_dir t = make_dir();
   mn_graph *g = default_mlp();
   mn_session_options o = cpu();
   /* A folder where the file should be: cannot be read as a cache nor replaced by one. */
@@ -533,17 +468,10 @@ static cached_text serialized_mlp(void) {
  * the structural checks themselves are what rejects it). */
 static mn_status parse_edited(const cached_text *c, const char *from, const char *to, char *why,
                               size_t why_size) {
-  const char *at = strstr(c->json, from);
-  cr_assert_not_null(at, "\"%s\" not in the cache text", from);
-  size_t head = (size_t)(at - c->json);
-  size_t n = strlen(c->json) - strlen(from) + strlen(to);
-  char *text = malloc(n + 1);
-  memcpy(text, c->json, head);
-  strcpy(text + head, to);
-  strcat(text, at + strlen(from));
+  char *text = replace_first(c->json, from, to, "cache text");
   mn_session_options o = cpu();
   mn_plan *plan = NULL;
-  mn_status st = mn_plan_cache_parse(text, n, c->g, &o, 0, &plan, why, why_size);
+  mn_status st = mn_plan_cache_parse(text, strlen(text), c->g, &o, 0, &plan, why, why_size);
   if (st == MN_OK) mn_plan_free(plan);
   free(text);
   return st;

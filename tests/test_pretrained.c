@@ -3,7 +3,6 @@
  * strict and non-strict handling of missing parameters, and refusals that change nothing;
  * mn_session_save_safetensors round trips, and (when Python has safetensors and numpy)
  * interoperates with safetensors.numpy in both directions. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -11,49 +10,15 @@
 
 #include "io/safetensors.h"
 #include "support/mn_test.h"
+#include "support/session_util.h"
+#include "support/tmp_dir.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---------------------------------------------------------------- files */
 
-typedef struct tmp_dir {
-  char dir[64];
-} tmp_dir;
-
-static tmp_dir make_dir(void) {
-  tmp_dir t;
-  snprintf(t.dir, sizeof t.dir, "/tmp/mn_pretrained_XXXXXX");
-  cr_assert_not_null(mkdtemp(t.dir));
-  return t;
-}
-
-static const char *in_dir(const tmp_dir *t, const char *name) {
-  static char path[4][192];
-  static int next;
-  char *p = path[next++ % 4];
-  snprintf(p, sizeof path[0], "%s/%s", t->dir, name);
-  return p;
-}
-
-static void remove_dir(const tmp_dir *t) {
-  DIR *d = opendir(t->dir);
-  cr_assert_not_null(d);
-  struct dirent *e;
-  char path[512];
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-      snprintf(path, sizeof path, "%s/%s", t->dir, e->d_name);
-      unlink(path);
-    }
-  closedir(d);
-  rmdir(t->dir);
-}
-
 static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  cr_assert_not_null(f);
-  fputs(text, f);
-  fclose(f);
+  mn_test_write_file(path, text, strlen(text));
 }
 
 /* ---------------------------------------------------------------- the model */
@@ -94,10 +59,7 @@ static mn_graph *toy_graph(void) {
 
 static mn_session *toy_session(mn_graph **g_out) {
   mn_graph *g = toy_graph();
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
   /* Known values that a refused load must leave in place. */
   for (size_t i = 0; i < LEN(params); i++) {
     size_t n = numel_of(&params[i]);
@@ -195,8 +157,8 @@ static void write_full(const char *path, const char *dtype) {
 /* ---------------------------------------------------------------- loading */
 
 static void check_dtype(const char *dtype) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   write_full(path, dtype);
   mn_graph *g;
   mn_session *s = toy_session(&g);
@@ -211,7 +173,7 @@ static void check_dtype(const char *dtype) {
     assert_param_is(s, i, file_value);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(pretrained, single_file_f32) { check_dtype("F32"); }
@@ -220,8 +182,8 @@ Test(pretrained, single_file_f16) { check_dtype("F16"); }
 Test(pretrained, single_file_f64) { check_dtype("F64"); }
 
 Test(pretrained, nothing_skipped_clears_the_message) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   file_tensor ts[LEN(params)];
   for (size_t i = 0; i < LEN(params); i++)
     ts[i] = (file_tensor){.name = params[i].name, .dtype = "F32", .param = i};
@@ -233,7 +195,7 @@ Test(pretrained, nothing_skipped_clears_the_message) {
   cr_assert_str_eq(mn_last_error(), "");
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 /* A file without ln_f.bias: strict refuses it whole, non-strict keeps ln_f.bias. */
@@ -245,8 +207,8 @@ static void write_without_ln_f_bias(const char *path) {
 }
 
 Test(pretrained, strict_refuses_a_missing_parameter) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   write_without_ln_f_bias(path);
   mn_graph *g;
   mn_session *s = toy_session(&g);
@@ -255,12 +217,12 @@ Test(pretrained, strict_refuses_a_missing_parameter) {
   assert_untouched(s);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(pretrained, non_strict_keeps_a_missing_parameter) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   write_without_ln_f_bias(path);
   mn_graph *g;
   mn_session *s = toy_session(&g);
@@ -272,13 +234,13 @@ Test(pretrained, non_strict_keeps_a_missing_parameter) {
   assert_param_is(s, LEN(params) - 1, untouched_value);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 /* A file that is right except for one tensor: every parameter keeps its value. */
 static void check_refused(const file_tensor *bad, mn_status want, const char *fragment) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   file_tensor ts[LEN(params)];
   for (size_t i = 0; i < LEN(params); i++)
     ts[i] = strcmp(params[i].name, bad->name) == 0
@@ -291,7 +253,7 @@ static void check_refused(const file_tensor *bad, mn_status want, const char *fr
   assert_untouched(s);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(pretrained, shape_mismatch_changes_nothing) {
@@ -317,13 +279,13 @@ Test(pretrained, missing_and_corrupt_files) {
                   MN_ERR_IO,
                   "mn_session_load_safetensors: mn_safetensors_open: "
                   "/tmp/mn_no_such_model.safetensors: cannot open");
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors");
   write_text(path, "definitely not safetensors");
   mn_assert_error(mn_session_load_safetensors(s, path, false), MN_ERR_FORMAT,
                   "mn_session_load_safetensors: mn_safetensors_open: ");
   assert_untouched(s);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
   mn_session_free(s);
   mn_graph_free(g);
 }
@@ -348,16 +310,16 @@ Test(pretrained, argument_errors) {
 /* ---------------------------------------------------------------- sharded */
 
 /* Two shards (BF16 and F16) and an index that also lists the skipped mask buffer. */
-static const char *write_sharded(const tmp_dir *t) {
+static const char *write_sharded(const mn_tmp_dir *t) {
   file_tensor a[] = {{.name = "wte.weight", .dtype = "BF16", .param = 0},
                      {.name = "h.0.attn.c_attn.weight", .dtype = "BF16", .param = 1},
                      {.name = "h.0.attn.bias", .dtype = "F32", .param = 3}};
   file_tensor b[] = {{.name = "h.0.attn.c_attn.bias", .dtype = "F16", .param = 2},
                      {.name = "ln_f.weight", .dtype = "F16", .param = 3},
                      {.name = "ln_f.bias", .dtype = "F64", .param = 4}};
-  write_file(in_dir(t, "model-00001-of-00002.safetensors"), a, LEN(a));
-  write_file(in_dir(t, "model-00002-of-00002.safetensors"), b, LEN(b));
-  const char *index = in_dir(t, "model.safetensors.index.json");
+  write_file(mn_tmp_path(t, "model-00001-of-00002.safetensors"), a, LEN(a));
+  write_file(mn_tmp_path(t, "model-00002-of-00002.safetensors"), b, LEN(b));
+  const char *index = mn_tmp_path(t, "model.safetensors.index.json");
   write_text(index, "{\"metadata\": {\"total_size\": 1000}, \"weight_map\": {"
                     "\"wte.weight\": \"model-00001-of-00002.safetensors\", "
                     "\"h.0.attn.c_attn.weight\": \"model-00001-of-00002.safetensors\", "
@@ -369,7 +331,7 @@ static const char *write_sharded(const tmp_dir *t) {
 }
 
 Test(pretrained, sharded_checkpoint) {
-  tmp_dir t = make_dir();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
   const char *index = write_sharded(&t);
   mn_graph *g;
   mn_session *s = toy_session(&g);
@@ -380,13 +342,13 @@ Test(pretrained, sharded_checkpoint) {
     assert_param_is(s, i, file_value);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(pretrained, sharded_missing_shard_changes_nothing) {
-  tmp_dir t = make_dir();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
   const char *index = write_sharded(&t);
-  unlink(in_dir(&t, "model-00002-of-00002.safetensors"));
+  unlink(mn_tmp_path(&t, "model-00002-of-00002.safetensors"));
   mn_graph *g;
   mn_session *s = toy_session(&g);
   mn_assert_error(mn_session_load_safetensors(s, index, false), MN_ERR_IO,
@@ -394,13 +356,13 @@ Test(pretrained, sharded_missing_shard_changes_nothing) {
   assert_untouched(s);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 Test(pretrained, bad_indexes) {
-  tmp_dir t = make_dir();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
   write_sharded(&t);
-  const char *index = in_dir(&t, "bad.index.json");
+  const char *index = mn_tmp_path(&t, "bad.index.json");
   mn_graph *g;
   mn_session *s = toy_session(&g);
   write_text(index, "{\"weight_map\": {\"ln_f.bias\": \"model-00001-of-00002.safetensors\"}}");
@@ -416,19 +378,20 @@ Test(pretrained, bad_indexes) {
   write_text(index, "{\"weight_map\": ");
   mn_assert_error(mn_session_load_safetensors(s, index, false), MN_ERR_FORMAT,
                   "not a safetensors index");
-  mn_assert_error(mn_session_load_safetensors(s, in_dir(&t, "none.index.json"), false), MN_ERR_IO,
-                  "cannot open");
+  mn_assert_error(mn_session_load_safetensors(s, mn_tmp_path(&t, "none.index.json"), false),
+                  MN_ERR_IO, "cannot open");
   assert_untouched(s);
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 /* ---------------------------------------------------------------- saving */
 
 Test(pretrained, save_round_trips) {
-  tmp_dir t = make_dir();
-  const char *path = in_dir(&t, "model.safetensors"), *src = in_dir(&t, "src.safetensors");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *path = mn_tmp_path(&t, "model.safetensors"),
+             *src = mn_tmp_path(&t, "src.safetensors");
   write_full(src, "F32");
   mn_graph *g;
   mn_session *s = toy_session(&g);
@@ -457,7 +420,7 @@ Test(pretrained, save_round_trips) {
   mn_session_free(s2);
   mn_graph_free(g);
   mn_graph_free(g2);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }
 
 /* ---------------------------------------------------------------- Python interop */
@@ -472,9 +435,9 @@ static bool python_has_safetensors(void) {
 Test(pretrained, python_interop) {
   if (!python_has_safetensors())
     cr_skip_test("python3 with safetensors and numpy is not available");
-  tmp_dir t = make_dir();
-  const char *ours = in_dir(&t, "ours.safetensors"), *dump = in_dir(&t, "dump.bin");
-  const char *theirs = in_dir(&t, "theirs.safetensors"), *script = in_dir(&t, "check.py");
+  mn_tmp_dir t = mn_tmp_dir_make("mn_pretrained");
+  const char *ours = mn_tmp_path(&t, "ours.safetensors"), *dump = mn_tmp_path(&t, "dump.bin");
+  const char *theirs = mn_tmp_path(&t, "theirs.safetensors"), *script = mn_tmp_path(&t, "check.py");
   write_text(script,
              "import sys, numpy as np\n"
              "from safetensors import safe_open\n"
@@ -496,7 +459,7 @@ Test(pretrained, python_interop) {
 
   mn_graph *g;
   mn_session *s = toy_session(&g);
-  const char *src = in_dir(&t, "src.safetensors");
+  const char *src = mn_tmp_path(&t, "src.safetensors");
   write_full(src, "F32");
   cr_assert_eq(mn_session_load_safetensors(s, src, true), MN_OK);
   cr_assert_eq(mn_session_save_safetensors(s, ours), MN_OK, "%s", mn_last_error());
@@ -504,7 +467,7 @@ Test(pretrained, python_interop) {
   int w = snprintf(cmd, sizeof cmd, "python3 %s %s %s %s", script, ours, dump, theirs);
   for (size_t i = 0; i < LEN(params); i++)
     w += snprintf(cmd + w, sizeof cmd - (size_t)w, " %s", params[i].name);
-  snprintf(cmd + w, sizeof cmd - (size_t)w, " >%s/shapes.txt", t.dir);
+  snprintf(cmd + w, sizeof cmd - (size_t)w, " >%s/shapes.txt", t.path);
   cr_assert_eq(system(cmd), 0, "python check failed: %s", cmd);
 
   FILE *f = fopen(dump, "rb");
@@ -532,5 +495,5 @@ Test(pretrained, python_interop) {
   }
   mn_session_free(s);
   mn_graph_free(g);
-  remove_dir(&t);
+  mn_tmp_dir_remove(&t);
 }

@@ -2,6 +2,8 @@
 
 #include <stdio.h>
 
+const mn_test_block_config mn_test_tiny_block = MN_TEST_BLOCK_CONFIG(16, 4, 2, 4, 24);
+
 static mn_node param2(mn_graph *g, int layer, const char *what, int64_t rows, int64_t cols) {
   char name[96];
   snprintf(name, sizeof name, "layers.%d.%s", layer, what);
@@ -35,4 +37,22 @@ mn_node mn_test_block(mn_graph *g, const mn_test_block_config *c, const mn_test_
   mn_node m = mn_rms_norm(g, h, w->ln2, c->eps);
   mn_node ff = mn_swiglu(g, mn_matmul_bt(g, m, w->wgate), mn_matmul_bt(g, m, w->wup));
   return mn_add(g, h, mn_matmul_bt(g, ff, w->wdown));
+}
+
+mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, int64_t vocab,
+                     int layers) {
+  mn_graph *g = mn_graph_new();
+  mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(batch, seq));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch, seq));
+  mn_node emb = mn_parameter(g, "embed_tokens.weight", MN_SHAPE(vocab, c->d_model));
+  mn_node h = mn_embedding(g, tokens, emb);
+  for (int l = 0; l < layers; l++) {
+    mn_test_block_weights w = mn_test_block_params(g, c, l);
+    h = mn_test_block(g, c, &w, h);
+  }
+  mn_node norm = mn_parameter(g, "norm.weight", MN_SHAPE(c->d_model));
+  mn_node logits = mn_matmul_bt(g, mn_rms_norm(g, h, norm, c->eps), emb);
+  mn_node loss = mn_sparse_cross_entropy_loss(g, logits, labels);
+  mn_set_outputs(g, &loss, 1);
+  return g;
 }

@@ -10,6 +10,18 @@ typedef struct mn_test_block_config {
   float rope_theta, eps;
 } mn_test_block_config;
 
+/* A block config with the RoPE theta and norm epsilon that every test and benchmark block uses
+ * (10000, 1e-5). A brace initializer, so that it also initializes static objects. */
+#define MN_TEST_BLOCK_CONFIG(d_model_, heads_, kv_heads_, head_dim_, d_ff_)                        \
+  {                                                                                                \
+    .d_model = (d_model_), .num_heads = (heads_), .num_kv_heads = (kv_heads_),                     \
+    .head_dim = (head_dim_), .d_ff = (d_ff_), .rope_theta = 10000.0f, .eps = 1e-5f                 \
+  }
+
+/* The small block of the plan-cache and memory-planner suites: D 16, 4 query heads over 2 kv
+ * heads of 4, feed-forward 24, so a whole training step takes milliseconds on the CPU. */
+extern const mn_test_block_config mn_test_tiny_block;
+
 /* The weights of one pre-norm transformer block, as nodes. */
 typedef struct mn_test_block_weights {
   mn_node ln1, wq, wk, wv, wo, ln2, wgate, wup, wdown;
@@ -22,5 +34,12 @@ mn_test_block_weights mn_test_block_params(mn_graph *g, const mn_test_block_conf
  * attention, nn.Linear weights through mn_matmul_bt. h is [T, D] or [B, T, D]. */
 mn_node mn_test_block(mn_graph *g, const mn_test_block_config *c, const mn_test_block_weights *w,
                       mn_node h);
+
+/* A language model of `layers` blocks: u32 inputs "tokens" and "labels" [batch, seq], an
+ * embedding "embed_tokens.weight" [vocab, D] that is also the (tied) output head, a final
+ * rms_norm "norm.weight", and the sparse cross-entropy of the logits as the one output. Check
+ * mn_graph_status: this file builds for the benchmarks too, without Criterion. */
+mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, int64_t vocab,
+                     int layers);
 
 #endif

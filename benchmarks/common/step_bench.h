@@ -1,0 +1,43 @@
+/* The frame shared by the step benchmarks (block_step, mlp_step): the options from the
+ * command line, the cold and warm build times, the session being timed, and the one BENCH
+ * line that scripts/gpu-test.sh parses. A header of static functions because CMake builds
+ * every .c file in benchmarks/ as its own program. */
+#ifndef MN_BENCH_STEP_BENCH_H
+#define MN_BENCH_STEP_BENCH_H
+
+#include "../bench_util.h"
+
+typedef struct bench_step {
+  mn_session_options o;
+  double cold_ms, warm_ms;
+  bool warm_hit;
+  mn_graph *g;
+  mn_session *s;
+} bench_step;
+
+/* "--tf32" as the first argument allows TF32 matmuls. Times a cold and a warm build of
+ * make()'s graph, then builds the training session that the benchmark feeds and times. */
+static inline bench_step bench_step_begin(int argc, char **argv, bench_graph_fn make) {
+  bench_step b = {.o = mn_session_options_default()};
+  b.o.allow_tf32 = argc > 1 && strcmp(argv[1], "--tf32") == 0;
+  bench_build_times(make, &b.o, &b.cold_ms, &b.warm_ms, &b.warm_hit);
+  b.g = make();
+  bench_check(mn_build_session(b.g, &b.o, &b.s), "build");
+  return b;
+}
+
+/* Prints the BENCH line of `name` (with "_tf32" when allowed) for `step_ms` per step, then
+ * frees the session and the graph. */
+static inline void bench_step_end(bench_step *b, const char *name, double step_ms) {
+  mn_session_stats st;
+  mn_session_get_stats(b->s, &st);
+  printf("BENCH %s%s backend=%s step_ms=%.4f launches_per_step=%.2f build_cold_ms=%.1f "
+         "build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu loss=%.4f\n",
+         name, b->o.allow_tf32 ? "_tf32" : "", st.backend, step_ms,
+         st.steps ? (double)st.submissions / (double)st.steps : 0.0, b->cold_ms, b->warm_ms,
+         b->warm_hit ? 1 : 0, st.kernels, st.graph_nodes, mn_session_read_loss(b->s));
+  mn_session_free(b->s);
+  mn_graph_free(b->g);
+}
+
+#endif

@@ -1,0 +1,96 @@
+#include "session_util.h"
+
+#include <stdlib.h>
+
+mn_session *mn_test_session(const mn_graph *g, mn_backend backend, bool training) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = backend;
+  mn_session *s = NULL;
+  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  return s;
+}
+
+/* Node i's description, and whether it is a leaf of the kind asked for: a parameter, or an
+ * input when `inputs`. */
+static bool leaf_at(const mn_graph *g, size_t i, mn_node_info *info, bool inputs) {
+  cr_assert_eq(mn_graph_node(g, (mn_node)i, info), MN_OK);
+  return strcmp(info->op, "parameter") == 0 || (inputs && strcmp(info->op, "input") == 0);
+}
+
+static size_t numel(const mn_node_info *info) { return (size_t)mn_tensor_type_numel(&info->type); }
+
+void mn_test_init_normal(const mn_graph *g, mn_session *const *sessions, size_t n, mn_rng *r,
+                         float std, bool norms_at_one) {
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    if (!leaf_at(g, i, &info, false)) continue;
+    size_t count = numel(&info);
+    float *w = malloc(count * sizeof *w);
+    bool ones = norms_at_one && strstr(info.name, "norm") != NULL;
+    for (size_t k = 0; k < count; k++)
+      w[k] = ones ? 1.0f : std * (float)mn_rng_normal(r);
+    for (size_t j = 0; j < n; j++)
+      cr_assert_eq(mn_session_set_parameter(sessions[j], info.name, w, count), MN_OK, "%s: %s",
+                   info.name, mn_last_error());
+    free(w);
+  }
+}
+
+void mn_test_init_uniform(const mn_graph *g, mn_session *s, mn_rng *r, float lo, float hi,
+                          bool with_inputs) {
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    if (!leaf_at(g, i, &info, with_inputs)) continue;
+    size_t count = numel(&info);
+    float *v = malloc(count * sizeof *v);
+    mn_rng_fill(r, v, count, lo, hi);
+    mn_status st = strcmp(info.op, "parameter") == 0
+                       ? mn_session_set_parameter(s, info.name, v, count)
+                       : mn_session_set_input(s, info.name, v, count);
+    cr_assert_eq(st, MN_OK, "%s: %s", info.name, mn_last_error());
+    free(v);
+  }
+}
+
+size_t mn_test_param_count(const mn_graph *g) {
+  mn_node_info info;
+  size_t total = 0;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++)
+    if (leaf_at(g, i, &info, false)) total += numel(&info);
+  return total;
+}
+
+float *mn_test_read_params(const mn_graph *g, mn_session *s) {
+  float *all = malloc(mn_test_param_count(g) * sizeof *all), *dst = all;
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    if (!leaf_at(g, i, &info, false)) continue;
+    size_t count = numel(&info);
+    cr_assert_eq(mn_session_read_param(s, info.name, dst, count), MN_OK, "%s", mn_last_error());
+    dst += count;
+  }
+  return all;
+}
+
+void mn_test_assert_same_params(const mn_graph *g, mn_session *a, mn_session *b, double tol,
+                                const char *when) {
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    if (!leaf_at(g, i, &info, false)) continue;
+    size_t count = numel(&info);
+    float *va = malloc(count * sizeof *va), *vb = malloc(count * sizeof *vb);
+    cr_assert_eq(mn_session_read_param(a, info.name, va, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_param(b, info.name, vb, count), MN_OK, "%s", mn_last_error());
+    if (tol == 0) {
+      cr_assert(memcmp(va, vb, count * sizeof *va) == 0, "parameter %s differs %s", info.name,
+                when);
+    } else {
+      double err = mn_test_rel_err(va, vb, count);
+      cr_assert(err <= tol, "parameter %s %s: relative error %.3g above %.3g", info.name, when, err,
+                tol);
+    }
+    free(va);
+    free(vb);
+  }
+}
