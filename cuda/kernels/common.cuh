@@ -96,6 +96,32 @@ template <int BLOCK> __device__ __forceinline__ double mn_block_sum_d(double v, 
   return mn_warp_sum_d(v);
 }
 
+// VEC floats (1, 2 or 4) at an address aligned to VEC floats.
+template <int VEC> __device__ __forceinline__ void mn_ld_vec(const float *p, float *v) {
+  if constexpr (VEC == 4) {
+    const float4 t = *reinterpret_cast<const float4 *>(p);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  } else if constexpr (VEC == 2) {
+    const float2 t = *reinterpret_cast<const float2 *>(p);
+    v[0] = t.x;
+    v[1] = t.y;
+  } else {
+    v[0] = *p;
+  }
+}
+
+template <int VEC> __device__ __forceinline__ void mn_st_vec(float *p, const float *v) {
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else if constexpr (VEC == 2)
+    *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
+  else
+    *p = v[0];
+}
+
 // Grid-stride loop over [0, n) for 1-D launches.
 #define MN_FOR_EACH(i, n)                                                                          \
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n);         \

@@ -3,32 +3,6 @@
 // range is reported through mn_report (the first failure of the step wins) and never
 // used as an address. NODE is the dispatch's node id for the message.
 
-// VEC floats (1, 2 or 4) at an address aligned to VEC floats.
-template <int VEC> __device__ __forceinline__ void mn_emb_ld(const float *p, float *v) {
-  if constexpr (VEC == 4) {
-    const float4 t = *reinterpret_cast<const float4 *>(p);
-    v[0] = t.x;
-    v[1] = t.y;
-    v[2] = t.z;
-    v[3] = t.w;
-  } else if constexpr (VEC == 2) {
-    const float2 t = *reinterpret_cast<const float2 *>(p);
-    v[0] = t.x;
-    v[1] = t.y;
-  } else {
-    v[0] = *p;
-  }
-}
-
-template <int VEC> __device__ __forceinline__ void mn_emb_st(float *p, const float *v) {
-  if constexpr (VEC == 4)
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else if constexpr (VEC == 2)
-    *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
-  else
-    *p = v[0];
-}
-
 // out[i, :] = table[idx[i], :] for the NI indices; the table has ROWS rows of D floats,
 // moved VEC floats at a time (VEC divides D, so rows stay VEC-aligned). A bad index gives
 // a row of NaN. p[0] indices, p[1] table, p[2] out, p[3] error record.
@@ -43,14 +17,14 @@ __device__ void mn_emb_gather(const mn_ptrs &io) {
     const unsigned int r = idx[i];
     float v[VEC];
     if ((long long)r < ROWS) {
-      mn_emb_ld<VEC>(table + (long long)r * D + j * VEC, v);
+      mn_ld_vec<VEC>(table + (long long)r * D + j * VEC, v);
     } else {
       if (j == 0) mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_INDEX, NODE, r, i, ROWS);
 #pragma unroll
       for (int k = 0; k < VEC; k++)
         v[k] = mn_nan();
     }
-    mn_emb_st<VEC>(out + e * VEC, v);
+    mn_st_vec<VEC>(out + e * VEC, v);
   }
 }
 

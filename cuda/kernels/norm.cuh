@@ -27,31 +27,6 @@ template <int BLOCK> __device__ __forceinline__ double mn_norm_sum(double v, dou
     return mn_block_sum_d<BLOCK>(v, sh);
 }
 
-template <int VEC> __device__ __forceinline__ void mn_norm_ld(const float *p, float *v) {
-  if constexpr (VEC == 4) {
-    const float4 t = *reinterpret_cast<const float4 *>(p);
-    v[0] = t.x;
-    v[1] = t.y;
-    v[2] = t.z;
-    v[3] = t.w;
-  } else if constexpr (VEC == 2) {
-    const float2 t = *reinterpret_cast<const float2 *>(p);
-    v[0] = t.x;
-    v[1] = t.y;
-  } else {
-    v[0] = *p;
-  }
-}
-
-template <int VEC> __device__ __forceinline__ void mn_norm_st(float *p, const float *v) {
-  if constexpr (VEC == 4)
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  else if constexpr (VEC == 2)
-    *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
-  else
-    *p = v[0];
-}
-
 // Slot k of this thread's share of a row: from the register cache when CACHE, else from
 // memory.
 template <int VEC, bool CACHE>
@@ -62,7 +37,7 @@ __device__ __forceinline__ void mn_norm_get(const float *cache, int k, const flo
     for (int e = 0; e < VEC; e++)
       v[e] = cache[k * VEC + e];
   } else {
-    mn_norm_ld<VEC>(row + j * VEC, v);
+    mn_ld_vec<VEC>(row + j * VEC, v);
   }
 }
 
@@ -74,7 +49,7 @@ __device__ __forceinline__ void mn_norm_fill(float *cache, const float *row) {
 #pragma unroll
     for (int k = 0; k < ITEMS; k++) {
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
-      if (j < NV) mn_norm_ld<VEC>(row + j * VEC, cache + k * VEC);
+      if (j < NV) mn_ld_vec<VEC>(row + j * VEC, cache + k * VEC);
     }
   }
 }
@@ -153,10 +128,10 @@ __device__ void mn_norm_fwd(const mn_ptrs &io) {
     if (j < NV) {
       float a[VEC], wv[VEC], o[VEC];
       mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
-      mn_norm_ld<VEC>(w + j * VEC, wv);
+      mn_ld_vec<VEC>(w + j * VEC, wv);
       if constexpr (CENTER) {
         float bv[VEC];
-        mn_norm_ld<VEC>(b + j * VEC, bv);
+        mn_ld_vec<VEC>(b + j * VEC, bv);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
           o[e] = (float)(((double)a[e] - mean) * inv * (double)wv[e] + (double)bv[e]);
@@ -165,7 +140,7 @@ __device__ void mn_norm_fwd(const mn_ptrs &io) {
         for (int e = 0; e < VEC; e++)
           o[e] = (float)((double)a[e] * inv * (double)wv[e]);
       }
-      mn_norm_st<VEC>(out + j * VEC, o);
+      mn_st_vec<VEC>(out + j * VEC, o);
     }
   }
 }
@@ -198,7 +173,7 @@ __device__ void mn_norm_grad_x(const mn_ptrs &io) {
       float a[VEC], d[VEC], wv[VEC];
       mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
       mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
-      mn_norm_ld<VEC>(w + j * VEC, wv);
+      mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
         const double g = (double)d[e] * (double)wv[e];
@@ -216,14 +191,14 @@ __device__ void mn_norm_grad_x(const mn_ptrs &io) {
       float a[VEC], d[VEC], wv[VEC], o[VEC];
       mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
       mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
-      mn_norm_ld<VEC>(w + j * VEC, wv);
+      mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
         const double g = (double)d[e] * (double)wv[e];
         const double xh = ((double)a[e] - mean) * inv;
         o[e] = (float)(inv * (g - mg - xh * mgx));
       }
-      mn_norm_st<VEC>(dx + j * VEC, o);
+      mn_st_vec<VEC>(dx + j * VEC, o);
     }
   }
 }
@@ -260,7 +235,7 @@ __device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
       if (j < NV) {
         float a[VEC], d[VEC];
         mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
-        mn_norm_ld<VEC>(dy + j * VEC, d);
+        mn_ld_vec<VEC>(dy + j * VEC, d);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
           acc[k * VEC + e] += (double)d[e] * (((double)a[e] - mean) * inv);
