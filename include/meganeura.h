@@ -148,6 +148,10 @@ MN_API mn_node mn_split_b(mn_graph *g, mn_node x, int channels_a);
 MN_API mn_node mn_upsample_2x(mn_graph *g, mn_node x);
 MN_API mn_node mn_add_per_channel(mn_graph *g, mn_node x, mn_node bias);
 
+/* layout: columns [start, start + len) of the last axis, x [.., N] -> [.., len]
+ * (e.g. q, k and v out of GPT-2's fused c_attn output [B, T, 3D]) */
+MN_API mn_node mn_slice_last(mn_graph *g, mn_node x, int64_t start, int64_t len);
+
 /* KV cache (inference) */
 MN_API mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32);
 MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_cache,
@@ -266,6 +270,50 @@ MN_API const char *mn_safetensors_metadata(const mn_safetensors *st, const char 
 
 MN_API size_t mn_optimize_report_format(const mn_optimize_report *r, char *buf, size_t size);
 MN_API void mn_optimize_report_free(mn_optimize_report *r);
+
+/* ---------------------------------------------------------------- tokenizer */
+
+/* Byte-level BPE tokenizers read from a HuggingFace tokenizer.json (GPT-2, SmolLM2 and Llama-3
+ * styles): encode gives the ids that the HF tokenizers library gives for
+ * encode(text, add_special_tokens=False), decode gives back the bytes.
+ *
+ * Read: model BPE (vocab, merges as "a b" or ["a", "b"], unk_token, fuse_unk, ignore_merges);
+ * added_tokens (matched in the text before pre-tokenization; lstrip, rstrip, normalized);
+ * pre_tokenizer ByteLevel (add_prefix_space, use_regex), alone or last in a Sequence after
+ * Digits and Split steps (Split patterns: literal strings, the GPT-2, Llama-3 and Qwen2 split
+ * regexes, and \p{N}; all five behaviors, invert); decoder ByteLevel. Anything else that would
+ * change the ids (a normalizer, other pre-tokenizers or regexes, byte_fallback, dropout,
+ * single_word added tokens) fails to load with MN_ERR_UNSUPPORTED naming it. The
+ * post_processor is not applied, so no BOS/EOS is added; truncation and padding are ignored.
+ * Unicode classes (letters, numbers) come from Unicode 14 tables.
+ *
+ * A loaded tokenizer is read-only: encode and decode may run on several threads at once. */
+typedef struct mn_tokenizer mn_tokenizer;
+/* MN_ERR_IO when the file cannot be read, MN_ERR_FORMAT (naming the field) for bad JSON or
+ * missing fields, MN_ERR_UNSUPPORTED for unsupported components. */
+MN_API mn_status mn_tokenizer_load(const char *tokenizer_json_path, mn_tokenizer **out);
+MN_API void mn_tokenizer_free(mn_tokenizer *t);
+/* One more than the largest id (model vocabulary and added tokens): the rows an embedding
+ * table needs. */
+MN_API size_t mn_tokenizer_vocab_size(const mn_tokenizer *t);
+/* Encodes len bytes of text (any bytes: invalid UTF-8 is kept byte for byte). *n_out gets the
+ * number of ids. Two calls size the buffer: with ids NULL and cap 0 only *n_out is set (MN_OK);
+ * with a buffer too small the first cap ids are written, *n_out still gets the full count,
+ * and the result is MN_ERR_INVALID_ARGUMENT. */
+MN_API mn_status mn_tokenizer_encode(const mn_tokenizer *t, const char *text, size_t len,
+                                     uint32_t *ids, size_t cap, size_t *n_out);
+/* Decodes n ids into out: *len_out gets the length of the text (its bytes, without a NUL; it
+ * may hold NUL bytes); out gets the text and a NUL, so cap must be at least *len_out + 1. With
+ * out NULL and cap 0 only *len_out is set (MN_OK); with cap too small out gets the first
+ * cap - 1 bytes and a NUL, and the result is MN_ERR_INVALID_ARGUMENT. An id that is not a token
+ * is MN_ERR_INVALID_ARGUMENT. Special tokens decode to their text. */
+MN_API mn_status mn_tokenizer_decode(const mn_tokenizer *t, const uint32_t *ids, size_t n,
+                                     char *out, size_t cap, size_t *len_out);
+/* The id of a token given by its text as stored in the file (added tokens such as
+ * "<|endoftext|>" first, then the model's vocabulary, where a space is U+0120), or -1. */
+MN_API int64_t mn_tokenizer_token_id(const mn_tokenizer *t, const char *token);
+/* The stored text of an id (owned by the tokenizer), or NULL when the id is not a token. */
+MN_API const char *mn_tokenizer_token(const mn_tokenizer *t, uint32_t id);
 
 #ifdef __cplusplus
 }

@@ -47,11 +47,13 @@ if ((${#missing[@]})); then
   fi
 fi
 
-# The safetensors interop tests compare with the official Python package; they skip
-# with a message when it cannot be installed.
-if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import safetensors, numpy' >/dev/null 2>&1; then
-  python3 -m pip install --quiet numpy safetensors </dev/null ||
-    echo "numpy/safetensors not installed: the safetensors interop tests will skip" >&2
+# The safetensors interop and tokenizer conformance tests compare with the official Python
+# packages; they skip with a message when those cannot be installed.
+if command -v python3 >/dev/null 2>&1 &&
+  ! python3 -c 'import safetensors, numpy, tokenizers' >/dev/null 2>&1; then
+  python3 -m pip install --quiet numpy safetensors tokenizers </dev/null ||
+    echo "numpy/safetensors/tokenizers not installed: the safetensors interop and tokenizer" \
+      "conformance tests will skip" >&2
 fi
 
 # ---------------------------------------------------------------- pass 1: the normal build
