@@ -16,6 +16,7 @@ static void fill_rules(void) {
   mn_vjp_register_transformer(rule_table);
   mn_vjp_register_attention(rule_table);
   mn_vjp_register_vision(rule_table);
+  mn_vjp_register_slice(rule_table);
 }
 
 const mn_vjp_rule *mn_vjp_rules(void) {

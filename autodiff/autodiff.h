@@ -36,6 +36,7 @@ void mn_vjp_register_reduce(mn_vjp_rule *rules);
 void mn_vjp_register_transformer(mn_vjp_rule *rules);
 void mn_vjp_register_attention(mn_vjp_rule *rules);
 void mn_vjp_register_vision(mn_vjp_rule *rules);
+void mn_vjp_register_slice(mn_vjp_rule *rules);
 /* The full table (lazily filled, read-only afterwards); NULL entries: no rule. */
 const mn_vjp_rule *mn_vjp_rules(void);
 

@@ -1,12 +1,13 @@
 /* Reports what the graph optimizer costs and what it saves: the optimize time for a
  * GPT-2 small training graph (12 layers, 768 wide, 12 heads, vocab 50257; target <= 200
- * ms for both stages), and plan dispatches with the optimizer off and on for an MLP and
- * for the transformer block of tests/support/models.c. Lowers plans only; nothing is
- * allocated on a device. Usage: optimize_gpt2 [batch] [seq] */
+ * ms for both stages), and plan dispatches with the optimizer off, on without pointwise
+ * fusion and on, for an MLP and for the transformer block of tests/support/models.c.
+ * Lowers plans only; nothing is allocated on a device. Usage: optimize_gpt2 [batch] [seq] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "../optimizer/fusion.h"
 #include "../optimizer/report.h"
 #include "gpt_graph.h"
 #include "session.h"
@@ -59,21 +60,25 @@ static int by_value(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Dispatches with the optimizer off, on without pointwise fusion, and on (the default). */
 static void dispatches(const char *name, mn_graph *g) {
-  size_t n[2];
+  size_t n[3];
   mn_optimize_report *r = mn_optimize_report_new();
   if (!r) exit(1);
-  for (int on = 0; on < 2; on++) {
+  for (int mode = 0; mode < 3; mode++) {
     mn_session_options o = mn_session_options_default();
-    o.optimize = on;
+    o.optimize = mode > 0;
+    mn_fusion_set_enabled(mode == 2);
     mn_plan *plan = NULL;
-    check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, on ? r : NULL), name);
-    n[on] = plan->num_dispatches;
+    check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
+    n[mode] = plan->num_dispatches;
     mn_plan_free(plan);
   }
   char text[4096];
   mn_optimize_report_format(r, text, sizeof text);
-  printf("%s training step: %zu dispatches unoptimized, %zu optimized\n%s", name, n[0], n[1], text);
+  printf("%s training step: %zu dispatches unoptimized, %zu optimized without fusion, %zu with "
+         "fusion\n%s",
+         name, n[0], n[1], n[2], text);
   mn_optimize_report_free(r);
   mn_graph_free(g);
 }
@@ -88,6 +93,12 @@ int main(int argc, char **argv) {
                   .seq = argc > 2 ? atoll(argv[2]) : 1024};
   mn_graph *g = gpt_graph(&c);
   mn_session_options o = mn_session_options_default();
+  mn_fusion_set_enabled(false);
+  mn_plan *unfused = NULL;
+  check(mn_lower_training("optimize_gpt2", g, &o, &unfused), "gpt2 without fusion");
+  size_t unfused_dispatches = unfused->num_dispatches;
+  mn_plan_free(unfused);
+  mn_fusion_set_enabled(true);
   double ms[REPS], lower[REPS];
   mn_optimize_report *r = mn_optimize_report_new();
   if (!r) return 1;
@@ -103,8 +114,10 @@ int main(int argc, char **argv) {
   char text[4096];
   mn_optimize_report_format(r, text, sizeof text);
   printf("gpt2-small training graph (%d layers, batch %lld, seq %lld): optimize %.2f ms "
-         "(both stages, median of %d; target <= 200 ms), whole lowering %.2f ms\n%s",
-         c.layers, (long long)c.batch, (long long)c.seq, ms[REPS / 2], REPS, lower[REPS / 2], text);
+         "(both stages, median of %d; target <= 200 ms), whole lowering %.2f ms; "
+         "%zu dispatches without fusion\n%s",
+         c.layers, (long long)c.batch, (long long)c.seq, ms[REPS / 2], REPS, lower[REPS / 2],
+         unfused_dispatches, text);
   mn_optimize_report_free(r);
   mn_graph_free(g);
   dispatches("mlp 784-512-10", mlp());

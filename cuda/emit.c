@@ -45,6 +45,21 @@ int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
   return (int)prog->num_kernels++;
 }
 
+int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,
+                           const char *targs) {
+  mn_cu_program *prog = c->prog;
+  size_t j = 0;
+  while (j < prog->num_generated && strcmp(prog->generated[j], code) != 0)
+    j++;
+  if (j == prog->num_generated) {
+    if (!grow((void **)&prog->generated, &prog->cap_generated, j + 1, sizeof *prog->generated))
+      return -1;
+    if (!(prog->generated[j] = strdup(code))) return -1;
+    prog->num_generated++;
+  }
+  return mn_cu_kernel(c, block, "mn_gen%zu%s", j, targs);
+}
+
 static mn_cu_cmd *append(const mn_cu_op_ctx *c, mn_cu_cmd_kind kind) {
   mn_cu_program *prog = c->prog;
   if (!grow((void **)&prog->cmds, &prog->cap_cmds, prog->num_cmds + 1, sizeof *prog->cmds))
@@ -142,6 +157,9 @@ void mn_cu_program_free(mn_cu_program *prog) {
   for (size_t i = 0; i < prog->num_kernels; i++)
     free(prog->kernels[i].call);
   free(prog->kernels);
+  for (size_t i = 0; i < prog->num_generated; i++)
+    free(prog->generated[i]);
+  free(prog->generated);
   free(prog->cmds);
   memset(prog, 0, sizeof *prog);
 }
@@ -173,6 +191,9 @@ char *mn_cu_program_source(const mn_cu_program *prog) {
   strbuf b = {0};
   for (size_t i = 0; i < mn_cu_num_kernel_sources; i++)
     sb_append(&b, "// ---- %s\n%s\n", mn_cu_kernel_sources[i].name, mn_cu_kernel_sources[i].text);
+  for (size_t i = 0; i < prog->num_generated; i++)
+    sb_append(&b, "// ---- generated %zu\n#define MN_GEN mn_gen%zu\n%s\n#undef MN_GEN\n", i, i,
+              prog->generated[i]);
   sb_append(&b, "// ---- instances\n");
   for (size_t i = 0; i < prog->num_kernels; i++)
     sb_append(

@@ -87,6 +87,8 @@ typedef struct mn_cu_program {
   size_t num_cmds, cap_cmds;
   mn_cu_kernel_desc *kernels;
   size_t num_kernels, cap_kernels;
+  char **generated; /* kernel templates generated while lowering (mn_cu_kernel_generated) */
+  size_t num_generated, cap_generated;
   size_t scratch_bytes; /* largest scratch any dispatch asked for */
 } mn_cu_program;
 
@@ -107,6 +109,13 @@ typedef mn_status (*mn_cu_lower_fn)(const mn_cu_op_ctx *c);
  * returns mn_cu_oom(c)). */
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Declares an instance of generated code. `code` defines one kernel template named by
+ * the macro MN_GEN, e.g. "template <long long N> __device__ void MN_GEN(const mn_ptrs &io)
+ * {..}"; each distinct text joins the translation unit once, as mn_gen<j>, after the
+ * kernel sources (whose helpers it may call). The instance is the call mn_gen<j><targs>,
+ * e.g. targs "<4096LL>". Returns the kernel index, or -1 when out of memory. */
+int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,
+                           const char *targs);
 /* Appends a launch of kernel `k` on a 1-D or 3-D grid; MN_OK or out of memory. */
 mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, unsigned gz,
                        size_t smem, int nargs, const mn_cu_arg *args);
@@ -154,8 +163,8 @@ mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, boo
                                       int *sumsq, int *update);
 
 #define MN_CU_NORM_BLOCKS 256
-/* The NVRTC translation unit: every kernel template source, then one wrapper per
- * instance named mn_k<index>. Returns a malloc'd string or NULL. */
+/* The NVRTC translation unit: every kernel template source, the generated templates,
+ * then one wrapper per instance named mn_k<index>. Returns a malloc'd string or NULL. */
 char *mn_cu_program_source(const mn_cu_program *prog);
 
 #endif

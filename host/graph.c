@@ -72,6 +72,7 @@ void mn_graph_free(mn_graph *g) {
   for (size_t i = 0; i < g->num_nodes; i++) {
     free(g->nodes[i].name);
     free(g->nodes[i].data);
+    free(g->nodes[i].fused);
   }
   free(g->nodes);
   free(g->outputs);
@@ -174,7 +175,9 @@ bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src) {
   *dst = *src;
   dst->name = NULL;
   dst->data = NULL;
+  dst->fused = NULL;
   if (src->name && !(dst->name = strdup(src->name))) return false;
+  if (src->fused && !(dst->fused = mn_fused_prog_dup(src->fused))) return false;
   if (src->data) {
     size_t bytes = (size_t)mn_tensor_type_numel(&src->type) * sizeof(float);
     if (!(dst->data = malloc(bytes))) return false;
@@ -258,4 +261,68 @@ mn_status mn_graph_node(const mn_graph *g, mn_node id, mn_node_info *out) {
   out->num_inputs = n->num_inputs;
   out->type = n->type;
   return MN_OK;
+}
+
+mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p) {
+  mn_fused_prog *c = malloc(sizeof *c);
+  if (c) *c = *p;
+  return c;
+}
+
+bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b) {
+  if (a == b) return true;
+  if (!a || !b || a->num_instrs != b->num_instrs) return false;
+  for (int i = 0; i < a->num_instrs; i++) {
+    const mn_fused_instr *x = &a->instrs[i], *y = &b->instrs[i];
+    /* The scale by its bits, as the e-graph compares attributes. */
+    uint32_t sx, sy;
+    memcpy(&sx, &x->scale, sizeof sx);
+    memcpy(&sy, &y->scale, sizeof sy);
+    if (x->op != y->op || sx != sy || memcmp(x->args, y->args, sizeof x->args) != 0) return false;
+  }
+  return true;
+}
+
+bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size_t why_size) {
+  if (num_inputs < 1 || num_inputs > MN_MAX_INPUTS) {
+    snprintf(why, why_size, "%d inputs", num_inputs);
+    return false;
+  }
+  if (p->num_instrs < 1 || p->num_instrs > MN_FUSED_MAX_INSTRS) {
+    snprintf(why, why_size, "%d instructions", p->num_instrs);
+    return false;
+  }
+  unsigned char used[MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS] = {0};
+  for (int i = 0; i < p->num_instrs; i++) {
+    const mn_fused_instr *in = &p->instrs[i];
+    int arity = (unsigned)in->op < MN_OP_COUNT ? mn_op_table[in->op].arity : 0;
+    if ((unsigned)in->op >= MN_OP_COUNT || in->op == MN_OP_FUSED ||
+        !(mn_op_flags(in->op) & MN_OPF_POINTWISE) || arity < 1 || arity > MN_FUSED_MAX_ARGS) {
+      snprintf(why, why_size, "instruction %d: not a pointwise op", i);
+      return false;
+    }
+    for (int k = 0; k < arity; k++) {
+      int a = in->args[k];
+      if (a >= num_inputs + i) {
+        snprintf(why, why_size, "instruction %d: operand %d is not an input or earlier result", i,
+                 a);
+        return false;
+      }
+      used[a] = 1;
+    }
+    bool extra = false;
+    for (int k = arity; k < MN_FUSED_MAX_ARGS; k++)
+      extra |= in->args[k] != 0;
+    if (extra || (in->op != MN_OP_SCALE && in->scale != 0.0f)) {
+      snprintf(why, why_size, "instruction %d: stray operand or scale", i);
+      return false;
+    }
+  }
+  for (int a = 0; a < num_inputs + p->num_instrs - 1; a++)
+    if (!used[a]) {
+      snprintf(why, why_size, "%s %d is never read", a < num_inputs ? "input" : "result",
+               a < num_inputs ? a : a - num_inputs);
+      return false;
+    }
+  return true;
 }

@@ -14,7 +14,7 @@ typedef struct mn_op_attrs {
   float scale;      /* scale */
   float eps;        /* rms_norm, layer_norm, group_norm */
   float theta;      /* rope */
-  int pos_offset;   /* rope with a static offset */
+  int pos_offset;   /* rope with a static offset; slice_last(_grad): the start */
   int head_dim;     /* rope, attention */
   int num_heads;    /* attention */
   int num_kv_heads; /* attention */
@@ -26,14 +26,33 @@ typedef struct mn_op_attrs {
   int64_t num_rows; /* scatter_add */
 } mn_op_attrs;
 
+/* The element program of a fused node (MN_OP_FUSED, made by optimizer/fusion.c): pointwise
+ * ops applied in order, each to the node's inputs or to earlier results, every result
+ * rounded to F32 as the ops it replaces store theirs; the last result is the node's value.
+ * Operand a names input a when a < the node's num_inputs, else result a - num_inputs. */
+#define MN_FUSED_MAX_INSTRS 64
+#define MN_FUSED_MAX_ARGS   3
+
+typedef struct mn_fused_instr {
+  mn_op op;    /* a pointwise op other than fused; its arity is the number of operands */
+  float scale; /* scale's attribute, else 0 */
+  uint8_t args[MN_FUSED_MAX_ARGS];
+} mn_fused_instr;
+
+typedef struct mn_fused_prog {
+  int num_instrs;
+  mn_fused_instr instrs[MN_FUSED_MAX_INSTRS]; /* [num_instrs, MAX) are zero */
+} mn_fused_prog;
+
 typedef struct mn_node_rec {
   mn_op op;
   int num_inputs;
   mn_node inputs[MN_MAX_INPUTS];
   mn_tensor_type type;
   mn_op_attrs attrs;
-  char *name;  /* inputs and parameters; owned */
-  float *data; /* constants; owned, numel floats */
+  char *name;           /* inputs and parameters; owned */
+  float *data;          /* constants; owned, numel floats */
+  mn_fused_prog *fused; /* fused nodes; owned */
 } mn_node_rec;
 
 struct mn_graph {
@@ -70,11 +89,12 @@ const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size);
 mn_tensor_type mn_type_make(mn_dtype dt, const int64_t *shape, int rank);
 bool mn_type_same_shape(const mn_tensor_type *a, const mn_tensor_type *b);
 
-/* Copies a node, duplicating its owned name and constant data; false on allocation
- * failure (dst then owns whatever was copied and must still be freed). */
+/* Copies a node, duplicating its owned name, constant data and fused program; false on
+ * allocation failure (dst then owns whatever was copied and must still be freed). */
 bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src);
 
-/* Deep copy (names, constant data, outputs, error). NULL on allocation failure. */
+/* Deep copy (names, constant data, fused programs, outputs, error). NULL on allocation
+ * failure. */
 mn_graph *mn_graph_clone(const mn_graph *g);
 
 /* mn_graph_toposort with its status (the public function returns only the graph). */
@@ -83,5 +103,14 @@ mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted);
 /* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
  * (MN_OP_INPUT or MN_OP_PARAMETER). */
 mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name);
+
+/* A malloc'd copy of p, or NULL (out of memory). */
+mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p);
+bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b);
+/* Whether p is a well-formed program over num_inputs inputs: 1 to MN_FUSED_MAX_INSTRS
+ * instructions of pointwise ops (not fused) with their arity, every operand an input or an
+ * earlier result, every input read and every result but the last one used. On false, a
+ * reason goes to why. */
+bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size_t why_size);
 
 #endif

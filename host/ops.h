@@ -2,7 +2,8 @@
  * autodiff, code generation and reports all index by mn_op.
  *
  * X(ENUM, "printable name", number of inputs, flags)
- *   number of inputs: -1 only for leaves that take none but carry data.
+ *   number of inputs: -1 only for leaves that take none but carry data;
+ *     MN_ARITY_VARIADIC: 1 to MN_MAX_INPUTS (fused, whose program says how many).
  *   flags: MN_OPF_* below. */
 #ifndef MN_HOST_OPS_H
 #define MN_HOST_OPS_H
@@ -16,6 +17,8 @@ enum {
   MN_OPF_INPLACE = 1 << 5,   /* writes into the buffer of its second input */
   MN_OPF_BACKWARD = 1 << 6,  /* appears only in graphs produced by autodiff */
 };
+
+#define MN_ARITY_VARIADIC (-2)
 
 #define MN_FORWARD_OP_LIST(X)                                                                      \
   X(INPUT, "input", 0, MN_OPF_LEAF)                                                                \
@@ -66,10 +69,14 @@ enum {
   X(CONCAT, "concat", 2, MN_OPF_DIFF)                                                              \
   X(SPLIT_A, "split_a", 1, MN_OPF_DIFF)                                                            \
   X(SPLIT_B, "split_b", 1, MN_OPF_DIFF)                                                            \
+  X(SLICE_LAST, "slice_last", 1, MN_OPF_DIFF)                                                      \
   X(UPSAMPLE_2X, "upsample_2x", 1, MN_OPF_DIFF)                                                    \
   X(ADD_PER_CHANNEL, "add_per_channel", 2, MN_OPF_DIFF)                                            \
   X(CACHE_WRITE, "cache_write", 3, MN_OPF_INPLACE)                                                 \
-  X(CACHED_ATTENTION, "cached_attention", 4, 0)
+  X(CACHED_ATTENTION, "cached_attention", 4, 0)                                                    \
+  /* a group of pointwise ops as one kernel (optimizer/fusion.h); only the optimizer's       */    \
+  /* full stage makes it, after autodiff, so it needs no VJP rule                            */    \
+  X(FUSED, "fused", MN_ARITY_VARIADIC, MN_OPF_POINTWISE)
 
 /* Ops that only autodiff emits are listed in ops_backward.h, owned by autodiff/. */
 #include "ops_backward.h"

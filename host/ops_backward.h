@@ -13,6 +13,7 @@
   X(ZEROS, "zeros", 0, MN_BWD)                                                                     \
   X(SUM_ROWS, "sum_rows", 1, MN_BWD | MN_OPF_REDUCTION) /* [.., N] -> [N] or [1,N] */              \
   X(EXPAND_SCALAR, "expand_scalar", 1, MN_BWD)          /* dy[0] * attrs.scale */                  \
+  X(SLICE_LAST_GRAD, "slice_last_grad", 1, MN_BWD)      /* dy into zeros of x's type at start */   \
   /* element-wise: (forward input or output, dy) */                                                \
   X(RELU_GRAD, "relu_grad", 2, MN_BWD | MN_OPF_POINTWISE)       /* (x, dy) */                      \
   X(SIGMOID_GRAD, "sigmoid_grad", 2, MN_BWD | MN_OPF_POINTWISE) /* (y, dy) */                      \

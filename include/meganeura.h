@@ -315,6 +315,83 @@ MN_API int64_t mn_tokenizer_token_id(const mn_tokenizer *t, const char *token);
 /* The stored text of an id (owned by the tokenizer), or NULL when the id is not a token. */
 MN_API const char *mn_tokenizer_token(const mn_tokenizer *t, uint32_t id);
 
+/* ---------------------------------------------------------------- models */
+
+/* GPT-2 and Llama-family causal language models configured from a HuggingFace config.json,
+ * with transformers' parameter names and layouts, so that mn_session_load_safetensors reads a
+ * hub checkpoint as is and mn_session_save_safetensors writes one that transformers loads.
+ *
+ * The graph of mn_model_build (batch B, sequence T, vocabulary V):
+ *   inputs   "input_ids" U32 [B, T]; "labels" U32 [B, T], the token each position should
+ *            predict (already shifted: unlike transformers' labels argument, position t is
+ *            scored against labels[t]); GPT-2 also "position_ids" U32 [B, T], which
+ *            mn_model_prepare_session sets to 0..T-1
+ *   output 0 the mean cross-entropy of the logits against the labels, [1] (the loss)
+ *   output 1 the logits [B, T, V]
+ * GPT-2 (GPT2LMHeadModel): learned positions, layer_norm, gelu (tanh), Conv1D weights
+ * [in, out] through mn_matmul, q, k and v cut from c_attn's output by mn_slice_last; the head
+ * is wte unless tie_word_embeddings is false ("lm_head.weight" [V, D]).
+ * Llama (LlamaForCausalLM; SmolLM2, TinyLlama, Llama 2): rms_norm, rotate-half RoPE, SwiGLU,
+ * grouped-query attention, nn.Linear weights [out, in] through mn_matmul_bt; "lm_head.weight"
+ * unless tie_word_embeddings. */
+typedef enum mn_model_family { MN_MODEL_GPT2 = 1, MN_MODEL_LLAMA = 2 } mn_model_family;
+
+/* Each field names its config.json key (GPT-2 | Llama) and the default used when it is
+ * absent or null; keys without a default are required. */
+typedef struct mn_model_config {
+  mn_model_family family;    /* model_type: "gpt2" | "llama" */
+  int64_t vocab_size;        /* vocab_size */
+  int64_t hidden_size;       /* n_embd | hidden_size */
+  int64_t num_layers;        /* n_layer | num_hidden_layers */
+  int64_t num_heads;         /* n_head | num_attention_heads */
+  int64_t num_kv_heads;      /* = num_heads | num_key_value_heads (num_heads) */
+  int64_t head_dim;          /* hidden_size / num_heads | head_dim (hidden_size / num_heads) */
+  int64_t intermediate_size; /* n_inner (4 * n_embd) | intermediate_size */
+  int64_t max_positions;     /* n_positions | max_position_embeddings (2048; not enforced) */
+  float norm_eps;            /* layer_norm_epsilon (1e-5) | rms_norm_eps (1e-6) */
+  float rope_theta;          /* 0 | rope_theta (10000) */
+  float initializer_range;   /* initializer_range (0.02): std of mn_model_init_parameters */
+  bool tie_word_embeddings;  /* tie_word_embeddings (GPT-2 true, Llama false) */
+} mn_model_config;
+
+/* Reads a config.json (load: a file; parse: its text). *out changes only on success.
+ * MN_ERR_IO: the file cannot be read. MN_ERR_FORMAT: not JSON, a required key missing, or a
+ * value of the wrong type or range (the message names the key). MN_ERR_UNSUPPORTED: a
+ * model_type other than "gpt2" and "llama", or an option these models do not implement
+ * (GPT-2: activation_function other than gelu_new / gelu_pytorch_tanh, unscaled or per-layer
+ * scaled attention, cross-attention; Llama: hidden_act other than silu, attention_bias,
+ * mlp_bias, rope_scaling). Other keys are ignored. */
+MN_API mn_status mn_model_config_load(const char *config_json_path, mn_model_config *out);
+MN_API mn_status mn_model_config_parse(const char *json_text, mn_model_config *out);
+
+/* Builds the model's training graph (see above) into a new graph. name_prefix goes before
+ * the base model's parameter names: GPT-2 "transformer." or "", Llama "model." or ""; NULL
+ * picks the prefix that transformers' LM classes save ("transformer.", "model."). The untied
+ * "lm_head.weight" is never prefixed. MN_ERR_INVALID_ARGUMENT for a bad config field, batch or
+ * seq below 1, or (GPT-2) seq above n_positions. */
+MN_API mn_status mn_model_build(const mn_model_config *c, int64_t batch, int64_t seq,
+                                const char *name_prefix, mn_graph **out);
+
+/* The name_prefix under which a safetensors file (or a sharded checkpoint's
+ * model.safetensors.index.json) stores the model: the prefix with which its token embedding
+ * (wte.weight, embed_tokens.weight) is found. *prefix gets a static string. MN_ERR_NOT_FOUND
+ * when the file has neither name. */
+MN_API mn_status mn_model_name_prefix(const mn_model_config *c, const char *weights_path,
+                                      const char **prefix);
+
+/* Sets the inputs of a model graph that never change: GPT-2's position_ids to 0..T-1 in each
+ * row (nothing for Llama). Call it once on every session of the graph, since a session starts
+ * with zeros there; mn_model_init_parameters calls it too. */
+MN_API mn_status mn_model_prepare_session(const mn_graph *g, mn_session *s);
+
+/* Sets every parameter of g in s as transformers' _init_weights does, for training from
+ * scratch: norm weights 1, biases 0, every other weight normal(0, initializer_range), and
+ * GPT-2's attn.c_proj and mlp.c_proj weights normal(0, initializer_range / sqrt(2 * n_layer)).
+ * Draws are seeded (same seed, same values, on every platform) in the graph's parameter
+ * order. Then runs mn_model_prepare_session. */
+MN_API mn_status mn_model_init_parameters(const mn_model_config *c, const mn_graph *g,
+                                          mn_session *s, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

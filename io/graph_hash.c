@@ -148,6 +148,15 @@ void mn_hash_node(mn_hasher *h, const mn_node_rec *n) {
   } else {
     mn_hasher_u64(h, UINT64_MAX);
   }
+  /* Only fused nodes hash a program, so that every other node hashes as it always did. */
+  if (n->fused) mn_hasher_u64(h, (uint64_t)(int64_t)n->fused->num_instrs);
+  for (int i = 0; n->fused && i < n->fused->num_instrs; i++) {
+    const mn_fused_instr *in = &n->fused->instrs[i];
+    mn_hasher_str(h, mn_op_name(in->op));
+    mn_hasher_f32(h, in->scale);
+    for (int k = 0; k < MN_FUSED_MAX_ARGS; k++)
+      mn_hasher_u64(h, in->args[k]);
+  }
 }
 
 void mn_hash_graph(mn_hasher *h, const mn_graph *g) {

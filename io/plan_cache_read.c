@@ -109,7 +109,7 @@ static bool same_type(const mn_tensor_type *a, const mn_tensor_type *b) {
 
 /* The members of one node object, each looked at once. */
 typedef struct node_fields {
-  const cJSON *op, *in, *dtype, *shape, *attrs, *name, *user_constant, *data;
+  const cJSON *op, *in, *dtype, *shape, *attrs, *name, *user_constant, *data, *program;
 } node_fields;
 
 static mn_status split_fields(reader *r, size_t i, const cJSON *node, node_fields *f) {
@@ -117,10 +117,11 @@ static mn_status split_fields(reader *r, size_t i, const cJSON *node, node_field
   const struct {
     const char *key;
     const cJSON **slot;
-  } slots[] = {{"op", &f->op},       {"in", &f->in},
-               {"dtype", &f->dtype}, {"shape", &f->shape},
-               {"attrs", &f->attrs}, {"name", &f->name},
-               {"data", &f->data},   {"user_constant", &f->user_constant}};
+  } slots[] = {{"op", &f->op},          {"in", &f->in},
+               {"dtype", &f->dtype},    {"shape", &f->shape},
+               {"attrs", &f->attrs},    {"name", &f->name},
+               {"data", &f->data},      {"user_constant", &f->user_constant},
+               {"program", &f->program}};
   const cJSON *m;
   cJSON_ArrayForEach(m, node) {
     size_t k = 0;
@@ -245,6 +246,70 @@ static mn_status read_constant(reader *r, size_t i, const node_fields *node, mn_
   return MN_OK;
 }
 
+static mn_status read_instr(reader *r, size_t i, int k, const cJSON *obj, mn_fused_instr *in) {
+  if (!cJSON_IsObject(obj)) return CORRUPT(r, "node %zu: instruction %d is not an object", i, k);
+  const cJSON *op = NULL, *args = NULL, *attrs = NULL, *m;
+  cJSON_ArrayForEach(m, obj) {
+    const cJSON **slot = strcmp(m->string, "op") == 0      ? &op
+                         : strcmp(m->string, "args") == 0  ? &args
+                         : strcmp(m->string, "attrs") == 0 ? &attrs
+                                                           : NULL;
+    if (!slot || *slot) return CORRUPT(r, "node %zu: instruction %d: bad field", i, k);
+    *slot = m;
+  }
+  if (!find_op(cJSON_GetStringValue(op), &in->op))
+    return CORRUPT(r, "node %zu: instruction %d: unknown op", i, k);
+  int arity = mn_op_table[in->op].arity;
+  if (!cJSON_IsArray(args) || arity < 1 || arity > MN_FUSED_MAX_ARGS ||
+      cJSON_GetArraySize(args) != arity)
+    return CORRUPT(r, "node %zu: instruction %d: bad args", i, k);
+  int na = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, args) {
+    long long x;
+    if (!get_int(v, 0, MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS, &x))
+      return CORRUPT(r, "node %zu: instruction %d: bad operand", i, k);
+    in->args[na++] = (uint8_t)x;
+  }
+  /* Written as a node's attrs; an instruction carries scale's attribute only. */
+  mn_op_attrs a, only_scale;
+  mn_status st = read_attrs(r, i, attrs, &a);
+  if (st != MN_OK) return st;
+  memset(&only_scale, 0, sizeof only_scale);
+  only_scale.scale = a.scale;
+  if (memcmp(&a, &only_scale, sizeof a) != 0 || (a.scale != 0.0f && in->op != MN_OP_SCALE))
+    return CORRUPT(r, "node %zu: instruction %d: bad attrs", i, k);
+  in->scale = a.scale;
+  return MN_OK;
+}
+
+/* Fused nodes: the program, well formed (graph.h), over F32 inputs of the node's type, as
+ * the kernels read them. */
+static mn_status read_program(reader *r, size_t i, const node_fields *node, mn_node_rec *n) {
+  const cJSON *prog = node->program;
+  if (n->op != MN_OP_FUSED)
+    return prog ? CORRUPT(r, "node %zu: only fused nodes have a program", i) : MN_OK;
+  if (!cJSON_IsArray(prog) || cJSON_GetArraySize(prog) < 1 ||
+      cJSON_GetArraySize(prog) > MN_FUSED_MAX_INSTRS)
+    return CORRUPT(r, "node %zu: fused without a program", i);
+  if (!(n->fused = calloc(1, sizeof *n->fused)))
+    return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+  const cJSON *v;
+  cJSON_ArrayForEach(v, prog) {
+    mn_status st =
+        read_instr(r, i, n->fused->num_instrs, v, &n->fused->instrs[n->fused->num_instrs]);
+    if (st != MN_OK) return st;
+    n->fused->num_instrs++;
+  }
+  char why[128];
+  if (!mn_fused_prog_check(n->fused, n->num_inputs, why, sizeof why))
+    return CORRUPT(r, "node %zu: bad program: %s", i, why);
+  bool f32 = n->type.dtype == MN_F32;
+  for (int k = 0; k < n->num_inputs; k++)
+    f32 &= same_type(&r->g->nodes[n->inputs[k]].type, &n->type);
+  return f32 ? MN_OK : CORRUPT(r, "node %zu: fused inputs must be f32 of its shape", i);
+}
+
 static mn_status read_node(reader *r, size_t i, const cJSON *obj, mn_node_rec *n) {
   if (!cJSON_IsObject(obj)) return CORRUPT(r, "node %zu is not an object", i);
   node_fields fields, *node = &fields;
@@ -257,6 +322,8 @@ static mn_status read_node(reader *r, size_t i, const cJSON *obj, mn_node_rec *n
   const cJSON *in = node->in;
   if (in && !cJSON_IsArray(in)) return CORRUPT(r, "node %zu: in is not an array", i);
   int count = in ? cJSON_GetArraySize(in) : 0;
+  if (mn_op_table[n->op].arity == MN_ARITY_VARIADIC && count >= 1 && count <= MN_MAX_INPUTS)
+    arity = count;
   if (count != arity || arity > MN_MAX_INPUTS)
     return CORRUPT(r, "node %zu: %s takes %d inputs, not %d", i, op, arity, count);
   const cJSON *v;
@@ -271,6 +338,7 @@ static mn_status read_node(reader *r, size_t i, const cJSON *obj, mn_node_rec *n
   if (st == MN_OK) st = read_attrs(r, i, node->attrs, &n->attrs);
   if (st == MN_OK) st = read_name(r, i, node, n);
   if (st == MN_OK) st = read_constant(r, i, node, n);
+  if (st == MN_OK) st = read_program(r, i, node, n);
   if (st != MN_OK) return st;
   /* In-place ops hand their output the buffer of input 1, so it must fit exactly. */
   if ((mn_op_flags(n->op) & MN_OPF_INPLACE) &&

@@ -119,6 +119,28 @@ static long long find_user_constant(const mn_graph *user, const mn_node_rec *n) 
   return -1;
 }
 
+/* A fused node's program: one {"op", "args", "attrs" (scale's, as a node's)} per
+ * instruction. */
+static cJSON *program_item(builder *b, const mn_fused_prog *p) {
+  cJSON *list = checked(b, cJSON_CreateArray());
+  for (int i = 0; list && i < p->num_instrs; i++) {
+    const mn_fused_instr *in = &p->instrs[i];
+    cJSON *o = checked(b, cJSON_CreateObject()), *args = checked(b, cJSON_CreateArray());
+    if (o) add(b, o, "op", checked(b, cJSON_CreateString(mn_op_name(in->op))));
+    for (int k = 0; args && k < mn_op_table[in->op].arity; k++)
+      add(b, args, NULL, int_item(b, in->args[k]));
+    if (o)
+      add(b, o, "args", args);
+    else
+      cJSON_Delete(args);
+    mn_op_attrs attrs = {.scale = in->scale};
+    cJSON *a = o ? attrs_item(b, &attrs) : NULL;
+    if (a) add(b, o, "attrs", a);
+    add(b, list, NULL, o);
+  }
+  return list;
+}
+
 static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) {
   cJSON *o = checked(b, cJSON_CreateObject());
   if (!o) return NULL;
@@ -137,6 +159,7 @@ static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) 
   cJSON *attrs = attrs_item(b, &n->attrs);
   if (attrs) add(b, o, "attrs", attrs);
   if (n->name) add(b, o, "name", checked(b, cJSON_CreateString(n->name)));
+  if (n->op == MN_OP_FUSED && n->fused) add(b, o, "program", program_item(b, n->fused));
   if (n->op == MN_OP_CONSTANT && n->data) {
     long long idx = find_user_constant(user, n);
     if (idx >= 0) {

@@ -51,6 +51,18 @@ static bool attrs_equal(const mn_op_attrs *a, const mn_op_attrs *b) {
          a->num_rows == b->num_rows;
 }
 
+static uint64_t prog_hash(const mn_fused_prog *p) {
+  uint64_t h = mix(0x452821E638D01377ull, (uint64_t)p->num_instrs);
+  for (int i = 0; i < p->num_instrs; i++) {
+    const mn_fused_instr *in = &p->instrs[i];
+    h = mix(h, (uint64_t)in->op);
+    h = mix(h, f32_bits(in->scale));
+    for (int k = 0; k < MN_FUSED_MAX_ARGS; k++)
+      h = mix(h, in->args[k]);
+  }
+  return h;
+}
+
 static uint64_t node_hash(const eg_node *n) {
   uint64_t h = mix(0x13198A2E03707344ull, (uint64_t)n->op);
   h = mix(h, (uint64_t)n->num_kids);
@@ -69,6 +81,7 @@ static bool node_equal(const mn_egraph *eg, const eg_node *a, const eg_node *b) 
   for (int i = 0; i < a->num_kids; i++)
     if (a->kids[i] != b->kids[i]) return false;
   if (!attrs_equal(&a->attrs, &b->attrs)) return false;
+  if (!mn_fused_prog_equal(a->fused, b->fused)) return false;
   if ((a->data == NULL) != (b->data == NULL)) return false;
   if (!a->data || a->data == b->data) return true;
   size_t n = (size_t)mn_tensor_type_numel(&eg->types[a->type]);
@@ -288,8 +301,11 @@ eg_id eg_add(mn_egraph *eg, const eg_node_key *k) {
   n.attrs = k->attrs;
   n.identity = k->identity;
   n.data = k->data;
+  n.fused = k->fused;
   if (k->data)
     n.data_hash = eg_hash_floats(k->data, (size_t)mn_tensor_type_numel(&eg->types[k->type]));
+  else if (k->fused)
+    n.data_hash = prog_hash(k->fused);
   uint64_t h = node_hash(&n);
   eg_id found = table_lookup(eg, &n, h);
   if (found != EG_NONE) return found;

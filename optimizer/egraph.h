@@ -24,12 +24,13 @@ typedef struct eg_node {
   /* Nodes that must never be merged with another (named leaves, in-place ops) carry the
    * id of the graph node they came from; EG_NONE for every other node. */
   uint32_t identity;
-  const float *data;   /* constants: numel floats (borrowed or in owned_data) */
-  uint64_t data_hash;  /* constants: hash of data */
-  eg_id next_in_class; /* intrusive list of a class's nodes */
-  eg_id replaced_by;   /* a congruent duplicate points at the node that stayed */
-  bool dead;           /* a congruent duplicate: skipped by matching and extraction */
-  bool in_table;       /* currently in the hash-cons table */
+  const float *data;          /* constants: numel floats (borrowed or in owned_data) */
+  const mn_fused_prog *fused; /* fused nodes: the program (borrowed from the input graph) */
+  uint64_t data_hash;         /* constants: hash of data; fused nodes: of the program */
+  eg_id next_in_class;        /* intrusive list of a class's nodes */
+  eg_id replaced_by;          /* a congruent duplicate points at the node that stayed */
+  bool dead;                  /* a congruent duplicate: skipped by matching and extraction */
+  bool in_table;              /* currently in the hash-cons table */
 } eg_node;
 
 typedef struct eg_class {
@@ -78,7 +79,7 @@ typedef struct mn_egraph {
   bool type_clash;  /* a merge of classes with different types was refused */
 } mn_egraph;
 
-/* A node to add: op, num_kids, kids, type, attrs, identity and data are read. */
+/* A node to add: op, num_kids, kids, type, attrs, identity, data and fused are read. */
 typedef struct eg_node_key {
   mn_op op;
   int num_kids;
@@ -87,6 +88,7 @@ typedef struct eg_node_key {
   mn_op_attrs attrs;
   uint32_t identity;
   const float *data;
+  const mn_fused_prog *fused;
 } eg_node_key;
 
 bool eg_init(mn_egraph *eg, size_t expected_nodes);

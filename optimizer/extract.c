@@ -220,6 +220,8 @@ static mn_node emit_node(emitter *e, eg_id id) {
     ins[k] = e->new_id[eg_find(e->eg, n->kids[k])];
   const mn_tensor_type *t = eg_type(e->eg, n->type);
   mn_node out = mn_graph_append(e->g, n->op, ins, n->num_kids, t, &n->attrs, NULL);
+  if (out != MN_NO_NODE && n->fused && !(e->g->nodes[out].fused = mn_fused_prog_dup(n->fused)))
+    return mn_graph_fail(e->g, MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory");
   if (out == MN_NO_NODE || !n->data) return out;
   size_t bytes = (size_t)mn_tensor_type_numel(t) * sizeof(float);
   float *copy = malloc(bytes ? bytes : 1);
@@ -275,9 +277,11 @@ static mn_node own_output(emitter *e, size_t k, mn_node node, mn_node *claimed) 
   mn_node_rec r = e->g->nodes[node];
   mn_op_attrs one = {.scale = 1.0f};
   mn_node copy;
-  if (!(mn_op_flags(r.op) & MN_OPF_LEAF))
+  if (!(mn_op_flags(r.op) & MN_OPF_LEAF)) {
     copy = mn_graph_append(e->g, r.op, r.inputs, r.num_inputs, &r.type, &r.attrs, NULL);
-  else if (r.type.dtype == MN_F32)
+    if (copy != MN_NO_NODE && r.fused && !(e->g->nodes[copy].fused = mn_fused_prog_dup(r.fused)))
+      copy = mn_graph_fail(e->g, MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory");
+  } else if (r.type.dtype == MN_F32)
     copy = mn_graph_append(e->g, MN_OP_SCALE, &node, 1, &r.type, &one, NULL);
   else
     copy = mn_graph_append(e->g, MN_OP_RESHAPE, &node, 1, &r.type, NULL, NULL);

@@ -9,6 +9,7 @@
 #include "egraph.h"
 #include "error.h"
 #include "extract.h"
+#include "fusion.h"
 #include "report.h"
 #include "rewrite.h"
 
@@ -71,6 +72,7 @@ static mn_status load(mn_egraph *eg, const mn_graph *g, eg_id *orig_node, size_t
         r->op == MN_OP_INPUT || r->op == MN_OP_PARAMETER || (mn_op_flags(r->op) & MN_OPF_INPLACE);
     k.identity = unique ? (uint32_t)i : EG_NONE;
     k.data = r->op == MN_OP_CONSTANT ? r->data : NULL;
+    k.fused = r->op == MN_OP_FUSED ? r->fused : NULL;
     size_t before = eg->num_nodes;
     if (k.type == UINT32_MAX || (orig_node[i] = eg_add(eg, &k)) == EG_NONE)
       return mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory (%zu nodes)", g->num_nodes);
@@ -158,6 +160,13 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
   sr->dead = count_dead(in);
   sr->cost_before = mn_cost_graph(in);
   st = optimize(in, &lim, sr, &out);
+  /* Fusion only in the full stage: a fused node has no VJP rule, so the forward graph
+   * that autodiff differentiates must not hold one. */
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && mn_fusion_enabled() &&
+      (st = mn_fuse_pointwise(&out, &sr->fusions)) != MN_OK) {
+    mn_graph_free(out);
+    out = NULL;
+  }
   if (st == MN_ERR_STATE) {
     /* A rule or the extraction broke an invariant: run the graph as it came rather
      * than a graph that may be wrong; the report says so. */

@@ -21,7 +21,9 @@ typedef struct mn_optimize_limits {
  * order and count (an output may become another node id; outputs that were different
  * nodes stay different, and a computed output stays computed), every named leaf kept
  * with its name, inputs before users. An output's own node is never rewritten; what
- * feeds it is. With opts->optimize false it changes nothing. */
+ * feeds it is, except that the full stage then fuses pointwise groups (fusion.h), and an
+ * output at a group's root becomes that group's fused node. With opts->optimize false it
+ * changes nothing. */
 mn_status mn_optimize_graph(const char *fn, mn_graph **g, const mn_session_options *opts,
                             mn_optimize_stage stage);
 

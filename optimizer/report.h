@@ -18,7 +18,7 @@ typedef struct mn_optimize_stage_report {
   size_t fired[MN_MAX_RULES];     /* per row of mn_rule_table */
   size_t cse;                     /* nodes merged into an equal node (hash-consing, congruence) */
   size_t dead;                    /* nodes that no output needs */
-  size_t fusions;                 /* fused ops introduced (no fusion rules yet) */
+  size_t fusions;                 /* fused nodes made (optimizer/fusion.h; full stage only) */
   double cost_before, cost_after; /* cost model estimate (cost.h), bytes */
   double saturation_ms, extraction_ms, total_ms;
 } mn_optimize_stage_report;

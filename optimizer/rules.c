@@ -81,6 +81,7 @@ static eg_id fold_constants(mn_egraph *eg, eg_id id) {
     op->inputs[i] = (mn_node)i;
   op->type = *t;
   op->attrs = n->attrs;
+  op->fused = (mn_fused_prog *)n->fused; /* read only: the kernel interprets it */
   mn_graph mini;
   memset(&mini, 0, sizeof mini);
   mini.nodes = recs;

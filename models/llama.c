@@ -1,0 +1,60 @@
+/* Llama-family decoders (transformers' LlamaForCausalLM: Llama 2, SmolLM2, TinyLlama...) up to
+ * the logits, with its parameter names and layouts:
+ *
+ *   h = embed_tokens[input_ids]
+ *   per layer i ("layers.{i}."):
+ *     a  = rms_norm(h; input_layernorm)
+ *     q  = rope(a @ self_attn.q_proj^T)  k = rope(a @ self_attn.k_proj^T)  v = a @ v_proj^T
+ *     h += causal_attention(q, k, v; H query heads over KV heads of head_dim) @ o_proj^T
+ *     m  = rms_norm(h; post_attention_layernorm)
+ *     h += (silu(m @ mlp.gate_proj^T) * (m @ mlp.up_proj^T)) @ mlp.down_proj^T
+ *   logits = rms_norm(h; norm) @ lm_head^T   (embed_tokens when tie_word_embeddings)
+ *
+ * nn.Linear weights are stored [out, in] and used through mn_matmul_bt, so loading and saving
+ * never transpose. RoPE is transformers' rotate-half form with positions 0..T-1 in each row,
+ * which mn_rope computes, so Llama needs no position input. */
+#include "model_internal.h"
+
+static mn_node block(mn_graph *g, const mn_model_config *c, const char *p, int i, mn_node h) {
+  int64_t d = c->hidden_size, ff = c->intermediate_size;
+  int heads = (int)c->num_heads, kv_heads = (int)c->num_kv_heads, hd = (int)c->head_dim;
+  int64_t q_dim = c->num_heads * c->head_dim, kv_dim = c->num_kv_heads * c->head_dim;
+  /* Declared in transformers' state_dict order (attention, MLP, then the two norms), so
+   * saved files list tensors as transformers does; the graph below uses them in any order. */
+  mn_node wq = mn_model_param(g, p, MN_SHAPE(q_dim, d), "layers.%d.self_attn.q_proj.weight", i);
+  mn_node wk = mn_model_param(g, p, MN_SHAPE(kv_dim, d), "layers.%d.self_attn.k_proj.weight", i);
+  mn_node wv = mn_model_param(g, p, MN_SHAPE(kv_dim, d), "layers.%d.self_attn.v_proj.weight", i);
+  mn_node wo = mn_model_param(g, p, MN_SHAPE(d, q_dim), "layers.%d.self_attn.o_proj.weight", i);
+  mn_node wgate = mn_model_param(g, p, MN_SHAPE(ff, d), "layers.%d.mlp.gate_proj.weight", i);
+  mn_node wup = mn_model_param(g, p, MN_SHAPE(ff, d), "layers.%d.mlp.up_proj.weight", i);
+  mn_node wdown = mn_model_param(g, p, MN_SHAPE(d, ff), "layers.%d.mlp.down_proj.weight", i);
+  mn_node ln1 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.input_layernorm.weight", i);
+  mn_node ln2 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.post_attention_layernorm.weight", i);
+
+  mn_node a = mn_rms_norm(g, h, ln1, c->norm_eps);
+  mn_node q = mn_rope(g, mn_matmul_bt(g, a, wq), c->rope_theta, hd);
+  mn_node k = mn_rope(g, mn_matmul_bt(g, a, wk), c->rope_theta, hd);
+  mn_node v = mn_matmul_bt(g, a, wv);
+  mn_node att = mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
+  h = mn_add(g, h, mn_matmul_bt(g, att, wo));
+  mn_node m = mn_rms_norm(g, h, ln2, c->norm_eps);
+  mn_node ffn = mn_swiglu(g, mn_matmul_bt(g, m, wgate), mn_matmul_bt(g, m, wup));
+  return mn_add(g, h, mn_matmul_bt(g, ffn, wdown));
+}
+
+mn_node mn_llama_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
+                        const char *p) {
+  int64_t d = c->hidden_size;
+  mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(batch, seq));
+  mn_node emb = mn_model_param(g, p, MN_SHAPE(c->vocab_size, d), "embed_tokens.weight");
+  mn_node h = mn_embedding(g, ids, emb);
+  for (int i = 0; i < (int)c->num_layers; i++)
+    h = block(g, c, p, i, h);
+  mn_node norm = mn_model_param(g, p, MN_SHAPE(d), "norm.weight");
+  h = mn_rms_norm(g, h, norm, c->norm_eps);
+  /* The head is outside the base model: never prefixed. */
+  mn_node head = c->tie_word_embeddings
+                     ? emb
+                     : mn_model_param(g, "", MN_SHAPE(c->vocab_size, d), "lm_head.weight");
+  return mn_matmul_bt(g, h, head);
+}

@@ -1,0 +1,41 @@
+/* Shared by the model builders of models/: the family builders and the checks and helpers
+ * they use. Models are written against the public API (meganeura.h); the one internal they
+ * use is host/error.h, to report failures through mn_last_error() like every public
+ * function does. */
+#ifndef MN_MODELS_MODEL_INTERNAL_H
+#define MN_MODELS_MODEL_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "meganeura.h"
+
+/* Longest name_prefix accepted, so that every parameter name fits MN_MODEL_NAME_CAP. */
+#define MN_MODEL_PREFIX_CAP 128
+#define MN_MODEL_NAME_CAP   256
+
+/* The defaults of mn_model_build's name_prefix and the candidates mn_model_name_prefix
+ * tries, best first. */
+#define MN_GPT2_PREFIX  "transformer."
+#define MN_LLAMA_PREFIX "model."
+
+/* A parameter named prefix + the formatted rest: "transformer." "h.3.ln_1.weight". */
+mn_node mn_model_param(mn_graph *g, const char *prefix, const int64_t *shape, int rank,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The sizes and options of a config, checked as mn_model_config_load checks the file's
+ * values (a config may also be filled by hand): MN_ERR_INVALID_ARGUMENT naming the field. */
+mn_status mn_model_config_check(const char *fn, const mn_model_config *c);
+
+/* Reads a JSON file of at most 64 MiB: MN_ERR_IO when it cannot be read, MN_ERR_FORMAT when
+ * it is not JSON. */
+mn_status mn_model_read_json(const char *fn, const char *path, cJSON **out);
+
+/* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
+ * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are
+ * left in the graph (sticky), and the result is then MN_NO_NODE. */
+mn_node mn_gpt2_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
+                       const char *prefix);
+mn_node mn_llama_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
+                        const char *prefix);
+
+#endif

@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Parity of models/ (GPT-2, Llama) with transformers, for the GPU machine.
+
+For each case a randomly initialized transformers model (GPT2LMHeadModel, LlamaForCausalLM with
+9 query heads over 3 kv heads, tied and untied heads, GPT-2 saved with and without the
+"transformer." prefix) is saved with save_pretrained (config.json + model.safetensors), then
+bench_hf_parity_driver (benchmarks/hf_parity_driver.c) loads it through mn_model_config_load,
+mn_model_name_prefix, mn_model_build and mn_session_load_safetensors, runs one AdamW training
+step and dumps logits, loss, every gradient and every updated parameter; the same step runs in
+PyTorch (fp32, TF32 off) and everything is compared:
+    logits            ||ours - torch|| / ||torch|| < 1e-5
+    loss              |ours - torch| / |torch|     < 1e-5
+    every gradient    relative error               < 1e-4
+    every parameter   after one AdamW step         < 1e-5 (and its update < 1e-3)
+Then the round trip: the driver fine-tunes 20 more steps, saves with
+mn_session_save_safetensors, and transformers' from_pretrained on that file (with the same
+config.json) must give the logits the driver computed from it (< 1e-5), with no unexpected or
+missing keys (a tied lm_head aside). Fine-tuning losses of both sides are printed.
+
+The labels are the targets of each position as given (no shift), so PyTorch's loss is
+cross_entropy(logits.view(-1, V), labels.view(-1)) and not the model's own shifted loss.
+
+Without PyTorch (--numpy), the same driver runs against a float64 numpy implementation of the
+two forward passes written from transformers' modeling code (Conv1D [in, out], rotate_half,
+repeat_kv): logits, loss and the round trip only, no gradients.
+
+usage: python3 scripts/hf_parity.py --driver BUILD/bench_hf_parity_driver
+                                    [--backend cpu|cuda|both] [--numpy] [--keep DIR]
+Exit status 0 when every check passes.
+"""
+import argparse
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+B, T = 2, 16
+LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
+FINETUNE = 20
+TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_PARAM, TOL_UPDATE = 1e-5, 1e-5, 1e-4, 1e-5, 1e-3
+
+GPT2 = dict(model_type="gpt2", vocab_size=1000, n_positions=64, n_embd=96, n_layer=2,
+            n_head=4, layer_norm_epsilon=1e-5)
+LLAMA = dict(model_type="llama", vocab_size=1000, hidden_size=144, intermediate_size=256,
+             num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+             max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0)
+# name, family config, tie_word_embeddings, save the base model only (no prefix)
+CASES = [("gpt2", GPT2, True, False), ("gpt2-bare", GPT2, True, True),
+         ("gpt2-untied", GPT2, False, False), ("llama", LLAMA, False, False),
+         ("llama-tied", LLAMA, True, False)]
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    d = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (d if d > 0 else 1.0))
+
+
+class Report:
+    def __init__(self):
+        self.failures = []
+
+    def check(self, what, err, tol):
+        ok = err <= tol
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}: {err:.3g} (limit {tol:g})")
+        if not ok:
+            self.failures.append(what)
+
+
+# ---------------------------------------------------------------- the driver
+
+def run_driver(driver, model_dir, out_dir, backend):
+    cmd = [driver, "--model", model_dir, "--out", out_dir, "--batch", str(B), "--seq", str(T),
+           "--lr", repr(LR), "--beta1", repr(BETA1), "--beta2", repr(BETA2), "--eps", repr(EPS),
+           "--weight-decay", repr(WD), "--finetune", str(FINETUNE)]
+    done = subprocess.run(cmd, env=dict(os.environ, MN_BACKEND=backend))
+    if done.returncode != 0:
+        return None
+    res = {"params": {}, "step_losses": []}
+    with open(os.path.join(out_dir, "result.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if parts[0] == "param":
+                res["params"][parts[1]] = int(parts[2])
+            elif parts[0] == "step_loss":
+                res["step_losses"].append(float(parts[2]))
+            elif parts[0] == "loss":
+                res["loss"] = float(parts[1])
+            else:
+                res[parts[0]] = parts[1] if len(parts) > 1 else ""
+    res["logits"] = np.fromfile(os.path.join(out_dir, "logits.f32"), "<f4")
+    res["finetuned_logits"] = np.fromfile(os.path.join(out_dir, "finetuned_logits.f32"), "<f4")
+    return res
+
+
+def driver_ran(res, name, backend, report):
+    """The driver exited cleanly on the backend asked for (MN_BACKEND is honoured)."""
+    ok = res is not None and res.get("backend") == backend
+    report.check(f"{name}/{backend} driver ran on {res.get('backend') if res else 'nothing'}",
+                 0.0 if ok else 1.0, 0.0)
+    return ok
+
+
+def driver_tensor(out_dir, kind, name):
+    return np.fromfile(os.path.join(out_dir, kind, name + ".f32"), "<f4")
+
+
+def base_prefix(family):
+    return "transformer." if family["model_type"] == "gpt2" else "model."
+
+
+def canonical(name, prefix):
+    """A name without the base-model prefix, so that files saved with and without it compare."""
+    return name[len(prefix):] if prefix and name.startswith(prefix) else name
+
+
+def write_batch(model_dir, seed, vocab):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (B, T)).astype("<u4")
+    labels = rng.integers(0, vocab, (B, T)).astype("<u4")
+    ids.tofile(os.path.join(model_dir, "input_ids.u32"))
+    labels.tofile(os.path.join(model_dir, "labels.u32"))
+    return ids, labels
+
+
+# ---------------------------------------------------------------- PyTorch + transformers
+
+def torch_case(name, family, tied, bare, driver, backends, work, report):
+    import torch
+    import torch.nn.functional as F
+    import transformers as tf
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    is_gpt2 = family["model_type"] == "gpt2"
+    kw = {k: v for k, v in family.items() if k != "model_type"}
+    if is_gpt2:
+        config = tf.GPT2Config(**kw, tie_word_embeddings=tied, resid_pdrop=0.0, embd_pdrop=0.0,
+                               attn_pdrop=0.0)
+        cls = tf.GPT2LMHeadModel
+    else:
+        config = tf.LlamaConfig(**kw, tie_word_embeddings=tied)
+        cls = tf.LlamaForCausalLM
+    torch.manual_seed(1)
+    try:
+        model = cls._from_config(config, attn_implementation="eager")
+    except TypeError:
+        config._attn_implementation = "eager"
+        model = cls(config)
+    model = model.float().eval()
+    # Away from transformers' init (norms 1, biases 0) so that every parameter matters.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    model_dir = os.path.join(work, name, "model")
+    (model.transformer if bare else model).save_pretrained(model_dir, safe_serialization=True)
+    ids, labels = write_batch(model_dir, 7, config.vocab_size)
+    ids_t, labels_t = torch.tensor(ids.astype(np.int64)), torch.tensor(labels.astype(np.int64))
+
+    # The reference step, and FINETUNE more, on a copy (deepcopy keeps tied weights tied).
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WD, foreach=False)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = m(input_ids=ids_t).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1))
+        loss.backward()
+        return logits.detach().numpy(), float(loss)
+
+    before = {n: p.detach().clone().numpy() for n, p in m.named_parameters()}
+    ref_logits, ref_loss = step()
+    ref_grads = {n: p.grad.detach().numpy().copy() for n, p in m.named_parameters()}
+    opt.step()
+    ref_params = {n: p.detach().numpy().copy() for n, p in m.named_parameters()}
+    ref_losses = []
+    for _ in range(FINETUNE):
+        ref_losses.append(step()[1])
+        opt.step()
+    ref_final = {n: p.detach().numpy().copy() for n, p in m.named_parameters()}
+
+    tp = base_prefix(family)
+    for backend in backends:
+        print(f"{name} on {backend}:")
+        out = os.path.join(work, name, "out-" + backend)
+        res = run_driver(driver, model_dir, out, backend)
+        if not driver_ran(res, name, backend, report):
+            continue
+        prefix = res["prefix"]
+        report.check(f"{name}/{backend} name prefix '{prefix}'",
+                     0.0 if prefix == ("" if bare else tp) else 1.0, 0.0)
+        report.check(f"{name}/{backend} logits", rel(res["logits"], ref_logits), TOL_LOGITS)
+        report.check(f"{name}/{backend} loss", abs(res["loss"] - ref_loss) / abs(ref_loss),
+                     TOL_LOSS)
+        ours = {canonical(n, prefix): n for n in res["params"]}
+        theirs = {canonical(n, tp): n for n in ref_grads}
+        report.check(f"{name}/{backend} parameter names match transformers'",
+                     0.0 if set(ours) == set(theirs) else 1.0, 0.0)
+        if set(ours) != set(theirs):
+            print("    only ours:", sorted(set(ours) - set(theirs)))
+            print("    only transformers':", sorted(set(theirs) - set(ours)))
+        worst = {"grad": (0.0, ""), "param": (0.0, ""), "update": (0.0, ""), "final": (0.0, "")}
+        for key in sorted(set(ours) & set(theirs)):
+            tn, on = theirs[key], ours[key]
+            g = driver_tensor(out, "grad", on)
+            p = driver_tensor(out, "param", on)
+            errs = {"grad": rel(g, ref_grads[tn]), "param": rel(p, ref_params[tn]),
+                    "update": rel(p - before[tn].ravel(), ref_params[tn] - before[tn])}
+            for k, e in errs.items():
+                if e > worst[k][0]:
+                    worst[k] = (e, key)
+        for k, tol in (("grad", TOL_GRAD), ("param", TOL_PARAM), ("update", TOL_UPDATE)):
+            e, key = worst[k]
+            report.check(f"{name}/{backend} worst {k} ({key or '-'})", e, tol)
+        print("    fine-tune losses, ours:  ", " ".join(f"{x:.4f}" for x in res["step_losses"]))
+        print("    fine-tune losses, torch: ", " ".join(f"{x:.4f}" for x in ref_losses))
+
+        # Round trip: transformers reads the file mn_session_save_safetensors wrote.
+        rt = os.path.join(out, "finetuned")
+        shutil.copy(os.path.join(model_dir, "config.json"), rt)
+        hf, info = cls.from_pretrained(rt, output_loading_info=True, torch_dtype=torch.float32,
+                                       attn_implementation="eager")
+        allowed_missing = {"lm_head.weight"} if tied else set()
+        bad = set(info["missing_keys"]) - allowed_missing
+        report.check(f"{name}/{backend} from_pretrained keys (missing {sorted(bad)}, "
+                     f"unexpected {sorted(info['unexpected_keys'])})",
+                     0.0 if not bad and not info["unexpected_keys"] else 1.0, 0.0)
+        with torch.no_grad():
+            rt_logits = hf.eval()(input_ids=ids_t).logits.numpy()
+        report.check(f"{name}/{backend} round-trip logits", rel(res["finetuned_logits"], rt_logits),
+                     TOL_LOGITS)
+        drift = max(rel(hf.state_dict()[n].numpy(), ref_final[n]) for n in ref_final)
+        print(f"    after {FINETUNE} more steps, largest parameter difference to torch: "
+              f"{drift:.3g}")
+
+
+# ---------------------------------------------------------------- numpy reference (no torch)
+
+def write_safetensors(path, tensors):
+    header, offset = {}, 0
+    for n, a in tensors.items():
+        header[n] = {"dtype": "F32", "shape": list(a.shape),
+                     "data_offsets": [offset, offset + a.size * 4]}
+        offset += a.size * 4
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for a in tensors.values():
+            f.write(np.ascontiguousarray(a, "<f4").tobytes())
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        assert e["dtype"] == "F32", e
+        a, b = e["data_offsets"]
+        out[name] = np.frombuffer(data[a:b], "<f4").reshape(e["shape"]).astype(np.float64)
+    return out
+
+
+def layer_norm(x, w, b, eps):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps) * w + b
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def attention(q, k, v, heads, kv_heads, hd):
+    """Causal attention; query head h reads kv head h // (heads / kv_heads) (repeat_kv)."""
+    b, t, _ = q.shape
+    q = q.reshape(b, t, heads, hd).transpose(0, 2, 1, 3)
+    k = np.repeat(k.reshape(b, t, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, 1)
+    v = np.repeat(v.reshape(b, t, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, 1)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    s = np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(b, t, heads * hd)
+
+
+def rope(x, heads, hd, theta):
+    """transformers' rotate_half: dims i and i + hd/2 rotate by pos * theta^(-2i/hd)."""
+    b, t, _ = x.shape
+    x = x.reshape(b, t, heads, hd)
+    ang = np.arange(t)[:, None] * (1.0 / theta ** (np.arange(0, hd, 2) / hd))[None, :]
+    ang = np.concatenate([ang, ang], -1)[None, :, None, :]
+    rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    return (x * np.cos(ang) + rot * np.sin(ang)).reshape(b, t, heads * hd)
+
+
+def gpt2_logits(w, c, ids, p):
+    d, hd = c["n_embd"], c["n_embd"] // c["n_head"]
+    eps = c["layer_norm_epsilon"]
+    h = w[p + "wte.weight"][ids] + w[p + "wpe.weight"][np.arange(ids.shape[1])]
+    for i in range(c["n_layer"]):
+        q = f"{p}h.{i}."
+        a = layer_norm(h, w[q + "ln_1.weight"], w[q + "ln_1.bias"], eps)
+        qkv = a @ w[q + "attn.c_attn.weight"] + w[q + "attn.c_attn.bias"]  # Conv1D: [in, out]
+        att = attention(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], c["n_head"],
+                        c["n_head"], hd)
+        h = h + att @ w[q + "attn.c_proj.weight"] + w[q + "attn.c_proj.bias"]
+        m = layer_norm(h, w[q + "ln_2.weight"], w[q + "ln_2.bias"], eps)
+        f = m @ w[q + "mlp.c_fc.weight"] + w[q + "mlp.c_fc.bias"]
+        f = 0.5 * f * (1 + np.tanh(np.sqrt(2 / np.pi) * (f + 0.044715 * f ** 3)))
+        h = h + f @ w[q + "mlp.c_proj.weight"] + w[q + "mlp.c_proj.bias"]
+    h = layer_norm(h, w[p + "ln_f.weight"], w[p + "ln_f.bias"], eps)
+    return h @ w.get("lm_head.weight", w[p + "wte.weight"]).T
+
+
+def llama_logits(w, c, ids, p):
+    hs, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd, eps, theta = c["hidden_size"] // hs, c["rms_norm_eps"], c["rope_theta"]
+    h = w[p + "embed_tokens.weight"][ids]
+    for i in range(c["num_hidden_layers"]):
+        q = f"{p}layers.{i}."
+        a = rms_norm(h, w[q + "input_layernorm.weight"], eps)
+        qq = rope(a @ w[q + "self_attn.q_proj.weight"].T, hs, hd, theta)  # nn.Linear: [out, in]
+        kk = rope(a @ w[q + "self_attn.k_proj.weight"].T, kv, hd, theta)
+        vv = a @ w[q + "self_attn.v_proj.weight"].T
+        h = h + attention(qq, kk, vv, hs, kv, hd) @ w[q + "self_attn.o_proj.weight"].T
+        m = rms_norm(h, w[q + "post_attention_layernorm.weight"], eps)
+        g, u = m @ w[q + "mlp.gate_proj.weight"].T, m @ w[q + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * u) @ w[q + "mlp.down_proj.weight"].T
+    h = rms_norm(h, w[p + "norm.weight"], eps)
+    return h @ w.get("lm_head.weight", w[p + "embed_tokens.weight"]).T
+
+
+def numpy_weights(family, tied, prefix, rng):
+    """transformers' parameter names and layouts, random values (norms near 1)."""
+    ws = {}
+
+    def add(name, *shape, mean=0.0):
+        ws[name] = (mean + 0.05 * rng.standard_normal(shape)).astype(np.float32)
+
+    if family["model_type"] == "gpt2":
+        d, v = family["n_embd"], family["vocab_size"]
+        add(prefix + "wte.weight", v, d)
+        add(prefix + "wpe.weight", family["n_positions"], d)
+        for i in range(family["n_layer"]):
+            q = f"{prefix}h.{i}."
+            for ln in ("ln_1", "ln_2"):
+                add(q + ln + ".weight", d, mean=1.0)
+                add(q + ln + ".bias", d)
+            for what, n_in, n_out in (("attn.c_attn", d, 3 * d), ("attn.c_proj", d, d),
+                                      ("mlp.c_fc", d, 4 * d), ("mlp.c_proj", 4 * d, d)):
+                add(q + what + ".weight", n_in, n_out)
+                add(q + what + ".bias", n_out)
+        add(prefix + "ln_f.weight", d, mean=1.0)
+        add(prefix + "ln_f.bias", d)
+    else:
+        d, v, ff = family["hidden_size"], family["vocab_size"], family["intermediate_size"]
+        hd = d // family["num_attention_heads"]
+        kv = family["num_key_value_heads"] * hd
+        add(prefix + "embed_tokens.weight", v, d)
+        for i in range(family["num_hidden_layers"]):
+            q = f"{prefix}layers.{i}."
+            for what, rows, cols in (("self_attn.q_proj", d, d), ("self_attn.k_proj", kv, d),
+                                     ("self_attn.v_proj", kv, d), ("self_attn.o_proj", d, d),
+                                     ("mlp.gate_proj", ff, d), ("mlp.up_proj", ff, d),
+                                     ("mlp.down_proj", d, ff)):
+                add(q + what + ".weight", rows, cols)
+            add(q + "input_layernorm.weight", d, mean=1.0)
+            add(q + "post_attention_layernorm.weight", d, mean=1.0)
+        add(prefix + "norm.weight", d, mean=1.0)
+    if not tied:
+        add("lm_head.weight", v, d)
+    return ws
+
+
+def numpy_case(name, family, tied, bare, driver, backends, work, report):
+    rng = np.random.default_rng(3)
+    prefix = "" if bare else base_prefix(family)
+    config = dict(family, tie_word_embeddings=tied)
+    model_dir = os.path.join(work, name, "model")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    weights = numpy_weights(family, tied, prefix, rng)
+    write_safetensors(os.path.join(model_dir, "model.safetensors"), weights)
+    ids, labels = write_batch(model_dir, 7, family["vocab_size"])
+    forward = gpt2_logits if family["model_type"] == "gpt2" else llama_logits
+
+    def logits_of(w):
+        return forward({k: np.asarray(a, np.float64) for k, a in w.items()}, config,
+                       ids.astype(np.int64), prefix)
+
+    ref = logits_of(weights)
+    z = ref - ref.max(-1, keepdims=True)
+    lse = np.log(np.exp(z).sum(-1))
+    ref_loss = float(np.mean(lse - np.take_along_axis(z, labels[..., None].astype(np.int64),
+                                                      -1)[..., 0]))
+    for backend in backends:
+        print(f"{name} on {backend} (numpy reference):")
+        out = os.path.join(work, name, "out-" + backend)
+        res = run_driver(driver, model_dir, out, backend)
+        if not driver_ran(res, name, backend, report):
+            continue
+        report.check(f"{name}/{backend} name prefix '{res['prefix']}'",
+                     0.0 if res["prefix"] == prefix else 1.0, 0.0)
+        report.check(f"{name}/{backend} logits", rel(res["logits"], ref), TOL_LOGITS)
+        report.check(f"{name}/{backend} loss", abs(res["loss"] - ref_loss) / abs(ref_loss),
+                     TOL_LOSS)
+        print("    fine-tune losses:", " ".join(f"{x:.4f}" for x in res["step_losses"]))
+        saved = read_safetensors(os.path.join(out, "finetuned", "model.safetensors"))
+        report.check(f"{name}/{backend} saved names are the file's",
+                     0.0 if set(saved) == set(weights) else 1.0, 0.0)
+        report.check(f"{name}/{backend} round-trip logits",
+                     rel(res["finetuned_logits"], logits_of(saved)), TOL_LOGITS)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--driver", required=True, help="path of bench_hf_parity_driver")
+    ap.add_argument("--backend", default="both", choices=["cpu", "cuda", "both"])
+    ap.add_argument("--numpy", action="store_true", help="numpy reference instead of PyTorch")
+    ap.add_argument("--keep", help="work in this folder and keep it")
+    args = ap.parse_args()
+    backends = ["cpu", "cuda"] if args.backend == "both" else [args.backend]
+    work = args.keep or tempfile.mkdtemp(prefix="mn_hf_parity_")
+    os.makedirs(work, exist_ok=True)
+    report = Report()
+    run = numpy_case if args.numpy else torch_case
+    try:
+        for case in CASES:
+            run(*case, os.path.abspath(args.driver), backends, work, report)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if report.failures:
+        print(f"\n{len(report.failures)} check(s) failed:")
+        for f in report.failures:
+            print("  " + f)
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
