@@ -42,7 +42,8 @@ void mn_hasher_bytes(mn_hasher *h, const void *data, size_t n) {
   const unsigned char *p = data;
   h->len += n;
   size_t i = 0;
-  while (h->ntail && i < n) {
+  /* ntail stays below 8; the bound in the conditions lets the compiler see it. */
+  while (h->ntail > 0 && h->ntail < 8 && i < n) {
     h->tail[h->ntail++] = p[i++];
     if (h->ntail == 8) {
       block(h, load_le64(h->tail));
@@ -51,7 +52,7 @@ void mn_hasher_bytes(mn_hasher *h, const void *data, size_t n) {
   }
   for (; i + 8 <= n; i += 8)
     block(h, load_le64(p + i));
-  while (i < n)
+  while (i < n && h->ntail < 8)
     h->tail[h->ntail++] = p[i++];
 }
 

@@ -139,7 +139,7 @@ static mn_status load_model(mn_tokenizer *t, const cJSON *model) {
     return fail(t, MN_ERR_UNSUPPORTED, "model.type '%s' is not supported (only BPE)",
                 type_of(model));
   mn_status st;
-  bool byte_fallback;
+  bool byte_fallback = false;
   if ((st = no_affix(t, model, "continuing_subword_prefix")) != MN_OK ||
       (st = no_affix(t, model, "end_of_word_suffix")) != MN_OK ||
       (st = get_bool(t, model, "model", "fuse_unk", false, &t->fuse_unk)) != MN_OK ||
@@ -162,7 +162,7 @@ static mn_status load_model(mn_tokenizer *t, const cJSON *model) {
   for (const cJSON *e = vocab->child; e; e = e->next) {
     char what[160];
     snprintf(what, sizeof what, "model.vocab['%.120s']", e->string);
-    uint32_t id;
+    uint32_t id = 0;
     if ((st = get_id(t, e, what, &id)) != MN_OK) return st;
     mn_tok_span k = mn_tok_pool_add(&t->pool, e->string, strlen(e->string));
     if (k.off == MN_TOK_NONE || !mn_tok_strmap_put(&t->vocab, k, id)) return oom(t);
@@ -281,7 +281,7 @@ static mn_status load_pretok(mn_tokenizer *t, const cJSON *pt, const char *path,
     return get_bool(t, pt, path, "use_regex", true, &t->use_regex);
   }
   if (strcmp(ty, "Digits") == 0) {
-    bool individual;
+    bool individual = false;
     if ((st = get_bool(t, pt, path, "individual_digits", false, &individual)) != MN_OK) return st;
     mn_tok_splitter sp = {.pattern = MN_TOK_PAT_NUMBER,
                           .behavior = individual ? MN_TOK_ISOLATED : MN_TOK_CONTIGUOUS};
@@ -311,7 +311,7 @@ static mn_status load_added(mn_tokenizer *t, const cJSON *list) {
       return fail(t, MN_ERR_FORMAT, "%s.content: missing or not a string", path);
     char what[96];
     snprintf(what, sizeof what, "%s.id", path);
-    bool single_word;
+    bool single_word = false;
     if ((st = get_id(t, cJSON_GetObjectItemCaseSensitive(e, "id"), what, &a->id)) != MN_OK ||
         (st = get_bool(t, e, path, "single_word", false, &single_word)) != MN_OK ||
         (st = get_bool(t, e, path, "lstrip", false, &a->lstrip)) != MN_OK ||

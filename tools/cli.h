@@ -1,0 +1,53 @@
+/* The meganeura command: shared declarations of its subcommands and helpers. */
+#ifndef MN_CLI_H
+#define MN_CLI_H
+
+#include <meganeura.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes: 0 success, 1 runtime failure (files, library errors), 2 usage. */
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = -1 };
+
+typedef struct cli_opt {
+  const char *name; /* "--batch" */
+  int takes_value;  /* 0: a flag */
+  const char *value;
+  int seen;
+} cli_opt;
+
+/* Parses argv[1..] against opts; CLI_OK, CLI_USAGE (message printed) or CLI_HELP (usage
+ * printed to stdout for --help / -h). */
+int cli_parse(const char *cmd, int argc, char **argv, cli_opt *opts, size_t n, const char *usage);
+/* Each returns CLI_OK or prints one line and returns CLI_USAGE. An unset option keeps *out. */
+int cli_require(const char *cmd, const cli_opt *o);
+int cli_pos_long(const char *cmd, const cli_opt *o, long *out);
+int cli_nonneg_long(const char *cmd, const cli_opt *o, long *out);
+int cli_pos_float(const char *cmd, const cli_opt *o, float *out);
+int cli_nonneg_float(const char *cmd, const cli_opt *o, float *out);
+/* Prints "CMD: what: <mn_last_error()>" and returns CLI_FAIL. */
+int cli_lib_fail(const char *cmd, const char *what);
+double cli_now(void);
+int cli_mkdir_p(const char *path);
+
+/* Tokens of a --data file: bytes (tok NULL, format NULL), tokenizer ids, or raw u16/u32. */
+int cli_load_tokens(const char *cmd, const char *path, const char *format, const mn_tokenizer *tok,
+                    uint32_t **out, size_t *n_out);
+/* Loads config (and prints the failure); builds a model graph with the given prefix. */
+int cli_load_config(const char *cmd, const char *path, mn_model_config *cfg);
+
+/* A seeded xorshift64* generator. */
+uint64_t cli_rand(uint64_t *state);
+double cli_rand_unit(uint64_t *state);
+
+/* Loss curve: an SVG polyline with axes and labels. */
+int cli_write_svg(const char *path, const long *steps, const float *loss, size_t n,
+                  const char *title);
+
+int cli_train(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+#endif
