@@ -10,22 +10,12 @@ const char *mn_node_desc(const mn_graph *g, mn_node id, char *buf, size_t size) 
   return buf;
 }
 
-static const char *dtype_name(mn_dtype dt) {
-  switch (dt) {
-  case MN_F32: return "f32";
-  case MN_U32: return "u32";
-  case MN_BF16: return "bf16";
-  case MN_F16: return "f16";
-  }
-  return "?";
-}
-
 bool mn_require_dtype(mn_graph *g, const char *fn, const char *what, mn_node x, mn_dtype dt) {
   mn_dtype have = mn_type_of(g, x)->dtype;
   if (have == dt) return true;
   char d[128];
   mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: %s is %s with dtype %s, expected %s", fn, what,
-                MN_DESC(g, x, d), dtype_name(have), dtype_name(dt));
+                MN_DESC(g, x, d), mn_dtype_name(have), mn_dtype_name(dt));
   return false;
 }
 

@@ -53,6 +53,26 @@ bool mn_type_same_shape(const mn_tensor_type *a, const mn_tensor_type *b) {
   return true;
 }
 
+static const struct {
+  const char *name;
+  mn_dtype dt;
+} dtype_names[] = {{"f32", MN_F32}, {"u32", MN_U32}, {"bf16", MN_BF16}, {"f16", MN_F16}};
+
+const char *mn_dtype_name(mn_dtype dt) {
+  for (size_t i = 0; i < sizeof dtype_names / sizeof dtype_names[0]; i++)
+    if (dtype_names[i].dt == dt) return dtype_names[i].name;
+  return "?";
+}
+
+bool mn_dtype_from_name(const char *s, mn_dtype *out) {
+  for (size_t i = 0; s && i < sizeof dtype_names / sizeof dtype_names[0]; i++)
+    if (strcmp(s, dtype_names[i].name) == 0) {
+      *out = dtype_names[i].dt;
+      return true;
+    }
+  return false;
+}
+
 const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size) {
   size_t used = 0;
   int w = snprintf(buf, size, "[");

@@ -86,6 +86,10 @@ bool mn_graph_check_inputs(mn_graph *g, const char *fn, const mn_node *ins, int 
 /* "[2,3,4]" (U32 tensors get a "u32" suffix); returns buf. */
 const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size);
 
+/* "f32", "u32", "bf16", "f16" ("?" for anything else), and back (false if unknown). */
+const char *mn_dtype_name(mn_dtype dt);
+bool mn_dtype_from_name(const char *s, mn_dtype *out);
+
 mn_tensor_type mn_type_make(mn_dtype dt, const int64_t *shape, int rank);
 bool mn_type_same_shape(const mn_tensor_type *a, const mn_tensor_type *b);
 

@@ -79,19 +79,6 @@ static bool get_float(const cJSON *item, float *out) {
   return !isfinite(*out); /* finite values are numbers: one spelling per value */
 }
 
-static bool parse_dtype(const char *s, mn_dtype *out) {
-  static const struct {
-    const char *name;
-    mn_dtype dt;
-  } names[] = {{"f32", MN_F32}, {"u32", MN_U32}, {"bf16", MN_BF16}, {"f16", MN_F16}};
-  for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
-    if (strcmp(s, names[i].name) == 0) {
-      *out = names[i].dt;
-      return true;
-    }
-  return false;
-}
-
 static bool find_op(const char *name, mn_op *out) {
   for (int op = 0; name && op < MN_OP_COUNT; op++) {
     const char *candidate = mn_op_table[op].name;
@@ -137,7 +124,7 @@ static mn_status split_fields(reader *r, size_t i, const cJSON *node, node_field
 
 static mn_status read_type(reader *r, size_t i, const node_fields *node, mn_tensor_type *t) {
   memset(t, 0, sizeof *t);
-  if (!parse_dtype(cJSON_GetStringValue(node->dtype), &t->dtype))
+  if (!mn_dtype_from_name(cJSON_GetStringValue(node->dtype), &t->dtype))
     return CORRUPT(r, "node %zu: missing or unknown dtype", i);
   const cJSON *shape = node->shape;
   if (!cJSON_IsArray(shape)) return CORRUPT(r, "node %zu: shape is not an array", i);

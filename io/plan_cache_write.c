@@ -23,16 +23,6 @@ mn_hash128 mn_plan_cache_checksum(const mn_graph *lowered, size_t num_user_outpu
   return mn_hasher_final(&h);
 }
 
-static const char *dtype_name(mn_dtype dt) {
-  switch (dt) {
-  case MN_F32: return "f32";
-  case MN_U32: return "u32";
-  case MN_BF16: return "bf16";
-  case MN_F16: return "f16";
-  }
-  return "?";
-}
-
 /* Builds a cJSON tree, remembering the first allocation failure so that the construction
  * reads straight through and is checked once at the end. */
 typedef struct builder {
@@ -151,7 +141,7 @@ static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) 
       add(b, in, NULL, int_item(b, n->inputs[k]));
     add(b, o, "in", in);
   }
-  add(b, o, "dtype", checked(b, cJSON_CreateString(dtype_name(n->type.dtype))));
+  add(b, o, "dtype", checked(b, cJSON_CreateString(mn_dtype_name(n->type.dtype))));
   cJSON *shape = checked(b, cJSON_CreateArray());
   for (int k = 0; shape && k < n->type.rank; k++)
     add(b, shape, NULL, int_item(b, n->type.shape[k]));

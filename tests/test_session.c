@@ -528,3 +528,29 @@ Test(session, memory_summary_format) {
   mn_memory_summary_format(&round, buf, sizeof buf);
   cr_assert_str_eq(buf, "0 buffers, 1.3 MB total (0.0 MB adam state), largest 1.1 MB");
 }
+
+Test(session, stats_count_steps_and_report_the_backend) {
+  mn_graph *g = small_graph();
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CPU;
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_session_stats st;
+  mn_assert_error(mn_session_get_stats(NULL, &st), MN_ERR_INVALID_ARGUMENT,
+                  "mn_session_get_stats: session is NULL");
+  mn_assert_error(mn_session_get_stats(s, NULL), MN_ERR_INVALID_ARGUMENT,
+                  "mn_session_get_stats: out is NULL");
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  cr_assert_str_eq(st.backend, "cpu");
+  cr_assert_eq(st.steps, 0u);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mn_session_step(s), MN_OK);
+    cr_assert_eq(mn_session_wait(s), MN_OK);
+  }
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  cr_assert_eq(st.steps, 3u);
+  cr_assert_eq(st.graph_launches, 0u, "the CPU backend launches no graphs");
+  cr_assert_eq(st.submissions, 0u);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
