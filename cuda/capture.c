@@ -19,7 +19,7 @@ static mn_status launch(cuda_state *st, uint32_t kernel, const unsigned grid[3],
       "launching a kernel");
 }
 
-static mn_status enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
+mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   const mn_cu_cmd *cmd = &st->prog.cmds[i];
   switch (cmd->kind) {
   case MN_CU_CMD_LAUNCH: {
@@ -41,7 +41,7 @@ static mn_status enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   return MN_OK;
 }
 
-static mn_status enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
+mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
   const mn_plan *p = s->plan;
   float *params = (float *)(st->arena + p->update_params_offset);
   float *grads = (float *)(st->arena + p->update_grads_offset);
@@ -78,8 +78,8 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
         cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
         "recording the input event");
   for (size_t i = 0; rc == MN_OK && i < st->prog.num_cmds; i++)
-    rc = enqueue_cmd(st, s, i);
-  if (rc == MN_OK && (key & 1u) && st->opt_update >= 0) rc = enqueue_update(st, s, key);
+    rc = mn_cu_enqueue_cmd(st, s, i);
+  if (rc == MN_OK && (key & 1u) && st->opt_update >= 0) rc = mn_cu_enqueue_update(st, s, key);
   if (rc == MN_OK)
     rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->error, &st->misc->error,
                                      sizeof st->misc->error, cudaMemcpyDeviceToHost, st->stream),

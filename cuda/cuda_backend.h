@@ -2,6 +2,8 @@
 #ifndef MN_CUDA_BACKEND_H
 #define MN_CUDA_BACKEND_H
 
+#include <stdio.h>
+
 #include "../host/session.h"
 #include "jit.h"
 
@@ -18,6 +20,12 @@ mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf
 /* The session's stream (a cudaStream_t), for benchmarks that time with CUDA events;
  * NULL for a session not on CUDA. */
 void *mn_cuda_session_stream(const mn_session *s);
+
+/* Times every command of one training step (run eagerly, outside the step graph, so
+ * the parameters take one more update) with CUDA events, `reps` times, and prints the
+ * median time per op and the slowest commands to `out`. For benchmarks and
+ * scripts/profile.sh; the session must run on CUDA and have stepped once. */
+mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out);
 
 /* Tests: fills every activation and output buffer and the scratch with NaN, so an
  * element a kernel fails to write shows up. The session must run on CUDA. */

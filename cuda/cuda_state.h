@@ -74,8 +74,8 @@ typedef struct cuda_state {
   bool captured;
   cudaEvent_t inputs_consumed;
   bool in_flight;
-  uint64_t launches; /* cudaGraphLaunch calls */
-  uint64_t captures; /* graph (re-)captures */
+  uint64_t launches;    /* cudaGraphLaunch calls */
+  uint64_t captures;    /* graph (re-)captures */
   uint64_t submissions; /* every stream submission made by step (launches included) */
   size_t graph_nodes;
   /* session build, in milliseconds */
@@ -94,6 +94,10 @@ mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);
 void mn_cu_matmuls_destroy(cuda_state *st);
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd);
 
+/* Enqueues command i of the program, or the optimizer update of capture key `key`, on the
+ * session stream (capture.c; the profiler runs them one by one outside a graph). */
+mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i);
+mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key);
 /* Records the whole step into a CUDA graph and instantiates it. */
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
 

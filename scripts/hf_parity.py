@@ -11,7 +11,11 @@ PyTorch (fp32, TF32 off) and everything is compared:
     logits            ||ours - torch|| / ||torch|| < 1e-5
     loss              |ours - torch| / |torch|     < 1e-5
     every gradient    relative error               < 1e-4
-    every parameter   after one AdamW step         < 1e-5 (and its update < 1e-3)
+    every parameter   after one AdamW step         < 1e-5 (and its update < 1e-3), over the
+                      elements whose first step the fp32 gradient determines (see
+                      conditioned(); the count left out is printed)
+    the AdamW rule    our parameters vs torch's AdamW formula in float64 applied to our
+                      own gradient, every element < 1e-6
 Then the round trip: the driver fine-tunes 20 more steps, saves with
 mn_session_save_safetensors, and transformers' from_pretrained on that file (with the same
 config.json) must give the logits the driver computed from it (< 1e-5), with no unexpected or
@@ -42,7 +46,7 @@ import numpy as np
 B, T = 2, 16
 LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 FINETUNE = 20
-TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_PARAM, TOL_UPDATE = 1e-5, 1e-5, 1e-4, 1e-5, 1e-3
+TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_PARAM, TOL_UPDATE, TOL_ADAMW = 1e-5, 1e-5, 1e-4, 1e-5, 1e-3, 1e-6
 
 GPT2 = dict(model_type="gpt2", vocab_size=1000, n_positions=64, n_embd=96, n_layer=2,
             n_head=4, layer_norm_epsilon=1e-5)
@@ -53,6 +57,27 @@ LLAMA = dict(model_type="llama", vocab_size=1000, hidden_size=144, intermediate_
 CASES = [("gpt2", GPT2, True, False), ("gpt2-bare", GPT2, True, True),
          ("gpt2-untied", GPT2, False, False), ("llama", LLAMA, False, False),
          ("llama-tied", LLAMA, True, False)]
+
+
+def conditioned(g, g_ref):
+    """The elements whose first AdamW step is determined by the gradient in fp32.
+
+    The first step moves each element by about lr * sign(g) whatever |g| is, so where the
+    exact gradient is zero (GPT-2's key bias: softmax ignores a constant added to a row of
+    scores) or below the gradient's own rounding noise, two correct fp32 implementations
+    step in opposite directions. Those elements are left out of the param and update
+    checks; the gradient check covers them, and the adamw check below covers the update
+    rule applied to our own gradient on every element."""
+    g, g_ref = np.asarray(g, np.float64).ravel(), np.asarray(g_ref, np.float64).ravel()
+    return np.abs(g_ref) > 100.0 * np.abs(g - g_ref) + EPS
+
+
+def adamw_step(p0, g):
+    """torch.optim.AdamW's first step in float64, from parameters p0 and gradient g."""
+    p0, g = np.asarray(p0, np.float64).ravel(), np.asarray(g, np.float64).ravel()
+    m, v = (1 - BETA1) * g, (1 - BETA2) * g * g
+    denom = np.sqrt(v) / np.sqrt(1 - BETA2) + EPS
+    return p0 * (1 - LR * WD) - LR / (1 - BETA1) * m / denom
 
 
 def rel(a, b):
@@ -205,17 +230,25 @@ def torch_case(name, family, tied, bare, driver, backends, work, report):
         if set(ours) != set(theirs):
             print("    only ours:", sorted(set(ours) - set(theirs)))
             print("    only transformers':", sorted(set(theirs) - set(ours)))
-        worst = {"grad": (0.0, ""), "param": (0.0, ""), "update": (0.0, ""), "final": (0.0, "")}
+        worst = {k: (0.0, "") for k in ("grad", "param", "update", "adamw")}
+        excluded = 0
         for key in sorted(set(ours) & set(theirs)):
             tn, on = theirs[key], ours[key]
             g = driver_tensor(out, "grad", on)
             p = driver_tensor(out, "param", on)
-            errs = {"grad": rel(g, ref_grads[tn]), "param": rel(p, ref_params[tn]),
-                    "update": rel(p - before[tn].ravel(), ref_params[tn] - before[tn])}
+            g_ref, p_ref, p0 = (x.ravel() for x in (ref_grads[tn], ref_params[tn], before[tn]))
+            keep = conditioned(g, g_ref)
+            excluded += int(keep.size - keep.sum())
+            errs = {"grad": rel(g, g_ref), "param": rel(p[keep], p_ref[keep]),
+                    "update": rel((p - p0)[keep], (p_ref - p0)[keep]),
+                    "adamw": rel(p, adamw_step(p0, g))}
             for k, e in errs.items():
                 if e > worst[k][0]:
                     worst[k] = (e, key)
-        for k, tol in (("grad", TOL_GRAD), ("param", TOL_PARAM), ("update", TOL_UPDATE)):
+        print(f"    {excluded} element(s) whose AdamW step the fp32 gradient does not determine "
+              "left out of the param and update checks")
+        for k, tol in (("grad", TOL_GRAD), ("param", TOL_PARAM), ("update", TOL_UPDATE),
+                       ("adamw", TOL_ADAMW)):
             e, key = worst[k]
             report.check(f"{name}/{backend} worst {k} ({key or '-'})", e, tol)
         print("    fine-tune losses, ours:  ", " ".join(f"{x:.4f}" for x in res["step_losses"]))

@@ -1,0 +1,101 @@
+/* The language-model training steps of issue 7: GPT-2 124M (batch 16, seq 1024) and the
+ * SmolLM2-135M shape (576 hidden, 30 layers, 9/3 heads, 1536 MLP, 49152 vocab; batch 8,
+ * seq 1024), AdamW, built by models/ from the same config fields transformers reads.
+ * Prints one BENCH line with the median step time, tokens/s and the device memory the
+ * session holds; benchmarks/torch_lm.py times the same steps with transformers' models.
+ *
+ * usage: bench_lm_step gpt2|smollm2 [--tf32] [--batch B] [--seq T] [--steps N] [--profile]
+ * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
+#include "bench_util.h"
+
+static const char GPT2[] =
+    "{\"model_type\":\"gpt2\",\"vocab_size\":50257,\"n_embd\":768,\"n_layer\":12,"
+    "\"n_head\":12,\"n_positions\":1024,\"activation_function\":\"gelu_new\"}";
+static const char SMOLLM2[] =
+    "{\"model_type\":\"llama\",\"vocab_size\":49152,\"hidden_size\":576,"
+    "\"num_hidden_layers\":30,\"num_attention_heads\":9,\"num_key_value_heads\":3,"
+    "\"intermediate_size\":1536,\"max_position_embeddings\":8192,\"rms_norm_eps\":1e-5,"
+    "\"rope_theta\":100000,\"tie_word_embeddings\":true,\"hidden_act\":\"silu\"}";
+
+static size_t device_used_bytes(void) {
+#ifdef MN_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return total_b - free_b;
+#endif
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || (strcmp(argv[1], "gpt2") && strcmp(argv[1], "smollm2"))) {
+    fprintf(stderr, "usage: bench_lm_step gpt2|smollm2 [--tf32] [--batch B] [--seq T] "
+                    "[--steps N]\n");
+    return 2;
+  }
+  bool gpt2 = strcmp(argv[1], "gpt2") == 0;
+  long batch = gpt2 ? 16 : 8, seq = 1024, steps = 10;
+  mn_session_options o = mn_session_options_default();
+  bool profile = false;
+  for (int i = 2; i < argc; i++) {
+    if (strcmp(argv[i], "--tf32") == 0)
+      o.allow_tf32 = true;
+    else if (strcmp(argv[i], "--profile") == 0)
+      profile = true;
+    else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
+      batch = atol(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--seq") == 0)
+      seq = atol(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--steps") == 0)
+      steps = atol(argv[++i]);
+    else {
+      fprintf(stderr, "bench_lm_step: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (batch < 1 || seq < 1 || steps < 1) {
+    fprintf(stderr, "bench_lm_step: --batch, --seq and --steps must be positive\n");
+    return 2;
+  }
+  mn_model_config cfg;
+  bench_check(mn_model_config_parse(gpt2 ? GPT2 : SMOLLM2, &cfg), "config");
+  mn_graph *g = NULL;
+  bench_check(mn_model_build(&cfg, batch, seq, NULL, &g), "model");
+
+  size_t used0 = device_used_bytes();
+  double t0 = bench_now_ms();
+  mn_session *s = NULL;
+  bench_check(mn_build_session(g, &o, &s), "build");
+  double build_ms = bench_now_ms() - t0;
+  bench_check(mn_model_init_parameters(&cfg, g, s, 1), "init");
+  bench_check(mn_session_set_adamw(s, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f), "adamw");
+
+  size_t bt = (size_t)(batch * seq);
+  uint32_t *ids = malloc(2 * bt * sizeof *ids);
+  uint64_t rng = 42;
+  for (size_t i = 0; i < 2 * bt; i++) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids[i] = (uint32_t)((rng >> 33) % (uint64_t)cfg.vocab_size);
+  }
+  bench_check(mn_session_set_input_u32(s, "input_ids", ids, bt), "input_ids");
+  bench_check(mn_session_set_input_u32(s, "labels", ids + bt, bt), "labels");
+  free(ids);
+
+  double step_ms = bench_steps_ms(s, 3, (int)steps, 1);
+  size_t used = device_used_bytes() - used0;
+  mn_session_stats st;
+  mn_session_get_stats(s, &st);
+  mn_memory_summary mem = mn_session_memory_summary(s);
+  printf("BENCH lm_%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
+         "launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f kernels=%zu "
+         "graph_nodes=%zu loss=%.4f\n",
+         argv[1], o.allow_tf32 ? "_tf32" : "", st.backend, batch, seq, step_ms,
+         (double)bt / (step_ms * 1e-3), st.steps ? (double)st.submissions / (double)st.steps : 0.0,
+         (double)used / 1048576.0, (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels,
+         st.graph_nodes, mn_session_read_loss(s));
+#ifdef MN_WITH_CUDA
+  if (profile && mn_cuda_session_stream(s))
+    bench_check(mn_cuda_profile_step(s, 5, stdout), "profile");
+#endif
+  mn_session_free(s);
+  mn_graph_free(g);
+  return 0;
+}
