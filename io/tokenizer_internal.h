@@ -70,7 +70,8 @@ uint32_t mn_tok_byte_char(unsigned char b);
 
 typedef enum mn_tok_pattern {
   MN_TOK_PAT_LITERAL, /* Split {"String": ...} */
-  MN_TOK_PAT_NUMBER,  /* one \p{N} character: Digits, Split \p{N} */
+  MN_TOK_PAT_NUMBER,  /* one \p{N} character (the regex engine's tables): Split \p{N} */
+  MN_TOK_PAT_NUMERIC, /* one Rust char::is_numeric character: Digits */
   MN_TOK_PAT_GPT2,    /* the GPT-2 regex (ByteLevel's own, or in a Split) */
   MN_TOK_PAT_CL100K,  /* the Llama-3 / cl100k family, digits in runs of up to max_digits */
 } mn_tok_pattern;

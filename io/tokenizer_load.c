@@ -283,7 +283,7 @@ static mn_status load_pretok(mn_tokenizer *t, const cJSON *pt, const char *path,
   if (strcmp(ty, "Digits") == 0) {
     bool individual = false;
     if ((st = get_bool(t, pt, path, "individual_digits", false, &individual)) != MN_OK) return st;
-    mn_tok_splitter sp = {.pattern = MN_TOK_PAT_NUMBER,
+    mn_tok_splitter sp = {.pattern = MN_TOK_PAT_NUMERIC,
                           .behavior = individual ? MN_TOK_ISOLATED : MN_TOK_CONTIGUOUS};
     return add_splitter(t, sp);
   }

@@ -169,10 +169,14 @@ bool mn_tok_find(const mn_tokenizer *t, const mn_tok_splitter *sp, const unsigne
     *me = *ms + sp->text.len;
     return true;
   case MN_TOK_PAT_NUMBER:
+  case MN_TOK_PAT_NUMERIC:
+    /* Split \p{N} classifies with the regex engine's tables, Digits with Rust's
+     * char::is_numeric, which can know more characters */
     for (size_t i = from; i < n;) {
       uint32_t cp;
       size_t next;
-      if (at(&c, i, &cp, &next) & C_NUMBER) {
+      unsigned cls = at(&c, i, &cp, &next);
+      if (sp->pattern == MN_TOK_PAT_NUMERIC ? mn_unicode_is_numeric(cp) : (cls & C_NUMBER) != 0) {
         *ms = i;
         *me = next;
         return true;

@@ -1,6 +1,7 @@
-/* Unicode character classes for the tokenizer's pre-tokenizers: the general categories L and N
- * from generated tables (io/unicode_tables.c, scripts/gen_unicode_tables.py) and White_Space,
- * plus strict UTF-8 decoding. */
+/* Unicode character classes for the tokenizer's pre-tokenizers, as the HF tokenizers package
+ * classifies them: letters, numbers and numeric from generated tables (io/unicode_tables.c,
+ * probed from the package by scripts/gen_unicode_tables.py) and White_Space, plus strict UTF-8
+ * decoding. */
 #ifndef MN_IO_TOKENIZER_UNICODE_H
 #define MN_IO_TOKENIZER_UNICODE_H
 
@@ -8,9 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-bool mn_unicode_is_letter(uint32_t cp); /* \p{L} */
-bool mn_unicode_is_number(uint32_t cp); /* \p{N}, and Rust's char::is_numeric */
-const char *mn_unicode_version(void);   /* of the tables, e.g. "14.0.0" */
+bool mn_unicode_is_letter(uint32_t cp);  /* \p{L} of the package's regex engine (Oniguruma) */
+bool mn_unicode_is_number(uint32_t cp);  /* \p{N} of the regex engine: the split regexes */
+bool mn_unicode_is_numeric(uint32_t cp); /* Rust's char::is_numeric: the Digits pre-tokenizer */
+/* The package the tables were probed from, e.g. "tokenizers 0.23.3". The regex engine and Rust
+ * may carry different Unicode versions, so numbers and numeric can differ. */
+const char *mn_unicode_version(void);
 
 /* Not a code point: what mn_utf8_next reports for a byte that does not start a valid sequence. */
 #define MN_UTF8_INVALID 0xFFFFFFFFu
@@ -47,7 +51,8 @@ static inline size_t mn_utf8_next(const unsigned char *s, size_t n, size_t i, ui
   return len;
 }
 
-/* White_Space, which is both Oniguruma's \s and Rust's char::is_whitespace / regex \s. */
+/* White_Space, which is both Oniguruma's \s and Rust's char::is_whitespace (checked against the
+ * package by scripts/gen_unicode_tables.py, whose SPACES must list the same code points). */
 static inline bool mn_unicode_is_space(uint32_t cp) {
   if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D);
   return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
