@@ -1,4 +1,6 @@
-/* Lowering of the attention ops to the kernels of cuda/kernels/attention.cuh.
+/* Lowering of the attention ops to the kernels of cuda/kernels/attention.cuh and, for head
+ * dims that are multiples of 32 up to 128, the tensor-core kernels of attention_mma.cuh
+ * (same launches and statistics layout).
  *
  * Forward: one flash-style launch (grid: query tiles x heads x batches). Each backward op
  * is its own dispatch of two launches: the statistics pre-pass (the forward kernel in a
@@ -94,11 +96,37 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
                       (unsigned)d->batches, smem, nargs, args);
 }
 
+/* Head dims that are multiples of 32 up to 128 run on tensor cores
+ * (kernels/attention_mma.cuh): TF32 when the session allows it, else 3xTF32, which keeps
+ * FP32 accuracy. Other head dims use the FP32 kernels of attention.cuh. */
+static bool use_mma(const attn_dims *d) { return d->head_dim % 32 == 0 && d->head_dim <= 128; }
+
+static int mma_prec(const mn_cu_op_ctx *c) { return c->allow_tf32 ? 1 : 3; }
+
+#define MMA_ROWS 64u
+
+/* Shared memory of the tensor-core kernels: `tiles` tiles of 64 rows of head_dim + 4 floats,
+ * plus `extra` floats. */
+static size_t mma_smem(const attn_dims *d, int tiles, size_t extra) {
+  return 4 * ((size_t)tiles * MMA_ROWS * (size_t)(d->head_dim + 4) + extra);
+}
+
+static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, int mode,
+                                    const mn_cu_arg *args, int nargs) {
+  int tiles = mode == 0 ? 3 : mode == 1 ? 4 : 2;
+  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
+                       mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                       d->kv_heads, d->causal ? "true" : "false", mode);
+  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, MMA_ROWS), (unsigned)d->heads,
+                      (unsigned)d->batches, mma_smem(d, tiles, 0), nargs, args);
+}
+
 static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
   attn_dims d;
   mn_status st = dims_of(c, causal, &d);
   if (st != MN_OK) return st;
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
+  if (use_mma(&d)) return launch_mma_forward(c, &d, 0, args, 4);
   return launch_forward(c, &d, 0, args, 4);
 }
 
@@ -123,10 +151,27 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   delta.offset = 2 * stat_bytes;
   mn_cu_arg args[8] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
                        inv_l,          delta,          mn_cu_out(c)};
+  const char *causal = d.causal ? "true" : "false";
+  if (use_mma(&d)) {
+    st = launch_mma_forward(c, &d, which == GRAD_V ? 2 : 1, args, 7);
+    if (st != MN_OK) return st;
+    if (which == GRAD_Q) {
+      int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>",
+                           mma_prec(c), d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
+                           d.kv_heads, causal);
+      return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MMA_ROWS), (unsigned)d.heads,
+                          (unsigned)d.batches, mma_smem(&d, 4, 0), 8, args);
+    }
+    int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %s>",
+                         mma_prec(c), d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
+                         d.kv_heads, causal, which == GRAD_K ? "true" : "false");
+    return mn_cu_launch(c, k, mn_cu_blocks(d.s_len, MMA_ROWS), (unsigned)d.kv_heads,
+                        (unsigned)d.batches, mma_smem(&d, which == GRAD_K ? 4 : 3, 3 * MMA_ROWS), 8,
+                        args);
+  }
   st = launch_forward(c, &d, which == GRAD_V ? 2 : 1, args, 7);
   if (st != MN_OK) return st;
 
-  const char *causal = d.causal ? "true" : "false";
   size_t ld = row_stride(&d);
   if (which == GRAD_Q) {
     attn_tile t = backward_tile(&d, d.t_len);

@@ -1,0 +1,433 @@
+// Attention on tensor cores: the flash-style forward, its statistics pre-pass and the dQ,
+// dK and dV kernels of attention.cuh rewritten around mma.sync m16n8k8 with TF32 inputs
+// and FP32 accumulation, for head dims that are multiples of 32 up to 128.
+//
+// PREC 1 rounds each operand to TF32 once (sessions with allow_tf32). PREC 3 splits each
+// operand x into hi = tf32(x) and lo = tf32(x - hi) and sums lo*hi + hi*lo + hi*hi, which
+// keeps about FP32 accuracy (the lo*lo term is below FP32 rounding) at three times the
+// tensor-core work; FP32 sessions use it.
+//
+// Tiles: 128 threads = 4 warps, 64 rows per block (16 per warp: the m of the mma), 64
+// columns per streamed tile. In a warp, g = lane / 4 and t = lane % 4; the mma fragments
+// (PTX ISA, m16n8k8 .tf32) are A: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B: (t, g),
+// (t + 4, g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). A product whose A
+// operand is a C tile (P V, dS K, ...) reads k = 2t and 2t + 1 where the mma expects t and
+// t + 4: the reduction order within a group of 8 is permuted, the same way for A and B, so
+// no shuffle is needed. Shared tiles have a row stride of HD + 4 floats, so every fragment
+// read touches 32 distinct banks.
+//
+// Statistics are kept in base 2: m is the row max of scale * log2(e) * q.k and P =
+// exp2(that - m) * inv_l. The pre-pass and the dQ kernel compute scores with the same
+// fragment code, so they agree bit for bit.
+
+constexpr float mn_attn_log2e = 1.4426950408889634f;
+
+// Round to nearest TF32 (10 mantissa bits), ties away from zero, as cvt.rna.tf32.f32 does;
+// inf and NaN pass unchanged.
+__device__ __forceinline__ unsigned mn_tf32(float x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+#else
+  unsigned u = __float_as_uint(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return u;
+#endif
+}
+
+template <int PREC> struct mn_frag_a {
+  unsigned hi[4], lo[4];
+};
+template <int PREC> struct mn_frag_b {
+  unsigned hi[2], lo[2];
+};
+
+template <int PREC> __device__ __forceinline__ void mn_split(float x, unsigned &hi, unsigned &lo) {
+  hi = mn_tf32(x);
+  if constexpr (PREC == 3) lo = mn_tf32(x - __uint_as_float(hi));
+}
+
+// c += a * b for one m16n8k8 tile.
+__device__ __forceinline__ void mn_mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                            unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  // Before Ampere: the same product from the same fragments, gathered with shuffles.
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const int src = k & 3;
+    const bool upper = k >= 4;
+    const float ag = __uint_as_float(__shfl_sync(0xffffffffu, upper ? a[2] : a[0], g * 4 + src));
+    const float ag8 = __uint_as_float(__shfl_sync(0xffffffffu, upper ? a[3] : a[1], g * 4 + src));
+    const float bc0 = __uint_as_float(__shfl_sync(0xffffffffu, upper ? b1 : b0, 8 * t + src));
+    const float bc1 = __uint_as_float(__shfl_sync(0xffffffffu, upper ? b1 : b0, 8 * t + 4 + src));
+    r[0] = fmaf(ag, bc0, r[0]);
+    r[1] = fmaf(ag, bc1, r[1]);
+    r[2] = fmaf(ag8, bc0, r[2]);
+    r[3] = fmaf(ag8, bc1, r[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    c[i] += r[i];
+#endif
+}
+
+template <int PREC>
+__device__ __forceinline__ void mn_mma(float (&c)[4], const mn_frag_a<PREC> &a,
+                                       const mn_frag_b<PREC> &b) {
+  if constexpr (PREC == 3) {
+    mn_mma_tf32(c, a.lo, b.hi[0], b.hi[1]);
+    mn_mma_tf32(c, a.hi, b.lo[0], b.lo[1]);
+  }
+  mn_mma_tf32(c, a.hi, b.hi[0], b.hi[1]);
+}
+
+// A fragment of the 16 x 8 block at base (row 0, column k0) of a row-major shared tile.
+template <int PREC, int LD>
+__device__ __forceinline__ mn_frag_a<PREC> mn_load_a(const float *base, int g, int t) {
+  mn_frag_a<PREC> f;
+  mn_split<PREC>(base[g * LD + t], f.hi[0], f.lo[0]);
+  mn_split<PREC>(base[(g + 8) * LD + t], f.hi[1], f.lo[1]);
+  mn_split<PREC>(base[g * LD + t + 4], f.hi[2], f.lo[2]);
+  mn_split<PREC>(base[(g + 8) * LD + t + 4], f.hi[3], f.lo[3]);
+  return f;
+}
+
+// A fragment from a C tile in registers (k permuted: see the top of this file).
+template <int PREC> __device__ __forceinline__ mn_frag_a<PREC> mn_c_as_a(const float (&c)[4]) {
+  mn_frag_a<PREC> f;
+  mn_split<PREC>(c[0], f.hi[0], f.lo[0]);
+  mn_split<PREC>(c[2], f.hi[1], f.lo[1]);
+  mn_split<PREC>(c[1], f.hi[2], f.lo[2]);
+  mn_split<PREC>(c[3], f.hi[3], f.lo[3]);
+  return f;
+}
+
+// B fragment where B(k, n) = base[n * LD + k] (B^T row-major: K for Q K^T).
+template <int PREC, int LD>
+__device__ __forceinline__ mn_frag_b<PREC> mn_load_b_nk(const float *base, int g, int t) {
+  mn_frag_b<PREC> f;
+  mn_split<PREC>(base[g * LD + t], f.hi[0], f.lo[0]);
+  mn_split<PREC>(base[g * LD + t + 4], f.hi[1], f.lo[1]);
+  return f;
+}
+
+// B fragment where B(k, n) = base[k * LD + n], k permuted to match mn_c_as_a (V for P V).
+template <int PREC, int LD>
+__device__ __forceinline__ mn_frag_b<PREC> mn_load_b_kn(const float *base, int g, int t) {
+  mn_frag_b<PREC> f;
+  mn_split<PREC>(base[2 * t * LD + g], f.hi[0], f.lo[0]);
+  mn_split<PREC>(base[(2 * t + 1) * LD + g], f.hi[1], f.lo[1]);
+  return f;
+}
+
+// acc[n] (16 x 64 C tiles, NT = 8) = A rows of `a` (16 x HD) times B^T rows of `b` (64 x HD).
+template <int PREC, int HD, int LD, int NT>
+__device__ __forceinline__ void mn_mma_abt(float (&acc)[NT][4], const float *a, const float *b,
+                                           int g, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      acc[n][e] = 0.0f;
+#pragma unroll 2
+  for (int k = 0; k < HD; k += 8) {
+    const mn_frag_a<PREC> fa = mn_load_a<PREC, LD>(a + k, g, t);
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+      mn_mma<PREC>(acc[n], fa, mn_load_b_nk<PREC, LD>(b + n * 8 * LD + k, g, t));
+  }
+}
+
+// acc[n] (16 x HD) += P (16 x 64, C tiles in registers) times the 64 x HD rows of `b`.
+template <int PREC, int HD, int LD, int KT>
+__device__ __forceinline__ void mn_mma_pb(float (&acc)[HD / 8][4], const float (&p)[KT][4],
+                                          const float *b, int g, int t) {
+#pragma unroll
+  for (int k = 0; k < KT; k++) {
+    const mn_frag_a<PREC> fa = mn_c_as_a<PREC>(p[k]);
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+      mn_mma<PREC>(acc[n], fa, mn_load_b_kn<PREC, LD>(b + k * 8 * LD + n * 8, g, t));
+  }
+}
+
+__device__ __forceinline__ float mn_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float mn_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Writes a 16 x HD accumulator (rows `row0` + g and + g + 8 of a head whose row 0 is at
+// dst, rows `stride` floats apart; rows at or past `rows` are skipped) times mul[0] / mul[1].
+template <int HD>
+__device__ __forceinline__ void mn_mma_store(float *dst, long long stride, long long row0,
+                                             long long rows, const float (&acc)[HD / 8][4],
+                                             float mul0, float mul1, int g, int t) {
+  const long long r0 = row0 + g, r1 = row0 + g + 8;
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) {
+    const int d = n * 8 + 2 * t;
+    if (r0 < rows)
+      *reinterpret_cast<float2 *>(dst + r0 * stride + d) =
+          make_float2(acc[n][0] * mul0, acc[n][1] * mul0);
+    if (r1 < rows)
+      *reinterpret_cast<float2 *>(dst + r1 * stride + d) =
+          make_float2(acc[n][2] * mul1, acc[n][3] * mul1);
+  }
+}
+
+// Forward over one (query tile, head, batch) block: grid (ceil(T / 64), H, B).
+// MODE 0 writes the output: io = q, k, v, out.
+// MODE 1 and 2, the backward pre-pass: io = q, k, v, dy, m, inv_l, delta; per (b, h, t) at
+// (b * H + h) * T + t they write the base-2 row max m and 1 / sum, and MODE 1 also
+// delta = sum_s P_s dP_s with dP_s = dy . v_s.
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE>
+__device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
+  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *qs = mn_attn_smem;  // [BR][LD]
+  float *ks = qs + BR * LD;  // [BC][LD]
+  float *vs = ks + BC * LD;  // [BC][LD], modes 0 and 1
+  float *dys = vs + BC * LD; // [BR][LD], mode 1
+
+  const long long num_tiles = (T + BR - 1) / BR;
+  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  const long long q0 = tile * BR, b = blockIdx.z;
+  const int h = blockIdx.y, kvh = h / (H / KVH);
+  const long long qoff = b * T * H * HD + h * HD;
+  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
+  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wrow = warp * 16;
+  const float scale2 = mn_attn_log2e / sqrtf((float)HD);
+
+  mn_attn_load<HD, HD, BR, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
+  if constexpr (MODE == 1)
+    mn_attn_load<HD, HD, BR, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  float acc[MODE == 0 ? HD / 8 : 1][4], m[2], l[2], dsum[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    m[i] = mn_attn_neg_inf();
+    l[i] = 0.0f;
+    dsum[i] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < (MODE == 0 ? HD / 8 : 1); n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      acc[n][e] = 0.0f;
+
+  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  for (long long c0 = 0; c0 < kend; c0 += BC) {
+    __syncthreads();
+    mn_attn_load<HD, HD, BC, LD>(ks, kb, (long long)KVH * HD, c0, S);
+    if constexpr (MODE != 2) mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
+    __syncthreads();
+    float s[NT][4], dp[MODE == 1 ? NT : 1][4];
+    mn_mma_abt<PREC, HD, LD, NT>(s, qs + wrow * LD, ks, g, t);
+    if constexpr (MODE == 1) mn_mma_abt<PREC, HD, LD, NT>(dp, dys + wrow * LD, vs, g, t);
+    float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const long long r = q0 + wrow + g + (e >= 2 ? 8 : 0), c = c0 + n * 8 + 2 * t + (e & 1);
+        const bool ok = c < S && (!CAUSAL || c <= r);
+        s[n][e] = ok ? s[n][e] * scale2 : mn_attn_neg_inf();
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    float alpha[2], sum[2] = {0.0f, 0.0f}, dpart[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      // Key 0 is in the first tile and visible to every row, so m_new is finite.
+      const float m_new = fmaxf(m[i], mn_quad_max(mx[i]));
+      alpha[i] = exp2f(m[i] - m_new);
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[n][e] = exp2f(s[n][e] - m[e >> 1]);
+        sum[e >> 1] += s[n][e];
+        if constexpr (MODE == 1) dpart[e >> 1] = fmaf(s[n][e], dp[n][e], dpart[e >> 1]);
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      l[i] = l[i] * alpha[i] + mn_quad_sum(sum[i]);
+      if constexpr (MODE == 1) dsum[i] = dsum[i] * alpha[i] + mn_quad_sum(dpart[i]);
+    }
+    if constexpr (MODE == 0) {
+#pragma unroll
+      for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          acc[n][e] *= alpha[e >> 1];
+      mn_mma_pb<PREC, HD, LD, NT>(acc, s, vs, g, t);
+    }
+  }
+
+  if constexpr (MODE == 0) {
+    mn_mma_store<HD>(mn_arg<float>(io, 3) + qoff, (long long)H * HD, q0 + wrow, T, acc,
+                     1.0f / l[0], 1.0f / l[1], g, t);
+  } else if (t == 0) {
+    const long long sb = ((long long)b * H + h) * T;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const long long r = q0 + wrow + g + 8 * i;
+      if (r < T) {
+        const float inv_l = 1.0f / l[i];
+        mn_arg<float>(io, 4)[sb + r] = m[i];
+        mn_arg<float>(io, 5)[sb + r] = inv_l;
+        if constexpr (MODE == 1) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
+      }
+    }
+  }
+}
+
+// dQ over one (query tile, head, batch) block, grid (ceil(T / 64), H, B); io = q, k, v, dy,
+// m, inv_l, delta (MODE 1 pre-pass), dq. dS = P (dy . v - delta), dq = scale * sum dS k.
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL>
+__device__ void mn_attn_mma_dq(const mn_ptrs &io) {
+  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *qs = mn_attn_smem;  // [BR][LD]
+  float *dys = qs + BR * LD; // [BR][LD]
+  float *ks = dys + BR * LD; // [BC][LD]
+  float *vs = ks + BC * LD;  // [BC][LD]
+
+  const long long num_tiles = (T + BR - 1) / BR;
+  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  const long long q0 = tile * BR, b = blockIdx.z;
+  const int h = blockIdx.y, kvh = h / (H / KVH);
+  const long long qoff = b * T * H * HD + h * HD;
+  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
+  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wrow = warp * 16;
+  const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
+
+  mn_attn_load<HD, HD, BR, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
+  mn_attn_load<HD, HD, BR, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  const long long sb = ((long long)b * H + h) * T;
+  float rm[2], ril[2], rdelta[2], acc[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const long long r = q0 + wrow + g + 8 * i;
+    rm[i] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
+    ril[i] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
+    rdelta[i] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      acc[n][e] = 0.0f;
+
+  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  for (long long c0 = 0; c0 < kend; c0 += BC) {
+    __syncthreads();
+    mn_attn_load<HD, HD, BC, LD>(ks, kb, (long long)KVH * HD, c0, S);
+    mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
+    __syncthreads();
+    float s[NT][4], dp[NT][4];
+    mn_mma_abt<PREC, HD, LD, NT>(s, qs + wrow * LD, ks, g, t);
+    mn_mma_abt<PREC, HD, LD, NT>(dp, dys + wrow * LD, vs, g, t);
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int i = e >> 1;
+        const long long r = q0 + wrow + g + 8 * i, c = c0 + n * 8 + 2 * t + (e & 1);
+        const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+        const float p = ok ? exp2f(s[n][e] * scale2 - rm[i]) * ril[i] : 0.0f;
+        s[n][e] = p * (dp[n][e] - rdelta[i]);
+      }
+    mn_mma_pb<PREC, HD, LD, NT>(acc, s, ks, g, t);
+  }
+  mn_mma_store<HD>(mn_arg<float>(io, 7) + qoff, (long long)H * HD, q0 + wrow, T, acc, scale, scale,
+                   g, t);
+}
+
+// dK (GRAD_K) or dV over one (key tile, kv head, batch) block, grid (ceil(S / 64), KVH, B);
+// io = q, k, v, dy, m, inv_l, delta, out. The block loops over its kv head's query heads and
+// their query tiles, so every element is summed by one thread in a fixed order.
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, bool GRAD_K>
+__device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
+  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8, G = H / KVH;
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  float *ks = mn_attn_smem;                 // [BR][LD]
+  float *vs = ks + BR * LD;                 // [BR][LD], GRAD_K only
+  float *qs = vs + (GRAD_K ? BR * LD : 0);  // [BC][LD]
+  float *dys = qs + BC * LD;                // [BC][LD]
+  float *st = dys + BC * LD;                // m, inv_l, delta of the query tile: [3][BC]
+
+  const long long c0 = (long long)blockIdx.x * BR, b = blockIdx.z;
+  const int kvh = blockIdx.y;
+  const long long kvoff = b * S * KVH * HD + kvh * HD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wrow = warp * 16;
+  const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
+
+  mn_attn_load<HD, HD, BR, LD>(ks, mn_arg<const float>(io, 1) + kvoff, (long long)KVH * HD, c0, S);
+  if constexpr (GRAD_K)
+    mn_attn_load<HD, HD, BR, LD>(vs, mn_arg<const float>(io, 2) + kvoff, (long long)KVH * HD, c0,
+                                 S);
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      acc[n][e] = 0.0f;
+
+  // Causal: queries before this key tile never see it.
+  const long long r_start = CAUSAL ? c0 / BC * BC : 0;
+  for (int gi = 0; gi < G; gi++) {
+    const int h = kvh * G + gi;
+    const long long qoff = b * T * H * HD + h * HD, sb = ((long long)b * H + h) * T;
+    for (long long r0 = r_start; r0 < T; r0 += BC) {
+      __syncthreads();
+      mn_attn_load<HD, HD, BC, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, r0, T);
+      mn_attn_load<HD, HD, BC, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
+                                   T);
+      for (int j = threadIdx.x; j < BC; j += mn_attn_block) {
+        const long long r = r0 + j;
+        st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
+        st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
+        if constexpr (GRAD_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+      }
+      __syncthreads();
+      // Transposed scores: rows are this warp's keys, columns the tile's queries.
+      float p[NT][4];
+      mn_mma_abt<PREC, HD, LD, NT>(p, ks + wrow * LD, qs, g, t);
+      float dp[GRAD_K ? NT : 1][4];
+      if constexpr (GRAD_K) mn_mma_abt<PREC, HD, LD, NT>(dp, vs + wrow * LD, dys, g, t);
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int j = n * 8 + 2 * t + (e & 1);
+          const long long c = c0 + wrow + g + (e >= 2 ? 8 : 0), r = r0 + j;
+          const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+          float v = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
+          if constexpr (GRAD_K) v *= dp[n][e] - st[2 * BC + j];
+          p[n][e] = v;
+        }
+      mn_mma_pb<PREC, HD, LD, NT>(acc, p, GRAD_K ? qs : dys, g, t);
+    }
+  }
+  const float mul = GRAD_K ? scale : 1.0f;
+  mn_mma_store<HD>(mn_arg<float>(io, 7) + kvoff, (long long)KVH * HD, c0 + wrow, S, acc, mul, mul,
+                   g, t);
+}
