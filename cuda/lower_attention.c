@@ -7,6 +7,8 @@
  * mode that writes each query row's max, 1 / sum and delta = sum_s P_s dP_s into scratch
  * instead of the output), then dQ per query tile or dK / dV per key tile. Cached
  * attention splits the cache over blocks of 128 keys and merges the partial softmaxes. */
+#include <string.h>
+
 #include "../host/error.h"
 #include "emit.h"
 
@@ -134,12 +136,41 @@ mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) { return lower_for
 mn_status mn_cu_lower_FULL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
 mn_status mn_cu_lower_CROSS_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
 
-typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
+typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V, GRAD_KV } grad_of;
 
 static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-/* Pre-pass into scratch (row max, 1 / row sum and, except for dV, delta per (b, h, t)),
- * then the gradient kernel reading them. */
+/* dK (want_k) or dV into args[7] from a kv tile kernel of attention.cuh; `os` is the output
+ * row stride in floats. */
+static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool want_k,
+                                 long long os, const mn_cu_arg *args) {
+  attn_tile t = backward_tile(d, d->s_len);
+  size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(d);
+  size_t smem = 4 * (((want_k ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + 3 * bc);
+  int k = mn_cu_kernel(
+      c, ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s, %lldLL>",
+      d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len, (long long)d->s_len,
+      d->heads, d->kv_heads, d->causal ? "true" : "false", want_k ? "true" : "false", os);
+  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, (unsigned)br), (unsigned)d->kv_heads,
+                      (unsigned)d->batches, smem, 8, args);
+}
+
+/* out: 0 dV, 1 dK, 2 both (one pass); packed: rows of [dK | dV]. */
+static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, int out, bool packed,
+                                const mn_cu_arg *args) {
+  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>",
+                       mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                       d->kv_heads, d->causal ? "true" : "false", out, packed ? "true" : "false");
+  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, MMA_ROWS), (unsigned)d->kv_heads,
+                      (unsigned)d->batches, mma_smem(d, out == 0 ? 3 : 4, 3 * MMA_ROWS), 8, args);
+}
+
+/* Head dims up to 64 keep dK and dV accumulators in registers together; larger ones make
+ * two passes. */
+#define MMA_KV_ONE_PASS_MAX_HD 64
+
+/* Pre-pass into scratch (row max, 1 / row sum and, except for dV alone, delta per
+ * (b, h, t)), then the gradient kernels reading them. */
 static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   attn_dims d;
   mn_status st = dims_of(c, c->node->attrs.variant == 1, &d);
@@ -151,9 +182,16 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   delta.offset = 2 * stat_bytes;
   mn_cu_arg args[8] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
                        inv_l,          delta,          mn_cu_out(c)};
+  /* The dV half of a packed row starts kv_width floats in. */
+  long long kv_width = (long long)d.kv_heads * d.head_dim;
+  mn_cu_arg v_args[8];
+  memcpy(v_args, args, sizeof args);
+  v_args[7].offset = (size_t)kv_width * sizeof(float);
+  bool packed = which == GRAD_KV;
   const char *causal = d.causal ? "true" : "false";
+  int mode = which == GRAD_V ? 2 : 1;
   if (use_mma(&d)) {
-    st = launch_mma_forward(c, &d, which == GRAD_V ? 2 : 1, args, 7);
+    st = launch_mma_forward(c, &d, mode, args, 7);
     if (st != MN_OK) return st;
     if (which == GRAD_Q) {
       int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>",
@@ -162,20 +200,16 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
       return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MMA_ROWS), (unsigned)d.heads,
                           (unsigned)d.batches, mma_smem(&d, 4, 0), 8, args);
     }
-    int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %s>",
-                         mma_prec(c), d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
-                         d.kv_heads, causal, which == GRAD_K ? "true" : "false");
-    return mn_cu_launch(c, k, mn_cu_blocks(d.s_len, MMA_ROWS), (unsigned)d.kv_heads,
-                        (unsigned)d.batches, mma_smem(&d, which == GRAD_K ? 4 : 3, 3 * MMA_ROWS), 8,
-                        args);
+    if (!packed) return launch_mma_dkv(c, &d, which == GRAD_K ? 1 : 0, false, args);
+    if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD) return launch_mma_dkv(c, &d, 2, true, args);
+    st = launch_mma_dkv(c, &d, 1, true, args);
+    return st != MN_OK ? st : launch_mma_dkv(c, &d, 0, true, args);
   }
-  st = launch_forward(c, &d, which == GRAD_V ? 2 : 1, args, 7);
+  st = launch_forward(c, &d, mode, args, 7);
   if (st != MN_OK) return st;
-
-  size_t ld = row_stride(&d);
   if (which == GRAD_Q) {
     attn_tile t = backward_tile(&d, d.t_len);
-    size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
+    size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
     size_t smem = 4 * ((2 * br + 2 * bc) * ld + br * (bc + 4));
     int k =
         mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s>",
@@ -184,20 +218,17 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
     return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
                         (unsigned)d.batches, smem, 8, args);
   }
-  attn_tile t = backward_tile(&d, d.s_len);
-  size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
-  size_t smem = 4 * (((which == GRAD_K ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + 3 * bc);
-  int k = mn_cu_kernel(
-      c, ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s>", d.head_dim,
-      d.head_dim_padded, t.rm, t.bc, (long long)d.t_len, (long long)d.s_len, d.heads, d.kv_heads,
-      causal, which == GRAD_K ? "true" : "false");
-  return mn_cu_launch(c, k, mn_cu_blocks(d.s_len, (unsigned)br), (unsigned)d.kv_heads,
-                      (unsigned)d.batches, smem, 8, args);
+  if (!packed) return launch_simt_dkv(c, &d, which == GRAD_K, kv_width, args);
+  st = launch_simt_dkv(c, &d, true, 2 * kv_width, args);
+  return st != MN_OK ? st : launch_simt_dkv(c, &d, false, 2 * kv_width, v_args);
 }
 
 mn_status mn_cu_lower_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_Q); }
 mn_status mn_cu_lower_ATTENTION_GRAD_K(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_K); }
 mn_status mn_cu_lower_ATTENTION_GRAD_V(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_V); }
+mn_status mn_cu_lower_ATTENTION_GRAD_KV(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_KV);
+}
 
 /* q [1, H*hd] against rows 0..kv_len-1 of the caches; kv_len (input 3) is read on the
  * device, so the splits cover the whole cache and those past kv_len do nothing. */

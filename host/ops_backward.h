@@ -41,6 +41,8 @@
   X(ATTENTION_GRAD_Q, "attention_grad_q", 4, MN_BWD)                                               \
   X(ATTENTION_GRAD_K, "attention_grad_k", 4, MN_BWD)                                               \
   X(ATTENTION_GRAD_V, "attention_grad_v", 4, MN_BWD)                                               \
+  /* dK and dV of one pass, packed per row: [.., S, 2 * KVH * hd] = [dK row | dV row] */            \
+  X(ATTENTION_GRAD_KV, "attention_grad_kv", 4, MN_BWD)                                             \
   /* vision */                                                                                     \
   X(CONV2D_GRAD_INPUT, "conv2d_grad_input", 2, MN_BWD)   /* (dy, kernel) -> [N,Ci,H,W] */          \
   X(CONV2D_GRAD_KERNEL, "conv2d_grad_kernel", 2, MN_BWD) /* (x, dy) -> [Co,Ci,kh,kw] */            \

@@ -125,10 +125,10 @@ Test(grad_attention, self_attention_sums_roles) {
 /* ---------------------------------------------------------------- structure */
 
 typedef struct grad_nodes {
-  int count[3];         /* ATTENTION_GRAD_Q, _K, _V nodes in the training plan */
-  mn_op_attrs attrs[3]; /* of the last such node */
-  mn_tensor_type type[3];
-  int num_inputs[3];
+  int count[4];         /* ATTENTION_GRAD_Q, _K, _V, _KV nodes in the training plan */
+  mn_op_attrs attrs[4]; /* of the last such node */
+  mn_tensor_type type[4];
+  int num_inputs[4];
 } grad_nodes;
 
 /* Builds a training session of sum(attention(q, k, v)) where bit i of `params` makes
@@ -153,12 +153,12 @@ static grad_nodes count_grads(att_kind kind, unsigned params) {
   mn_session *s = NULL;
   cr_assert_eq(mn_build_session(g, &so, &s), MN_OK, "build: %s", mn_last_error());
   const mn_graph *pg = mn_session_plan(s)->graph;
-  static const mn_op ops[3] = {MN_OP_ATTENTION_GRAD_Q, MN_OP_ATTENTION_GRAD_K,
-                               MN_OP_ATTENTION_GRAD_V};
+  static const mn_op ops[4] = {MN_OP_ATTENTION_GRAD_Q, MN_OP_ATTENTION_GRAD_K,
+                               MN_OP_ATTENTION_GRAD_V, MN_OP_ATTENTION_GRAD_KV};
   grad_nodes r;
   memset(&r, 0, sizeof r);
   for (size_t n = 0; n < pg->num_nodes; n++)
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
       if (pg->nodes[n].op == ops[i]) {
         r.count[i]++;
         r.attrs[i] = pg->nodes[n].attrs;
@@ -170,28 +170,31 @@ static grad_nodes count_grads(att_kind kind, unsigned params) {
   return r;
 }
 
-static void expect_counts(grad_nodes r, int q, int k, int v) {
+static void expect_counts(grad_nodes r, int q, int k, int v, int kv) {
   cr_assert_eq(r.count[0], q, "attention_grad_q nodes: %d, expected %d", r.count[0], q);
   cr_assert_eq(r.count[1], k, "attention_grad_k nodes: %d, expected %d", r.count[1], k);
   cr_assert_eq(r.count[2], v, "attention_grad_v nodes: %d, expected %d", r.count[2], v);
+  cr_assert_eq(r.count[3], kv, "attention_grad_kv nodes: %d, expected %d", r.count[3], kv);
 }
 
+/* dK and dV together come from one attention_grad_kv node. */
 Test(grad_attention, only_wanted_inputs_get_nodes) {
-  expect_counts(count_grads(CAUSAL, 1), 1, 0, 0);
-  expect_counts(count_grads(CAUSAL, 2), 0, 1, 0);
-  expect_counts(count_grads(FULL, 4), 0, 0, 1);
-  expect_counts(count_grads(CROSS, 6), 0, 1, 1);
-  expect_counts(count_grads(CROSS, 7), 1, 1, 1);
+  expect_counts(count_grads(CAUSAL, 1), 1, 0, 0, 0);
+  expect_counts(count_grads(CAUSAL, 2), 0, 1, 0, 0);
+  expect_counts(count_grads(FULL, 4), 0, 0, 1, 0);
+  expect_counts(count_grads(CROSS, 5), 1, 0, 1, 0);
+  expect_counts(count_grads(CROSS, 6), 0, 0, 0, 1);
+  expect_counts(count_grads(CROSS, 7), 1, 0, 0, 1);
 }
 
 /* The backward nodes carry the forward attrs, variant 1 only for causal, and the types
- * of q, k and v. */
+ * of q and of [dK | dV] rows. */
 Test(grad_attention, backward_attrs_and_types) {
   att_kind kinds[3] = {CAUSAL, FULL, CROSS};
   for (int i = 0; i < 3; i++) {
     grad_nodes r = count_grads(kinds[i], 7);
-    expect_counts(r, 1, 1, 1);
-    for (int j = 0; j < 3; j++) {
+    expect_counts(r, 1, 0, 0, 1);
+    for (int j = 0; j < 4; j += 3) {
       cr_assert_eq(r.attrs[j].variant, kinds[i] == CAUSAL ? 1 : 0);
       cr_assert_eq(r.attrs[j].num_heads, 4);
       cr_assert_eq(r.attrs[j].num_kv_heads, 2);
@@ -199,7 +202,7 @@ Test(grad_attention, backward_attrs_and_types) {
       cr_assert_eq(r.num_inputs[j], 4);
       cr_assert_eq(r.type[j].rank, 2);
       cr_assert_eq(r.type[j].shape[0], 3);
-      cr_assert_eq(r.type[j].shape[1], j == 0 ? 16 : 8);
+      cr_assert_eq(r.type[j].shape[1], 16);
     }
   }
 }

@@ -332,11 +332,12 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
 }
 
 // dK (GRAD_K) or dV over one (key tile, kv head, batch) block, grid (ceil(S / BR), KVH, B);
-// io = q, k, v, dy, m, inv_l, delta, out. The block loops over the query heads of its kv
+// io = q, k, v, dy, m, inv_l, delta, out; output rows are OS floats apart (KVH * HD, or
+// twice that when dK and dV share rows). The block loops over the query heads of its kv
 // head's group and over query tiles, so each gradient element is summed by one thread in
 // a fixed order (no atomics): dv_s = sum P_s dy, dk_s = scale * sum dS_s q.
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
-          bool GRAD_K>
+          bool GRAD_K, long long OS>
 __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4, G = H / KVH;
@@ -420,11 +421,11 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
     }
   }
 
-  float *ob = mn_arg<float>(io, 7) + kvoff;
+  float *ob = mn_arg<float>(io, 7) + b * S * OS + kvh * HD;
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     const long long c = c0 + rbase + i;
-    if (c < S) mn_attn_store_row<HD, DN4>(ob + c * KVH * HD, acc[i], GRAD_K ? scale : 1.0f, cg);
+    if (c < S) mn_attn_store_row<HD, DN4>(ob + c * OS, acc[i], GRAD_K ? scale : 1.0f, cg);
   }
 }
 

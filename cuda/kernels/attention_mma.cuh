@@ -360,18 +360,22 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
                    g, t);
 }
 
-// dK (GRAD_K) or dV over one (key tile, kv head, batch) block, grid (ceil(S / 64), KVH, B);
-// io = q, k, v, dy, m, inv_l, delta, out. The block loops over its kv head's query heads and
-// their query tiles, so every element is summed by one thread in a fixed order.
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, bool GRAD_K>
+// dV (OUT 0), dK (OUT 1) or both (OUT 2) over one (key tile, kv head, batch) block, grid
+// (ceil(S / 64), KVH, B); io = q, k, v, dy, m, inv_l, delta, out. PACKED output rows hold
+// the key's dK then its dV (attention_grad_kv). The block loops over its kv head's query heads and their query
+// tiles, so every element is summed by one thread in a fixed order.
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
+          bool PACKED>
 __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
   constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8, G = H / KVH;
+  constexpr bool WANT_K = OUT != 0, WANT_V = OUT != 1;
+  constexpr long long OS = (PACKED ? 2 : 1) * KVH * HD; // output row stride
   extern __shared__ __align__(16) float mn_attn_smem[];
-  float *ks = mn_attn_smem;                 // [BR][LD]
-  float *vs = ks + BR * LD;                 // [BR][LD], GRAD_K only
-  float *qs = vs + (GRAD_K ? BR * LD : 0);  // [BC][LD]
-  float *dys = qs + BC * LD;                // [BC][LD]
-  float *st = dys + BC * LD;                // m, inv_l, delta of the query tile: [3][BC]
+  float *ks = mn_attn_smem;                // [BR][LD]
+  float *vs = ks + BR * LD;                // [BR][LD], dK only
+  float *qs = vs + (WANT_K ? BR * LD : 0); // [BC][LD]
+  float *dys = qs + BC * LD;               // [BC][LD]
+  float *st = dys + BC * LD;               // m, inv_l, delta of the query tile: [3][BC]
 
   const long long c0 = (long long)blockIdx.x * BR, b = blockIdx.z;
   const int kvh = blockIdx.y;
@@ -381,15 +385,20 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
 
   mn_attn_load<HD, HD, BR, LD>(ks, mn_arg<const float>(io, 1) + kvoff, (long long)KVH * HD, c0, S);
-  if constexpr (GRAD_K)
+  if constexpr (WANT_K)
     mn_attn_load<HD, HD, BR, LD>(vs, mn_arg<const float>(io, 2) + kvoff, (long long)KVH * HD, c0,
                                  S);
-  float acc[HD / 8][4];
+  float dk[WANT_K ? HD / 8 : 1][4], dv[WANT_V ? HD / 8 : 1][4];
 #pragma unroll
-  for (int n = 0; n < HD / 8; n++)
+  for (int n = 0; n < (WANT_K ? HD / 8 : 1); n++)
 #pragma unroll
     for (int e = 0; e < 4; e++)
-      acc[n][e] = 0.0f;
+      dk[n][e] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < (WANT_V ? HD / 8 : 1); n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      dv[n][e] = 0.0f;
 
   // Causal: queries before this key tile never see it.
   const long long r_start = CAUSAL ? c0 / BC * BC : 0;
@@ -405,14 +414,14 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
         const long long r = r0 + j;
         st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
         st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-        if constexpr (GRAD_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+        if constexpr (WANT_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
       }
       __syncthreads();
       // Transposed scores: rows are this warp's keys, columns the tile's queries.
       float p[NT][4];
       mn_mma_abt<PREC, HD, LD, NT>(p, ks + wrow * LD, qs, g, t);
-      float dp[GRAD_K ? NT : 1][4];
-      if constexpr (GRAD_K) mn_mma_abt<PREC, HD, LD, NT>(dp, vs + wrow * LD, dys, g, t);
+      float dp[WANT_K ? NT : 1][4];
+      if constexpr (WANT_K) mn_mma_abt<PREC, HD, LD, NT>(dp, vs + wrow * LD, dys, g, t);
 #pragma unroll
       for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -420,14 +429,21 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
           const int j = n * 8 + 2 * t + (e & 1);
           const long long c = c0 + wrow + g + (e >= 2 ? 8 : 0), r = r0 + j;
           const bool ok = r < T && c < S && (!CAUSAL || c <= r);
-          float v = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
-          if constexpr (GRAD_K) v *= dp[n][e] - st[2 * BC + j];
-          p[n][e] = v;
+          p[n][e] = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
         }
-      mn_mma_pb<PREC, HD, LD, NT>(acc, p, GRAD_K ? qs : dys, g, t);
+      if constexpr (WANT_V) mn_mma_pb<PREC, HD, LD, NT>(dv, p, dys, g, t);
+      if constexpr (WANT_K) {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            p[n][e] *= dp[n][e] - st[2 * BC + n * 8 + 2 * t + (e & 1)];
+        mn_mma_pb<PREC, HD, LD, NT>(dk, p, qs, g, t);
+      }
     }
   }
-  const float mul = GRAD_K ? scale : 1.0f;
-  mn_mma_store<HD>(mn_arg<float>(io, 7) + kvoff, (long long)KVH * HD, c0 + wrow, S, acc, mul, mul,
-                   g, t);
+  float *out = mn_arg<float>(io, 7) + b * S * OS + kvh * HD;
+  if constexpr (WANT_K) mn_mma_store<HD>(out, OS, c0 + wrow, S, dk, scale, scale, g, t);
+  if constexpr (WANT_V)
+    mn_mma_store<HD>(out + (PACKED ? KVH * HD : 0), OS, c0 + wrow, S, dv, 1.0f, 1.0f, g, t);
 }

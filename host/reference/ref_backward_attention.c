@@ -3,7 +3,8 @@
  * recomputed in double, then
  *   dV[s] += P[s] dy,  dS[s] = P[s] (dy.v[s] - sum_s' P[s'] dy.v[s']),
  *   dQ = scale sum_s dS[s] k[s],  dK[s] += scale dS[s] q,
- * with dK and dV summing over the query heads that share a kv head. */
+ * with dK and dV summing over the query heads that share a kv head. attention_grad_kv
+ * writes dK and dV side by side in each row. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -83,6 +84,19 @@ static void backward_batch(const attn_dims *sh, grad_of which, const float *q, c
   }
 }
 
+/* One gradient into acc (laid out like its input), summed in double. */
+static void gradient_of(const mn_ref_ctx *c, const attn_dims *sh, grad_of which, double *acc,
+                        double *p, double *dp) {
+  size_t q_batch = sh->t_len * sh->heads * sh->head_dim;
+  size_t kv_batch = sh->s_len * sh->kv_heads * sh->head_dim;
+  size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
+  const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
+  const float *dy = mn_ref_in_f32(c, 3);
+  for (size_t b = 0; b < sh->batches; b++)
+    backward_batch(sh, which, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, dy + b * q_batch,
+                   acc + b * out_batch, p, dp);
+}
+
 static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
   attn_dims sh = dims_of(c);
   size_t n_out = mn_ref_numel(c);
@@ -92,14 +106,7 @@ static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
   if (!acc)
     return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n_out);
   double *p = acc + n_out, *dp = p + sh.s_len;
-  size_t q_batch = sh.t_len * sh.heads * sh.head_dim;
-  size_t kv_batch = sh.s_len * sh.kv_heads * sh.head_dim;
-  size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
-  const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
-  const float *dy = mn_ref_in_f32(c, 3);
-  for (size_t b = 0; b < sh.batches; b++)
-    backward_batch(&sh, which, q + b * q_batch, k + b * kv_batch, v + b * kv_batch,
-                   dy + b * q_batch, acc + b * out_batch, p, dp);
+  gradient_of(c, &sh, which, acc, p, dp);
   float *o = mn_ref_out_f32(c);
   for (size_t i = 0; i < n_out; i++)
     o[i] = (float)acc[i];
@@ -110,3 +117,23 @@ static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
 mn_status mn_ref_ATTENTION_GRAD_Q(const mn_ref_ctx *c) { return attention_backward(c, GRAD_Q); }
 mn_status mn_ref_ATTENTION_GRAD_K(const mn_ref_ctx *c) { return attention_backward(c, GRAD_K); }
 mn_status mn_ref_ATTENTION_GRAD_V(const mn_ref_ctx *c) { return attention_backward(c, GRAD_V); }
+
+/* dK and dV side by side in each row of the output. */
+mn_status mn_ref_ATTENTION_GRAD_KV(const mn_ref_ctx *c) {
+  attn_dims sh = dims_of(c);
+  size_t n_out = mn_ref_numel(c), half = n_out / 2, width = sh.kv_heads * sh.head_dim;
+  double *acc = calloc(n_out + 2 * sh.s_len, sizeof *acc);
+  if (!acc)
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n_out);
+  double *dk = acc, *dv = acc + half, *p = acc + n_out, *dp = p + sh.s_len;
+  gradient_of(c, &sh, GRAD_K, dk, p, dp);
+  gradient_of(c, &sh, GRAD_V, dv, p, dp);
+  float *o = mn_ref_out_f32(c);
+  for (size_t r = 0; r < half / width; r++)
+    for (size_t j = 0; j < width; j++) {
+      o[2 * r * width + j] = (float)dk[r * width + j];
+      o[(2 * r + 1) * width + j] = (float)dv[r * width + j];
+    }
+  free(acc);
+  return MN_OK;
+}
