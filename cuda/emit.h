@@ -44,12 +44,13 @@ typedef struct mn_cu_arg {
 
 /* Row-major matmul C[m,n] = alpha * op(A)[m,k] . op(B)[k,n] + beta * C, repeated
  * `batch` times at the given element strides. A is stored [m,k] (or [k,m] when
- * trans_a), B [k,n] (or [n,k] when trans_b), C [m,n], all densely. beta 1 accumulates
- * into C (gradient sums); beta 0 overwrites it. */
+ * trans_a), B [k,n] (or [n,k] when trans_b), C [m,n], densely unless a row pitch is given. beta 1
+ * accumulates into C (gradient sums); beta 0 overwrites it. */
 typedef struct mn_cu_matmul_desc {
   mn_cu_arg a, b, c;
   bool trans_a, trans_b;
   int64_t m, n, k;
+  int64_t lda, ldb, ldc; /* row pitch of the stored matrix in floats; 0: dense */
   int64_t batch, stride_a, stride_b, stride_c;
   float alpha, beta;
 } mn_cu_matmul_desc;

@@ -19,9 +19,10 @@ static mn_status lt_check(cublasStatus_t s, const char *what) {
 
 /* A row-major [rows, cols] matrix seen column-major: cols x rows with leading dim cols. */
 static mn_status make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t batch,
-                             int64_t stride) {
-  mn_status rc = lt_check(
-      cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)cols, (uint64_t)rows, cols), "layout");
+                             int64_t stride, int64_t pitch) {
+  mn_status rc = lt_check(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)cols, (uint64_t)rows,
+                                                     pitch ? pitch : cols),
+                          "layout");
   if (rc != MN_OK || batch <= 1) return rc;
   int32_t count = (int32_t)batch;
   rc = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
@@ -51,7 +52,7 @@ static uint32_t alignment_of(uintptr_t addr) {
 
 /* Algorithms already timed in this build, by everything that decides the choice. */
 typedef struct tuned_key {
-  int64_t m, n, k, batch, stride_a, stride_b, stride_c;
+  int64_t m, n, k, batch, stride_a, stride_b, stride_c, lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
   bool trans_a, trans_b, accumulate;
 } tuned_key;
@@ -159,11 +160,11 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
   /* Stored shapes, row-major: B is [k,n] or [n,k]; A is [m,k] or [k,m]; C is [m,n]. */
   if (rc == MN_OK)
     rc = make_layout(&mp->b, d->trans_b ? d->n : d->k, d->trans_b ? d->k : d->n, d->batch,
-                     d->stride_b);
+                     d->stride_b, d->ldb);
   if (rc == MN_OK)
     rc = make_layout(&mp->a, d->trans_a ? d->k : d->m, d->trans_a ? d->m : d->k, d->batch,
-                     d->stride_a);
-  if (rc == MN_OK) rc = make_layout(&mp->c, d->m, d->n, d->batch, d->stride_c);
+                     d->stride_a, d->lda);
+  if (rc == MN_OK) rc = make_layout(&mp->c, d->m, d->n, d->batch, d->stride_c, d->ldc);
   if (rc != MN_OK) return rc;
 
   cublasLtMatmulPreference_t pref;
@@ -213,6 +214,9 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
   key.stride_a = d->stride_a;
   key.stride_b = d->stride_b;
   key.stride_c = d->stride_c;
+  key.lda = d->lda;
+  key.ldb = d->ldb;
+  key.ldc = d->ldc;
   key.align_a = align_a;
   key.align_b = align_b;
   key.align_c = align_c;

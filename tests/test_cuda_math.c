@@ -57,6 +57,15 @@ Test(cuda_math, matmul) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
+/* Products of 4 GFLOP and more whose rows are not a multiple of 16 bytes go through
+ * scratch copies with a padded row pitch (lower_math.c): here A, B and C of the forward
+ * product and of both gradients all have odd row lengths. */
+Test(cuda_math, matmul_padded_row_pitch) {
+  mn_test_require_cuda_build();
+  check_binary(mn_matmul, MN_SHAPE(2048, 1001), MN_SHAPE(1001, 1003), -1, 1, 12);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
 Test(cuda_math, matmul_bt) {
   mn_test_require_cuda_build();
   check_binary(mn_matmul_bt, MN_SHAPE(5, 7), MN_SHAPE(3, 7), -1, 1, 7);
