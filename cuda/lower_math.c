@@ -17,10 +17,11 @@ static unsigned float_bits(float f) {
   return u;
 }
 
-/* cuBLASLt keeps a matrix whose rows are not a multiple of 16 bytes off its fast kernels
- * (GPT-2's 50257-wide logits ran at a third of the speed of aligned shapes). A large matmul
- * therefore copies such an operand into scratch with a padded row pitch, or writes such a
- * result there and copies it back: two memory passes bought for a faster product. */
+/* cuBLASLt keeps a matrix whose rows are not a multiple of 16 bytes off its fast kernels.
+ * Measured on GPT-2's 50257-wide logits (H200, TF32, docs/performance.md): copying the
+ * transposed A of matmul_at into scratch with a padded row pitch took that product from
+ * 10.5 to 6.1 ms for a 2.4 ms copy; padding A of matmul (9.6 ms) or C of matmul_bt
+ * (9.3 ms) did not speed them up at all. So only a large matmul_at pads, and only A. */
 #define PAD_MIN_FLOPS   4e9
 #define PAD_PITCH       32 /* floats: 128-byte rows */
 #define COPY_BLOCK      256
@@ -28,21 +29,18 @@ static unsigned float_bits(float f) {
 
 typedef struct pad_plan {
   int64_t rows, cols, pitch;
-  size_t offset; /* in the scratch */
 } pad_plan;
 
 static bool wants_pad(int64_t cols, double flops) {
   return cols % 4 != 0 && flops >= PAD_MIN_FLOPS;
 }
 
-/* Rows of `cols` floats from src to dst rows of `pitch` floats (pad: zeros after), or back. */
-static mn_status copy_rows(const mn_cu_op_ctx *c, const pad_plan *p, bool pad, mn_cu_arg src,
-                           mn_cu_arg dst) {
-  int k = mn_cu_kernel(c, COPY_BLOCK, "%s<1, %lldLL, %lldLL, %lldLL, 0LL>",
-                       pad ? "mn_slice_last_bwd" : "mn_slice_last_fwd", (long long)p->rows,
-                       (long long)p->pitch, (long long)p->cols);
+/* Rows of `cols` floats from src into rows of `pitch` floats at dst, zeros after. */
+static mn_status copy_rows(const mn_cu_op_ctx *c, const pad_plan *p, mn_cu_arg src, mn_cu_arg dst) {
+  int k = mn_cu_kernel(c, COPY_BLOCK, "mn_slice_last_bwd<1, %lldLL, %lldLL, %lldLL, 0LL>",
+                       (long long)p->rows, (long long)p->pitch, (long long)p->cols);
   if (k < 0) return mn_cu_oom(c);
-  unsigned blocks = mn_cu_blocks(p->rows * (pad ? p->pitch : p->cols), COPY_BLOCK);
+  unsigned blocks = mn_cu_blocks(p->rows * p->pitch, COPY_BLOCK);
   if (blocks > COPY_MAX_BLOCKS) blocks = COPY_MAX_BLOCKS;
   mn_cu_arg args[2] = {src, dst};
   return mn_cu_launch(c, k, blocks, 1, 1, 0, 2, args);
@@ -62,44 +60,14 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
                          .alpha = 1.0f,
                          .beta = 0.0f};
   double flops = 2.0 * (double)m * (double)n * (double)k;
-  /* Stored shapes: A [m,k] or [k,m], B [k,n] or [n,k], C [m,n]. */
-  pad_plan pa = {trans_a ? k : m, trans_a ? m : k, 0, 0};
-  pad_plan pb = {trans_b ? n : k, trans_b ? k : n, 0, 0};
-  pad_plan pc = {m, n, 0, 0};
-  pad_plan *plans[3] = {&pa, &pb, &pc};
-  size_t scratch = 0;
-  for (int i = 0; i < 3; i++) {
-    pad_plan *p = plans[i];
-    if (!wants_pad(p->cols, flops)) continue;
-    p->pitch = (p->cols + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH;
-    p->offset = scratch;
-    scratch += ((size_t)p->rows * (size_t)p->pitch * sizeof(float) + 255) / 256 * 256;
-  }
-  if (scratch == 0) return mn_cu_matmul(c, &d);
-  mn_cu_arg base = mn_cu_scratch(c, scratch), at[3];
-  for (int i = 0; i < 3; i++) {
-    at[i] = base;
-    at[i].offset = plans[i]->offset;
-  }
-  mn_status st = MN_OK;
-  if (pa.pitch) {
-    st = copy_rows(c, &pa, true, d.a, at[0]);
-    d.a = at[0];
-    d.lda = pa.pitch;
-  }
-  if (st == MN_OK && pb.pitch) {
-    st = copy_rows(c, &pb, true, d.b, at[1]);
-    d.b = at[1];
-    d.ldb = pb.pitch;
-  }
-  mn_cu_arg out = d.c;
-  if (pc.pitch) {
-    d.c = at[2];
-    d.ldc = pc.pitch;
-  }
-  if (st == MN_OK) st = mn_cu_matmul(c, &d);
-  if (st == MN_OK && pc.pitch) st = copy_rows(c, &pc, false, at[2], out);
-  return st;
+  /* A is stored [k, m] here. */
+  pad_plan pa = {k, m, (m + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH};
+  if (!trans_a || !wants_pad(m, flops)) return mn_cu_matmul(c, &d);
+  mn_cu_arg padded = mn_cu_scratch(c, (size_t)pa.rows * (size_t)pa.pitch * sizeof(float));
+  mn_status st = copy_rows(c, &pa, d.a, padded);
+  d.a = padded;
+  d.lda = pa.pitch;
+  return st != MN_OK ? st : mn_cu_matmul(c, &d);
 }
 
 /* a [.., K] (leading dims flattened into M) x b [K, N]. */

@@ -57,9 +57,9 @@ Test(cuda_math, matmul) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
-/* Products of 4 GFLOP and more whose rows are not a multiple of 16 bytes go through
- * scratch copies with a padded row pitch (lower_math.c): here A, B and C of the forward
- * product and of both gradients all have odd row lengths. */
+/* matmul_at products of 4 GFLOP and more whose A rows are not a multiple of 16 bytes copy
+ * A into scratch with a padded row pitch (lower_math.c): here the gradient of b. The other
+ * products have odd rows too and must not change. */
 Test(cuda_math, matmul_padded_row_pitch) {
   mn_test_require_cuda_build();
   check_binary(mn_matmul, MN_SHAPE(2048, 1001), MN_SHAPE(1001, 1003), -1, 1, 12);
