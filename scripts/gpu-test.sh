@@ -4,11 +4,15 @@
 # short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
-#                            [--tests REGEX]
+#                            [--tests REGEX] [--no-ctest] [--lm]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
 #   --tests REGEX      run only the ctest tests matching REGEX
+#   --no-ctest         build and benchmark only
+#   --lm               also HF parity (scripts/hf_parity.py) and the language-model steps
+#                      (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside transformers' models in
+#                      PyTorch eager and torch.compile (minutes)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +20,8 @@ build="$root/build-gpu"
 logs=""
 debs=""
 bench=1
+lm=0
+run_ctest=1
 filter=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,8 +29,10 @@ while [ $# -gt 0 ]; do
     --build-dir) build=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
+    --lm) lm=1; shift ;;
+    --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -91,12 +99,40 @@ if [ "$bench" = 1 ]; then
   fi
 fi
 
-step "ctest (all suites, GPU suites included)"
-export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
-set +e
-ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 "${filter[@]}" 2>&1 | tee "$logs/ctest.log"
-test_rc=${PIPESTATUS[0]}
-set -e
+if [ "$lm" = 1 ]; then
+  step "HF parity (scripts/hf_parity.py)"
+  if python3 -c 'import torch, transformers' 2>/dev/null; then
+    python3 "$root/scripts/hf_parity.py" --driver "$build/bench_hf_parity_driver" --backend both \
+      >"$logs/hf_parity.log" 2>&1 && echo "HF-PARITY passed" | tee -a "$logs/bench.log" ||
+      echo "HF-PARITY FAILED (see $logs/hf_parity.log)" | tee -a "$logs/bench.log"
+    grep -E "^  (ok|FAIL) " "$logs/hf_parity.log" | tee -a "$logs/bench.log" >/dev/null || true
+  fi
+  step "language-model steps"
+  for model in gpt2 smollm2; do
+    for flag in "" "--tf32"; do
+      "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
+        echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
+    done
+    if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+      for args in "--mode eager" "--tf32 --mode eager,compile"; do
+        python3 "$root/benchmarks/torch_lm.py" $model $args 2>&1 | tee -a "$logs/bench.log" ||
+          echo "BENCH-FAILED torch_lm.py $model $args" | tee -a "$logs/bench.log"
+      done
+    fi
+  done
+fi
+
+test_rc=0
+: >"$logs/ctest.log"
+if [ "$run_ctest" = 1 ]; then
+  step "ctest (all suites, GPU suites included)"
+  export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
+  set +e
+  ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 900 "${filter[@]}" 2>&1 |
+    tee "$logs/ctest.log"
+  test_rc=${PIPESTATUS[0]}
+  set -e
+fi
 
 step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||

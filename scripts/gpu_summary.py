@@ -21,12 +21,16 @@ def main(ctest_log, bench_log):
         bench_lines = open(bench_log, errors="replace").readlines()
     except OSError:
         bench_lines = []
+    lm = {}
     for line in bench_lines:
-        if line.startswith("BENCH "):
+        if line.startswith("BENCH lm_") or line.startswith("BENCH torch_lm_"):
+            lm[line.split()[1]] = fields(line)
+        elif line.startswith("BENCH "):
             name = line.split()[1]
             (torch if "torch_eager_ms" in line else ours).setdefault(name, {}).update(fields(line))
-        elif line.startswith("BENCH-FAILED"):
+        elif line.startswith("BENCH-FAILED") or line.startswith("HF-PARITY"):
             print(line.strip())
+    lm_table(lm)
     if not ours and not torch:
         return
     print(f"{'step':18} {'meganeura ms':>12} {'torch eager':>12} {'torch graph':>12} "
@@ -36,6 +40,22 @@ def main(ctest_log, bench_log):
         print(f"{name:18} {o.get('step_ms', '-'):>12} {t.get('torch_eager_ms', '-'):>12} "
               f"{t.get('torch_graph_ms', '-'):>12} {o.get('launches_per_step', '-'):>11} "
               f"{o.get('build_cold_ms', '-'):>10} {o.get('build_warm_ms', '-'):>8}")
+
+
+def lm_table(lm):
+    """Language-model steps: ours and transformers' in PyTorch, ms per step and device MiB."""
+    rows = sorted(k[3:] for k in lm if k.startswith("lm_"))
+    if not rows:
+        return
+    print(f"{'model step':14} {'meganeura ms':>12} {'MiB':>6} {'torch eager':>11} {'MiB':>6} "
+          f"{'torch.compile':>13} {'MiB':>6}")
+    for row in rows:
+        o = lm.get("lm_" + row, {})
+        e = lm.get(f"torch_lm_{row}_eager", {})
+        c = lm.get(f"torch_lm_{row}_compile", {})
+        print(f"{row:14} {o.get('step_ms', '-'):>12} {o.get('device_mib', '-'):>6} "
+              f"{e.get('step_ms', '-'):>11} {e.get('peak_mib', '-'):>6} "
+              f"{c.get('step_ms', '-'):>13} {c.get('peak_mib', '-'):>6}")
 
 
 if __name__ == "__main__":
