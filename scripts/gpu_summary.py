@@ -9,10 +9,11 @@ def fields(line):
 
 def main(ctest_log, bench_log):
     text = open(ctest_log, errors="replace").read()
-    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
+    # "100% tests passed out of 47" or "97% tests passed, 1 tests failed out of 47"
+    m = re.search(r"\d+% tests passed(?:, (\d+) tests failed)? out of (\d+)", text)
     skipped = len(re.findall(r"\*\*\*Skipped|Not Run", text))
     if m:
-        total, failed = int(m.group(3)), int(m.group(2))
+        total, failed = int(m.group(2)), int(m.group(1) or 0)
         print(f"ctest: {total - failed}/{total} passed, {failed} failed, {skipped} skipped")
     for name in re.findall(r"\d+ - (\S+) \(Failed\)", text):
         print(f"  FAILED {name}")
