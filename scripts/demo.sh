@@ -3,6 +3,9 @@
 # on the GPU when one is usable and otherwise on the CPU (about two minutes on two cores),
 # then prints a generated sample and where the loss curve and metrics are.
 #
+# usage: scripts/demo.sh [--offline DEB_DIR]   (DEB_DIR: cJSON's Debian packages, for
+#                                              machines without a package registry)
+#
 # Environment: MN_DEMO_BUILD_DIR (default build-demo), MN_DEMO_STEPS (default: 3000 on a
 # GPU, 500 on the CPU), MN_BACKEND (auto|cpu|cuda), MN_JOBS (default: nproc).
 set -euo pipefail
@@ -18,7 +21,13 @@ trap 'echo "scripts/demo.sh: FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 # shellcheck source=scripts/lib/deps.sh
 source "$root/scripts/lib/deps.sh"
-mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc -- libcjson-dev
+if [[ ${1:-} == --offline ]]; then
+  # An air-gapped machine: cJSON from the Debian packages in $2 (see README, GPU machines).
+  mn_use_debs "$(cd "$2" && pwd)"
+  mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc
+else
+  mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc -- libcjson-dev
+fi
 
 # Warnings stay warnings here: GCC -O3 flags a false stringop-overflow in io/graph_hash.c.
 say "configure and build $build (Release)"

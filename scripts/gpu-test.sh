@@ -47,16 +47,10 @@ have_deps() {
 }
 
 cmake_extra=()
+source "$root/scripts/lib/deps.sh"
 if [ -n "$debs" ]; then
   step "unpacking $(ls "$debs"/*.deb | wc -l) Debian packages from $debs"
-  prefix=/tmp/meganeura-deps
-  rm -rf "$prefix"
-  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
-  libdir=$(dirname "$(find "$prefix" -name 'libcriterion.so*' | head -n1)")
-  # The -dev packages' .so links point at versioned files in the same folder.
-  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  cmake_extra+=(-DCMAKE_LIBRARY_PATH="$libdir")
+  mn_use_debs "$debs"
 elif ! have_deps; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     step "installing cJSON and Criterion"

@@ -27,3 +27,17 @@ mn_install_missing() {
     return 1
   fi
 }
+
+# mn_use_debs DEB_DIR: air-gapped machines. Unpacks the Debian packages in DEB_DIR (cJSON,
+# Criterion and their dependencies) into a private prefix under /tmp and points CMake and
+# the dynamic linker at it (CMAKE_PREFIX_PATH, CMAKE_LIBRARY_PATH, LD_LIBRARY_PATH).
+mn_use_debs() {
+  local debs=$1 prefix=/tmp/meganeura-deps f libdir
+  rm -rf "$prefix"
+  for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix"; done
+  libdir=$(dirname "$(find "$prefix" -name 'libcjson.so*' | head -n1)")
+  # The -dev packages' .so links point at versioned files in the same folder.
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export CMAKE_LIBRARY_PATH="$libdir${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
