@@ -94,6 +94,8 @@ int main(int argc, char **argv) {
 #ifdef MN_WITH_CUDA
   if (profile && mn_cuda_session_stream(s))
     bench_check(mn_cuda_profile_step(s, 5, stdout), "profile");
+#else
+  if (profile) printf("--profile needs a CUDA build\n");
 #endif
   mn_session_free(s);
   mn_graph_free(g);
