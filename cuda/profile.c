@@ -124,7 +124,8 @@ static void print_report(const mn_session *s, const double *med, size_t n, FILE 
 
 mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out) {
   if (!s || s->backend != &mn_cuda_backend || reps < 1 || !out)
-    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_profile_step: a CUDA session, reps >= 1");
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "mn_cuda_profile_step: needs a CUDA session, reps >= 1 and an output file");
   cuda_state *st = s->backend_state;
   if (!st->captured)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_profile_step: step the session first");

@@ -46,7 +46,6 @@ have_deps() {
   [ -f /usr/include/criterion/criterion.h ] && [ -f /usr/include/cjson/cJSON.h ]
 }
 
-cmake_extra=()
 source "$root/scripts/lib/deps.sh"
 if [ -n "$debs" ]; then
   step "unpacking $(ls "$debs"/*.deb | wc -l) Debian packages from $debs"
@@ -72,8 +71,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 # Warnings stay warnings here: GPU hosts carry other compiler versions, whose new
 # diagnostics must not stop a test run; CI builds with -Werror.
 cmake -S "$root" -B "$build" "${generator[@]}" -DMN_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DMN_WERROR=OFF \
-  "${cmake_extra[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+  -DMN_WERROR=OFF >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs/build.log"; exit 1; }
 
 if [ "$bench" = 1 ]; then

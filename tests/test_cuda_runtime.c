@@ -14,6 +14,7 @@
 #ifdef MN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda_backend.h"
 #include "jit.h"
 #endif
 
@@ -168,6 +169,62 @@ Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture
   cr_assert_eq(mn_session_get_stats(s, &stats), MN_OK);
   cr_assert_eq(stats.graph_captures, 2u);
   cr_assert_eq(stats.graph_launches, 13u);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+/* mn_cuda_profile_step: a CUDA session that has stepped, at least one repetition. */
+Test(cuda_runtime, profile_step_rejects_what_it_cannot_profile) {
+  mn_test_require_cuda_build();
+  cr_assert_eq(mn_cuda_profile_step(NULL, 1, stdout), MN_ERR_INVALID_ARGUMENT);
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
+  cr_assert_eq(mn_cuda_profile_step(cpu, 1, stdout), MN_ERR_INVALID_ARGUMENT);
+  cr_assert_not_null(strstr(mn_last_error(), "mn_cuda_profile_step"), "%s", mn_last_error());
+  mn_session_free(cpu);
+  mn_test_require_cuda_device();
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);
+  cr_assert_eq(mn_cuda_profile_step(s, 1, stdout), MN_ERR_INVALID_ARGUMENT,
+               "a session that never stepped has no step to profile");
+  mn_rng r = mn_rng_new(3);
+  feed_mlp(s, &r);
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_cuda_profile_step(s, 0, stdout), MN_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(mn_cuda_profile_step(s, 1, NULL), MN_ERR_INVALID_ARGUMENT);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+/* The report names the matmuls and the optimizer update, times add up to something, and
+ * profiling launches no step graph and leaves the session usable. */
+Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
+  mn_test_require_cuda_device();
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);
+  mn_rng r = mn_rng_new(4);
+  feed_mlp(s, &r);
+  cr_assert_eq(mn_session_set_learning_rate(s, 0.1f), MN_OK);
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  FILE *f = tmpfile();
+  cr_assert_not_null(f);
+  cr_assert_eq(mn_cuda_profile_step(s, 3, f), MN_OK, "%s", mn_last_error());
+  char text[8192];
+  rewind(f);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = '\0';
+  fclose(f);
+  unsigned commands = 0;
+  double ms = -1;
+  cr_assert_eq(sscanf(text, "PROFILE %u commands, %lf ms", &commands, &ms), 2, "%s", text);
+  cr_assert_gt(commands, 4u, "%s", text);
+  cr_assert_gt(ms, 0.0, "%s", text);
+  cr_assert_not_null(strstr(text, "PROFILE matmul "), "%s", text);
+  cr_assert_not_null(strstr(text, "optimizer_update"), "%s", text);
+  mn_session_stats st;
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  cr_assert_eq(st.graph_launches, 1u, "profiling launched the step graph");
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
   mn_session_free(s);
   mn_graph_free(g);
 }
