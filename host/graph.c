@@ -289,6 +289,13 @@ mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p) {
   return c;
 }
 
+int mn_node_num_extra_outputs(const mn_node_rec *n) {
+  switch (n->op) {
+  case MN_OP_MATMUL_AT_BGRAD: return 1;
+  default: return 0;
+  }
+}
+
 bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b) {
   if (a == b) return true;
   if (!a || !b || a->num_instrs != b->num_instrs) return false;

@@ -23,8 +23,15 @@ typedef struct mn_op_attrs {
   int groups;       /* group_norm */
   int channels_a;   /* split_a, split_b */
   int variant;      /* backward ops shared by several forward ops (e.g. causal or not) */
+  int act;          /* matmul_bias_act, group_norm: an mn_act applied to the result */
   int64_t num_rows; /* scatter_add */
 } mn_op_attrs;
+
+/* Activations that epilogues apply (mn_op_attrs.act). */
+typedef enum mn_act { MN_ACT_NONE, MN_ACT_RELU, MN_ACT_GELU, MN_ACT_SILU, MN_ACT_COUNT } mn_act;
+
+/* Values a node writes besides its own (MN_OPF_MULTI_OUTPUT in ops.h). */
+#define MN_MAX_EXTRA_OUTPUTS 3
 
 /* The element program of a fused node (MN_OP_FUSED, made by optimizer/fusion.c): pointwise
  * ops applied in order, each to the node's inputs or to earlier results, every result
@@ -107,6 +114,9 @@ mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted);
 /* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
  * (MN_OP_INPUT or MN_OP_PARAMETER). */
 mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name);
+
+/* How many extra outputs (each read through an extra_output node) node n writes. */
+int mn_node_num_extra_outputs(const mn_node_rec *n);
 
 /* A malloc'd copy of p, or NULL (out of memory). */
 mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p);

@@ -34,9 +34,10 @@ static int by_offset(const void *a, const void *b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Lifetime of every activation buffer: written by the dispatch of its node, read up to
- * the last dispatch that takes it as an input. Inclusive ends keep a kernel's output
- * apart from the inputs it reads. */
+/* Lifetime of every activation buffer: written by the dispatch of its node (for an extra
+ * output, the dispatch of the node whose value it is), read up to the last dispatch that
+ * takes it as an input. Inclusive ends keep a kernel's outputs apart from the inputs it
+ * reads. */
 static void lifetimes(const mn_plan *p, size_t *first, size_t *last) {
   const mn_graph *g = p->graph;
   for (size_t b = 0; b < p->num_buffers; b++)
@@ -46,6 +47,11 @@ static void lifetimes(const mn_plan *p, size_t *first, size_t *last) {
     uint32_t out = p->node_buffer[p->dispatches[d].node];
     if (first[out] == SIZE_MAX) first[out] = d;
     last[out] = d;
+    for (int k = 1; k <= mn_node_num_extra_outputs(n); k++) {
+      uint32_t extra = p->node_buffer[mn_plan_extra_output(p, p->dispatches[d].node, k)];
+      if (first[extra] == SIZE_MAX) first[extra] = d;
+      last[extra] = d;
+    }
     for (int k = 0; k < n->num_inputs; k++)
       last[p->node_buffer[n->inputs[k]]] = d;
   }

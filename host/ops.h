@@ -16,6 +16,10 @@ enum {
   MN_OPF_LOSS = 1 << 4,      /* scalar [1] mean loss */
   MN_OPF_INPLACE = 1 << 5,   /* writes into the buffer of its second input */
   MN_OPF_BACKWARD = 1 << 6,  /* appears only in graphs produced by autodiff */
+  /* Writes values besides its own: value k >= 1 goes to the buffer of the extra_output node
+   * of attrs.variant k that reads it (mn_node_num_extra_outputs in graph.h says how many). */
+  MN_OPF_MULTI_OUTPUT = 1 << 7,
+  MN_OPF_EXTRA_OUTPUT = 1 << 8, /* extra_output: a value its input writes; no kernel of its own */
 };
 
 #define MN_ARITY_VARIADIC (-2)
@@ -76,7 +80,15 @@ enum {
   X(CACHED_ATTENTION, "cached_attention", 4, 0)                                                    \
   /* a group of pointwise ops as one kernel (optimizer/fusion.h); only the optimizer's       */    \
   /* full stage makes it, after autodiff, so it needs no VJP rule                            */    \
-  X(FUSED, "fused", MN_ARITY_VARIADIC, MN_OPF_POINTWISE)
+  X(FUSED, "fused", MN_ARITY_VARIADIC, MN_OPF_POINTWISE)                                           \
+  /* matrix products with a cuBLASLt epilogue, made by the optimizer's full stage; variant */      \
+  /* picks op(b): 0 b, 1 b transposed (as matmul_bt)                                       */      \
+  X(MATMUL_BIAS_ACT, "matmul_bias_act", 3, 0) /* act(a op(b) + bias[N]), act: attrs.act */         \
+  X(MATMUL_DGELU, "matmul_dgelu", 3, 0)       /* (a, b, pre): gelu_grad(pre, a op(b)) */           \
+  /* a^T b, and as value 1 the column sums of a (variant 0) or of b (variant 1): the bias    */    \
+  /* gradient that cuBLASLt's BGRAD epilogues reduce while reading that operand             */     \
+  X(MATMUL_AT_BGRAD, "matmul_at_bgrad", 2, MN_OPF_MULTI_OUTPUT)                                    \
+  X(EXTRA_OUTPUT, "extra_output", 1, MN_OPF_EXTRA_OUTPUT) /* value attrs.variant of input 0 */
 
 /* Ops that only autodiff emits are listed in ops_backward.h, owned by autodiff/. */
 #include "ops_backward.h"

@@ -16,6 +16,34 @@ static mn_buffer_role role_of(const mn_graph *g, mn_node id, const unsigned char
   }
 }
 
+/* Every extra value of a multi-output node read by exactly one extra_output node. */
+static mn_status fill_extra_outputs(mn_plan *p) {
+  const mn_graph *g = p->graph;
+  size_t slots = g->num_nodes * MN_MAX_EXTRA_OUTPUTS;
+  if (!(p->extra_outputs = malloc((slots ? slots : 1) * sizeof *p->extra_outputs)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_plan_build: out of memory");
+  for (size_t i = 0; i < slots; i++)
+    p->extra_outputs[i] = MN_NO_NODE;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_EXTRA_OUTPUT) continue;
+    int k = n->attrs.variant;
+    if (n->num_inputs != 1 || k < 1 || k > mn_node_num_extra_outputs(&g->nodes[n->inputs[0]]))
+      return mn_fail(MN_ERR_STATE, "mn_plan_build: node %zu reads no extra value of its input", i);
+    mn_node *slot = &p->extra_outputs[(size_t)n->inputs[0] * MN_MAX_EXTRA_OUTPUTS + (size_t)k - 1];
+    if (*slot != MN_NO_NODE)
+      return mn_fail(MN_ERR_STATE, "mn_plan_build: value %d of node %u is read twice", k,
+                     n->inputs[0]);
+    *slot = (mn_node)i;
+  }
+  for (size_t i = 0; i < g->num_nodes; i++)
+    for (int k = 1; k <= mn_node_num_extra_outputs(&g->nodes[i]); k++)
+      if (p->extra_outputs[i * MN_MAX_EXTRA_OUTPUTS + (size_t)k - 1] == MN_NO_NODE)
+        return mn_fail(MN_ERR_STATE, "mn_plan_build: value %d of node %zu has no extra_output", k,
+                       i);
+  return MN_OK;
+}
+
 static mn_status fill_params(mn_plan *p, const int32_t *grad_output) {
   const mn_graph *g = p->graph;
   for (size_t i = 0; i < g->num_nodes; i++)
@@ -37,6 +65,7 @@ void mn_plan_free(mn_plan *p) {
   free(p->dispatches);
   free(p->buffers);
   free(p->node_buffer);
+  free(p->extra_outputs);
   free(p->params);
   free(p);
 }
@@ -63,6 +92,12 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
   p->num_user_outputs = num_user_outputs;
   for (size_t i = 0; i < g->num_outputs; i++)
     is_output[g->outputs[i]] = i < num_user_outputs ? 1 : 2;
+  mn_status extra = fill_extra_outputs(p);
+  if (extra != MN_OK) {
+    free(is_output);
+    mn_plan_free(p);
+    return extra;
+  }
   if (grad_output) {
     mn_status st = fill_params(p, grad_output);
     if (st != MN_OK) {
@@ -74,7 +109,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
 
   for (size_t i = 0; i < n; i++) {
     const mn_node_rec *node = &g->nodes[i];
-    if (!(mn_op_flags(node->op) & MN_OPF_LEAF))
+    if (!(mn_op_flags(node->op) & (MN_OPF_LEAF | MN_OPF_EXTRA_OUTPUT)))
       p->dispatches[p->num_dispatches++].node = (mn_node)i;
     if (mn_op_flags(node->op) & MN_OPF_INPLACE) {
       /* The updated tensor is input 1 (the cache); its buffer becomes this node's. */

@@ -39,6 +39,9 @@ struct mn_plan {
   mn_buffer_desc *buffers;
   size_t num_buffers;
   uint32_t *node_buffer; /* buffer index of every node of graph */
+  /* extra_outputs[node * MN_MAX_EXTRA_OUTPUTS + k - 1]: the extra_output node holding value k
+   * of a multi-output node, else MN_NO_NODE */
+  mn_node *extra_outputs;
   size_t arena_bytes;
   mn_node loss;            /* output 0 when it is an F32 [1] node, else MN_NO_NODE */
   size_t num_user_outputs; /* graph outputs [0, n) are the user's; the rest gradients */
@@ -52,8 +55,10 @@ struct mn_plan {
 typedef struct mn_plan mn_plan;
 
 /* Lowers a toposorted graph (which the plan takes ownership of, even on failure) to a
- * plan. Every non-leaf node becomes one dispatch; every node gets a buffer, except
- * in-place ops, which share the buffer of the tensor they update. Offsets come from
+ * plan. Every non-leaf node becomes one dispatch, except extra_output nodes, whose value
+ * the dispatch of their input writes; every node gets a buffer, except in-place ops, which
+ * share the buffer of the tensor they update. A multi-output node must have exactly one
+ * extra_output node for each of its extra values (MN_ERR_STATE otherwise). Offsets come from
  * the memory planner (memplan.h): activations share memory by lifetime. For training,
  * grad_output[i] is the index of the graph output holding the gradient of parameter node i (-1:
  * none) and outputs from num_user_outputs on are gradients; inference passes grad_output = NULL and
@@ -61,6 +66,11 @@ typedef struct mn_plan mn_plan;
 mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
                         mn_plan **out);
 void mn_plan_free(mn_plan *p);
+
+/* The extra_output node that holds value k (1 .. MN_MAX_EXTRA_OUTPUTS) of node id. */
+static inline mn_node mn_plan_extra_output(const mn_plan *p, mn_node id, int k) {
+  return p->extra_outputs[(size_t)id * MN_MAX_EXTRA_OUTPUTS + (size_t)(k - 1)];
+}
 
 static inline const mn_buffer_desc *mn_plan_buffer_of(const mn_plan *p, mn_node id) {
   return &p->buffers[p->node_buffer[id]];

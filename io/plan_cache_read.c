@@ -150,9 +150,9 @@ static mn_status read_attrs(reader *r, size_t i, const cJSON *attrs, mn_op_attrs
   float *floats[] = {&a->scale, &a->eps, &a->theta};
   const char *float_keys[] = {"scale", "eps", "theta"};
   int *ints[] = {&a->pos_offset, &a->head_dim, &a->num_heads,  &a->num_kv_heads, &a->stride,
-                 &a->padding,    &a->groups,   &a->channels_a, &a->variant};
+                 &a->padding,    &a->groups,   &a->channels_a, &a->variant,      &a->act};
   const char *int_keys[] = {"pos_offset", "head_dim", "num_heads",  "num_kv_heads", "stride",
-                            "padding",    "groups",   "channels_a", "variant"};
+                            "padding",    "groups",   "channels_a", "variant",      "act"};
   const cJSON *f;
   cJSON_ArrayForEach(f, attrs) {
     bool known = false;

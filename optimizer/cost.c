@@ -7,8 +7,11 @@ static double flops(mn_op op, const mn_tensor_type *out, const mn_tensor_type *c
   const mn_tensor_type *a = ins[0], *b = ins[1];
   switch (op) {
   case MN_OP_MATMUL:
-  case MN_OP_MATMUL_BT: return 2.0 * outs * (double)(a->rank ? a->shape[a->rank - 1] : 1);
-  case MN_OP_MATMUL_AT: {
+  case MN_OP_MATMUL_BT:
+  case MN_OP_MATMUL_BIAS_ACT:
+  case MN_OP_MATMUL_DGELU: return 2.0 * outs * (double)(a->rank ? a->shape[a->rank - 1] : 1);
+  case MN_OP_MATMUL_AT:
+  case MN_OP_MATMUL_AT_BGRAD: {
     int64_t m = a->rank ? a->shape[a->rank - 1] : 1;
     return 2.0 * outs * (double)(m ? mn_tensor_type_numel(a) / m : 0);
   }
@@ -21,7 +24,7 @@ static double flops(mn_op op, const mn_tensor_type *out, const mn_tensor_type *c
 }
 
 double mn_cost_op(mn_op op, const mn_tensor_type *out, const mn_tensor_type *const *ins, int n) {
-  if (mn_op_flags(op) & MN_OPF_LEAF) return 0;
+  if (mn_op_flags(op) & (MN_OPF_LEAF | MN_OPF_EXTRA_OUTPUT)) return 0;
   double bytes = (double)mn_tensor_type_bytes(out);
   for (int i = 0; i < n; i++)
     bytes += (double)mn_tensor_type_bytes(ins[i]);

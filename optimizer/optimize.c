@@ -22,7 +22,7 @@ static double now_ms(void) {
 static size_t count_dispatches(const mn_graph *g) {
   size_t n = 0;
   for (size_t i = 0; i < g->num_nodes; i++)
-    n += !(mn_op_flags(g->nodes[i].op) & MN_OPF_LEAF);
+    n += !(mn_op_flags(g->nodes[i].op) & (MN_OPF_LEAF | MN_OPF_EXTRA_OUTPUT));
   return n;
 }
 
@@ -148,6 +148,10 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
   sr->nodes_before = sr->nodes_after = in->num_nodes;
   sr->dispatches_before = sr->dispatches_after = count_dispatches(in);
   if (!opts || !opts->optimize || in->num_outputs == 0) return MN_OK;
+  /* The graph this stage made holds multi-output nodes, which the e-graph does not model:
+   * it is kept as it is (an extra value nobody reads would be dropped). */
+  for (size_t i = 0; i < in->num_nodes; i++)
+    if (mn_op_flags(in->nodes[i].op) & (MN_OPF_MULTI_OUTPUT | MN_OPF_EXTRA_OUTPUT)) return MN_OK;
   sr->optimized = true;
   double t0 = now_ms();
   mn_graph *sorted = NULL, *out = NULL;

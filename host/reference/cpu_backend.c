@@ -120,6 +120,8 @@ static mn_status cpu_step(mn_session *s) {
     c.out = buffer_ptr(s, p->node_buffer[id]);
     for (int k = 0; k < node->num_inputs; k++)
       c.in[k] = buffer_ptr(s, p->node_buffer[node->inputs[k]]);
+    for (int k = 1; k <= mn_node_num_extra_outputs(node); k++)
+      c.extra_out[k - 1] = buffer_ptr(s, p->node_buffer[mn_plan_extra_output(p, id, k)]);
     msg[0] = '\0';
     mn_status rc = mn_ref_kernels[node->op](&c);
     if (rc != MN_OK) {
@@ -142,8 +144,7 @@ static mn_status cpu_step(mn_session *s) {
   return MN_OK;
 }
 
-static mn_status cpu_read_optim_state(mn_session *s, size_t slot, int which, float *dst,
-                                      size_t n) {
+static mn_status cpu_read_optim_state(mn_session *s, size_t slot, int which, float *dst, size_t n) {
   cpu_state *st = s->backend_state;
   float **moments = which ? st->adam_v : st->adam_m;
   if (!moments || !moments[slot])

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 mn_status mn_ref_RESHAPE(const mn_ref_ctx *c) {
   memcpy(c->out, c->in[0], mn_tensor_type_bytes(&c->node->type));
@@ -39,12 +39,6 @@ mn_status mn_ref_EXPAND_SCALAR(const mn_ref_ctx *c) {
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-static double gelu_tanh_grad(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
-}
-
 /* out = dy * f'(v), v being the forward input x or output y as the op names. */
 #define MN_REF_GRAD(E, dfdv)                                                                       \
   mn_status mn_ref_##E(const mn_ref_ctx *c) {                                                      \
@@ -61,5 +55,5 @@ MN_REF_GRAD(SIGMOID_GRAD, v *(1.0 - v))
 MN_REF_GRAD(TANH_GRAD, 1.0 - v * v)
 MN_REF_GRAD(ABS_GRAD, v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0))
 MN_REF_GRAD(SILU_GRAD, sigmoid(v) * (1.0 + v * (1.0 - sigmoid(v))))
-MN_REF_GRAD(GELU_GRAD, gelu_tanh_grad(v))
+MN_REF_GRAD(GELU_GRAD, mn_ref_gelu_tanh_grad(v))
 #undef MN_REF_GRAD

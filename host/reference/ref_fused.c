@@ -7,22 +7,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_kernels.h"
+#include "ref_shared.h"
 
 enum { TILE = 256 };
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-static double gelu_tanh(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-static double gelu_tanh_grad(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
-}
 
 /* o[i] = op(a[i], b[i], c[i]) for i < n; operands past the op's arity are not read. */
 static void apply(const mn_fused_instr *in, const float *a, const float *b, const float *c,
@@ -56,7 +45,7 @@ static void apply(const mn_fused_instr *in, const float *a, const float *b, cons
     UNARY(EXP, exp(x))
     UNARY(RECIP, 1.0 / x)
     UNARY(SILU, x * sigmoid(x))
-    UNARY(GELU, gelu_tanh(x))
+    UNARY(GELU, mn_ref_gelu_tanh(x))
     UNARY(SWIGLU, x / (1.0 + exp(-x)) * b[i])
 #undef UNARY
 /* (forward input or output v, dy): dy * f'(v) */
@@ -72,7 +61,7 @@ static void apply(const mn_fused_instr *in, const float *a, const float *b, cons
     GRAD(TANH_GRAD, 1.0 - v * v)
     GRAD(ABS_GRAD, v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0))
     GRAD(SILU_GRAD, sigmoid(v) * (1.0 + v * (1.0 - sigmoid(v))))
-    GRAD(GELU_GRAD, gelu_tanh_grad(v))
+    GRAD(GELU_GRAD, mn_ref_gelu_tanh_grad(v))
 #undef GRAD
   case MN_OP_SWIGLU_GRAD_GATE: /* (gate, up, dy) */
     for (size_t i = 0; i < n; i++) {

@@ -13,9 +13,10 @@ typedef struct mn_ref_ctx {
   const mn_graph *g;
   mn_node id;
   const mn_node_rec *node;
-  void *out;                     /* node's buffer (for in-place ops, also in[1]) */
-  const void *in[MN_MAX_INPUTS]; /* inputs' buffers, in node->inputs order */
-  char *error;                   /* runtime failures (bad indices) write a message here */
+  void *out;                             /* node's buffer (for in-place ops, also in[1]) */
+  void *extra_out[MN_MAX_EXTRA_OUTPUTS]; /* multi-output nodes: the buffers of values 1.. */
+  const void *in[MN_MAX_INPUTS];         /* inputs' buffers, in node->inputs order */
+  char *error;                           /* runtime failures (bad indices) write a message here */
   size_t error_size;
 } mn_ref_ctx;
 

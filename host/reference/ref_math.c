@@ -4,9 +4,7 @@
 
 #include "ref_shared.h"
 
-/* C[M,N] = op(A) op(B) with double accumulation; strides pick the transposes.
- * a(i,k) = a[i*a_row + k*a_col], b(k,j) = b[k*b_row + j*b_col]. */
-static void gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k) {
   for (size_t i = 0; i < m; i++)
     for (size_t j = 0; j < n; j++) {
@@ -21,7 +19,7 @@ mn_status mn_ref_MATMUL(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
   size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[1],
          m = (size_t)mn_tensor_type_numel(ta) / k;
-  gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  mn_ref_gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
 
@@ -29,7 +27,7 @@ mn_status mn_ref_MATMUL_BT(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
   size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[0],
          m = (size_t)mn_tensor_type_numel(ta) / k;
-  gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), 1, k, mn_ref_out_f32(c), m, n, k);
+  mn_ref_gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), 1, k, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
 
@@ -37,7 +35,7 @@ mn_status mn_ref_MATMUL_AT(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
   size_t m = (size_t)mn_ref_last_dim(ta), n = (size_t)mn_ref_last_dim(tb),
          k = (size_t)mn_tensor_type_numel(ta) / m;
-  gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  mn_ref_gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
   return MN_OK;
 }
 
@@ -67,11 +65,6 @@ static mn_status add_row(const mn_ref_ctx *c) {
 mn_status mn_ref_BIAS_ADD(const mn_ref_ctx *c) { return add_row(c); }
 mn_status mn_ref_BROADCAST_ADD(const mn_ref_ctx *c) { return add_row(c); }
 
-static double gelu_tanh(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 #define MN_REF_UNARY(E, expr)                                                                      \
@@ -94,5 +87,5 @@ MN_REF_UNARY(LOG, log(x))
 MN_REF_UNARY(EXP, exp(x))
 MN_REF_UNARY(RECIP, 1.0 / x)
 MN_REF_UNARY(SILU, x *sigmoid(x))
-MN_REF_UNARY(GELU, gelu_tanh(x))
+MN_REF_UNARY(GELU, mn_ref_gelu_tanh(x))
 #undef MN_REF_UNARY

@@ -18,6 +18,19 @@ static inline mn_ref_nchw mn_ref_nchw_of(const mn_tensor_type *t) {
                        (size_t)t->shape[3]};
 }
 
+/* C[M,N] = op(A) op(B) with double accumulation; strides pick the transposes.
+ * a(i,k) = a[i*a_row + k*a_col], b(k,j) = b[k*b_row + j*b_col]. */
+void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+                 size_t b_col, float *c, size_t m, size_t n, size_t k);
+
+/* GELU (tanh approximation) and its derivative, in double. */
+double mn_ref_gelu_tanh(double x);
+double mn_ref_gelu_tanh_grad(double x);
+
+/* x[i] = act(x[i]) in place, each result rounded to float as the activation op's own
+ * kernel stores it (so an epilogue gives what the separate op gives). */
+void mn_ref_apply_act(float *x, size_t n, mn_act act);
+
 /* log clamped below at -100, as PyTorch's BCELoss does, so that p = 0 or 1 gives a
  * finite loss (and t = 0 with p = 0 contributes 0 instead of 0 * -inf); NaN stays NaN
  * for p outside [0, 1]. Forward and gradient use the same clamp. */

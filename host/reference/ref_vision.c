@@ -62,6 +62,7 @@ mn_status mn_ref_GROUP_NORM(const mn_ref_ctx *c) {
         o[base + i] = (float)((x[base + i] - mean) * inv * w[ch] + b[ch]);
       }
     }
+  if (c->node->attrs.act == MN_ACT_SILU) mn_ref_apply_act(o, mn_ref_numel(c), MN_ACT_SILU);
   return MN_OK;
 }
 
