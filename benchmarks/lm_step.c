@@ -4,7 +4,9 @@
  * Prints one BENCH line with the median step time, tokens/s and the device memory the
  * session holds; benchmarks/torch_lm.py times the same steps with transformers' models.
  *
- * usage: bench_lm_step gpt2|smollm2 [--tf32] [--batch B] [--seq T] [--steps N] [--profile]
+ * usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] [--seq T] [--steps N]
+ *        [--profile]
+ * --no-optimize turns the graph optimizer off (the row is named with "_noopt");
  * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
 #include "bench_util.h"
 
@@ -27,8 +29,8 @@ static size_t device_used_bytes(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "gpt2") && strcmp(argv[1], "smollm2"))) {
-    fprintf(stderr, "usage: bench_lm_step gpt2|smollm2 [--tf32] [--batch B] [--seq T] "
-                    "[--steps N]\n");
+    fprintf(stderr, "usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] "
+                    "[--seq T] [--steps N] [--profile]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
@@ -38,6 +40,8 @@ int main(int argc, char **argv) {
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--tf32") == 0)
       o.allow_tf32 = true;
+    else if (strcmp(argv[i], "--no-optimize") == 0)
+      o.optimize = false;
     else if (strcmp(argv[i], "--profile") == 0)
       profile = true;
     else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
@@ -84,13 +88,14 @@ int main(int argc, char **argv) {
   mn_session_stats st;
   mn_session_get_stats(s, &st);
   mn_memory_summary mem = mn_session_memory_summary(s);
-  printf("BENCH lm_%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
-         "launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f kernels=%zu "
-         "graph_nodes=%zu loss=%.4f\n",
-         argv[1], o.allow_tf32 ? "_tf32" : "", st.backend, batch, seq, step_ms,
-         (double)bt / (step_ms * 1e-3), st.steps ? (double)st.submissions / (double)st.steps : 0.0,
-         (double)used / 1048576.0, (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels,
-         st.graph_nodes, mn_session_read_loss(s));
+  printf("BENCH lm_%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
+         "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
+         "kernels=%zu graph_nodes=%zu loss=%.4f\n",
+         argv[1], o.allow_tf32 ? "_tf32" : "", o.optimize ? "" : "_noopt", st.backend, batch, seq,
+         step_ms, (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
+         st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
+         (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,
+         mn_session_read_loss(s));
 #ifdef MN_WITH_CUDA
   if (profile && mn_cuda_session_stream(s))
     bench_check(mn_cuda_profile_step(s, 5, stdout), "profile");

@@ -77,7 +77,10 @@ cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1 || { tail -n 60 "$logs
 if [ "$bench" = 1 ]; then
   step "benchmarks"
   : >"$logs/bench.log"
-  for cmd in "bench_mlp_step" "bench_mlp_step --tf32" "bench_block_step" "bench_block_step --tf32"; do
+  # Each step with the graph optimizer on and off: what the optimizer buys, same run.
+  for cmd in "bench_mlp_step" "bench_mlp_step --tf32" "bench_block_step" "bench_block_step --tf32" \
+    "bench_mlp_step --no-optimize" "bench_mlp_step --tf32 --no-optimize" \
+    "bench_block_step --no-optimize" "bench_block_step --tf32 --no-optimize"; do
     "$build"/$cmd 2>&1 | tee -a "$logs/bench.log" || echo "BENCH-FAILED $cmd" | tee -a "$logs/bench.log"
   done
   "$build/bench_memplan_gpt2" 2>&1 | tee -a "$logs/bench.log" || true
@@ -101,7 +104,7 @@ if [ "$lm" = 1 ]; then
   fi
   step "language-model steps"
   for model in gpt2 smollm2; do
-    for flag in "" "--tf32"; do
+    for flag in "" "--tf32" "--tf32 --no-optimize"; do
       "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
         echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
     done

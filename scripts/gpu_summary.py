@@ -34,27 +34,33 @@ def main(ctest_log, bench_log):
     lm_table(lm)
     if not ours and not torch:
         return
-    print(f"{'step':18} {'meganeura ms':>12} {'torch eager':>12} {'torch graph':>12} "
-          f"{'launch/step':>11} {'build cold':>10} {'warm':>8}")
-    for name in sorted(set(ours) | set(torch)):
-        o, t = ours.get(name, {}), torch.get(name, {})
-        print(f"{name:18} {o.get('step_ms', '-'):>12} {t.get('torch_eager_ms', '-'):>12} "
-              f"{t.get('torch_graph_ms', '-'):>12} {o.get('launches_per_step', '-'):>11} "
+    # "_noopt" rows (the optimizer off) go in their own columns beside the optimized row.
+    off = {k[:-len("_noopt")]: v for k, v in ours.items() if k.endswith("_noopt")}
+    print(f"{'step':18} {'meganeura ms':>12} {'opt off ms':>10} {'dispatches':>11} "
+          f"{'torch eager':>12} {'torch graph':>12} {'build cold':>10} {'warm':>8}")
+    for name in sorted((set(ours) | set(torch)) - {k + "_noopt" for k in off}):
+        o, t, f = ours.get(name, {}), torch.get(name, {}), off.get(name, {})
+        disp = f"{f.get('dispatches', '-')}->{o.get('dispatches', '-')}"
+        print(f"{name:18} {o.get('step_ms', '-'):>12} {f.get('step_ms', '-'):>10} {disp:>11} "
+              f"{t.get('torch_eager_ms', '-'):>12} {t.get('torch_graph_ms', '-'):>12} "
               f"{o.get('build_cold_ms', '-'):>10} {o.get('build_warm_ms', '-'):>8}")
 
 
 def lm_table(lm):
     """Language-model steps: ours and transformers' in PyTorch, ms per step and device MiB."""
-    rows = sorted(k[3:] for k in lm if k.startswith("lm_"))
+    rows = sorted(k[3:] for k in lm if k.startswith("lm_") and not k.endswith("_noopt"))
     if not rows:
         return
-    print(f"{'model step':14} {'meganeura ms':>12} {'MiB':>6} {'torch eager':>11} {'MiB':>6} "
-          f"{'torch.compile':>13} {'MiB':>6}")
+    print(f"{'model step':14} {'meganeura ms':>12} {'MiB':>6} {'opt off ms':>10} "
+          f"{'dispatches':>11} {'torch eager':>11} {'MiB':>6} {'torch.compile':>13} {'MiB':>6}")
     for row in rows:
         o = lm.get("lm_" + row, {})
+        f = lm.get(f"lm_{row}_noopt", {})
         e = lm.get(f"torch_lm_{row}_eager", {})
         c = lm.get(f"torch_lm_{row}_compile", {})
+        disp = f"{f.get('dispatches', '-')}->{o.get('dispatches', '-')}"
         print(f"{row:14} {o.get('step_ms', '-'):>12} {o.get('device_mib', '-'):>6} "
+              f"{f.get('step_ms', '-'):>10} {disp:>11} "
               f"{e.get('step_ms', '-'):>11} {e.get('peak_mib', '-'):>6} "
               f"{c.get('step_ms', '-'):>13} {c.get('peak_mib', '-'):>6}")
 

@@ -15,25 +15,37 @@ typedef struct bench_step {
   mn_session *s;
 } bench_step;
 
-/* "--tf32" as the first argument allows TF32 matmuls. Times a cold and a warm build of
- * make()'s graph, then builds the training session that the benchmark feeds and times. */
+/* "--tf32" allows TF32 matmuls; "--no-optimize" turns the graph optimizer off, to measure
+ * what it buys. Times a cold and a warm build of make()'s graph, then builds the training
+ * session that the benchmark feeds and times. */
 static inline bench_step bench_step_begin(int argc, char **argv, bench_graph_fn make) {
   bench_step b = {.o = mn_session_options_default()};
-  b.o.allow_tf32 = argc > 1 && strcmp(argv[1], "--tf32") == 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--tf32") == 0)
+      b.o.allow_tf32 = true;
+    else if (strcmp(argv[i], "--no-optimize") == 0)
+      b.o.optimize = false;
+    else {
+      fprintf(stderr, "%s: unknown argument %s (--tf32, --no-optimize)\n", argv[0], argv[i]);
+      exit(2);
+    }
+  }
   bench_build_times(make, &b.o, &b.cold_ms, &b.warm_ms, &b.warm_hit);
   b.g = make();
   bench_check(mn_build_session(b.g, &b.o, &b.s), "build");
   return b;
 }
 
-/* Prints the BENCH line of `name` (with "_tf32" when allowed) for `step_ms` per step, then
- * frees the session and the graph. */
+/* Prints the BENCH line of `name` (with "_tf32" when allowed, "_noopt" with the optimizer
+ * off) for `step_ms` per step, then frees the session and the graph. */
 static inline void bench_step_end(bench_step *b, const char *name, double step_ms) {
   mn_session_stats st;
   mn_session_get_stats(b->s, &st);
-  printf("BENCH %s%s backend=%s step_ms=%.4f launches_per_step=%.2f build_cold_ms=%.1f "
-         "build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu loss=%.4f\n",
-         name, b->o.allow_tf32 ? "_tf32" : "", st.backend, step_ms,
+  printf("BENCH %s%s%s backend=%s step_ms=%.4f dispatches=%zu launches_per_step=%.2f "
+         "build_cold_ms=%.1f build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu "
+         "loss=%.4f\n",
+         name, b->o.allow_tf32 ? "_tf32" : "", b->o.optimize ? "" : "_noopt", st.backend, step_ms,
+         mn_plan_num_dispatches(mn_session_plan(b->s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, b->cold_ms, b->warm_ms,
          b->warm_hit ? 1 : 0, st.kernels, st.graph_nodes, mn_session_read_loss(b->s));
   mn_session_free(b->s);
