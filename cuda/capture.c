@@ -21,6 +21,7 @@ static mn_status launch(cuda_state *st, uint32_t kernel, const unsigned grid[3],
 
 mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   const mn_cu_cmd *cmd = &st->prog.cmds[i];
+  if (mn_cu_cmd_skipped(st, i)) return MN_OK;
   switch (cmd->kind) {
   case MN_CU_CMD_LAUNCH: {
     mn_cu_io io = {{0}};

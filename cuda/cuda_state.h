@@ -37,6 +37,7 @@ typedef struct mn_cu_matmul_plan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
+  bool fused; /* the epilogue runs in cuBLASLt; its fallback commands are skipped */
 } mn_cu_matmul_plan;
 
 typedef struct mn_cu_device_misc {
@@ -56,6 +57,7 @@ typedef struct cuda_state {
   size_t workspace_bytes;
   cublasLtHandle_t lt;
   mn_cu_matmul_plan *matmuls; /* one per program command (only MATMUL ones set) */
+  bool *skip; /* per program command: an epilogue fallback that a fused matmul made moot */
 
   /* pinned host memory */
   mn_cu_scalars *host_scalars;
@@ -94,8 +96,14 @@ mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);
 void mn_cu_matmuls_destroy(cuda_state *st);
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd);
 
-/* Enqueues command i of the program, or the optimizer update of capture key `key`, on the
- * session stream (capture.c; the profiler runs them one by one outside a graph). */
+/* Whether command i of the program is not run (an epilogue fallback, see emit.h). */
+static inline bool mn_cu_cmd_skipped(const cuda_state *st, size_t i) {
+  return st->skip && st->skip[i];
+}
+
+/* Enqueues command i of the program (nothing for a skipped one), or the optimizer update of
+ * capture key `key`, on the session stream (capture.c; the profiler runs them one by one
+ * outside a graph). */
 mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i);
 mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key);
 /* Records the whole step into a CUDA graph and instantiates it. */

@@ -21,6 +21,19 @@ static bool grow(void **items, size_t *cap, size_t need, size_t item_size) {
   return true;
 }
 
+const char *mn_cu_epilogue_name(mn_cu_epilogue e) {
+  switch (e) {
+  case MN_CU_EPI_BIAS: return "bias";
+  case MN_CU_EPI_BIAS_RELU: return "bias+relu";
+  case MN_CU_EPI_BIAS_GELU: return "bias+gelu";
+  case MN_CU_EPI_DGELU: return "dgelu";
+  case MN_CU_EPI_BGRAD_A: return "bgrad of A";
+  case MN_CU_EPI_BGRAD_B: return "bgrad of B";
+  case MN_CU_EPI_NONE: break;
+  }
+  return "none";
+}
+
 mn_status mn_cu_oom(const mn_cu_op_ctx *c) {
   return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory lowering node %u (%s)",
                  c->id, mn_op_name(c->node->op));

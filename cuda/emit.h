@@ -42,10 +42,30 @@ typedef struct mn_cu_arg {
   size_t offset;
 } mn_cu_arg;
 
+/* What a matmul does to its product before (or besides) storing it, in row-major terms;
+ * matmul_lt.c maps each to its cuBLASLt epilogue. The bias is a packed fp32 vector. */
+typedef enum mn_cu_epilogue {
+  MN_CU_EPI_NONE,
+  MN_CU_EPI_BIAS,      /* C = P + bias[n] */
+  MN_CU_EPI_BIAS_RELU, /* C = relu(P + bias[n]) */
+  MN_CU_EPI_BIAS_GELU, /* C = gelu(P + bias[n]), the tanh approximation */
+  MN_CU_EPI_DGELU,     /* C = P * gelu'(aux), aux [m,n] with row pitch aux_ld */
+  MN_CU_EPI_BGRAD_A,   /* also bias[m] = the column sums of the stored A [k,m] (trans_a) */
+  MN_CU_EPI_BGRAD_B,   /* also bias[n] = the column sums of the stored B [k,n] (!trans_b) */
+} mn_cu_epilogue;
+
+/* "bias+gelu" and so on, for messages and profiles. */
+const char *mn_cu_epilogue_name(mn_cu_epilogue e);
+
 /* Row-major matmul C[m,n] = alpha * op(A)[m,k] . op(B)[k,n] + beta * C, repeated
  * `batch` times at the given element strides. A is stored [m,k] (or [k,m] when
  * trans_a), B [k,n] (or [n,k] when trans_b), C [m,n], densely unless a row pitch is given. beta 1
- * accumulates into C (gradient sums); beta 0 overwrites it. */
+ * accumulates into C (gradient sums); beta 0 overwrites it.
+ *
+ * An epilogue other than none is an offer: the `fallback_cmds` commands that follow this one
+ * compute the same thing with kernels from the plain product. When cuBLASLt has an
+ * algorithm for the epilogue at session build, it runs fused and those commands are
+ * skipped; otherwise this command runs as a plain product and they run. */
 typedef struct mn_cu_matmul_desc {
   mn_cu_arg a, b, c;
   bool trans_a, trans_b;
@@ -53,6 +73,11 @@ typedef struct mn_cu_matmul_desc {
   int64_t lda, ldb, ldc; /* row pitch of the stored matrix in floats; 0: dense */
   int64_t batch, stride_a, stride_b, stride_c;
   float alpha, beta;
+  mn_cu_epilogue epilogue;
+  mn_cu_arg bias; /* read by the bias epilogues, written by the bias-gradient ones */
+  mn_cu_arg aux;  /* dgelu: the gelu input */
+  int64_t aux_ld; /* row pitch of aux in floats */
+  uint32_t fallback_cmds;
 } mn_cu_matmul_desc;
 
 typedef enum mn_cu_cmd_kind {

@@ -1,16 +1,130 @@
-/* Matrix products with a cuBLASLt epilogue. Placeholder until the lowering lands. */
+/* Matrix products with a cuBLASLt epilogue (host/ops.h; exact semantics in
+ * host/reference/ref_epilogue.c). Each is one matmul command that offers its epilogue,
+ * followed by the commands that the unfused ops would run after a plain product, made by
+ * those ops' own lowerings. matmul_lt.c decides at session build: when cuBLASLt has an
+ * algorithm for the epilogue, the matmul applies it and the fallback commands are skipped;
+ * when it has none, the product runs plain and they run. Their kernels are compiled either
+ * way (small instances, mostly shared with other ops), so that decision never needs a
+ * second compile. */
+#include "../host/error.h"
 #include "emit.h"
-#include "error.h"
 
+static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+/* a [.., K] times b [K, N] (variant 0) or b [N, K] transposed (variant 1) into the node. */
+static mn_cu_matmul_desc product(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *ta = mn_cu_in_type(c, 0), *tb = mn_cu_in_type(c, 1);
+  bool bt = c->node->attrs.variant == 1;
+  int64_t k = last_dim(ta);
+  return (mn_cu_matmul_desc){.a = mn_cu_in(c, 0),
+                             .b = mn_cu_in(c, 1),
+                             .c = mn_cu_out(c),
+                             .trans_b = bt,
+                             .m = mn_tensor_type_numel(ta) / k,
+                             .n = bt ? tb->shape[0] : tb->shape[1],
+                             .k = k,
+                             .batch = 1,
+                             .alpha = 1.0f};
+}
+
+/* Appends the commands that op's lowering makes for a node of these inputs whose value is
+ * the buffer of `out`: the fallback is then by construction what the unfused op computes.
+ * The commands are credited to this dispatch's node, for messages and profiles. */
+static mn_status lower_as(const mn_cu_op_ctx *c, mn_op op, mn_node out, const mn_node *inputs,
+                          int n) {
+  mn_node_rec rec = {.op = op, .num_inputs = n, .type = c->g->nodes[out].type};
+  for (int i = 0; i < n; i++)
+    rec.inputs[i] = inputs[i];
+  mn_cu_op_ctx sub = *c;
+  sub.id = out;
+  sub.node = &rec;
+  size_t first = c->prog->num_cmds;
+  mn_status st = mn_cu_lowerers[op](&sub);
+  for (size_t i = first; i < c->prog->num_cmds; i++)
+    c->prog->cmds[i].node = c->id;
+  return st;
+}
+
+/* The matmul command at index `at` offers its epilogue in place of every command after it. */
+static void seal_fallback(const mn_cu_op_ctx *c, size_t at) {
+  c->prog->cmds[at].mm.fallback_cmds = (uint32_t)(c->prog->num_cmds - at - 1);
+}
+
+/* act(a op(b) + bias). SiLU has no cuBLASLt epilogue: its product runs plain, always
+ * followed by the bias add and the activation. */
 mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
-  return mn_fail(MN_ERR_STATE, "node %u: matmul_bias_act has no CUDA lowering", c->id);
+  mn_act act = (mn_act)c->node->attrs.act;
+  mn_cu_matmul_desc d = product(c);
+  switch (act) {
+  case MN_ACT_NONE: d.epilogue = MN_CU_EPI_BIAS; break;
+  case MN_ACT_RELU: d.epilogue = MN_CU_EPI_BIAS_RELU; break;
+  case MN_ACT_GELU: d.epilogue = MN_CU_EPI_BIAS_GELU; break;
+  case MN_ACT_SILU: break;
+  default:
+    return mn_fail(MN_ERR_UNSUPPORTED, "cuda backend: node %u (%s): unknown activation %d", c->id,
+                   mn_op_name(c->node->op), (int)act);
+  }
+  d.bias = mn_cu_in(c, 2);
+  mn_status st = mn_cu_matmul(c, &d);
+  if (st != MN_OK) return st;
+  size_t at = c->prog->num_cmds - 1;
+  mn_node self = c->id;
+  st = lower_as(c, MN_OP_BIAS_ADD, self, (const mn_node[]){self, c->node->inputs[2]}, 2);
+  static const mn_op act_op[MN_ACT_COUNT] = {
+      [MN_ACT_RELU] = MN_OP_RELU, [MN_ACT_GELU] = MN_OP_GELU, [MN_ACT_SILU] = MN_OP_SILU};
+  if (st == MN_OK && act != MN_ACT_NONE) st = lower_as(c, act_op[act], self, &self, 1);
+  if (st != MN_OK) return st;
+  if (d.epilogue != MN_CU_EPI_NONE) seal_fallback(c, at);
+  return MN_OK;
 }
+
+/* gelu_grad(pre, a op(b)): the product times gelu'(pre), pre [M, N] read densely. */
 mn_status mn_cu_lower_MATMUL_DGELU(const mn_cu_op_ctx *c) {
-  return mn_fail(MN_ERR_STATE, "node %u: matmul_dgelu has no CUDA lowering", c->id);
+  mn_cu_matmul_desc d = product(c);
+  d.epilogue = MN_CU_EPI_DGELU;
+  d.aux = mn_cu_in(c, 2);
+  d.aux_ld = d.n;
+  mn_status st = mn_cu_matmul(c, &d);
+  if (st != MN_OK) return st;
+  size_t at = c->prog->num_cmds - 1;
+  mn_node self = c->id;
+  st = lower_as(c, MN_OP_GELU_GRAD, self, (const mn_node[]){c->node->inputs[2], self}, 2);
+  if (st != MN_OK) return st;
+  seal_fallback(c, at);
+  return MN_OK;
 }
+
+/* a [.., M]^T b [.., N] as matmul_at (no row-pitch padding of a: the epilogue reads a or b
+ * as stored), and the column sums of a (variant 0) or b (variant 1) into the buffer of the
+ * extra_output node holding value 1. */
 mn_status mn_cu_lower_MATMUL_AT_BGRAD(const mn_cu_op_ctx *c) {
-  return mn_fail(MN_ERR_STATE, "node %u: matmul_at_bgrad has no CUDA lowering", c->id);
+  const mn_tensor_type *ta = mn_cu_in_type(c, 0), *tb = mn_cu_in_type(c, 1);
+  mn_node sums = mn_plan_extra_output(c->plan, c->id, 1);
+  if (sums == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its sums",
+                   c->id, mn_op_name(c->node->op));
+  bool of_b = c->node->attrs.variant == 1;
+  int64_t m = last_dim(ta);
+  mn_cu_matmul_desc d = {.a = mn_cu_in(c, 0),
+                         .b = mn_cu_in(c, 1),
+                         .c = mn_cu_out(c),
+                         .trans_a = true,
+                         .m = m,
+                         .n = last_dim(tb),
+                         .k = mn_tensor_type_numel(ta) / m,
+                         .batch = 1,
+                         .alpha = 1.0f,
+                         .epilogue = of_b ? MN_CU_EPI_BGRAD_B : MN_CU_EPI_BGRAD_A,
+                         .bias = mn_cu_node_arg(sums)};
+  mn_status st = mn_cu_matmul(c, &d);
+  if (st != MN_OK) return st;
+  size_t at = c->prog->num_cmds - 1;
+  st = lower_as(c, MN_OP_SUM_ROWS, sums, &c->node->inputs[of_b ? 1 : 0], 1);
+  if (st != MN_OK) return st;
+  seal_fallback(c, at);
+  return MN_OK;
 }
+
 mn_status mn_cu_lower_EXTRA_OUTPUT(const mn_cu_op_ctx *c) {
   return mn_fail(MN_ERR_STATE, "node %u: extra_output is written by its input's dispatch", c->id);
 }

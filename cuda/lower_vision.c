@@ -296,25 +296,32 @@ static mn_status gn_geom_of(const mn_cu_op_ctx *c, const mn_tensor_type *x, gn_g
   return MN_OK;
 }
 
-/* A group-norm kernel with one block per (sample, group): io x, w, <third>, out. */
-static mn_status gn_launch(const mn_cu_op_ctx *c, const char *name, mn_cu_arg third) {
+/* A group-norm kernel with one block per (sample, group): io x, w, <third>, out. `more`
+ * ends the template arguments (e.g. ", true"), or is empty. */
+static mn_status gn_launch(const mn_cu_op_ctx *c, const char *name, mn_cu_arg third,
+                           const char *more) {
   gn_geom g = {0};
   mn_status st = gn_geom_of(c, mn_cu_in_type(c, 0), &g);
   if (st != MN_OK) return st;
-  int k = mn_cu_kernel(c, g.block, "%s<%u, %d, %lld, %lldLL, %lld, %uu>", name, g.block, g.vec,
+  int k = mn_cu_kernel(c, g.block, "%s<%u, %d, %lld, %lldLL, %lld, %uu%s>", name, g.block, g.vec,
                        (long long)g.d.c, (long long)(g.d.h * g.d.w), (long long)g.groups,
-                       eps_bits(c->node->attrs.eps));
+                       eps_bits(c->node->attrs.eps), more);
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), third, mn_cu_out(c)};
   return mn_cu_launch(c, k, (unsigned)(g.d.n * g.groups), 1, 1, 0, 4, args);
 }
 
+/* attrs.act: none, or silu applied to the result (the only activation it takes). */
 mn_status mn_cu_lower_GROUP_NORM(const mn_cu_op_ctx *c) {
-  return gn_launch(c, "mn_vis_group_norm_fwd", mn_cu_in(c, 2));
+  int act = c->node->attrs.act;
+  if (act != MN_ACT_NONE && act != MN_ACT_SILU)
+    return unsupported(c, "group_norm activation other than silu");
+  return gn_launch(c, "mn_vis_group_norm_fwd", mn_cu_in(c, 2),
+                   act == MN_ACT_SILU ? ", true" : ", false");
 }
 
 /* (x, w, dy) -> dx. */
 mn_status mn_cu_lower_GROUP_NORM_GRAD_X(const mn_cu_op_ctx *c) {
-  return gn_launch(c, "mn_vis_group_norm_grad_x", mn_cu_in(c, 2));
+  return gn_launch(c, "mn_vis_group_norm_grad_x", mn_cu_in(c, 2), "");
 }
 
 /* Per-channel sums in two deterministic passes: a value per (sample, channel) row into

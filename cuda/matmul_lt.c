@@ -2,7 +2,11 @@
  * column-major, so C[m,n] = A.B is computed as C^T[n,m] = B^T.A^T: the operands swap
  * and each row-major matrix is read as its column-major transpose. Algorithms are chosen
  * once, here, at session build (the heuristic's first choice: timing its candidates was
- * tried and bought about 1%, docs/performance.md); capture only enqueues. */
+ * tried and bought about 1%, docs/performance.md); capture only enqueues.
+ *
+ * Epilogues (emit.h) are asked for first; when cuBLASLt has no algorithm for one, or its
+ * documented restrictions rule it out, the product runs plain and the fallback commands
+ * the lowering put after it compute the epilogue instead. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +44,110 @@ static uint32_t alignment_of(uintptr_t addr) {
   while (a > 4 && addr % a)
     a /= 2;
   return a;
+}
+
+/* In cuBLASLt's terms. Its operand A is our B and its B our A, and its D is our C^T
+ * [n x m]: so the column sums of our A (over k) are its bias gradient of B, one per column
+ * of D, and those of our B its bias gradient of A, one per row of D. */
+static cublasLtEpilogue_t lt_epilogue(mn_cu_epilogue e) {
+  switch (e) {
+  case MN_CU_EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+  case MN_CU_EPI_BIAS_RELU: return CUBLASLT_EPILOGUE_RELU_BIAS;
+  case MN_CU_EPI_BIAS_GELU: return CUBLASLT_EPILOGUE_GELU_BIAS;
+  case MN_CU_EPI_DGELU: return CUBLASLT_EPILOGUE_DGELU;
+  case MN_CU_EPI_BGRAD_A: return CUBLASLT_EPILOGUE_BGRADB;
+  case MN_CU_EPI_BGRAD_B: return CUBLASLT_EPILOGUE_BGRADA;
+  case MN_CU_EPI_NONE: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+/* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
+ * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
+ * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
+ * BGRADA only with A not transposed, BGRADB only with B transposed (its A is our B, its B
+ * our A). Epilogues here are never batched. NULL when none applies. */
+static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias, uintptr_t aux) {
+  if (d->batch > 1) return "a batched product";
+  if (bias % 16) return "a bias vector not 16-byte aligned";
+  switch (d->epilogue) {
+  case MN_CU_EPI_DGELU:
+    if (aux % 16) return "a gelu input not 16-byte aligned";
+    if (d->aux_ld % 8 || d->aux_ld < d->n)
+      return "a gelu input row pitch below n or not a multiple of 8";
+    break;
+  case MN_CU_EPI_BGRAD_A:
+    if (!d->trans_a) return "bias gradient of an A that is not transposed";
+    break;
+  case MN_CU_EPI_BGRAD_B:
+    if (d->trans_b) return "bias gradient of a transposed B";
+    break;
+  default: break;
+  }
+  return NULL;
+}
+
+/* Sets (or, with CUBLASLT_EPILOGUE_DEFAULT and NULL pointers, clears) the epilogue. The
+ * heuristic reads the pointers' values for their alignment, so they are the real ones. */
+static cublasStatus_t set_epilogue(cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, void *bias,
+                                   void *aux, int64_t aux_ld) {
+  uint32_t e = (uint32_t)epi;
+  int32_t bias_type = CUDA_R_32F;
+  cublasStatus_t r =
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+  if (r == CUBLAS_STATUS_SUCCESS)
+    r = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  if (r == CUBLAS_STATUS_SUCCESS && bias)
+    r = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                       sizeof bias_type);
+  if (r == CUBLAS_STATUS_SUCCESS)
+    r = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                       sizeof aux);
+  if (r == CUBLAS_STATUS_SUCCESS && aux)
+    r = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                       sizeof aux_ld);
+  return r;
+}
+
+/* The heuristic's first choice into mp->algo; *found says whether there is one. */
+static cublasStatus_t first_algo(cuda_state *st, mn_cu_matmul_plan *mp,
+                                 cublasLtMatmulPreference_t pref, int *found) {
+  cublasLtMatmulHeuristicResult_t result;
+  *found = 0;
+  cublasStatus_t r = cublasLtMatmulAlgoGetHeuristic(st->lt, mp->desc, mp->b, mp->a, mp->c, mp->c,
+                                                    pref, 1, &result, found);
+  if (r == CUBLAS_STATUS_SUCCESS && *found > 0) mp->algo = result.algo;
+  return r;
+}
+
+/* Asks for the epilogue and sets mp->fused when cuBLASLt has an algorithm for it. When it
+ * has none (some versions answer NOT_SUPPORTED rather than an empty list, so any refusal
+ * but running out of memory counts), the descriptor is made plain again; that is an error
+ * only when the lowering gave no fallback. */
+static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
+                              mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref) {
+  const mn_cu_matmul_desc *d = &cmd->mm;
+  void *bias = mn_cu_resolve(st, s, d->bias), *aux = mn_cu_resolve(st, s, d->aux);
+  const char *why = epilogue_ruled_out(d, (uintptr_t)bias, (uintptr_t)aux);
+  if (!why) {
+    int found = 0;
+    cublasStatus_t r = set_epilogue(mp->desc, lt_epilogue(d->epilogue), bias, aux, d->aux_ld);
+    if (r == CUBLAS_STATUS_SUCCESS) r = first_algo(st, mp, pref, &found);
+    if (r == CUBLAS_STATUS_ALLOC_FAILED) return lt_check(r, "algorithm search");
+    mp->fused = r == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (mp->fused) return MN_OK;
+    why = r == CUBLAS_STATUS_SUCCESS ? "no algorithm for it" : cublasLtGetStatusString(r);
+    mn_status rc = lt_check(set_epilogue(mp->desc, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0),
+                            "clearing an epilogue");
+    if (rc != MN_OK) return rc;
+  }
+  if (d->fallback_cmds > 0) return MN_OK;
+  return mn_fail(MN_ERR_DEVICE,
+                 "cuda backend: node %u (%s): cuBLASLt cannot apply the %s epilogue (%s: m %lld "
+                 "n %lld k %lld) and the lowering gave no fallback",
+                 cmd->node, mn_op_name(s->plan->graph->nodes[cmd->node].op),
+                 mn_cu_epilogue_name(d->epilogue), why, (long long)d->m, (long long)d->n,
+                 (long long)d->k);
 }
 
 static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
@@ -91,20 +199,18 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
                                        sizeof align_c);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                        sizeof align_c);
-  cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  rc = lt_check(cublasLtMatmulAlgoGetHeuristic(st->lt, mp->desc, mp->b, mp->a, mp->c, mp->c, pref,
-                                               1, &result, &found),
-                "algorithm search");
+  if (d->epilogue != MN_CU_EPI_NONE) rc = try_epilogue(st, s, cmd, mp, pref);
+  if (rc == MN_OK && !mp->fused)
+    rc = lt_check(first_algo(st, mp, pref, &found), "algorithm search");
   cublasLtMatmulPreferenceDestroy(pref);
-  if (rc != MN_OK) return rc;
+  if (rc != MN_OK || mp->fused) return rc;
   if (found < 1)
     return mn_fail(MN_ERR_UNSUPPORTED,
                    "cuda backend: cuBLASLt has no algorithm for node %u (%s): m %lld n %lld k "
                    "%lld batch %lld",
                    cmd->node, mn_op_name(s->plan->graph->nodes[cmd->node].op), (long long)d->m,
                    (long long)d->n, (long long)d->k, (long long)d->batch);
-  mp->algo = result.algo;
   return MN_OK;
 }
 
@@ -119,10 +225,18 @@ mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s) {
   rc = mn_cu_check(cudaMalloc(&st->workspace, st->workspace_bytes), "the cuBLASLt workspace");
   if (rc != MN_OK) return rc;
   st->matmuls = calloc(st->prog.num_cmds, sizeof *st->matmuls);
-  if (!st->matmuls) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  for (size_t i = 0; i < st->prog.num_cmds && rc == MN_OK; i++)
-    if (st->prog.cmds[i].kind == MN_CU_CMD_MATMUL)
-      rc = prepare_one(st, s, &st->prog.cmds[i], &st->matmuls[i]);
+  st->skip = calloc(st->prog.num_cmds, sizeof *st->skip);
+  if (!st->matmuls || !st->skip)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  for (size_t i = 0; i < st->prog.num_cmds && rc == MN_OK; i++) {
+    const mn_cu_cmd *cmd = &st->prog.cmds[i];
+    if (cmd->kind != MN_CU_CMD_MATMUL) continue;
+    rc = prepare_one(st, s, cmd, &st->matmuls[i]);
+    for (size_t j = 1; rc == MN_OK && st->matmuls[i].fused && j <= cmd->mm.fallback_cmds &&
+                       i + j < st->prog.num_cmds;
+         j++)
+      st->skip[i + j] = true;
+  }
   return rc;
 }
 
@@ -136,6 +250,8 @@ void mn_cu_matmuls_destroy(cuda_state *st) {
   }
   free(st->matmuls);
   st->matmuls = NULL;
+  free(st->skip);
+  st->skip = NULL;
 }
 
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd) {

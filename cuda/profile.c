@@ -53,12 +53,17 @@ static void describe(const cuda_state *st, const mn_session *s, size_t cmd, char
     snprintf(buf, size, "%.90s grid %ux%ux%u", st->prog.kernels[c->kernel].call, c->grid[0],
              c->grid[1], c->grid[2]);
     break;
-  case MN_CU_CMD_MATMUL:
-    snprintf(buf, size, "matmul m%lld n%lld k%lld batch %lld%s%s%s", (long long)c->mm.m,
+  case MN_CU_CMD_MATMUL: {
+    char epi[48] = "";
+    if (c->mm.epilogue != MN_CU_EPI_NONE)
+      snprintf(epi, sizeof epi, " %s (%s)", mn_cu_epilogue_name(c->mm.epilogue),
+               st->matmuls[cmd].fused ? "fused" : "kernels");
+    snprintf(buf, size, "matmul m%lld n%lld k%lld batch %lld%s%s%s%s", (long long)c->mm.m,
              (long long)c->mm.n, (long long)c->mm.k, (long long)c->mm.batch,
              c->mm.trans_a ? " At" : "", c->mm.trans_b ? " Bt" : "",
-             c->mm.beta != 0.0f ? " +=C" : "");
+             c->mm.beta != 0.0f ? " +=C" : "", epi);
     break;
+  }
   case MN_CU_CMD_MEMSET: snprintf(buf, size, "memset %zu bytes", c->bytes); break;
   case MN_CU_CMD_COPY: snprintf(buf, size, "copy %zu bytes", c->bytes); break;
   }
@@ -92,9 +97,15 @@ static void print_report(const mn_session *s, const double *med, size_t n, FILE 
     free(cmds);
     return;
   }
-  size_t num_ops = 0;
+  size_t num_ops = 0, num_cmds = 0, fused = 0, unfused = 0;
   double total = 0;
   for (size_t i = 0; i < n; i++) {
+    if (i < st->prog.num_cmds && mn_cu_cmd_skipped(st, i)) continue;
+    const mn_cu_cmd *c = i < st->prog.num_cmds ? &st->prog.cmds[i] : NULL;
+    if (c && c->kind == MN_CU_CMD_MATMUL && c->mm.epilogue != MN_CU_EPI_NONE) {
+      fused += st->matmuls[i].fused;
+      unfused += !st->matmuls[i].fused;
+    }
     const char *op = op_of(s, i);
     size_t k = 0;
     while (k < num_ops && strcmp(ops[k].op, op) != 0)
@@ -102,18 +113,21 @@ static void print_report(const mn_session *s, const double *med, size_t n, FILE 
     if (k == num_ops) ops[num_ops++] = (op_total){op, 0, 0};
     ops[k].commands++;
     ops[k].ms += med[i];
-    cmds[i] = (cmd_time){i, med[i]};
+    cmds[num_cmds++] = (cmd_time){i, med[i]};
     total += med[i];
   }
   qsort(ops, num_ops, sizeof *ops, by_total_desc);
-  qsort(cmds, n, sizeof *cmds, by_ms_desc);
-  fprintf(out, "PROFILE %zu commands, %.3f ms in kernels (sum of medians)\n", n, total);
+  qsort(cmds, num_cmds, sizeof *cmds, by_ms_desc);
+  fprintf(out, "PROFILE %zu commands, %.3f ms in kernels (sum of medians)\n", num_cmds, total);
+  if (fused + unfused > 0)
+    fprintf(out, "PROFILE matmul epilogues: %zu fused by cuBLASLt, %zu computed by kernels\n",
+            fused, unfused);
   fprintf(out, "PROFILE %-28s %8s %10s %6s\n", "op", "commands", "ms", "%");
   for (size_t k = 0; k < num_ops; k++)
     fprintf(out, "PROFILE %-28s %8zu %10.3f %6.1f\n", ops[k].op, ops[k].commands, ops[k].ms,
             100.0 * ops[k].ms / total);
   fprintf(out, "PROFILE slowest commands:\n");
-  for (size_t i = 0; i < n && i < 25; i++) {
+  for (size_t i = 0; i < num_cmds && i < 25; i++) {
     char what[160];
     describe(st, s, cmds[i].cmd, what, sizeof what);
     fprintf(out, "PROFILE %8.3f ms  %-22s %s\n", cmds[i].ms, op_of(s, cmds[i].cmd), what);

@@ -139,8 +139,11 @@ __device__ __forceinline__ void mn_vis_block_stats(const float *x, float eps, do
 }
 
 // One block per (sample, group): the group's CPG channels x HW values are contiguous.
-// VEC divides HW, so the VEC values of one load share a channel. io: x, w, b, y.
-template <int BLOCK, int VEC, int C, long long HW, int G, unsigned EPS_BITS>
+// VEC divides HW, so the VEC values of one load share a channel. SILU applies silu to the
+// stored result with the silu op's own element function (pointwise.cuh, which precedes
+// this file in the translation unit), so the fused op matches group_norm then silu.
+// io: x, w, b, y.
+template <int BLOCK, int VEC, int C, long long HW, int G, unsigned EPS_BITS, bool SILU>
 __device__ void mn_vis_group_norm_fwd(const mn_ptrs &io) {
   constexpr int CPG = C / G;
   constexpr long long COUNT = CPG * HW;
@@ -159,8 +162,10 @@ __device__ void mn_vis_group_norm_fwd(const mn_ptrs &io) {
     float v[VEC];
     mn_vis_load<VEC>(x + i, v);
 #pragma unroll
-    for (int j = 0; j < VEC; j++)
+    for (int j = 0; j < VEC; j++) {
       v[j] = (v[j] - mean) * scale + shift;
+      if constexpr (SILU) v[j] = mn_pw_apply<MN_PW_SILU>(v[j], 0.0f, 0.0f, 0.0, 0.0f);
+    }
     mn_vis_store<VEC>(y + i, v);
   }
 }

@@ -1,0 +1,380 @@
+/* The matrix products with a cuBLASLt epilogue (matmul_bias_act, matmul_dgelu,
+ * matmul_at_bgrad and its extra_output) and group_norm's fused silu, on CUDA against the
+ * reference backend. The optimizer's full stage makes these ops; here each graph is built
+ * node by node and its sessions are built with the optimizer off, so the ops run as built.
+ * Every graph's kernels are compiled with NVRTC (no device needed) and its lowering is
+ * checked to offer the epilogue with a fallback; on a GPU both backends run it on the same
+ * random data, in fp32 at 1e-5 and with TF32 products at the documented 2e-3. Whether
+ * cuBLASLt fused each epilogue or the fallback kernels ran is logged (both are correct). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "graph.h"
+#include "plan.h"
+#include "session.h"
+#include "support/cuda_check.h"
+#include "support/mn_test.h"
+#ifdef MN_WITH_CUDA
+#include "cuda_backend.h"
+#include "emit.h"
+#endif
+
+#define FP32_TOL 1e-5
+#define TF32_TOL 2e-3
+
+static mn_node raw(mn_graph *g, mn_op op, const mn_node *ins, int n, const int64_t *shape, int rank,
+                   mn_op_attrs attrs) {
+  mn_tensor_type t = mn_type_make(MN_F32, shape, rank);
+  mn_node id = mn_graph_append(g, op, ins, n, &t, &attrs, NULL);
+  cr_assert_neq(id, MN_NO_NODE, "%s", mn_graph_error(g));
+  return id;
+}
+
+static void set_outputs(mn_graph *g, const mn_node *outs, size_t n) {
+  mn_set_outputs(g, outs, n);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+}
+
+/* act(a op(b) + bias) with a of shape sa [.., K], N outputs; bias [N], or [1, N] when
+ * bias_2d. variant 1 stores b as [N, K]. */
+static mn_graph *bias_act_graph(const int64_t *sa, int ra, int64_t n, int variant, mn_act act,
+                                bool bias_2d) {
+  mn_graph *g = mn_graph_new();
+  int64_t k = sa[ra - 1];
+  mn_node a = mn_input(g, "a", sa, ra);
+  mn_node b = variant ? mn_input(g, "b", MN_SHAPE(n, k)) : mn_input(g, "b", MN_SHAPE(k, n));
+  mn_node bias = bias_2d ? mn_input(g, "bias", MN_SHAPE(1, n)) : mn_input(g, "bias", MN_SHAPE(n));
+  int64_t so[MN_MAX_RANK];
+  for (int i = 0; i < ra - 1; i++)
+    so[i] = sa[i];
+  so[ra - 1] = n;
+  mn_node y = raw(g, MN_OP_MATMUL_BIAS_ACT, (mn_node[]){a, b, bias}, 3, so, ra,
+                  (mn_op_attrs){.variant = variant, .act = act});
+  set_outputs(g, &y, 1);
+  return g;
+}
+
+/* gelu_grad(pre, a op(b)), pre of the product's shape. */
+static mn_graph *dgelu_graph(const int64_t *sa, int ra, int64_t n, int variant) {
+  mn_graph *g = mn_graph_new();
+  int64_t k = sa[ra - 1];
+  int64_t so[MN_MAX_RANK];
+  for (int i = 0; i < ra - 1; i++)
+    so[i] = sa[i];
+  so[ra - 1] = n;
+  mn_node a = mn_input(g, "a", sa, ra);
+  mn_node b = variant ? mn_input(g, "b", MN_SHAPE(n, k)) : mn_input(g, "b", MN_SHAPE(k, n));
+  mn_node pre = mn_input(g, "pre", so, ra);
+  mn_node y = raw(g, MN_OP_MATMUL_DGELU, (mn_node[]){a, b, pre}, 3, so, ra,
+                  (mn_op_attrs){.variant = variant});
+  set_outputs(g, &y, 1);
+  return g;
+}
+
+/* a [.., M]^T b [.., N] and the column sums of a (variant 0) or b (variant 1), both outputs. */
+static mn_graph *at_bgrad_graph(const int64_t *sa, int ra, const int64_t *sb, int rb, int variant) {
+  mn_graph *g = mn_graph_new();
+  int64_t m = sa[ra - 1], n = sb[rb - 1];
+  mn_node a = mn_input(g, "a", sa, ra), b = mn_input(g, "b", sb, rb);
+  mn_node y = raw(g, MN_OP_MATMUL_AT_BGRAD, (mn_node[]){a, b}, 2, MN_SHAPE(m, n),
+                  (mn_op_attrs){.variant = variant});
+  int64_t sums_len = variant ? n : m;
+  mn_node sums = raw(g, MN_OP_EXTRA_OUTPUT, &y, 1, &sums_len, 1, (mn_op_attrs){.variant = 1});
+  set_outputs(g, (mn_node[]){y, sums}, 2);
+  return g;
+}
+
+/* silu(group_norm(x)) as one node. */
+static mn_graph *gn_silu_graph(int64_t n, int64_t c, int64_t h, int64_t w, int groups) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(n, c, h, w));
+  mn_node wt = mn_input(g, "w", MN_SHAPE(c)), b = mn_input(g, "bias", MN_SHAPE(c));
+  mn_node y = raw(g, MN_OP_GROUP_NORM, (mn_node[]){x, wt, b}, 3, MN_SHAPE(n, c, h, w),
+                  (mn_op_attrs){.groups = groups, .eps = 1e-5f, .act = MN_ACT_SILU});
+  set_outputs(g, &y, 1);
+  return g;
+}
+
+#ifdef MN_WITH_CUDA
+static mn_session_options options(mn_backend backend, bool tf32) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = backend;
+  o.allow_tf32 = tf32;
+  o.optimize = false;
+  return o;
+}
+
+static mn_plan *lower(const mn_graph *g) {
+  mn_session_options o = options(MN_BACKEND_CPU, false);
+  mn_plan *plan = NULL;
+  mn_status st = mn_lower_inference("test", g, &o, &plan);
+  cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
+  return plan;
+}
+#endif
+
+/* The graph's kernels, fallbacks included, compile for sm_90. */
+static void assert_compiles(const mn_graph *g) {
+#ifdef MN_WITH_CUDA
+  mn_plan *plan = lower(g);
+  mn_cu_binary bin;
+  mn_status st = mn_cuda_compile_plan(plan, "sm_90", false, false, "", &bin);
+  mn_plan_free(plan);
+  cr_assert_eq(st, MN_OK, "kernels do not compile: %s", mn_last_error());
+  cr_assert_gt(bin.size, 0u, "empty cubin");
+  mn_cu_binary_free(&bin);
+#else
+  (void)g;
+#endif
+}
+
+#ifdef MN_WITH_CUDA
+/* The dispatch of the graph's one `op` node lowers to `cmds` commands: a matmul offering
+ * `epi` (writing or reading the vector of a node of op `vector_of`, unless that is
+ * MN_OP_COUNT), then kernels that are all its fallback, or (no epilogue) none of them. */
+static void assert_lowering(const mn_graph *g, mn_op op, mn_cu_epilogue epi, mn_op vector_of,
+                            size_t cmds) {
+  mn_plan *plan = lower(g);
+  mn_cu_program prog;
+  cr_assert_eq(mn_cu_program_build(plan, false, &prog), MN_OK, "%s", mn_last_error());
+  const mn_graph *pg = plan->graph;
+  size_t first = prog.num_cmds, count = 0;
+  for (size_t i = 0; i < prog.num_cmds; i++)
+    if (pg->nodes[prog.cmds[i].node].op == op) {
+      first = first < i ? first : i;
+      count++;
+    }
+  cr_assert_eq(count, cmds, "%s lowers to %zu commands", mn_op_name(op), count);
+  const mn_cu_cmd *mm = &prog.cmds[first];
+  cr_assert_eq(mm->kind, MN_CU_CMD_MATMUL, "%s starts with a command of kind %d", mn_op_name(op),
+               (int)mm->kind);
+  cr_assert_eq(mm->mm.epilogue, epi, "epilogue %s", mn_cu_epilogue_name(mm->mm.epilogue));
+  cr_assert_eq(mm->mm.fallback_cmds, epi == MN_CU_EPI_NONE ? 0u : (uint32_t)(cmds - 1));
+  if (vector_of != MN_OP_COUNT) {
+    const mn_cu_arg *v = epi == MN_CU_EPI_DGELU ? &mm->mm.aux : &mm->mm.bias;
+    cr_assert_eq(v->kind, MN_CU_ARG_NODE);
+    cr_assert_eq(pg->nodes[v->node].op, vector_of, "the epilogue's vector is a %s",
+                 mn_op_name(pg->nodes[v->node].op));
+  }
+  mn_cu_program_free(&prog);
+  mn_plan_free(plan);
+}
+#endif
+
+#ifdef MN_WITH_CUDA
+static mn_session *build(const mn_graph *g, mn_backend backend, bool tf32) {
+  mn_session_options o = options(backend, tf32);
+  mn_session *s = NULL;
+  mn_status st = mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "building the %s session failed: %s",
+               backend == MN_BACKEND_CPU ? "CPU" : "CUDA", mn_last_error());
+  return s;
+}
+
+/* Every input uniform in [-1, 1), but the gelu input wider so both tails of gelu' show. */
+static void feed_both(const mn_graph *g, mn_session *cpu, mn_session *gpu, mn_rng *rng) {
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_INPUT) continue;
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    float *f = malloc(count * sizeof *f);
+    float span = strcmp(n->name, "pre") == 0 ? 4.0f : 1.0f;
+    mn_rng_fill(rng, f, count, -span, span);
+    cr_assert_eq(mn_session_set_input(cpu, n->name, f, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_set_input(gpu, n->name, f, count), MN_OK, "%s", mn_last_error());
+    free(f);
+  }
+}
+
+/* The profile's line saying how many epilogues cuBLASLt fused, into the test log. */
+static void log_epilogues(mn_session *gpu, const char *what) {
+  FILE *f = tmpfile();
+  cr_assert_not_null(f);
+  cr_assert_eq(mn_cuda_profile_step(gpu, 1, f), MN_OK, "%s", mn_last_error());
+  char line[256];
+  rewind(f);
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "epilogues:")) cr_log_info("%s: %s", what, line);
+  fclose(f);
+}
+#endif
+
+/* Runs g on both backends (poisoning the CUDA buffers first) and compares every output. */
+static void compare(const mn_graph *g, bool tf32, const char *what, uint64_t seed) {
+  mn_test_require_cuda_device();
+#ifdef MN_WITH_CUDA
+  mn_session *cpu = build(g, MN_BACKEND_CPU, false), *gpu = build(g, MN_BACKEND_CUDA, tf32);
+  mn_rng rng = mn_rng_new(seed);
+  feed_both(g, cpu, gpu, &rng);
+  cr_assert_eq(mn_cuda_poison(gpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(cpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(cpu), MN_OK, "cpu: %s", mn_last_error());
+  cr_assert_eq(mn_session_step(gpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(gpu), MN_OK, "cuda: %s", mn_last_error());
+  double tol = tf32 ? TF32_TOL : FP32_TOL;
+  for (size_t i = 0; i < mn_session_num_outputs(cpu); i++) {
+    size_t count = (size_t)mn_tensor_type_numel(&g->nodes[g->outputs[i]].type);
+    float *got = malloc(count * sizeof *got), *want = malloc(count * sizeof *want);
+    cr_assert_eq(mn_session_read_output_by_index(gpu, i, got, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_output_by_index(cpu, i, want, count), MN_OK, "%s",
+                 mn_last_error());
+    double err = mn_test_rel_err(got, want, count);
+    size_t worst = 0;
+    for (size_t k = 1; k < count; k++)
+      if (!(fabsf(got[k] - want[k]) <= fabsf(got[worst] - want[worst]))) worst = k;
+    cr_assert(err <= tol,
+              "%s%s, output %zu: relative error %.3g > %.3g (element %zu: cuda %.9g, cpu %.9g)",
+              what, tf32 ? " (tf32)" : "", i, err, tol, worst, (double)got[worst],
+              (double)want[worst]);
+    free(got);
+    free(want);
+  }
+  if (!tf32) log_epilogues(gpu, what);
+  mn_session_free(cpu);
+  mn_session_free(gpu);
+#else
+  (void)g, (void)tf32, (void)what, (void)seed;
+#endif
+}
+
+/* Compiles g, then compares it on a GPU in fp32 and with TF32. */
+static void check(mn_graph *g, const char *what, uint64_t seed) {
+  assert_compiles(g);
+  if (mn_test_cuda_device_present()) {
+    compare(g, false, what, seed);
+    compare(g, true, what, seed);
+  }
+  mn_graph_free(g);
+}
+
+static const char *act_name(mn_act act) {
+  static const char *names[MN_ACT_COUNT] = {"none", "relu", "gelu", "silu"};
+  return names[act];
+}
+
+/* ------------------------------------------------------------------ lowering (no GPU) */
+
+Test(cuda_epilogue, lowering_offers_each_epilogue_with_its_fallback) {
+  mn_test_require_cuda_build();
+#ifdef MN_WITH_CUDA
+  /* The bias add, then the activation's kernel; silu has no epilogue and always runs them. */
+  static const mn_cu_epilogue bias_epi[MN_ACT_COUNT] = {MN_CU_EPI_BIAS, MN_CU_EPI_BIAS_RELU,
+                                                        MN_CU_EPI_BIAS_GELU, MN_CU_EPI_NONE};
+  for (int act = 0; act < MN_ACT_COUNT; act++) {
+    mn_graph *g = bias_act_graph(MN_SHAPE(37, 29), 64, act % 2, (mn_act)act, false);
+    assert_lowering(g, MN_OP_MATMUL_BIAS_ACT, bias_epi[act],
+                    act == MN_ACT_SILU ? MN_OP_COUNT : MN_OP_INPUT, act == MN_ACT_NONE ? 2 : 3);
+    mn_graph_free(g);
+  }
+  mn_graph *g = dgelu_graph(MN_SHAPE(37, 29), 64, 1);
+  assert_lowering(g, MN_OP_MATMUL_DGELU, MN_CU_EPI_DGELU, MN_OP_INPUT, 2);
+  mn_graph_free(g);
+  /* The column sums of a [K, M] (the stored A, transposed) or of b [K, N] (the stored B);
+   * sum_rows over 33 rows takes two launches. */
+  for (int variant = 0; variant < 2; variant++) {
+    g = at_bgrad_graph(MN_SHAPE(3, 11, 17), MN_SHAPE(33, 9), variant);
+    assert_lowering(g, MN_OP_MATMUL_AT_BGRAD, variant ? MN_CU_EPI_BGRAD_B : MN_CU_EPI_BGRAD_A,
+                    MN_OP_EXTRA_OUTPUT, 3);
+    mn_graph_free(g);
+  }
+#endif
+}
+
+/* ------------------------------------------------------------------ matmul_bias_act */
+
+static void bias_act_cases(const int64_t *sa, int ra, int64_t n, bool bias_2d, uint64_t seed) {
+  for (int variant = 0; variant < 2; variant++)
+    for (int act = 0; act < MN_ACT_COUNT; act++) {
+      char what[96];
+      snprintf(what, sizeof what, "matmul_bias_act variant %d act %s n %lld", variant,
+               act_name((mn_act)act), (long long)n);
+      check(bias_act_graph(sa, ra, n, variant, (mn_act)act, bias_2d), what,
+            seed + (uint64_t)(variant * MN_ACT_COUNT + act));
+    }
+}
+
+/* M 37: not a multiple of 16. */
+Test(cuda_epilogue, matmul_bias_act_every_variant_and_act) {
+  mn_test_require_cuda_build();
+  bias_act_cases(MN_SHAPE(37, 29), 64, false, 100);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* Leading dims flattened into M (10 rows), an odd N and a [1, N] bias. */
+Test(cuda_epilogue, matmul_bias_act_leading_dims_odd_n) {
+  mn_test_require_cuda_build();
+  bias_act_cases(MN_SHAPE(2, 5, 24), 9, true, 200);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* A transformer MLP's first projection: [B, T, D] activations. */
+Test(cuda_epilogue, matmul_bias_act_projection_shape) {
+  mn_test_require_cuda_build();
+  check(bias_act_graph(MN_SHAPE(2, 64, 256), 1024, 0, MN_ACT_GELU, false), "gelu projection", 300);
+  check(bias_act_graph(MN_SHAPE(2, 64, 1024), 256, 1, MN_ACT_NONE, false), "bt projection", 301);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* Two fused products in a row: the second reads what the first's epilogue (or its fallback)
+ * wrote, so a fallback skipped or run in the wrong place shows. */
+Test(cuda_epilogue, matmul_bias_act_chain) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(3, 7, 16));
+  mn_node w1 = mn_input(g, "w1", MN_SHAPE(16, 40)), b1 = mn_input(g, "b1", MN_SHAPE(40));
+  mn_node w2 = mn_input(g, "w2", MN_SHAPE(5, 40)), b2 = mn_input(g, "b2", MN_SHAPE(1, 5));
+  mn_node h = raw(g, MN_OP_MATMUL_BIAS_ACT, (mn_node[]){x, w1, b1}, 3, MN_SHAPE(3, 7, 40),
+                  (mn_op_attrs){.act = MN_ACT_GELU});
+  mn_node y = raw(g, MN_OP_MATMUL_BIAS_ACT, (mn_node[]){h, w2, b2}, 3, MN_SHAPE(3, 7, 5),
+                  (mn_op_attrs){.variant = 1, .act = MN_ACT_RELU});
+  set_outputs(g, (mn_node[]){y, h}, 2);
+  check(g, "chain", 400);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ matmul_dgelu */
+
+/* N 64 meets cuBLASLt's rule for the gelu input (leading dimension a multiple of 8); N 9
+ * does not, so its fallback runs. */
+Test(cuda_epilogue, matmul_dgelu_every_variant) {
+  mn_test_require_cuda_build();
+  for (int variant = 0; variant < 2; variant++) {
+    char what[64];
+    snprintf(what, sizeof what, "matmul_dgelu variant %d", variant);
+    check(dgelu_graph(MN_SHAPE(37, 29), 64, variant), what, 500 + (uint64_t)variant);
+    check(dgelu_graph(MN_SHAPE(2, 5, 24), 9, variant), what, 510 + (uint64_t)variant);
+    check(dgelu_graph(MN_SHAPE(4, 33, 96), 128, variant), what, 520 + (uint64_t)variant);
+  }
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ matmul_at_bgrad */
+
+Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
+  mn_test_require_cuda_build();
+  for (int variant = 0; variant < 2; variant++) {
+    char what[64];
+    snprintf(what, sizeof what, "matmul_at_bgrad variant %d", variant);
+    /* K 37, M 24, N 40. */
+    check(at_bgrad_graph(MN_SHAPE(37, 24), MN_SHAPE(37, 40), variant), what,
+          600 + (uint64_t)variant);
+    /* Leading dims flattened into K (33), laid out differently on the two sides; M 17. */
+    check(at_bgrad_graph(MN_SHAPE(3, 11, 17), MN_SHAPE(33, 9), variant), what,
+          610 + (uint64_t)variant);
+    /* A weight gradient's shape: K = B * T rows. */
+    check(at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), variant), what,
+          620 + (uint64_t)variant);
+  }
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ group_norm + silu */
+
+Test(cuda_epilogue, group_norm_silu) {
+  mn_test_require_cuda_build();
+  check(gn_silu_graph(2, 12, 7, 5, 4), "group_norm silu odd", 700);
+  check(gn_silu_graph(2, 12, 8, 8, 4), "group_norm silu vec4", 701);
+  check(gn_silu_graph(2, 64, 16, 16, 32), "group_norm silu 32 groups", 702);
+  check(gn_silu_graph(3, 8, 1, 1, 4), "group_norm silu unit spatial", 703);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
