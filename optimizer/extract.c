@@ -158,6 +158,158 @@ static bool run(extractor *x) {
   }
 }
 
+/* ---- refining the choices against the cost of the whole graph
+ *
+ * The greedy pass prices a shared input at its cost over its users, an estimate: a class
+ * counts every class that could use it, chosen or not. Where the estimate is off, it picks a
+ * node that computes a value (a product, a norm) a second time although the separate ops
+ * would cost less, or keeps a value alive for one user although another node would do
+ * without it. The refinement then moves one class at a time to another of its nodes when
+ * that lowers the exact cost of the graph the outputs need (every needed class's node
+ * priced once by the cost model), until no such move is left. */
+
+typedef struct refiner {
+  mn_egraph *eg;
+  eg_id *best;
+  uint32_t *refs;  /* per class: chosen nodes of needed classes reading it, plus 1 per output */
+  eg_id *stack;    /* one cascade at a time: each class enters it at most once */
+  uint32_t *stamp; /* per class: cycle search marks */
+  uint32_t gen;
+} refiner;
+
+static double own_cost(mn_egraph *eg, eg_id id) {
+  const eg_node *n = &eg->nodes[id];
+  const mn_tensor_type *ins[MN_MAX_INPUTS];
+  for (int k = 0; k < n->num_kids; k++)
+    ins[k] = eg_class_type(eg, n->kids[k]);
+  return mn_cost_op(n->op, eg_type(eg, n->type), ins, n->num_kids);
+}
+
+/* One more reader of class c: what the classes this makes needed cost. */
+static double need(refiner *r, eg_id c) {
+  mn_egraph *eg = r->eg;
+  double added = 0;
+  size_t top = 0;
+  if (r->refs[c]++ == 0) r->stack[top++] = c;
+  while (top) {
+    eg_id id = r->best[r->stack[--top]];
+    if (id == EG_NONE) continue;
+    added += own_cost(eg, id);
+    for (int k = 0; k < eg->nodes[id].num_kids; k++) {
+      eg_id kc = eg_find(eg, eg->nodes[id].kids[k]);
+      if (r->refs[kc]++ == 0) r->stack[top++] = kc;
+    }
+  }
+  return added;
+}
+
+/* One reader less: what the classes no longer needed cost. */
+static double release(refiner *r, eg_id c) {
+  mn_egraph *eg = r->eg;
+  double removed = 0;
+  size_t top = 0;
+  if (--r->refs[c] == 0) r->stack[top++] = c;
+  while (top) {
+    eg_id id = r->best[r->stack[--top]];
+    if (id == EG_NONE) continue;
+    removed += own_cost(eg, id);
+    for (int k = 0; k < eg->nodes[id].num_kids; k++) {
+      eg_id kc = eg_find(eg, eg->nodes[id].kids[k]);
+      if (--r->refs[kc] == 0) r->stack[top++] = kc;
+    }
+  }
+  return removed;
+}
+
+/* Makes `to` class c's choice in place of `from`; the change in the graph's cost. */
+static double switch_node(refiner *r, eg_id c, eg_id from, eg_id to) {
+  mn_egraph *eg = r->eg;
+  r->best[c] = to;
+  double delta = own_cost(eg, to) - own_cost(eg, from);
+  for (int k = 0; k < eg->nodes[to].num_kids; k++)
+    delta += need(r, eg_find(eg, eg->nodes[to].kids[k]));
+  for (int k = 0; k < eg->nodes[from].num_kids; k++)
+    delta -= release(r, eg_find(eg, eg->nodes[from].kids[k]));
+  return delta;
+}
+
+/* Whether class c is reachable from node id's inputs through the choices (a cycle). */
+static bool reaches(refiner *r, eg_id id, eg_id c) {
+  mn_egraph *eg = r->eg;
+  size_t top = 0;
+  r->gen++;
+  for (int k = 0; k < eg->nodes[id].num_kids; k++) {
+    eg_id kc = eg_find(eg, eg->nodes[id].kids[k]);
+    if (r->stamp[kc] != r->gen) r->stamp[r->stack[top++] = kc] = r->gen;
+  }
+  while (top) {
+    eg_id cur = r->stack[--top];
+    if (cur == c) return true;
+    eg_id n = r->best[cur];
+    if (n == EG_NONE) continue;
+    for (int k = 0; k < eg->nodes[n].num_kids; k++) {
+      eg_id kc = eg_find(eg, eg->nodes[n].kids[k]);
+      if (r->stamp[kc] != r->gen) r->stamp[r->stack[top++] = kc] = r->gen;
+    }
+  }
+  return false;
+}
+
+/* Whether every input class of node id has a choice. */
+static bool computable(mn_egraph *eg, const eg_id *best, eg_id id) {
+  for (int k = 0; k < eg->nodes[id].num_kids; k++)
+    if (best[eg_find(eg, eg->nodes[id].kids[k])] == EG_NONE) return false;
+  return true;
+}
+
+/* Half a byte: the cost model counts bytes, so a smaller change is rounding. */
+#define MN_REFINE_MIN_GAIN   0.5
+#define MN_REFINE_MAX_SWEEPS 8
+
+/* Tries class c's other nodes; keeps the best strict improvement. */
+static bool improve_class(refiner *r, eg_id c) {
+  mn_egraph *eg = r->eg;
+  eg_id cur = r->best[c], pick = EG_NONE;
+  double gain = MN_REFINE_MIN_GAIN;
+  EG_FOR_NODES(eg, c, id) {
+    if (id == cur || eg->nodes[id].dead || !computable(eg, r->best, id)) continue;
+    double delta = switch_node(r, c, cur, id);
+    bool better = -delta > gain && !reaches(r, id, c);
+    switch_node(r, c, id, cur);
+    if (better) {
+      gain = -delta;
+      pick = id;
+    }
+  }
+  if (pick == EG_NONE) return false;
+  switch_node(r, c, cur, pick);
+  return true;
+}
+
+static bool refine(mn_egraph *eg, eg_id *best) {
+  size_t n = eg->num_nodes ? eg->num_nodes : 1;
+  refiner r = {.eg = eg, .best = best};
+  r.refs = calloc(n, sizeof *r.refs);
+  r.stack = malloc(n * sizeof *r.stack);
+  r.stamp = calloc(n, sizeof *r.stamp);
+  bool ok = r.refs && r.stack && r.stamp;
+  for (size_t c = 0; ok && c < eg->num_nodes; c++)
+    if (eg_find(eg, (eg_id)c) == c && eg->classes[c].pinned != EG_NONE) need(&r, (eg_id)c);
+  for (int sweep = 0, moved = 1; ok && moved && sweep < MN_REFINE_MAX_SWEEPS; sweep++) {
+    moved = 0;
+    for (size_t c = 0; c < eg->num_nodes; c++) {
+      if (eg_find(eg, (eg_id)c) != c || !r.refs[c] || best[c] == EG_NONE ||
+          eg->classes[c].pinned != EG_NONE || eg->classes[c].first_node == eg->classes[c].last_node)
+        continue;
+      moved |= improve_class(&r, (eg_id)c);
+    }
+  }
+  free(r.refs);
+  free(r.stack);
+  free(r.stamp);
+  return ok;
+}
+
 mn_status mn_extract(mn_egraph *eg, eg_id *best) {
   size_t n = eg->num_nodes ? eg->num_nodes : 1;
   extractor x = {.eg = eg, .best = best};
@@ -178,6 +330,7 @@ mn_status mn_extract(mn_egraph *eg, eg_id *best) {
       x.seen[i] = EG_NONE;
     ok = run(&x);
   }
+  ok = ok && refine(eg, best);
   free(x.cost);
   free(x.users);
   free(x.pending);

@@ -13,7 +13,14 @@
  * price plus each input's cost divided by the number of classes that use that input:
  * a shared value is paid for once, not once per user, so a rewrite that would compute a
  * shared value a second time is priced for the work it adds. A class holding a graph
- * output takes its pinned node (unless that node cannot be computed). */
+ * output takes its pinned node (unless that node cannot be computed).
+ *
+ * That division is an estimate (it counts every class that could use a value, chosen or
+ * not), so the choices are then refined against the exact cost of the graph they make:
+ * one class at a time moves to another of its nodes while that lowers the summed cost of
+ * every class the outputs need, each priced once, and never closes a cycle. A value is
+ * thus computed twice (by a fused node and by the node its other users read) only where
+ * the cost model says that is cheaper than computing it once. */
 mn_status mn_extract(mn_egraph *eg, eg_id *best);
 
 /* The graph of the choices: every named leaf of `orig` (orig_node[i] is the e-node of

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bgrad.h"
 #include "cost.h"
 #include "egraph.h"
 #include "error.h"
@@ -85,8 +86,12 @@ static mn_status load(mn_egraph *eg, const mn_graph *g, eg_id *orig_node, size_t
   return MN_OK;
 }
 
-static mn_saturate_limits resolve_limits(const mn_optimize_limits *l, size_t num_nodes) {
-  mn_saturate_limits s = {.max_nodes = 20 * num_nodes, .max_iterations = 8, .max_ms = 100.0};
+static mn_saturate_limits resolve_limits(const mn_optimize_limits *l, size_t num_nodes,
+                                         mn_optimize_stage stage) {
+  mn_saturate_limits s = {.max_nodes = 20 * num_nodes,
+                          .max_iterations = 8,
+                          .max_ms = 100.0,
+                          .full_stage = stage == MN_OPTIMIZE_FULL};
   if (s.max_nodes < 1024) s.max_nodes = 1024;
   if (l && l->max_nodes) s.max_nodes = l->max_nodes;
   if (l && l->max_iterations) s.max_iterations = l->max_iterations;
@@ -160,14 +165,18 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
     if ((st = mn_graph_toposort_status(in, &sorted)) != MN_OK) return st;
     in = sorted;
   }
-  mn_saturate_limits lim = resolve_limits(limits, in->num_nodes);
+  mn_saturate_limits lim = resolve_limits(limits, in->num_nodes, stage);
   sr->dead = count_dead(in);
   sr->cost_before = mn_cost_graph(in);
   st = optimize(in, &lim, sr, &out);
   /* Fusion only in the full stage: a fused node has no VJP rule, so the forward graph
-   * that autodiff differentiates must not hold one. */
-  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && mn_fusion_enabled() &&
-      (st = mn_fuse_pointwise(&out, &sr->fusions)) != MN_OK) {
+   * that autodiff differentiates must not hold one. Bias gradients are paired last, so that
+   * no pass before them meets a multi-output node. */
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && mn_fusion_enabled())
+    st = mn_fuse_pointwise(&out, &sr->fusions);
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
+    st = mn_fuse_bias_gradients(&out, &sr->multi_output_fusions);
+  if (st != MN_OK) {
     mn_graph_free(out);
     out = NULL;
   }

@@ -3,7 +3,10 @@
  *
  * The graph goes into an e-graph (optimizer/egraph.h), the rewrite rules
  * (optimizer/rules.c) run to saturation or to a limit, and extraction by the cost model
- * (optimizer/extract.h, optimizer/cost.h) builds the graph that replaces the input. */
+ * (optimizer/extract.h, optimizer/cost.h) builds the graph that replaces the input. The
+ * full stage also runs the rules flagged MN_RULE_FULL_ONLY (they make ops without a VJP
+ * rule), then fuses pointwise groups (fusion.h) and pairs bias gradients with weight
+ * gradients (bgrad.h). docs/optimizer.md describes the rules. */
 #ifndef MN_OPTIMIZER_OPTIMIZE_H
 #define MN_OPTIMIZER_OPTIMIZE_H
 
@@ -22,8 +25,9 @@ typedef struct mn_optimize_limits {
  * nodes stay different, and a computed output stays computed), every named leaf kept
  * with its name, inputs before users. An output's own node is never rewritten; what
  * feeds it is, except that the full stage then fuses pointwise groups (fusion.h), and an
- * output at a group's root becomes that group's fused node. With opts->optimize false it
- * changes nothing. */
+ * output at a group's root becomes that group's fused node, and an output that was a
+ * paired sum_rows or matmul_at becomes its extra_output or matmul_at_bgrad (bgrad.h). With
+ * opts->optimize false it changes nothing. */
 mn_status mn_optimize_graph(const char *fn, mn_graph **g, const mn_session_options *opts,
                             mn_optimize_stage stage);
 

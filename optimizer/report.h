@@ -19,6 +19,7 @@ typedef struct mn_optimize_stage_report {
   size_t cse;                     /* nodes merged into an equal node (hash-consing, congruence) */
   size_t dead;                    /* nodes that no output needs */
   size_t fusions;                 /* fused nodes made (optimizer/fusion.h; full stage only) */
+  size_t multi_output_fusions;    /* matmul_at + sum_rows pairs made one (bgrad.h; full stage) */
   double cost_before, cost_after; /* cost model estimate (cost.h), bytes */
   double saturation_ms, extraction_ms, total_ms;
 } mn_optimize_stage_report;

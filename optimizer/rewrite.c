@@ -290,6 +290,10 @@ static eg_id build_rhs(mn_egraph *eg, const compiled_rule *cr, const mn_match *m
   return eg_add(eg, &k);
 }
 
+static bool runs_in_stage(const mn_rule *r, const mn_saturate_limits *lim) {
+  return lim->full_stage || !(r->flags & MN_RULE_FULL_ONLY);
+}
+
 static bool may_rewrite(mn_egraph *eg, const mn_rule *r, eg_id node) {
   return eg->classes[eg_find(eg, node)].pinned == EG_NONE || (r->flags & MN_RULE_OUTPUT_OK);
 }
@@ -322,7 +326,8 @@ static mn_status run_iteration(mn_egraph *eg, matcher *mt, const mn_saturate_lim
     if (n->dead) continue;
     for (uint8_t i = 0; i < num_by_op[n->op]; i++) {
       uint32_t r = rules_by_op[n->op][i];
-      if (may_rewrite(eg, compiled[r].rule, (eg_id)id)) match_root(mt, r, (eg_id)id);
+      if (runs_in_stage(compiled[r].rule, lim) && may_rewrite(eg, compiled[r].rule, (eg_id)id))
+        match_root(mt, r, (eg_id)id);
     }
     if ((id & 255) == 255 && now_ms() > deadline) {
       res->hit_time_limit = true;
@@ -344,7 +349,7 @@ static mn_status run_iteration(mn_egraph *eg, matcher *mt, const mn_saturate_lim
   }
   for (size_t r = 0; r < num_compiled; r++) {
     const mn_rule *rule = compiled[r].rule;
-    if (!rule->custom) continue;
+    if (!rule->custom || !runs_in_stage(rule, lim)) continue;
     for (size_t id = 0; id < snapshot; id++) {
       if (eg->num_nodes >= lim->max_nodes) return res->hit_node_limit = true, MN_OK;
       if (eg->nodes[id].dead || !may_rewrite(eg, rule, (eg_id)id)) continue;

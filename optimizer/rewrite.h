@@ -8,7 +8,8 @@
 typedef struct mn_saturate_limits {
   size_t max_nodes; /* stop adding once the e-graph holds this many nodes */
   int max_iterations;
-  double max_ms; /* wall-clock time for the whole saturation */
+  double max_ms;   /* wall-clock time for the whole saturation */
+  bool full_stage; /* the optimizer's full stage: rules flagged MN_RULE_FULL_ONLY run too */
 } mn_saturate_limits;
 
 typedef struct mn_saturate_result {

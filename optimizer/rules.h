@@ -23,6 +23,9 @@
 enum {
   MN_RULE_COMMUTE = 1 << 0,   /* the root is commutative: also match its two inputs swapped */
   MN_RULE_OUTPUT_OK = 1 << 1, /* may rewrite a class holding a graph output (default: never) */
+  /* Runs only in the optimizer's full stage (after autodiff): the rule builds an op that has
+   * no VJP rule, which the forward graph autodiff differentiates must not hold. */
+  MN_RULE_FULL_ONLY = 1 << 2,
 };
 
 /* One match of a rule's pattern: the root node, the class bound to each variable and

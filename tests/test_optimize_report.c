@@ -413,6 +413,7 @@ Test(optimize, report_counts_what_fired) {
                                       "cse 3",
                                       "dead-code 0",
                                       "fusions applied: 0",
+                                      "multi-output fusions: 0",
                                       "full graph:",
                                       "saturation",
                                       "extraction",
