@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "optimizer/optimize.h"
+#include "optimizer/siblings.h"
 
 mn_session_options mn_session_options_default(void) {
   return (mn_session_options){
@@ -88,7 +89,8 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   s->options = o;
   s->training = training;
   s->backend = backend;
-  st = backend->create(s);
+  st = mn_session_sources_init(fn, s);
+  if (st == MN_OK && (st = backend->create(s)) != MN_OK) mn_session_sources_free(s);
   if (st != MN_OK) {
     mn_plan_free(plan);
     free(s);
@@ -104,6 +106,8 @@ mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session
   mn_graph *sorted = NULL;
   mn_status st = mn_graph_toposort_status(g, &sorted);
   if (st == MN_OK) st = mn_optimize_graph(fn, &sorted, o, MN_OPTIMIZE_FULL);
+  /* After the rules, as in training: a product they gave an epilogue stays apart. */
+  if (st == MN_OK) st = mn_siblings_concat(fn, &sorted, o, false, NULL);
   if (st != MN_OK) {
     mn_graph_free(sorted);
     return st;
@@ -125,6 +129,7 @@ mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options
 void mn_session_free(mn_session *s) {
   if (!s) return;
   if (s->backend) s->backend->destroy(s);
+  mn_session_sources_free(s);
   mn_plan_free(s->plan);
   free(s);
 }

@@ -9,6 +9,7 @@
 #include "error.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
+#include "optimizer/siblings.h"
 #include "session.h"
 
 /* grad_output indexed by node of `before` (the graph autodiff differentiated) rewritten
@@ -41,6 +42,8 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
   int32_t *grads = NULL, *sorted_grads = NULL;
   mn_status st = mn_graph_toposort_status(g, &fwd);
   if (st == MN_OK) st = mn_optimize_graph_report(fn, &fwd, o, MN_OPTIMIZE_FORWARD, report);
+  /* Before autodiff, which then differentiates the concatenated form. */
+  if (st == MN_OK) st = mn_siblings_concat(fn, &fwd, o, true, NULL);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_autodiff(fn, fwd, &full, grads);
@@ -106,19 +109,21 @@ mn_status mn_build_session_with_report(const mn_graph *g, const mn_session_optio
 
 mn_status mn_session_read_grad(mn_session *s, const char *name, float *out, size_t n) {
   const char *fn = "mn_session_read_grad";
-  mn_node id = MN_NO_NODE;
-  mn_status st = mn_session_find_leaf(fn, s, MN_OP_PARAMETER, MN_F32, name, out, n, &id);
+  mn_param_view v;
+  mn_status st = mn_session_find_param(fn, s, name, out, n, &v);
   if (st != MN_OK) return st;
   if (!s->training)
     return mn_fail(MN_ERR_STATE, "%s: \"%s\": an inference session has no gradients", fn, name);
   const mn_plan *p = s->plan;
   for (size_t i = 0; i < p->num_params; i++) {
-    if (p->params[i].param != id) continue;
+    if (p->params[i].param != v.node) continue;
     if (p->params[i].grad == MN_NO_NODE) {
       memset(out, 0, n * sizeof *out); /* the loss does not depend on this parameter */
       return MN_OK;
     }
-    return s->backend->read_buffer(s, p->node_buffer[p->params[i].grad], out, n * sizeof *out);
+    /* A source's gradient is its rows of the derived parameter's gradient. */
+    size_t all = (size_t)mn_tensor_type_numel(&p->graph->nodes[v.node].type);
+    return mn_session_read_range(s, p->node_buffer[p->params[i].grad], all, v.offset, out, n);
   }
   return mn_fail(MN_ERR_NOT_FOUND, "%s: no parameter named \"%s\"", fn, name);
 }

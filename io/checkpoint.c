@@ -13,6 +13,11 @@
  * Moments are saved for Adam and AdamW only; loading an SGD checkpoint leaves the session's
  * moments (unused by SGD) as they were.
  *
+ * Parameters are named as users named them: the sources of a parameter that the optimizer
+ * concatenated (optimizer/siblings.h) are saved and loaded one by one, moments included, as
+ * ranges of the derived tensors, so that optimized and unoptimized sessions of one graph read
+ * each other's checkpoints.
+ *
  * Reads go through the backend's read_buffer and read_optim_state, which wait for a step in
  * flight, as mn_session_read_param does. Saving goes through mn_safetensors_write, which
  * replaces the file atomically: after a crash the path holds the old checkpoint or the new
@@ -113,7 +118,7 @@ static mn_status gather(const char *fn, mn_session *s, const mn_io_param *params
   size_t k = 0;
   for (size_t i = 0; i < np; i++) {
     const mn_io_param *p = &params[i];
-    mn_status st = s->backend->read_buffer(s, p->buffer, dst, p->numel * sizeof(float));
+    mn_status st = mn_io_param_read(s, p, dst);
     if (st != MN_OK) return st;
     b->tensors[k++] = tensor_of(p->name, p, dst);
     dst += p->numel;
@@ -122,7 +127,7 @@ static mn_status gather(const char *fn, mn_session *s, const mn_io_param *params
       char *name = join(which ? EXP_AVG_SQ : EXP_AVG, p->name);
       if (!name) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
       b->names[b->num_names++] = name;
-      st = s->backend->read_optim_state(s, (size_t)p->slot, which, dst, p->numel);
+      st = mn_io_moment_read(s, p, which, dst);
       if (st != MN_OK) return st;
       b->tensors[k++] = tensor_of(name, p, dst);
       dst += p->numel;
@@ -300,13 +305,12 @@ static mn_status apply(ck_file *f, mn_session *s, const mn_io_param *params, siz
     if (st != MN_OK) return st;
     /* Tensor data need not be aligned in the file; stage it so it is a float array. */
     memcpy(stage, data, p->numel * sizeof(float));
-    if ((st = s->backend->write_buffer(s, p->buffer, stage, p->numel * sizeof(float))) != MN_OK)
-      return st;
+    if ((st = mn_io_param_write(s, p, stage)) != MN_OK) return st;
     for (int which = 0; moments && p->slot >= 0 && which < 2; which++) {
       snprintf(name, sizeof name, "%s%s", which ? EXP_AVG_SQ : EXP_AVG, p->name);
       if ((st = mn_safetensors_raw(f->st, name, &data, NULL, NULL)) != MN_OK) return st;
       memcpy(stage, data, p->numel * sizeof(float));
-      st = s->backend->write_optim_state(s, (size_t)p->slot, which, stage, p->numel);
+      st = mn_io_moment_write(s, p, which, stage);
       if (st != MN_OK) return st;
     }
   }

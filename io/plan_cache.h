@@ -11,6 +11,9 @@
  *   nodes [{op (name from the op table), in [...], dtype, shape [...], attrs {non-zero
  *           fields}, name (inputs, parameters), user_constant (index of the user graph's
  *           constant with the same data) or data [...] (constants made by lowering)}].
+ * A parameter that the optimizer concatenated from several of the user's (attrs variant 1,
+ * optimizer/siblings.h) names its sources in its own name, so the table that maps the user's
+ * names onto it needs no field of its own: the reader checks it against the user graph.
  * Floats are numbers printed with %.9g (exact for f32); non-finite ones are strings with
  * their bits ("0x7fc00000"), since JSON has no literal for them. */
 #ifndef MN_IO_PLAN_CACHE_H

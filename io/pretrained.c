@@ -10,7 +10,9 @@
  * MN_ERR_IO for a file or shard that cannot be opened. On success mn_last_error() names the
  * tensors skipped because the graph has no parameter for them (GPT-2's attn.bias masks, a tied
  * lm_head) and, for non-strict loads, the parameters that kept their values; it is "" when
- * there are none. */
+ * there are none. Parameters that the optimizer concatenated into a derived one
+ * (optimizer/siblings.h) are loaded and saved under their own names; the derived name never
+ * appears in files or messages. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -202,8 +204,7 @@ static mn_status apply(const source *src, mn_session *s, const mn_io_param *para
     if (entry[i] < 0) continue;
     const mn_safetensors *file = src->files[src->entries[entry[i]].file];
     mn_status st = mn_safetensors_read_f32(file, params[i].name, stage, params[i].numel);
-    if (st == MN_OK)
-      st = s->backend->write_buffer(s, params[i].buffer, stage, params[i].numel * sizeof(float));
+    if (st == MN_OK) st = mn_io_param_write(s, &params[i], stage);
     if (st != MN_OK) return st;
   }
   return MN_OK;
@@ -281,7 +282,7 @@ mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
   float *dst = data;
   for (size_t i = 0; st == MN_OK && i < np; i++) {
     const mn_io_param *p = &params[i];
-    st = s->backend->read_buffer(s, p->buffer, dst, p->numel * sizeof(float));
+    st = mn_io_param_read(s, p, dst);
     tensors[i] = (mn_st_tensor){.name = p->name,
                                 .dtype = "F32",
                                 .rank = p->type->rank,

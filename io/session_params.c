@@ -5,36 +5,76 @@
 #include <string.h>
 
 #include "error.h"
+#include "optimizer/siblings.h"
+
+/* How many tensors users see in node i: the sources of a derived parameter, else one. */
+static size_t sources_in(const mn_session *s, mn_node i, const mn_param_source **first) {
+  size_t n = 0;
+  *first = NULL;
+  for (size_t k = 0; k < s->num_sources; k++)
+    if (s->sources[k].node == i) {
+      if (!n) *first = &s->sources[k];
+      n++;
+    }
+  return n;
+}
 
 mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, size_t *n) {
   const mn_plan *p = s->plan;
   const mn_graph *g = p->graph;
   *out = NULL;
   *n = 0;
-  size_t count = 0;
+  size_t count = s->num_sources;
   for (size_t i = 0; i < g->num_nodes; i++)
-    count += g->nodes[i].op == MN_OP_PARAMETER;
+    count += g->nodes[i].op == MN_OP_PARAMETER && !mn_siblings_is_derived(&g->nodes[i]);
   mn_io_param *params = calloc(count ? count : 1, sizeof *params);
   if (!params) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   size_t k = 0, j = 0;
   for (size_t i = 0; i < g->num_nodes; i++) {
     const mn_node_rec *node = &g->nodes[i];
     if (node->op != MN_OP_PARAMETER) continue;
-    mn_io_param *q = &params[k++];
-    q->name = node->name;
-    q->type = &node->type;
-    q->numel = (size_t)mn_tensor_type_numel(&node->type);
-    q->buffer = p->node_buffer[i];
-    q->slot = -1;
+    long slot = -1;
     /* Training plans list their slots in node order too. */
     while (j < p->num_params && p->params[j].param < (mn_node)i)
       j++;
     if (j < p->num_params && p->params[j].param == (mn_node)i && p->params[j].grad != MN_NO_NODE)
-      q->slot = (long)j;
+      slot = (long)j;
+    size_t all = (size_t)mn_tensor_type_numel(&node->type);
+    const mn_param_source *src = NULL;
+    bool derived = mn_siblings_is_derived(node);
+    size_t ns = derived ? sources_in(s, (mn_node)i, &src) : 0;
+    for (size_t m = 0; m < (derived ? ns : 1); m++) {
+      mn_io_param *q = &params[k++];
+      q->name = ns ? src[m].name : node->name;
+      q->type = ns ? &src[m].type : &node->type;
+      q->numel = (size_t)mn_tensor_type_numel(q->type);
+      q->buffer = p->node_buffer[i];
+      q->slot = slot;
+      q->offset = ns ? src[m].offset : 0;
+      q->buffer_numel = all;
+    }
   }
   *out = params;
-  *n = count;
+  *n = k;
   return MN_OK;
+}
+
+mn_status mn_io_param_read(mn_session *s, const mn_io_param *p, float *dst) {
+  return mn_session_read_range(s, p->buffer, p->buffer_numel, p->offset, dst, p->numel);
+}
+
+mn_status mn_io_param_write(mn_session *s, const mn_io_param *p, const float *src) {
+  return mn_session_write_range(s, p->buffer, p->buffer_numel, p->offset, src, p->numel);
+}
+
+mn_status mn_io_moment_read(mn_session *s, const mn_io_param *p, int which, float *dst) {
+  return mn_session_read_moment_range(s, (size_t)p->slot, which, p->buffer_numel, p->offset, dst,
+                                      p->numel);
+}
+
+mn_status mn_io_moment_write(mn_session *s, const mn_io_param *p, int which, const float *src) {
+  return mn_session_write_moment_range(s, (size_t)p->slot, which, p->buffer_numel, p->offset, src,
+                                       p->numel);
 }
 
 long mn_io_param_index(const mn_io_param *params, size_t n, const char *name) {

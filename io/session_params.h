@@ -9,15 +9,26 @@
 #include "session.h"
 
 typedef struct mn_io_param {
-  const char *name; /* owned by the session's plan */
+  const char *name; /* owned by the session */
   const mn_tensor_type *type;
   size_t numel;
   uint32_t buffer;
   long slot; /* plan parameter slot that has Adam moments (a gradient), else -1 */
+  /* Elements [offset, offset + numel) of the buffer's buffer_numel: a source of a derived
+   * parameter (host/session.h) is a range of it; any other parameter is all of its buffer. */
+  size_t offset, buffer_numel;
 } mn_io_param;
 
-/* Every parameter of s in node order (the order of the plan's slots). *out is malloc'd. */
+/* Every parameter of s as users name it, in node order (the order of the plan's slots), the
+ * sources of a derived parameter in its place. Derived parameters themselves are never
+ * listed: files hold the names the user gave. *out is malloc'd. */
 mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, size_t *n);
+
+/* A parameter's values, and (Adam moment `which`, 0: m, 1: v) its optimizer state. */
+mn_status mn_io_param_read(mn_session *s, const mn_io_param *p, float *dst);
+mn_status mn_io_param_write(mn_session *s, const mn_io_param *p, const float *src);
+mn_status mn_io_moment_read(mn_session *s, const mn_io_param *p, int which, float *dst);
+mn_status mn_io_moment_write(mn_session *s, const mn_io_param *p, int which, const float *src);
 
 /* Index into params of the parameter called name, or -1. Linear: sessions hold hundreds of
  * parameters and each load looks each name up once. */
