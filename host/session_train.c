@@ -43,7 +43,9 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
   mn_status st = mn_graph_toposort_status(g, &fwd);
   if (st == MN_OK) st = mn_optimize_graph_report(fn, &fwd, o, MN_OPTIMIZE_FORWARD, report);
   /* Before autodiff, which then differentiates the concatenated form. */
-  if (st == MN_OK) st = mn_siblings_concat(fn, &fwd, o, true, NULL);
+  if (st == MN_OK)
+    st = mn_siblings_concat(fn, &fwd, o, true,
+                            report ? &report->stage[MN_OPTIMIZE_FORWARD].sibling_groups : NULL);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_autodiff(fn, fwd, &full, grads);

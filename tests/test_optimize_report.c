@@ -414,6 +414,7 @@ Test(optimize, report_counts_what_fired) {
                                       "dead-code 0",
                                       "fusions applied: 0",
                                       "multi-output fusions: 0",
+                                      "sibling groups: 0",
                                       "full graph:",
                                       "saturation",
                                       "extraction",

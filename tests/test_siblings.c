@@ -230,6 +230,26 @@ Test(siblings, dispatch_counts) {
   mn_graph_free(g);
 }
 
+/* The build report counts the groups of the forward stage: q/k/v and gate/up. */
+Test(siblings, report_counts_groups) {
+  mn_graph *g = llama_block(small, 0);
+  for (int mode = 0; mode < 2; mode++) {
+    mn_siblings_set_mode(mode ? MN_SIBLINGS_ALWAYS : MN_SIBLINGS_NEVER);
+    mn_session_options o = mn_session_options_default();
+    o.backend = MN_BACKEND_CPU;
+    mn_session *s = NULL;
+    mn_optimize_report *r = NULL;
+    cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());
+    mn_siblings_set_mode(MN_SIBLINGS_AUTO);
+    char text[4096];
+    mn_optimize_report_format(r, text, sizeof text);
+    cr_assert(strstr(text, mode ? "sibling groups: 2" : "sibling groups: 0"), "%s", text);
+    mn_optimize_report_free(r);
+    mn_session_free(s);
+  }
+  mn_graph_free(g);
+}
+
 /* ---------------------------------------------------------------- parameters by name */
 
 Test(siblings, set_parameter_changes_only_its_rows) {
