@@ -1,7 +1,8 @@
 /* Reports what the graph optimizer costs and what it saves: the optimize time for a
  * GPT-2 small training graph (12 layers, 768 wide, 12 heads, vocab 50257; target <= 200
  * ms for both stages), and plan dispatches with the optimizer off, on without pointwise
- * fusion and on, for an MLP and for the transformer block of tests/support/models.c.
+ * fusion and on, for an MLP and for the transformer block of tests/support/models.c, with
+ * what fusion made (fused nodes, those holding a norm, extra values written).
  * Lowers plans only; nothing is allocated on a device. Usage: optimize_gpt2 [batch] [seq] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,9 +61,34 @@ static int by_value(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* What fusion made in a plan: fused nodes, those holding a row op (a norm with its prologue
+ * and epilogue), and the extra values they write. */
+typedef struct fused_counts {
+  size_t fused, rows, extras;
+} fused_counts;
+
+static fused_counts count_fused(const mn_plan *p) {
+  fused_counts c = {0};
+  const mn_graph *g = p->graph;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_FUSED) continue;
+    c.fused++;
+    c.rows += mn_fused_prog_row(n->fused) >= 0;
+    c.extras += (size_t)mn_node_num_extra_outputs(n);
+  }
+  return c;
+}
+
+static void print_fused(const fused_counts *c) {
+  printf("fused nodes: %zu (%zu with a row op), writing %zu extra values\n", c->fused, c->rows,
+         c->extras);
+}
+
 /* Dispatches with the optimizer off, on without pointwise fusion, and on (the default). */
 static void dispatches(const char *name, mn_graph *g) {
   size_t n[3];
+  fused_counts fc = {0};
   mn_optimize_report *r = mn_optimize_report_new();
   if (!r) exit(1);
   for (int mode = 0; mode < 3; mode++) {
@@ -72,6 +98,7 @@ static void dispatches(const char *name, mn_graph *g) {
     mn_plan *plan = NULL;
     check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
     n[mode] = plan->num_dispatches;
+    if (mode == 2) fc = count_fused(plan);
     mn_plan_free(plan);
   }
   char text[4096];
@@ -79,6 +106,7 @@ static void dispatches(const char *name, mn_graph *g) {
   printf("%s training step: %zu dispatches unoptimized, %zu optimized without fusion, %zu with "
          "fusion\n%s",
          name, n[0], n[1], n[2], text);
+  print_fused(&fc);
   mn_optimize_report_free(r);
   mn_graph_free(g);
 }
@@ -100,6 +128,7 @@ int main(int argc, char **argv) {
   mn_plan_free(unfused);
   mn_fusion_set_enabled(true);
   double ms[REPS], lower[REPS];
+  fused_counts fc = {0};
   mn_optimize_report *r = mn_optimize_report_new();
   if (!r) return 1;
   for (int i = 0; i < REPS; i++) {
@@ -107,6 +136,7 @@ int main(int argc, char **argv) {
     check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, r), "gpt2");
     ms[i] = r->stage[MN_OPTIMIZE_FORWARD].total_ms + r->stage[MN_OPTIMIZE_FULL].total_ms;
     lower[i] = r->lower_ms;
+    fc = count_fused(plan);
     mn_plan_free(plan);
   }
   qsort(ms, REPS, sizeof *ms, by_value);
@@ -118,6 +148,7 @@ int main(int argc, char **argv) {
          "%zu dispatches without fusion\n%s",
          c.layers, (long long)c.batch, (long long)c.seq, ms[REPS / 2], REPS, lower[REPS / 2],
          unfused_dispatches, text);
+  print_fused(&fc);
   mn_optimize_report_free(r);
   mn_graph_free(g);
   dispatches("mlp 784-512-10", mlp());

@@ -2,10 +2,12 @@
  * and its transpose (rope.cuh), embedding, scatter_add and the KV cache write
  * (embedding.cuh). Shapes, eps, theta and static offsets become template constants;
  * launch shapes are chosen here from the shapes. */
+#include <stdio.h>
 #include <string.h>
 
 #include "../host/error.h"
 #include "emit.h"
+#include "lower_norm.h"
 
 /* Grid-stride kernels loop over what a grid of at most this many blocks does not cover. */
 #define MAX_GRID 65535u
@@ -83,6 +85,19 @@ static mn_status lower_norm_rows(const mn_cu_op_ctx *c, const char *kernel, bool
                          tf(k.cache), tf(center), float_bits(c->node->attrs.eps));
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), third, mn_cu_out(c)};
   return mn_cu_launch(c, kid, mn_cu_blocks(k.rows, rpb), 1, 1, 0, 4, args);
+}
+
+mn_status mn_cu_launch_norm_rows(const mn_cu_op_ctx *c, const mn_tensor_type *x, const char *code,
+                                 int nargs, const mn_cu_arg *args) {
+  norm_cfg k;
+  mn_status st = norm_config(c, x, &k);
+  if (st != MN_OK) return st;
+  unsigned rpb = rows_per_block(&k);
+  char targs[160];
+  snprintf(targs, sizeof targs, "<%u, %u, %lld, %d, %lld, %d, %s>", k.block, rpb, (long long)k.rows,
+           k.vec, (long long)k.n, k.items, tf(k.cache));
+  int kid = mn_cu_kernel_generated(c, k.block * rpb, code, targs);
+  return mn_cu_launch(c, kid, mn_cu_blocks(k.rows, rpb), 1, 1, 0, nargs, args);
 }
 
 static mn_status lower_norm_fwd(const mn_cu_op_ctx *c, bool center) {

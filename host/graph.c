@@ -292,8 +292,15 @@ mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p) {
 int mn_node_num_extra_outputs(const mn_node_rec *n) {
   switch (n->op) {
   case MN_OP_MATMUL_AT_BGRAD: return 1;
+  case MN_OP_FUSED: return n->fused ? mn_fused_prog_num_extra(n->fused) : 0;
   default: return 0;
   }
+}
+
+static uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
 }
 
 bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b) {
@@ -301,11 +308,70 @@ bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b) {
   if (!a || !b || a->num_instrs != b->num_instrs) return false;
   for (int i = 0; i < a->num_instrs; i++) {
     const mn_fused_instr *x = &a->instrs[i], *y = &b->instrs[i];
-    /* The scale by its bits, as the e-graph compares attributes. */
-    uint32_t sx, sy;
-    memcpy(&sx, &x->scale, sizeof sx);
-    memcpy(&sy, &y->scale, sizeof sy);
-    if (x->op != y->op || sx != sy || memcmp(x->args, y->args, sizeof x->args) != 0) return false;
+    /* Attributes by their bits, as the e-graph compares them. */
+    if (x->op != y->op || float_bits(x->scale) != float_bits(y->scale) ||
+        float_bits(x->eps) != float_bits(y->eps) || x->out != y->out ||
+        memcmp(x->args, y->args, sizeof x->args) != 0)
+      return false;
+  }
+  return true;
+}
+
+bool mn_fused_is_row_op(mn_op op) {
+  return op == MN_OP_LAYER_NORM || op == MN_OP_RMS_NORM || op == MN_OP_LAYER_NORM_GRAD_X ||
+         op == MN_OP_RMS_NORM_GRAD_X;
+}
+
+int mn_fused_prog_row(const mn_fused_prog *p) {
+  for (int i = 0; i < p->num_instrs; i++)
+    if (mn_fused_is_row_op(p->instrs[i].op)) return i;
+  return -1;
+}
+
+/* Operand k of a row op is a row vector: the weight (1) of every norm op, the bias (2) of
+ * layer_norm; x (0) and the gradients' dy (2) are elementwise. */
+static bool row_operand(mn_op op, int k) { return k == 1 || (k == 2 && op == MN_OP_LAYER_NORM); }
+
+bool mn_fused_input_is_row(const mn_fused_prog *p, int k) {
+  int r = mn_fused_prog_row(p);
+  if (r < 0) return false;
+  const mn_fused_instr *in = &p->instrs[r];
+  for (int a = 0; a < mn_op_table[in->op].arity; a++)
+    if (row_operand(in->op, a) && in->args[a] == k) return true;
+  return false;
+}
+
+int mn_fused_prog_num_extra(const mn_fused_prog *p) {
+  int n = 0;
+  for (int i = 0; i < p->num_instrs && i < MN_FUSED_MAX_INSTRS; i++)
+    if (p->instrs[i].out > n) n = p->instrs[i].out;
+  return n;
+}
+
+static bool instr_ok(const mn_fused_instr *in, int i, bool *seen_row, char *why, size_t why_size) {
+  bool known = (unsigned)in->op < MN_OP_COUNT;
+  int arity = known ? mn_op_table[in->op].arity : 0;
+  bool row = known && mn_fused_is_row_op(in->op);
+  if (!known || in->op == MN_OP_FUSED || (!(mn_op_flags(in->op) & MN_OPF_POINTWISE) && !row) ||
+      arity < 1 || arity > MN_FUSED_MAX_ARGS) {
+    snprintf(why, why_size, "instruction %d: not a pointwise or row op", i);
+    return false;
+  }
+  if (row && *seen_row) {
+    snprintf(why, why_size, "instruction %d: a second row op", i);
+    return false;
+  }
+  *seen_row |= row;
+  bool stray = false;
+  for (int k = arity; k < MN_FUSED_MAX_ARGS; k++)
+    stray |= in->args[k] != 0;
+  if (stray || (in->op != MN_OP_SCALE && in->scale != 0.0f) || (!row && in->eps != 0.0f)) {
+    snprintf(why, why_size, "instruction %d: stray operand or attribute", i);
+    return false;
+  }
+  if (in->out > MN_MAX_EXTRA_OUTPUTS) {
+    snprintf(why, why_size, "instruction %d: extra value %d", i, in->out);
+    return false;
   }
   return true;
 }
@@ -319,34 +385,47 @@ bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size
     snprintf(why, why_size, "%d instructions", p->num_instrs);
     return false;
   }
+  /* used: 1 read elementwise, 2 read as a row vector */
   unsigned char used[MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS] = {0};
+  int outs[MN_MAX_EXTRA_OUTPUTS + 1] = {0};
+  bool seen_row = false;
   for (int i = 0; i < p->num_instrs; i++) {
     const mn_fused_instr *in = &p->instrs[i];
-    int arity = (unsigned)in->op < MN_OP_COUNT ? mn_op_table[in->op].arity : 0;
-    if ((unsigned)in->op >= MN_OP_COUNT || in->op == MN_OP_FUSED ||
-        !(mn_op_flags(in->op) & MN_OPF_POINTWISE) || arity < 1 || arity > MN_FUSED_MAX_ARGS) {
-      snprintf(why, why_size, "instruction %d: not a pointwise op", i);
-      return false;
-    }
-    for (int k = 0; k < arity; k++) {
+    if (!instr_ok(in, i, &seen_row, why, why_size)) return false;
+    for (int k = 0; k < mn_op_table[in->op].arity; k++) {
       int a = in->args[k];
       if (a >= num_inputs + i) {
         snprintf(why, why_size, "instruction %d: operand %d is not an input or earlier result", i,
                  a);
         return false;
       }
-      used[a] = 1;
+      unsigned char how = mn_fused_is_row_op(in->op) && row_operand(in->op, k) ? 2 : 1;
+      if (how == 2 && a >= num_inputs) {
+        snprintf(why, why_size, "instruction %d: row operand %d is not an input", i, a);
+        return false;
+      }
+      if (used[a] && used[a] != how) {
+        snprintf(why, why_size, "instruction %d: input %d read both as a row and elementwise", i,
+                 a);
+        return false;
+      }
+      used[a] = how;
     }
-    bool extra = false;
-    for (int k = arity; k < MN_FUSED_MAX_ARGS; k++)
-      extra |= in->args[k] != 0;
-    if (extra || (in->op != MN_OP_SCALE && in->scale != 0.0f)) {
-      snprintf(why, why_size, "instruction %d: stray operand or scale", i);
-      return false;
+    if (in->out) {
+      if (i == p->num_instrs - 1 || outs[in->out]++) {
+        snprintf(why, why_size, "instruction %d: extra value %d taken twice", i, in->out);
+        return false;
+      }
     }
   }
+  int extra = mn_fused_prog_num_extra(p);
+  for (int k = 1; k <= extra; k++)
+    if (!outs[k]) {
+      snprintf(why, why_size, "extra value %d is never written", k);
+      return false;
+    }
   for (int a = 0; a < num_inputs + p->num_instrs - 1; a++)
-    if (!used[a]) {
+    if (!used[a] && !(a >= num_inputs && p->instrs[a - num_inputs].out)) {
       snprintf(why, why_size, "%s %d is never read", a < num_inputs ? "input" : "result",
                a < num_inputs ? a : a - num_inputs);
       return false;

@@ -33,17 +33,28 @@ typedef enum mn_act { MN_ACT_NONE, MN_ACT_RELU, MN_ACT_GELU, MN_ACT_SILU, MN_ACT
 /* Values a node writes besides its own (MN_OPF_MULTI_OUTPUT in ops.h). */
 #define MN_MAX_EXTRA_OUTPUTS 3
 
-/* The element program of a fused node (MN_OP_FUSED, made by optimizer/fusion.c): pointwise
- * ops applied in order, each to the node's inputs or to earlier results, every result
- * rounded to F32 as the ops it replaces store theirs; the last result is the node's value.
- * Operand a names input a when a < the node's num_inputs, else result a - num_inputs. */
+/* The element program of a fused node (MN_OP_FUSED, made by optimizer/fusion.c): ops applied
+ * in order, each to the node's inputs or to earlier results, every result rounded to F32 as
+ * the ops it replaces store theirs; the last result is the node's value, and a result whose
+ * `out` is k >= 1 is also written as the node's extra value k (read through an extra_output
+ * node, plan.h). Operand a names input a when a < the node's num_inputs, else result
+ * a - num_inputs.
+ *
+ * Every op is pointwise except at most one row op (mn_fused_is_row_op: a norm or a norm's x
+ * gradient over the last axis of the node's shape). Instructions before it that it reads are
+ * its prologue, computed as its input is loaded; instructions after it that read it are its
+ * epilogue, applied before its result is stored. A row op's weight and bias operands are node
+ * inputs of shape [N] (the last axis) that nothing else reads; every other input has the
+ * node's shape. */
 #define MN_FUSED_MAX_INSTRS 64
 #define MN_FUSED_MAX_ARGS   3
 
 typedef struct mn_fused_instr {
-  mn_op op;    /* a pointwise op other than fused; its arity is the number of operands */
+  mn_op op;    /* its arity is the number of operands */
   float scale; /* scale's attribute, else 0 */
+  float eps;   /* a norm's attribute, else 0 */
   uint8_t args[MN_FUSED_MAX_ARGS];
+  uint8_t out; /* k >= 1: also written as extra value k; else 0 */
 } mn_fused_instr;
 
 typedef struct mn_fused_prog {
@@ -122,9 +133,20 @@ int mn_node_num_extra_outputs(const mn_node_rec *n);
 mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p);
 bool mn_fused_prog_equal(const mn_fused_prog *a, const mn_fused_prog *b);
 /* Whether p is a well-formed program over num_inputs inputs: 1 to MN_FUSED_MAX_INSTRS
- * instructions of pointwise ops (not fused) with their arity, every operand an input or an
- * earlier result, every input read and every result but the last one used. On false, a
- * reason goes to why. */
+ * instructions of pointwise ops (not fused) and at most one row op, each with its arity, every
+ * operand an input or an earlier result, a row op's weight and bias node inputs read by
+ * nothing else, every input read, every result but the last read or written out, the extra
+ * values numbered 1 .. n (n <= MN_MAX_EXTRA_OUTPUTS) once each and not on the last result,
+ * attributes only where the op has them. On false, a reason goes to why. */
 bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size_t why_size);
+/* The ops a fused program may hold as its row op: layer_norm, rms_norm and their x
+ * gradients. */
+bool mn_fused_is_row_op(mn_op op);
+/* The index of p's row op, or -1. */
+int mn_fused_prog_row(const mn_fused_prog *p);
+/* Whether input k is read as a row vector of the last axis (a row op's weight or bias). */
+bool mn_fused_input_is_row(const mn_fused_prog *p, int k);
+/* How many extra values p writes (the largest out). */
+int mn_fused_prog_num_extra(const mn_fused_prog *p);
 
 #endif

@@ -12,7 +12,7 @@
 #define XXH_SEED 0x6e657572ULL /* "neur" */
 
 /* Bumped when the canonical stream below changes, so old keys stop matching. */
-#define MN_GRAPH_HASH_SCHEME 1
+#define MN_GRAPH_HASH_SCHEME 2
 
 void mn_hasher_init(mn_hasher *h) {
   memset(h, 0, sizeof *h);
@@ -155,8 +155,10 @@ void mn_hash_node(mn_hasher *h, const mn_node_rec *n) {
     const mn_fused_instr *in = &n->fused->instrs[i];
     mn_hasher_str(h, mn_op_name(in->op));
     mn_hasher_f32(h, in->scale);
+    mn_hasher_f32(h, in->eps);
     for (int k = 0; k < MN_FUSED_MAX_ARGS; k++)
       mn_hasher_u64(h, in->args[k]);
+    mn_hasher_u64(h, in->out);
   }
 }
 

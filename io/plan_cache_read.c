@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "io/plan_cache.h"
+#include "optimizer/siblings.h"
 
 /* Bounds that no real graph reaches; they keep sizes and their sums far from overflow. */
 #define MAX_NODES       (1u << 24)
@@ -181,6 +182,45 @@ static mn_status read_attrs(reader *r, size_t i, const cJSON *attrs, mn_op_attrs
   return MN_OK;
 }
 
+/* A parameter the optimizer concatenated (optimizer/siblings.h) stands for the user graph's
+ * parameters its name lists: each must exist with its rows of the derived one as its type, and
+ * appear once in the whole graph; the derived name itself must be no user leaf's. */
+static mn_status read_derived_name(reader *r, size_t i, const char *s, mn_node_rec *n) {
+  mn_sibling_source src[MN_SIBLINGS_MAX_GROUP];
+  size_t count = 0;
+  char why[96];
+  if (!mn_siblings_decode(s, src, &count, why, sizeof why))
+    return CORRUPT(r, "node %zu: derived parameter: %s", i, why);
+  if (n->type.dtype != MN_F32 || n->type.rank != 2)
+    return CORRUPT(r, "node %zu: derived parameter is not an f32 matrix", i);
+  if (mn_graph_find_leaf(r->user, MN_OP_PARAMETER, s) != MN_NO_NODE ||
+      mn_graph_find_leaf(r->user, MN_OP_INPUT, s) != MN_NO_NODE)
+    return CORRUPT(r, "node %zu: derived parameter has a user leaf's name", i);
+  int64_t rows = 0;
+  for (size_t k = 0; k < count; k++) {
+    char *name = strndup(src[k].name, src[k].len);
+    if (!name) return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+    mn_node u = mn_graph_find_leaf(r->user, MN_OP_PARAMETER, name);
+    free(name);
+    int len = (int)src[k].len;
+    if (u == MN_NO_NODE)
+      return CORRUPT(r, "node %zu: derived parameter: the graph has no parameter named \"%.*s\"", i,
+                     len, src[k].name);
+    mn_tensor_type want = mn_type_make(MN_F32, (int64_t[]){src[k].rows, n->type.shape[1]}, 2);
+    if (!same_type(&r->user->nodes[u].type, &want) || src[k].rows > n->type.shape[0] - rows)
+      return CORRUPT(r, "node %zu: derived parameter: \"%.*s\" has another type in the graph", i,
+                     len, src[k].name);
+    if (r->user_seen[u])
+      return CORRUPT(r, "node %zu: derived parameter: \"%.*s\" appears twice", i, len, src[k].name);
+    r->user_seen[u] = 1;
+    rows += src[k].rows;
+  }
+  if (rows != n->type.shape[0])
+    return CORRUPT(r, "node %zu: derived parameter: its sources do not fill its rows", i);
+  if (!(n->name = strdup(s))) return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+  return MN_OK;
+}
+
 /* Inputs and parameters: the session's interface, so each must be one of the user graph's
  * leaves with its exact type, and appear once. */
 static mn_status read_name(reader *r, size_t i, const node_fields *node, mn_node_rec *n) {
@@ -189,6 +229,7 @@ static mn_status read_name(reader *r, size_t i, const node_fields *node, mn_node
   if (!named_leaf) return name ? CORRUPT(r, "node %zu: only leaves have names", i) : MN_OK;
   const char *s = cJSON_GetStringValue(name);
   if (!s) return CORRUPT(r, "node %zu: %s without a name", i, mn_op_name(n->op));
+  if (mn_siblings_is_derived(n)) return read_derived_name(r, i, s, n);
   mn_node u = mn_graph_find_leaf(r->user, n->op, s);
   if (u == MN_NO_NODE)
     return CORRUPT(r, "node %zu: the graph has no %s named \"%s\"", i, mn_op_name(n->op), s);
@@ -235,11 +276,12 @@ static mn_status read_constant(reader *r, size_t i, const node_fields *node, mn_
 
 static mn_status read_instr(reader *r, size_t i, int k, const cJSON *obj, mn_fused_instr *in) {
   if (!cJSON_IsObject(obj)) return CORRUPT(r, "node %zu: instruction %d is not an object", i, k);
-  const cJSON *op = NULL, *args = NULL, *attrs = NULL, *m;
+  const cJSON *op = NULL, *args = NULL, *attrs = NULL, *out = NULL, *m;
   cJSON_ArrayForEach(m, obj) {
     const cJSON **slot = strcmp(m->string, "op") == 0      ? &op
                          : strcmp(m->string, "args") == 0  ? &args
                          : strcmp(m->string, "attrs") == 0 ? &attrs
+                         : strcmp(m->string, "out") == 0   ? &out
                                                            : NULL;
     if (!slot || *slot) return CORRUPT(r, "node %zu: instruction %d: bad field", i, k);
     *slot = m;
@@ -258,20 +300,27 @@ static mn_status read_instr(reader *r, size_t i, int k, const cJSON *obj, mn_fus
       return CORRUPT(r, "node %zu: instruction %d: bad operand", i, k);
     in->args[na++] = (uint8_t)x;
   }
-  /* Written as a node's attrs; an instruction carries scale's attribute only. */
-  mn_op_attrs a, only_scale;
+  long long x = 0;
+  if (out && !get_int(out, 1, MN_MAX_EXTRA_OUTPUTS, &x))
+    return CORRUPT(r, "node %zu: instruction %d: bad out", i, k);
+  in->out = (uint8_t)x;
+  /* Written as a node's attrs; an instruction carries scale's or a norm's attribute only. */
+  mn_op_attrs a, only;
   mn_status st = read_attrs(r, i, attrs, &a);
   if (st != MN_OK) return st;
-  memset(&only_scale, 0, sizeof only_scale);
-  only_scale.scale = a.scale;
-  if (memcmp(&a, &only_scale, sizeof a) != 0 || (a.scale != 0.0f && in->op != MN_OP_SCALE))
+  memset(&only, 0, sizeof only);
+  only.scale = a.scale;
+  only.eps = a.eps;
+  if (memcmp(&a, &only, sizeof a) != 0 || (a.scale != 0.0f && in->op != MN_OP_SCALE) ||
+      (a.eps != 0.0f && !mn_fused_is_row_op(in->op)))
     return CORRUPT(r, "node %zu: instruction %d: bad attrs", i, k);
   in->scale = a.scale;
+  in->eps = a.eps;
   return MN_OK;
 }
 
-/* Fused nodes: the program, well formed (graph.h), over F32 inputs of the node's type, as
- * the kernels read them. */
+/* Fused nodes: the program, well formed (graph.h), over F32 inputs of the node's type (or
+ * rows of its last axis, for a row op's weight and bias), as the kernels read them. */
 static mn_status read_program(reader *r, size_t i, const node_fields *node, mn_node_rec *n) {
   const cJSON *prog = node->program;
   if (n->op != MN_OP_FUSED)
@@ -291,10 +340,16 @@ static mn_status read_program(reader *r, size_t i, const node_fields *node, mn_n
   char why[128];
   if (!mn_fused_prog_check(n->fused, n->num_inputs, why, sizeof why))
     return CORRUPT(r, "node %zu: bad program: %s", i, why);
-  bool f32 = n->type.dtype == MN_F32;
-  for (int k = 0; k < n->num_inputs; k++)
-    f32 &= same_type(&r->g->nodes[n->inputs[k]].type, &n->type);
-  return f32 ? MN_OK : CORRUPT(r, "node %zu: fused inputs must be f32 of its shape", i);
+  bool f32 = n->type.dtype == MN_F32 && n->type.rank >= 1;
+  for (int k = 0; f32 && k < n->num_inputs; k++) {
+    const mn_tensor_type *t = &r->g->nodes[n->inputs[k]].type;
+    if (mn_fused_input_is_row(n->fused, k))
+      f32 = t->dtype == MN_F32 && t->rank == 1 && t->shape[0] == n->type.shape[n->type.rank - 1];
+    else
+      f32 = same_type(t, &n->type);
+  }
+  return f32 ? MN_OK
+             : CORRUPT(r, "node %zu: fused inputs must be f32 of its shape or of its rows", i);
 }
 
 static mn_status read_node(reader *r, size_t i, const cJSON *obj, mn_node_rec *n) {

@@ -110,8 +110,8 @@ static long long find_user_constant(const mn_graph *user, const mn_node_rec *n) 
   return -1;
 }
 
-/* A fused node's program: one {"op", "args", "attrs" (scale's, as a node's)} per
- * instruction. */
+/* A fused node's program: one {"op", "args", "attrs" (scale's or eps, as a node's), "out"
+ * (the extra value it is, when it is one)} per instruction. */
 static cJSON *program_item(builder *b, const mn_fused_prog *p) {
   cJSON *list = checked(b, cJSON_CreateArray());
   for (int i = 0; list && i < p->num_instrs; i++) {
@@ -124,9 +124,10 @@ static cJSON *program_item(builder *b, const mn_fused_prog *p) {
       add(b, o, "args", args);
     else
       cJSON_Delete(args);
-    mn_op_attrs attrs = {.scale = in->scale};
+    mn_op_attrs attrs = {.scale = in->scale, .eps = in->eps};
     cJSON *a = o ? attrs_item(b, &attrs) : NULL;
     if (a) add(b, o, "attrs", a);
+    if (o && in->out) add(b, o, "out", int_item(b, in->out));
     add(b, list, NULL, o);
   }
   return list;

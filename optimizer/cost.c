@@ -24,7 +24,9 @@ static double flops(mn_op op, const mn_tensor_type *out, const mn_tensor_type *c
 }
 
 double mn_cost_op(mn_op op, const mn_tensor_type *out, const mn_tensor_type *const *ins, int n) {
-  if (mn_op_flags(op) & (MN_OPF_LEAF | MN_OPF_EXTRA_OUTPUT)) return 0;
+  if (mn_op_flags(op) & MN_OPF_LEAF) return 0;
+  /* An extra value is written by its producer's launch: its bytes, no launch of its own. */
+  if (mn_op_flags(op) & MN_OPF_EXTRA_OUTPUT) return (double)mn_tensor_type_bytes(out);
   double bytes = (double)mn_tensor_type_bytes(out);
   for (int i = 0; i < n; i++)
     bytes += (double)mn_tensor_type_bytes(ins[i]);

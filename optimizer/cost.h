@@ -1,7 +1,8 @@
 /* The cost model that extraction minimizes, in bytes of memory traffic: a node costs the
  * bytes it reads and writes, plus its arithmetic expressed as the bytes that move in the
  * same time, plus a fixed price per kernel launch. Leaves cost nothing (they are buffers
- * the session fills, not work). */
+ * the session fills, not work); an extra_output node costs the bytes its producer writes
+ * for it. */
 #ifndef MN_OPTIMIZER_COST_H
 #define MN_OPTIMIZER_COST_H
 

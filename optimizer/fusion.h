@@ -1,15 +1,17 @@
 /* Pointwise fusion: the last pass of the optimizer's full stage (training graphs after
  * autodiff, inference graphs), run on the extracted graph.
  *
- * A group is a connected set of pointwise F32 nodes of one shape with a single value
- * leaving it: every member but the root is used only inside the group and is no graph
- * output. Such a group is convex by construction (any path out of it leaves through the
- * root), so replacing it by one MN_OP_FUSED node at the root's place keeps the graph
- * acyclic and topological. A value with a user outside the group stays materialized and
- * ends the group there (no recomputation yet: docs/fusion.md says when it would pay). A
- * group reads at most MN_MAX_INPUTS distinct values and runs at most MN_FUSED_MAX_INSTRS
- * ops, and is formed only when the cost model (cost.h) prices the fused node below the ops
- * it replaces.
+ * A group is a connected set of F32 nodes of one shape: pointwise ops and at most one row op
+ * (a norm or a norm's x gradient, whose weight and bias rows it reads as inputs), which then
+ * runs with the group's other ops as its prologue and epilogue in one kernel. Its last member
+ * (the root) gives the fused node's value; every other member whose value is a graph output
+ * or read outside the group is written as an extra value of the fused node (at most
+ * MN_MAX_EXTRA_OUTPUTS), read through an extra_output node. A group reads at most
+ * MN_MAX_INPUTS distinct values and runs at most MN_FUSED_MAX_INSTRS ops, takes each member
+ * only when the cost model (cost.h) prices the group with it below the group without it plus
+ * the member on its own, and must leave the graph acyclic: the pass keeps every node and group
+ * at a place between what it reads and what reads it, and a group for which no such place
+ * exists (a path leaves it and comes back) does not take the member.
  *
  * See docs/fusion.md for the design and what is not fused yet. */
 #ifndef MN_OPTIMIZER_FUSION_H
@@ -20,9 +22,9 @@
 #include "graph.h"
 
 /* Replaces *g (topological) by the graph with every group fused, freeing the old graph;
- * *fusions counts the fused nodes made. Outputs, named leaves and their order are kept;
- * an output that was a group's root is now its fused node. On failure (out of memory)
- * *g is left as it was. */
+ * *fusions counts the fused nodes made. Outputs and named leaves are kept; an output that was
+ * a group's root is now its fused node, one that was another member its extra_output node.
+ * On failure (out of memory) *g is left as it was. */
 mn_status mn_fuse_pointwise(mn_graph **g, size_t *fusions);
 
 /* Process-wide switch, on by default: tests and benchmarks turn fusion off to compare an

@@ -1,16 +1,19 @@
 /* Pointwise fusion (optimizer/fusion.h): groups form where they should (chains, diamonds,
- * gradient chains of training graphs) and not where they must not (an intermediate that is
- * an output or has a user outside, another shape, U32, a non-pointwise op between); fused
+ * gradient chains of training graphs, values read outside the group written as extra values)
+ * and not where they must not (another shape, U32, a non-pointwise op between, a path that
+ * leaves a group and comes back, more than MN_MAX_EXTRA_OUTPUTS values leaving); fused
  * sessions compute bit for bit what unfused ones do (MLP, transformer block, conv block over
- * three AdamW steps; random graphs in test_fusion_random.c); the report counts the fused nodes;
- * the plan cache keeps them; and every fused graph's CUDA kernels compile (NVRTC, no device
- * needed) and, with a device, agree with the CPU. */
+ * three AdamW steps; random graphs in test_fusion_random.c; reductions in
+ * test_fusion_reduce.c); the report counts the fused nodes; the plan cache keeps them; and
+ * every fused graph's CUDA kernels compile (NVRTC, no device needed) and, with a device, agree
+ * with the CPU. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
 #include "io/plan_cache.h"
+#include "optimizer/cost.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
 #include "session.h"
@@ -155,22 +158,143 @@ Test(fusion, diamond_inside_a_group) {
   mn_graph_free(g);
 }
 
-Test(fusion, intermediate_output_stays_materialized) {
+/* The extra_output node of g that reads value k of node `of`, or MN_NO_NODE. */
+static mn_node extra_of(const mn_graph *g, mn_node of, int k) {
+  for (size_t i = 0; i < g->num_nodes; i++)
+    if (g->nodes[i].op == MN_OP_EXTRA_OUTPUT && g->nodes[i].inputs[0] == of &&
+        g->nodes[i].attrs.variant == k)
+      return (mn_node)i;
+  return MN_NO_NODE;
+}
+
+static mn_node fused_id(const mn_graph *g, size_t i) {
+  return (mn_node)(fused_at(g, i) - g->nodes);
+}
+
+Test(fusion, intermediate_output_becomes_an_extra_value) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_tanh(g, mn_input(g, "x", MN_SHAPE(16)));
   OUTPUTS(g, mn_relu(g, mn_exp(g, a)), a);
-  expect_groups(g, 1, 2, 1); /* exp and relu; tanh is an output of its own */
+  expect_groups(g, 1, 3, 0); /* tanh, exp, relu; tanh also written out */
+  mn_plan *p = mn_fz_lower(g, false);
+  const mn_graph *lg = p->graph;
+  mn_node f = fused_id(lg, 0);
+  const mn_fused_prog *prog = lg->nodes[f].fused;
+  cr_assert_eq(prog->instrs[0].op, MN_OP_TANH);
+  cr_assert_eq(prog->instrs[0].out, 1);
+  cr_assert_eq(prog->instrs[2].out, 0, "the last result is the node's own value");
+  cr_assert_eq(mn_node_num_extra_outputs(&lg->nodes[f]), 1);
+  cr_assert_eq(lg->outputs[0], f);
+  cr_assert_eq(lg->outputs[1], extra_of(lg, f, 1), "output 1 is read through extra value 1");
+  cr_assert_eq(p->num_dispatches, 1);
+  mn_plan_free(p);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 3, -2, 2);
   mn_graph_free(g);
 }
 
-Test(fusion, intermediate_with_an_outside_user_ends_the_group) {
+Test(fusion, intermediate_with_an_outside_user_is_written_out) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_tanh(g, mn_input(g, "x", MN_SHAPE(3, 7)));
   OUTPUTS(g, mn_relu(g, mn_exp(g, a)), mn_softmax(g, a));
-  expect_groups(g, 1, 2, 1);
+  expect_groups(g, 1, 3, 0);
+  mn_plan *p = mn_fz_lower(g, false);
+  const mn_graph *lg = p->graph;
+  mn_node f = fused_id(lg, 0), x = extra_of(lg, f, 1);
+  cr_assert_neq(x, MN_NO_NODE);
+  cr_assert_eq(lg->nodes[lg->outputs[1]].op, MN_OP_SOFTMAX);
+  cr_assert_eq(lg->nodes[lg->outputs[1]].inputs[0], x, "softmax reads tanh's extra value");
+  mn_plan_free(p);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 4, -2, 2);
   mn_graph_free(g);
+}
+
+/* The outside reader of tanh comes before the group's root, so the fused node moves up to
+ * where tanh was; the softmax between reads its extra value. */
+Test(fusion, extra_value_read_before_the_root) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(4, 8));
+  mn_node a = mn_tanh(g, x);
+  mn_node s = mn_softmax(g, a);
+  mn_node y = mn_add(g, mn_exp(g, a), x);
+  OUTPUTS(g, y, s);
+  expect_groups(g, 1, 3, 0);
+  mn_plan *p = mn_fz_lower(g, false);
+  const mn_graph *lg = p->graph;
+  mn_node f = fused_id(lg, 0);
+  cr_assert_lt(f, lg->outputs[1], "the fused node comes before the softmax");
+  cr_assert_eq(lg->nodes[lg->outputs[1]].inputs[0], extra_of(lg, f, 1));
+  mn_plan_free(p);
+  mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 5, -2, 2);
+
+  /* With the product of both, the group cannot take tanh: softmax lies on a path from
+   * tanh back into the group. */
+  mn_graph_free(g);
+  g = mn_graph_new();
+  x = mn_input(g, "x", MN_SHAPE(4, 8));
+  a = mn_tanh(g, x);
+  s = mn_softmax(g, a);
+  y = mn_add(g, mn_exp(g, a), x);
+  OUTPUTS(g, mn_mul(g, y, s));
+  expect_groups(g, 1, 3, 1); /* {exp, add, mul}; tanh alone */
+  mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 5, -2, 2);
+  mn_graph_free(g);
+}
+
+/* a = tanh(x) is read by a matmul whose product the group reads too: with a in the group,
+ * the product would both need the fused node and feed it. */
+Test(fusion, no_group_where_a_path_leaves_and_comes_back) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(4, 4)), w = mn_input(g, "w", MN_SHAPE(4, 4));
+  mn_node a = mn_tanh(g, x);
+  OUTPUTS(g, mn_exp(g, mn_add(g, a, mn_matmul(g, a, w))));
+  expect_groups(g, 1, 2, 1); /* {add, exp}; tanh alone */
+  mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 6, -2, 2);
+  mn_graph_free(g);
+}
+
+Test(fusion, at_most_three_extra_values) {
+  mn_graph *g = mn_graph_new();
+  mn_node a1 = mn_tanh(g, mn_input(g, "x", MN_SHAPE(12)));
+  mn_node a2 = mn_exp(g, a1), a3 = mn_neg(g, a2), a4 = mn_abs(g, a3);
+  OUTPUTS(g, mn_relu(g, a4), a1, a2, a3, a4);
+  expect_groups(g, 1, 4, 1); /* {exp, neg, abs, relu} with three extra values; tanh alone */
+  mn_plan *p = mn_fz_lower(g, false);
+  cr_assert_eq(mn_fz_count_op(p->graph, MN_OP_EXTRA_OUTPUT), MN_MAX_EXTRA_OUTPUTS);
+  mn_plan_free(p);
+  mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 7, -2, 2);
+  mn_graph_free(g);
+}
+
+/* b = mul(x, p1) + p2 through tanh: p2's gradient is tanh_grad's value, which the group that
+ * makes p1's gradient (mul by x) also reads, so it is an extra value, and the gradient is
+ * read from the extra_output node that owns its buffer. */
+Test(fusion, gradient_output_as_an_extra_value) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(6, 5)), t = mn_input(g, "t", MN_SHAPE(6, 5));
+  mn_node p1 = mn_parameter(g, "p1", MN_SHAPE(6, 5)), p2 = mn_parameter(g, "p2", MN_SHAPE(6, 5));
+  mn_node y = mn_tanh(g, mn_add(g, mn_mul(g, x, p1), p2));
+  OUTPUTS(g, mn_mse_loss(g, y, t));
+  mn_plan *p = mn_fz_lower(g, true);
+  const mn_graph *lg = p->graph;
+  mn_node g1 = p->params[0].grad, g2 = p->params[1].grad;
+  cr_assert_eq(lg->nodes[g1].op, MN_OP_FUSED, "p1's gradient is %s", mn_op_name(lg->nodes[g1].op));
+  cr_assert_eq(lg->nodes[g2].op, MN_OP_EXTRA_OUTPUT, "p2's gradient is %s",
+               mn_op_name(lg->nodes[g2].op));
+  cr_assert_eq(lg->nodes[g2].inputs[0], g1);
+  cr_assert_neq(p->node_buffer[g1], p->node_buffer[g2]);
+  mn_plan_free(p);
+  mn_fz_agree_training(g, MN_FZ_UNOPTIMIZED, STEPS, 12, -1, 1);
+  mn_graph_free(g);
+}
+
+Test(fusion, extra_values_cost_their_writes) {
+  int64_t n = 1000;
+  mn_tensor_type t = mn_type_make(MN_F32, &n, 1);
+  const mn_tensor_type *ins[1] = {&t};
+  cr_assert_eq(mn_cost_op(MN_OP_EXTRA_OUTPUT, &t, ins, 1), 4000.0);
+  /* A fused node with an extra value costs less than the two ops it replaces. */
+  double fused = mn_cost_op(MN_OP_FUSED, &t, ins, 1) + mn_cost_op(MN_OP_EXTRA_OUTPUT, &t, NULL, 0);
+  cr_assert_lt(fused, 2 * mn_cost_op(MN_OP_TANH, &t, ins, 1));
 }
 
 Test(fusion, other_shapes_and_u32_are_not_fused) {
@@ -383,7 +507,7 @@ Test(fusion, plan_cache_keeps_fused_nodes) {
                        "\"program\":[{\"op\":\"relu\",\"args\":[0],\"attrs\":{\"scale\":2}},",
                        "\"program\":[{\"op\":\"scale\",\"args\":[0],\"attrs\":{\"eps\":2}},",
                        "\"program\":[{\"op\":\"scale\",\"args\":[0],\"bogus\":1},"};
-  const char *why_part[] = {"operand 9", "instruction 0: not a pointwise op",
+  const char *why_part[] = {"operand 9", "instruction 0: not a pointwise or row op",
                             "instruction 0: bad attrs", "instruction 0: bad attrs",
                             "instruction 0: bad field"};
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {

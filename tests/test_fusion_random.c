@@ -1,8 +1,11 @@
 /* Fusion property test: 200 random graphs of pointwise ops (chains, shared values, several
- * outputs, sizes around the float4 and tile boundaries), each run as an inference graph and
- * trained one step, give bit for bit the same outputs, losses, gradients and parameters fused
- * and optimized without fusion. The baseline is the optimized graph, not the unoptimized one:
- * in backward graphs the rewrite rules (silu, swiglu) replace ops by others that round
+ * outputs, sizes around the float4 and tile boundaries) with a few row ops (rms_norm,
+ * layer_norm: fused with their prologues and epilogues) and softmaxes among them (which read
+ * values of a group from outside and feed others back into it: multi-output groups, and
+ * groups that a path leaves and re-enters), each run as an inference graph and trained one
+ * step, give bit for bit the same outputs, losses, gradients and parameters fused and
+ * optimized without fusion. The baseline is the optimized graph, not the unoptimized one: in
+ * backward graphs the rewrite rules (silu, swiglu) replace ops by others that round
  * differently, which is no part of fusion. Their kernels compile for the GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +16,7 @@
 
 enum { GRAPHS = 200, MAX_VALUES = 32 };
 
-typedef enum kind { UNARY, BINARY, SCALE } kind;
+typedef enum kind { UNARY, BINARY, SCALE, OUTSIDE, ROW } kind;
 typedef struct op_row {
   mn_op op;
   kind k;
@@ -24,14 +27,16 @@ typedef struct op_row {
 static mn_node scale_any(mn_graph *g, mn_node x) { return mn_scale(g, x, 0.75f); }
 
 static const op_row ops[] = {
-    {MN_OP_ADD, BINARY, NULL, mn_add},       {MN_OP_MUL, BINARY, NULL, mn_mul},
-    {MN_OP_DIV, BINARY, NULL, mn_div},       {MN_OP_GREATER, BINARY, NULL, mn_greater},
-    {MN_OP_SWIGLU, BINARY, NULL, mn_swiglu}, {MN_OP_SCALE, SCALE, scale_any, NULL},
-    {MN_OP_RELU, UNARY, mn_relu, NULL},      {MN_OP_SIGMOID, UNARY, mn_sigmoid, NULL},
-    {MN_OP_TANH, UNARY, mn_tanh, NULL},      {MN_OP_NEG, UNARY, mn_neg, NULL},
-    {MN_OP_ABS, UNARY, mn_abs, NULL},        {MN_OP_LOG, UNARY, mn_log, NULL},
-    {MN_OP_EXP, UNARY, mn_exp, NULL},        {MN_OP_RECIP, UNARY, mn_recip, NULL},
-    {MN_OP_SILU, UNARY, mn_silu, NULL},      {MN_OP_GELU, UNARY, mn_gelu, NULL},
+    {MN_OP_ADD, BINARY, NULL, mn_add},          {MN_OP_MUL, BINARY, NULL, mn_mul},
+    {MN_OP_DIV, BINARY, NULL, mn_div},          {MN_OP_GREATER, BINARY, NULL, mn_greater},
+    {MN_OP_SWIGLU, BINARY, NULL, mn_swiglu},    {MN_OP_SCALE, SCALE, scale_any, NULL},
+    {MN_OP_RELU, UNARY, mn_relu, NULL},         {MN_OP_SIGMOID, UNARY, mn_sigmoid, NULL},
+    {MN_OP_TANH, UNARY, mn_tanh, NULL},         {MN_OP_NEG, UNARY, mn_neg, NULL},
+    {MN_OP_ABS, UNARY, mn_abs, NULL},           {MN_OP_LOG, UNARY, mn_log, NULL},
+    {MN_OP_EXP, UNARY, mn_exp, NULL},           {MN_OP_RECIP, UNARY, mn_recip, NULL},
+    {MN_OP_SILU, UNARY, mn_silu, NULL},         {MN_OP_GELU, UNARY, mn_gelu, NULL},
+    {MN_OP_SOFTMAX, OUTSIDE, mn_softmax, NULL}, {MN_OP_RMS_NORM, ROW, NULL, NULL},
+    {MN_OP_LAYER_NORM, ROW, NULL, NULL},
 };
 
 typedef struct gen {
@@ -65,8 +70,22 @@ static void add_value(gen *s, mn_node v, mn_op op) {
   s->op[s->n++] = op;
 }
 
-/* Leaves named <prefix>x<i> (inputs) or <prefix>p<i> (parameters), then 2 to 20 ops. Returns
- * the index of the last value. */
+/* A norm of x with a fresh weight (and bias) of the last axis, named <prefix>n<k>w / b:
+ * parameters when training. */
+static mn_node random_norm(gen *s, const op_row *row, mn_node x, const char *prefix, bool training,
+                           const int64_t *shape, int rank) {
+  char w[32], b[32];
+  snprintf(w, sizeof w, "%sn%dw", prefix, s->n);
+  snprintf(b, sizeof b, "%sn%db", prefix, s->n);
+  const int64_t *n = &shape[rank - 1];
+  mn_node wn = training ? mn_parameter(s->g, w, n, 1) : mn_input(s->g, w, n, 1);
+  if (row->op == MN_OP_RMS_NORM) return mn_rms_norm(s->g, x, wn, 1e-5f);
+  mn_node bn = training ? mn_parameter(s->g, b, n, 1) : mn_input(s->g, b, n, 1);
+  return mn_layer_norm(s->g, x, wn, bn, 1e-5f);
+}
+
+/* Leaves named <prefix>x<i> (inputs) or <prefix>p<i> (parameters), then 2 to 20 ops (a row op
+ * or a softmax one time in eight). Returns the index of the last value. */
 static int random_body(gen *s, const char *prefix, bool training, const int64_t *shape, int rank) {
   s->leaves = 1 + pick(s, 4);
   for (int i = 0; i < s->leaves; i++) {
@@ -76,12 +95,16 @@ static int random_body(gen *s, const char *prefix, bool training, const int64_t 
     add_value(s, param ? mn_parameter(s->g, name, shape, rank) : mn_input(s->g, name, shape, rank),
               param ? MN_OP_PARAMETER : MN_OP_INPUT);
   }
+  enum { SPECIAL = 3 }; /* rows of ops at the end of the table: softmax and the norms */
+  int pointwise = (int)(sizeof ops / sizeof ops[0]) - SPECIAL;
   for (int count = 2 + pick(s, 19); count > 0 && s->n < MAX_VALUES;) {
-    const op_row *row = &ops[pick(s, (int)(sizeof ops / sizeof ops[0]))];
+    const op_row *row = &ops[pick(s, 8) ? pick(s, pointwise) : pointwise + pick(s, SPECIAL)];
     int a = operand(s), b = operand(s);
     if (rewritten(s, row, a, b)) continue;
-    add_value(s, row->k == BINARY ? row->binary(s->g, s->v[a], s->v[b]) : row->unary(s->g, s->v[a]),
-              row->op);
+    mn_node v = row->k == BINARY ? row->binary(s->g, s->v[a], s->v[b])
+                : row->k == ROW  ? random_norm(s, row, s->v[a], prefix, training, shape, rank)
+                                 : row->unary(s->g, s->v[a]);
+    add_value(s, v, row->op);
     count--;
   }
   return s->n - 1;
@@ -119,12 +142,17 @@ static mn_graph *random_graph(uint64_t seed, bool training) {
 }
 
 Test(fusion_random, random_pointwise_graphs_agree_bitwise) {
-  size_t fused = 0;
+  size_t fused = 0, rows = 0, extras = 0;
   for (uint64_t seed = 1; seed <= GRAPHS; seed++) {
     for (int training = 0; training < 2; training++) {
       mn_graph *g = random_graph(seed, training);
       mn_plan *p = mn_fz_lower(g, training);
       fused += mn_fz_count_op(p->graph, MN_OP_FUSED);
+      for (size_t i = 0; i < p->graph->num_nodes; i++) {
+        const mn_node_rec *n = &p->graph->nodes[i];
+        rows += n->op == MN_OP_FUSED && mn_fused_prog_row(n->fused) >= 0;
+        extras += n->op == MN_OP_EXTRA_OUTPUT && p->graph->nodes[n->inputs[0]].op == MN_OP_FUSED;
+      }
       mn_plan_free(p);
       if (training)
         mn_fz_agree_training(g, MN_FZ_OPTIMIZED_UNFUSED, 1, seed, -2, 2);
@@ -134,6 +162,9 @@ Test(fusion_random, random_pointwise_graphs_agree_bitwise) {
     }
   }
   cr_assert_gt(fused, GRAPHS, "only %zu fused nodes in %d graphs", fused, 2 * GRAPHS);
+  cr_assert_gt(rows, GRAPHS / 10, "only %zu fused row ops", rows);
+  cr_assert_gt(extras, GRAPHS / 2, "only %zu extra values of fused nodes", extras);
+  cr_log_info("%zu fused nodes, %zu with a row op, %zu extra values", fused, rows, extras);
 }
 
 /* Twenty random bodies side by side in one graph, so that one NVRTC run compiles them. */

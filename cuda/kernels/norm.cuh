@@ -12,6 +12,16 @@
 // differ from it only by summation order. Row statistics are computed exactly as the
 // reference's row_stats (rms_norm: mean 0), so the gradients differentiate what the
 // forward computed. eps arrives as the bits of the float attribute.
+//
+// The forward and the x gradient are written once, over a loader and a storer
+// (mn_norm_fwd_with, mn_norm_grad_x_with), so that the code that cuda/lower_fused.c generates
+// for a fused program can compute x and dy from its inputs as they are loaded (a prologue)
+// and transform the result before it is stored (an epilogue) in the same kernel:
+//   load(e, x, dy, write): the VEC floats of x (and for the gradient dy) at element e of the
+//     tensor (e = row * N + j * VEC). write is true exactly once for each element, so a
+//     prologue writes the values it must also store then; other calls only recompute.
+//   store(e, o): the VEC results at element e.
+// The plain kernels load x and dy from memory and store the results.
 
 // This thread's index within its row's group.
 template <int BLOCK> __device__ __forceinline__ int mn_norm_t() {
@@ -55,10 +65,11 @@ __device__ __forceinline__ void mn_norm_fill(float *cache, const float *row) {
 }
 
 // mean (0 without CENTER) and 1 / sqrt(mean((x - mean)^2) + eps) of one row, as the
-// reference's row_stats computes them. Every thread of the group gets both.
-template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER>
-__device__ __forceinline__ void mn_norm_stats(const float *xc, const float *x, double eps,
-                                              double *sh, double &mean, double &inv) {
+// reference's row_stats computes them; xat(k, j, a) gives the x floats of slot k (vector j).
+// Every thread of the group gets both.
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, typename X>
+__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, double &mean,
+                                              double &inv) {
   constexpr long long NV = N / VEC;
   double m = 0.0;
   if constexpr (CENTER) {
@@ -68,7 +79,7 @@ __device__ __forceinline__ void mn_norm_stats(const float *xc, const float *x, d
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
       if (j < NV) {
         float a[VEC];
-        mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+        xat(k, j, a);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
           s += (double)a[e];
@@ -82,7 +93,7 @@ __device__ __forceinline__ void mn_norm_stats(const float *xc, const float *x, d
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC];
-      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+      xat(k, j, a);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
         const double d = (double)a[e] - m;
@@ -95,6 +106,12 @@ __device__ __forceinline__ void mn_norm_stats(const float *xc, const float *x, d
   inv = 1.0 / sqrt(ss / (double)N + eps);
 }
 
+template <int VEC> __device__ __forceinline__ void mn_norm_copy(const float *src, float *dst) {
+#pragma unroll
+  for (int e = 0; e < VEC; e++)
+    dst[e] = src[e];
+}
+
 // The row of this thread's group, or -1 past the last of the ROWS rows (only whole
 // warps of a block of one-warp groups get that).
 template <int BLOCK, int RPB, long long ROWS> __device__ __forceinline__ long long mn_norm_row() {
@@ -103,31 +120,45 @@ template <int BLOCK, int RPB, long long ROWS> __device__ __forceinline__ long lo
   return row < ROWS ? row : -1;
 }
 
-// Forward. p[0] x, p[1] weight, p[2] bias (CENTER only), p[3] out; ROWS rows, RPB per
-// block (RPB > 1 only with BLOCK 32).
+// Forward over a loader and a storer (above): ROWS rows, RPB per block (RPB > 1 only with
+// BLOCK 32); w the weight, b the bias (CENTER only).
 //   rms_norm:   out = x * inv * w
 //   layer_norm: out = (x - mean) * inv * w + b
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS>
-__device__ void mn_norm_fwd(const mn_ptrs &io) {
+          bool CENTER, unsigned EPS_BITS, typename L, typename S>
+__device__ __forceinline__ void mn_norm_fwd_with(const float *w, const float *b, L &&load,
+                                                 S &&store) {
   __shared__ double sh[32];
   constexpr long long NV = N / VEC;
   const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
   if (row < 0) return;
-  const float *x = mn_arg<const float>(io, 0) + row * N;
-  const float *w = mn_arg<const float>(io, 1), *b = mn_arg<const float>(io, 2);
-  float *out = mn_arg<float>(io, 3) + row * N;
-  float xc[CACHE ? ITEMS * VEC : 1];
-  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
+  const long long r0 = row * N;
+  float xc[CACHE ? ITEMS * VEC : 1], unused[VEC];
+  if constexpr (CACHE) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+      const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+      if (j < NV) load(r0 + j * VEC, xc + k * VEC, unused, true);
+    }
+  }
+  auto xat = [&](int k, long long j, float *a) {
+    if constexpr (CACHE)
+      mn_norm_copy<VEC>(xc + k * VEC, a);
+    else
+      load(r0 + j * VEC, a, unused, false);
+  };
   double mean, inv;
-  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, (double)__int_as_float((int)EPS_BITS),
-                                                     sh, mean, inv);
+  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
+                                                     mean, inv);
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC], wv[VEC], o[VEC];
-      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
+      if constexpr (CACHE)
+        mn_norm_copy<VEC>(xc + k * VEC, a);
+      else
+        load(r0 + j * VEC, a, unused, true);
       mn_ld_vec<VEC>(w + j * VEC, wv);
       if constexpr (CENTER) {
         float bv[VEC];
@@ -140,39 +171,67 @@ __device__ void mn_norm_fwd(const mn_ptrs &io) {
         for (int e = 0; e < VEC; e++)
           o[e] = (float)((double)a[e] * inv * (double)wv[e]);
       }
-      mn_st_vec<VEC>(out + j * VEC, o);
+      store(r0 + j * VEC, o);
     }
   }
 }
 
-// x gradient. p[0] x, p[1] weight, p[2] dy, p[3] dx; rows as for the forward. With
+// Forward. p[0] x, p[1] weight, p[2] bias (CENTER only), p[3] out.
+template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
+          bool CENTER, unsigned EPS_BITS>
+__device__ void mn_norm_fwd(const mn_ptrs &io) {
+  const float *x = mn_arg<const float>(io, 0);
+  float *out = mn_arg<float>(io, 3);
+  mn_norm_fwd_with<BLOCK, RPB, ROWS, VEC, N, ITEMS, CACHE, CENTER, EPS_BITS>(
+      mn_arg<const float>(io, 1), mn_arg<const float>(io, 2),
+      [&](long long e, float *v, float *, bool) { mn_ld_vec<VEC>(x + e, v); },
+      [&](long long e, const float *o) { mn_st_vec<VEC>(out + e, o); });
+}
+
+// x gradient over a loader and a storer (above), rows as for the forward; w the weight. With
 // g = dy * w and x_hat = (x - mean) * inv: dx = inv * (g - mean(g) - x_hat * mean(g *
 // x_hat)), without the mean(g) term for rms_norm (its x_hat is not centered).
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS>
-__device__ void mn_norm_grad_x(const mn_ptrs &io) {
+          bool CENTER, unsigned EPS_BITS, typename L, typename S>
+__device__ __forceinline__ void mn_norm_grad_x_with(const float *w, L &&load, S &&store) {
   __shared__ double sh[32];
   constexpr long long NV = N / VEC;
   const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
   if (row < 0) return;
-  const float *x = mn_arg<const float>(io, 0) + row * N;
-  const float *w = mn_arg<const float>(io, 1);
-  const float *dy = mn_arg<const float>(io, 2) + row * N;
-  float *dx = mn_arg<float>(io, 3) + row * N;
-  float xc[CACHE ? ITEMS * VEC : 1], dc[CACHE ? ITEMS * VEC : 1];
-  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
-  mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(dc, dy);
+  const long long r0 = row * N;
+  float xc[CACHE ? ITEMS * VEC : 1], dc[CACHE ? ITEMS * VEC : 1], unused[VEC];
+  if constexpr (CACHE) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) {
+      const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
+      if (j < NV) load(r0 + j * VEC, xc + k * VEC, dc + k * VEC, true);
+    }
+  }
+  auto xat = [&](int k, long long j, float *a) {
+    if constexpr (CACHE)
+      mn_norm_copy<VEC>(xc + k * VEC, a);
+    else
+      load(r0 + j * VEC, a, unused, false);
+  };
+  // Both operands of slot k; write as load's (ignored when CACHE: the fill wrote).
+  auto both = [&](int k, long long j, float *a, float *d, bool write) {
+    if constexpr (CACHE) {
+      mn_norm_copy<VEC>(xc + k * VEC, a);
+      mn_norm_copy<VEC>(dc + k * VEC, d);
+    } else {
+      load(r0 + j * VEC, a, d, write);
+    }
+  };
   double mean, inv;
-  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, (double)__int_as_float((int)EPS_BITS),
-                                                     sh, mean, inv);
+  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
+                                                     mean, inv);
   double sg = 0.0, sgx = 0.0;
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC], d[VEC], wv[VEC];
-      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
-      mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
+      both(k, j, a, d, false);
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
@@ -189,8 +248,7 @@ __device__ void mn_norm_grad_x(const mn_ptrs &io) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC], d[VEC], wv[VEC], o[VEC];
-      mn_norm_get<VEC, CACHE>(xc, k, x, j, a);
-      mn_norm_get<VEC, CACHE>(dc, k, dy, j, d);
+      both(k, j, a, d, true);
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
@@ -198,9 +256,24 @@ __device__ void mn_norm_grad_x(const mn_ptrs &io) {
         const double xh = ((double)a[e] - mean) * inv;
         o[e] = (float)(inv * (g - mg - xh * mgx));
       }
-      mn_st_vec<VEC>(dx + j * VEC, o);
+      store(r0 + j * VEC, o);
     }
   }
+}
+
+// x gradient. p[0] x, p[1] weight, p[2] dy, p[3] dx.
+template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
+          bool CENTER, unsigned EPS_BITS>
+__device__ void mn_norm_grad_x(const mn_ptrs &io) {
+  const float *x = mn_arg<const float>(io, 0), *dy = mn_arg<const float>(io, 2);
+  float *dx = mn_arg<float>(io, 3);
+  mn_norm_grad_x_with<BLOCK, RPB, ROWS, VEC, N, ITEMS, CACHE, CENTER, EPS_BITS>(
+      mn_arg<const float>(io, 1),
+      [&](long long e, float *a, float *d, bool) {
+        mn_ld_vec<VEC>(x + e, a);
+        mn_ld_vec<VEC>(dy + e, d);
+      },
+      [&](long long e, const float *o) { mn_st_vec<VEC>(dx + e, o); });
 }
 
 // Weight gradient, pass 1 of 2: dw[i] = sum over rows of dy * x_hat. Block c takes rows
@@ -228,7 +301,9 @@ __device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
     float xc[CACHE ? ITEMS * VEC : 1];
     mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
     double mean, inv;
-    mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xc, x, eps, sh, mean, inv);
+    mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
+        [&](int k, long long j, float *a) { mn_norm_get<VEC, CACHE>(xc, k, x, j, a); }, eps, sh,
+        mean, inv);
 #pragma unroll(CACHE ? ITEMS : 1)
     for (int k = 0; k < ITEMS; k++) {
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
