@@ -126,6 +126,7 @@ static void hash_attrs(mn_hasher *h, const mn_op_attrs *a) {
   mn_hasher_u64(h, (uint64_t)(int64_t)a->groups);
   mn_hasher_u64(h, (uint64_t)(int64_t)a->channels_a);
   mn_hasher_u64(h, (uint64_t)(int64_t)a->variant);
+  mn_hasher_u64(h, (uint64_t)(int64_t)a->act);
   mn_hasher_u64(h, (uint64_t)a->num_rows);
 }
 

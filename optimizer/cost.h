@@ -13,6 +13,13 @@
 /* Bytes per flop: bandwidth (3 TB/s) over dense fp32 throughput (60 TFLOP/s). */
 #define MN_COST_BYTES_PER_FLOP (3.0 / 60.0)
 
+/* cuBLASLt's DGELU epilogue runs its products at a fraction of the plain GEMM's speed: on
+ * an H200 (TF32, GPT-2 124M, batch 16 x 1024) the 12 [16384,768]x[768,3072] products took
+ * 7.07 ms with it against 2.57 ms plain, more than the 2.95 ms of the gelu_grad kernels it
+ * saves (docs/performance.md). Its flops are priced at that ratio, so large products keep
+ * the separate gelu_grad and only launch-bound ones take the epilogue. */
+#define MN_COST_DGELU_SLOWDOWN 2.75
+
 /* Cost of one op producing `out` from inputs of types ins[0..n). */
 double mn_cost_op(mn_op op, const mn_tensor_type *out, const mn_tensor_type *const *ins, int n);
 
