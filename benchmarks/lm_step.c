@@ -7,7 +7,9 @@
  * usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] [--seq T] [--steps N]
  *        [--profile]
  * --no-optimize turns the graph optimizer off (the row is named with "_noopt");
+ * --siblings-always concatenates sibling products whatever the cost model says ("_sib");
  * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
+#include "../optimizer/siblings.h"
 #include "bench_util.h"
 
 static const char GPT2[] =
@@ -30,7 +32,7 @@ static size_t device_used_bytes(void) {
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "gpt2") && strcmp(argv[1], "smollm2"))) {
     fprintf(stderr, "usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] "
-                    "[--seq T] [--steps N] [--profile]\n");
+                    "[--seq T] [--steps N] [--profile] [--siblings-always]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
@@ -42,6 +44,8 @@ int main(int argc, char **argv) {
       o.allow_tf32 = true;
     else if (strcmp(argv[i], "--no-optimize") == 0)
       o.optimize = false;
+    else if (strcmp(argv[i], "--siblings-always") == 0)
+      mn_siblings_set_mode(MN_SIBLINGS_ALWAYS);
     else if (strcmp(argv[i], "--profile") == 0)
       profile = true;
     else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
@@ -88,10 +92,11 @@ int main(int argc, char **argv) {
   mn_session_stats st;
   mn_session_get_stats(s, &st);
   mn_memory_summary mem = mn_session_memory_summary(s);
-  printf("BENCH lm_%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
+  printf("BENCH lm_%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",
-         argv[1], o.allow_tf32 ? "_tf32" : "", o.optimize ? "" : "_noopt", st.backend, batch, seq,
+         argv[1], o.allow_tf32 ? "_tf32" : "", o.optimize ? "" : "_noopt",
+         mn_siblings_get_mode() == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend, batch, seq,
          step_ms, (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
          (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,
