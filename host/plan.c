@@ -4,6 +4,7 @@
 
 #include "error.h"
 #include "memplan.h"
+#include "plan_check.h"
 
 /* is_output: 0 not an output, 1 a user output, 2 a gradient. */
 static mn_buffer_role role_of(const mn_graph *g, mn_node id, const unsigned char *is_output) {
@@ -30,6 +31,10 @@ static mn_status fill_extra_outputs(mn_plan *p) {
     int k = n->attrs.variant;
     if (n->num_inputs != 1 || k < 1 || k > mn_node_num_extra_outputs(&g->nodes[n->inputs[0]]))
       return mn_fail(MN_ERR_STATE, "mn_plan_build: node %zu reads no extra value of its input", i);
+    if (!mn_plan_extra_type_ok(g, &g->nodes[n->inputs[0]], n))
+      return mn_fail(MN_ERR_STATE,
+                     "mn_plan_build: node %zu does not have the type of value %d of %u", i, k,
+                     n->inputs[0]);
     mn_node *slot = &p->extra_outputs[(size_t)n->inputs[0] * MN_MAX_EXTRA_OUTPUTS + (size_t)k - 1];
     if (*slot != MN_NO_NODE)
       return mn_fail(MN_ERR_STATE, "mn_plan_build: value %d of node %u is read twice", k,
@@ -92,7 +97,8 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
   p->num_user_outputs = num_user_outputs;
   for (size_t i = 0; i < g->num_outputs; i++)
     is_output[g->outputs[i]] = i < num_user_outputs ? 1 : 2;
-  mn_status extra = fill_extra_outputs(p);
+  mn_status extra = mn_plan_check_optimizer_ops(g);
+  if (extra == MN_OK) extra = fill_extra_outputs(p);
   if (extra != MN_OK) {
     free(is_output);
     mn_plan_free(p);

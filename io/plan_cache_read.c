@@ -529,7 +529,7 @@ mn_status mn_plan_cache_parse(const char *json, size_t len, const mn_graph *user
   if (st == MN_OK) {
     st = mn_plan_build(r.g, num_user, r.grad_output, out);
     r.g = NULL; /* the plan owns it now, even on failure */
-    if (st != MN_OK) miss(&r, st, "%s", "out of memory building the plan");
+    if (st != MN_OK) miss(&r, st, "building the plan: %s", mn_last_error());
   }
   mn_graph_free(r.g);
   free(r.grad_output);

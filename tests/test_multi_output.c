@@ -166,3 +166,34 @@ Test(multi_output, plan_refuses_unread_or_doubly_read_values) {
   raw(g, MN_OP_EXTRA_OUTPUT, &one, 1, (int64_t[]){K, M}, 2, 1);
   expect_refused(g, "reads no extra value");
 }
+
+/* A plan may come from a cache file whose checksum anyone can recompute: types that the
+ * kernels would overrun are refused (host/plan_check.c). */
+Test(multi_output, plan_refuses_types_the_kernels_cannot_take) {
+  mn_graph *g = mn_graph_new(); /* a bias gradient of the wrong length */
+  mn_node x, y;
+  operands(g, &x, &y);
+  mn_node p = raw(g, MN_OP_MATMUL_AT_BGRAD, (mn_node[]){x, y}, 2, (int64_t[]){M, N}, 2, 1);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){1}, 1, 1);
+  expect_refused(g, "does not have the type of value 1");
+
+  g = mn_graph_new(); /* a product whose operands do not share K */
+  operands(g, &x, &y);
+  mn_node q = mn_relu(g, mn_input(g, "c", MN_SHAPE(K + 1, N)));
+  p = raw(g, MN_OP_MATMUL_AT_BGRAD, (mn_node[]){x, q}, 2, (int64_t[]){M, N}, 2, 1);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){N}, 1, 1);
+  expect_refused(g, "has types its kernel cannot take");
+
+  g = mn_graph_new(); /* a bias of the wrong length */
+  mn_node a = mn_input(g, "a", MN_SHAPE(M, K)), w = mn_input(g, "w", MN_SHAPE(K, N));
+  mn_node bias = mn_input(g, "bias", MN_SHAPE(N - 1));
+  raw(g, MN_OP_MATMUL_BIAS_ACT, (mn_node[]){a, w, bias}, 3, (int64_t[]){M, N}, 2, 0);
+  expect_refused(g, "has types its kernel cannot take");
+
+  g = mn_graph_new(); /* a pre-activation of another shape */
+  a = mn_input(g, "a", MN_SHAPE(M, K));
+  w = mn_input(g, "w", MN_SHAPE(N, K));
+  mn_node pre = mn_input(g, "pre", MN_SHAPE(M, N + 1));
+  raw(g, MN_OP_MATMUL_DGELU, (mn_node[]){a, w, pre}, 3, (int64_t[]){M, N}, 2, 1);
+  expect_refused(g, "has types its kernel cannot take");
+}

@@ -1,0 +1,72 @@
+/* Types that the kernels of the optimizer-made ops rely on. The optimizer builds these nodes
+ * right, but a plan may also come from a cache file on disk (io/plan_cache_read.c), whose
+ * checksum anyone can recompute: the plan refuses a node whose buffers would not fit what its
+ * kernel reads and writes, rather than run off the end of the arena. */
+#include "plan_check.h"
+
+#include "error.h"
+
+static bool f32(const mn_tensor_type *t) { return t->dtype == MN_F32 && t->rank >= 1; }
+
+static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
+
+/* a [.., K] times b ([K, N], or [N, K] when variant is 1) into [.., N]; *n gets N. */
+static bool product_ok(const mn_graph *g, const mn_node_rec *r, int64_t *n) {
+  const mn_tensor_type *a = &g->nodes[r->inputs[0]].type, *b = &g->nodes[r->inputs[1]].type;
+  if (!f32(a) || !f32(b) || !f32(&r->type) || b->rank != 2 || r->attrs.variant < 0 ||
+      r->attrs.variant > 1)
+    return false;
+  int64_t k = last_dim(a);
+  *n = r->attrs.variant ? b->shape[0] : b->shape[1];
+  if (k < 1 || *n < 1 || (r->attrs.variant ? b->shape[1] : b->shape[0]) != k) return false;
+  return last_dim(&r->type) == *n &&
+         mn_tensor_type_numel(&r->type) == mn_tensor_type_numel(a) / k * *n;
+}
+
+static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
+  int64_t n = 0;
+  switch (r->op) {
+  case MN_OP_MATMUL_BIAS_ACT: {
+    const mn_tensor_type *bias = &g->nodes[r->inputs[2]].type;
+    return product_ok(g, r, &n) && f32(bias) && bias->rank <= 2 &&
+           mn_tensor_type_numel(bias) == n && r->attrs.act >= 0 && r->attrs.act < MN_ACT_COUNT;
+  }
+  case MN_OP_MATMUL_DGELU:
+    return product_ok(g, r, &n) && r->attrs.act == MN_ACT_NONE &&
+           mn_type_same_shape(&g->nodes[r->inputs[2]].type, &r->type) &&
+           g->nodes[r->inputs[2]].type.dtype == MN_F32;
+  case MN_OP_MATMUL_AT_BGRAD: {
+    const mn_tensor_type *a = &g->nodes[r->inputs[0]].type, *b = &g->nodes[r->inputs[1]].type;
+    if (!f32(a) || !f32(b) || !f32(&r->type) || r->attrs.variant < 0 || r->attrs.variant > 1)
+      return false;
+    int64_t m = last_dim(a), cols = last_dim(b);
+    return m >= 1 && cols >= 1 && mn_tensor_type_numel(a) / m == mn_tensor_type_numel(b) / cols &&
+           mn_tensor_type_numel(&r->type) == m * cols;
+  }
+  case MN_OP_GROUP_NORM: return r->attrs.act == MN_ACT_NONE || r->attrs.act == MN_ACT_SILU;
+  default: return true;
+  }
+}
+
+mn_status mn_plan_check_optimizer_ops(const mn_graph *g) {
+  for (size_t i = 0; i < g->num_nodes; i++)
+    if (!node_ok(g, &g->nodes[i]))
+      return mn_fail(MN_ERR_STATE, "mn_plan_build: node %zu (%s) has types its kernel cannot take",
+                     i, mn_op_name(g->nodes[i].op));
+  return MN_OK;
+}
+
+bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
+                           const mn_node_rec *extra) {
+  if (extra->type.dtype != MN_F32) return false;
+  switch (producer->op) {
+  case MN_OP_FUSED: return mn_type_same_shape(&extra->type, &producer->type);
+  case MN_OP_MATMUL_AT_BGRAD: {
+    const mn_tensor_type *summed =
+        &g->nodes[producer->inputs[producer->attrs.variant ? 1 : 0]].type;
+    return extra->type.rank >= 1 && extra->type.rank <= 2 &&
+           mn_tensor_type_numel(&extra->type) == last_dim(summed);
+  }
+  default: return false;
+  }
+}
