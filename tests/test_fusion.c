@@ -19,6 +19,7 @@
 #include "session.h"
 #include "support/cuda_check.h"
 #include "support/fusion_check.h"
+#include "support/graph_check.h"
 #include "support/mn_test.h"
 #include "support/models.h"
 #include "support/session_util.h"
@@ -128,18 +129,10 @@ static mn_node raw(mn_graph *g, mn_op op, mn_node in, mn_dtype dt, const int64_t
   return id;
 }
 
-static mn_graph *with_outputs(mn_graph *g, const mn_node *outs, size_t n) {
-  mn_set_outputs(g, outs, n);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  return g;
-}
-#define OUTPUTS(g, ...)                                                                            \
-  with_outputs((g), (mn_node[]){__VA_ARGS__}, sizeof((mn_node[]){__VA_ARGS__}) / sizeof(mn_node))
-
 Test(fusion, chain_becomes_one_node) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 9));
-  OUTPUTS(g, mn_exp(g, mn_scale(g, mn_tanh(g, mn_relu(g, x)), 0.5f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, mn_tanh(g, mn_relu(g, x)), 0.5f)));
   expect_groups(g, 1, 4, 0);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 1, -2, 2);
   mn_graph_free(g);
@@ -149,7 +142,7 @@ Test(fusion, diamond_inside_a_group) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(5, 8)), w = mn_input(g, "w", MN_SHAPE(5, 8));
   mn_node a = mn_mul(g, x, w);
-  OUTPUTS(g, mn_add(g, mn_relu(g, a), mn_gelu(g, a)));
+  MN_TEST_OUTPUTS(g, mn_add(g, mn_relu(g, a), mn_gelu(g, a)));
   expect_groups(g, 1, 4, 0);
   mn_plan *p = mn_fz_lower(g, false);
   cr_assert_eq(fused_at(p->graph, 0)->num_inputs, 2, "x and w, each read once");
@@ -174,7 +167,7 @@ static mn_node fused_id(const mn_graph *g, size_t i) {
 Test(fusion, intermediate_output_becomes_an_extra_value) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_tanh(g, mn_input(g, "x", MN_SHAPE(16)));
-  OUTPUTS(g, mn_relu(g, mn_exp(g, a)), a);
+  MN_TEST_OUTPUTS(g, mn_relu(g, mn_exp(g, a)), a);
   expect_groups(g, 1, 3, 0); /* tanh, exp, relu; tanh also written out */
   mn_plan *p = mn_fz_lower(g, false);
   const mn_graph *lg = p->graph;
@@ -195,7 +188,7 @@ Test(fusion, intermediate_output_becomes_an_extra_value) {
 Test(fusion, intermediate_with_an_outside_user_is_written_out) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_tanh(g, mn_input(g, "x", MN_SHAPE(3, 7)));
-  OUTPUTS(g, mn_relu(g, mn_exp(g, a)), mn_softmax(g, a));
+  MN_TEST_OUTPUTS(g, mn_relu(g, mn_exp(g, a)), mn_softmax(g, a));
   expect_groups(g, 1, 3, 0);
   mn_plan *p = mn_fz_lower(g, false);
   const mn_graph *lg = p->graph;
@@ -216,7 +209,7 @@ Test(fusion, extra_value_read_before_the_root) {
   mn_node a = mn_tanh(g, x);
   mn_node s = mn_softmax(g, a);
   mn_node y = mn_add(g, mn_exp(g, a), x);
-  OUTPUTS(g, y, s);
+  MN_TEST_OUTPUTS(g, y, s);
   expect_groups(g, 1, 3, 0);
   mn_plan *p = mn_fz_lower(g, false);
   const mn_graph *lg = p->graph;
@@ -234,7 +227,7 @@ Test(fusion, extra_value_read_before_the_root) {
   a = mn_tanh(g, x);
   s = mn_softmax(g, a);
   y = mn_add(g, mn_exp(g, a), x);
-  OUTPUTS(g, mn_mul(g, y, s));
+  MN_TEST_OUTPUTS(g, mn_mul(g, y, s));
   expect_groups(g, 1, 3, 1); /* {exp, add, mul}; tanh alone */
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 5, -2, 2);
   mn_graph_free(g);
@@ -246,7 +239,7 @@ Test(fusion, no_group_where_a_path_leaves_and_comes_back) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 4)), w = mn_input(g, "w", MN_SHAPE(4, 4));
   mn_node a = mn_tanh(g, x);
-  OUTPUTS(g, mn_exp(g, mn_add(g, a, mn_matmul(g, a, w))));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_add(g, a, mn_matmul(g, a, w))));
   expect_groups(g, 1, 2, 1); /* {add, exp}; tanh alone */
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 6, -2, 2);
   mn_graph_free(g);
@@ -256,7 +249,7 @@ Test(fusion, at_most_three_extra_values) {
   mn_graph *g = mn_graph_new();
   mn_node a1 = mn_tanh(g, mn_input(g, "x", MN_SHAPE(12)));
   mn_node a2 = mn_exp(g, a1), a3 = mn_neg(g, a2), a4 = mn_abs(g, a3);
-  OUTPUTS(g, mn_relu(g, a4), a1, a2, a3, a4);
+  MN_TEST_OUTPUTS(g, mn_relu(g, a4), a1, a2, a3, a4);
   expect_groups(g, 1, 4, 1); /* {exp, neg, abs, relu} with three extra values; tanh alone */
   mn_plan *p = mn_fz_lower(g, false);
   cr_assert_eq(mn_fz_count_op(p->graph, MN_OP_EXTRA_OUTPUT), MN_MAX_EXTRA_OUTPUTS);
@@ -273,7 +266,7 @@ Test(fusion, gradient_output_as_an_extra_value) {
   mn_node x = mn_input(g, "x", MN_SHAPE(6, 5)), t = mn_input(g, "t", MN_SHAPE(6, 5));
   mn_node p1 = mn_parameter(g, "p1", MN_SHAPE(6, 5)), p2 = mn_parameter(g, "p2", MN_SHAPE(6, 5));
   mn_node y = mn_tanh(g, mn_add(g, mn_mul(g, x, p1), p2));
-  OUTPUTS(g, mn_mse_loss(g, y, t));
+  MN_TEST_OUTPUTS(g, mn_mse_loss(g, y, t));
   mn_plan *p = mn_fz_lower(g, true);
   const mn_graph *lg = p->graph;
   mn_node g1 = p->params[0].grad, g2 = p->params[1].grad;
@@ -301,14 +294,14 @@ Test(fusion, other_shapes_and_u32_are_not_fused) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_tanh(g, mn_input(g, "x", MN_SHAPE(2, 4)));
   mn_node b = raw(g, MN_OP_EXP, a, MN_F32, MN_SHAPE(8)); /* reads [2,4] as [8] */
-  OUTPUTS(g, raw(g, MN_OP_RELU, b, MN_F32, MN_SHAPE(8)));
+  MN_TEST_OUTPUTS(g, raw(g, MN_OP_RELU, b, MN_F32, MN_SHAPE(8)));
   expect_groups(g, 0, 0, 3);
   mn_graph_free(g);
 
   g = mn_graph_new();
   mn_node u = mn_input_u32(g, "u", MN_SHAPE(8));
   mn_node n = raw(g, MN_OP_NEG, u, MN_U32, MN_SHAPE(8));
-  OUTPUTS(g, raw(g, MN_OP_ABS, n, MN_U32, MN_SHAPE(8)));
+  MN_TEST_OUTPUTS(g, raw(g, MN_OP_ABS, n, MN_U32, MN_SHAPE(8)));
   expect_groups(g, 0, 0, 2);
   mn_graph_free(g);
 }
@@ -317,7 +310,7 @@ Test(fusion, non_pointwise_op_between_splits_groups) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 6)), b = mn_input(g, "b", MN_SHAPE(6));
   mn_node s = mn_softmax(g, mn_relu(g, x));
-  OUTPUTS(g, mn_exp(g, s), mn_tanh(g, mn_bias_add(g, mn_sigmoid(g, x), b)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, s), mn_tanh(g, mn_bias_add(g, mn_sigmoid(g, x), b)));
   expect_groups(g, 0, 0, 4);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 5, -2, 2);
   mn_graph_free(g);
@@ -329,7 +322,7 @@ Test(fusion, groups_read_at_most_four_values) {
   const char *names[] = {"x1", "x2", "x3", "x4"};
   for (int i = 0; i < 4; i++)
     y = mn_add(g, y, mn_input(g, names[i], MN_SHAPE(10)));
-  OUTPUTS(g, y);
+  MN_TEST_OUTPUTS(g, y);
   expect_groups(g, 1, 3, 1); /* the first add reads two more values than fit */
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 6, -2, 2);
   mn_graph_free(g);
@@ -340,7 +333,7 @@ Test(fusion, long_chains_split_at_the_instruction_limit) {
   mn_node y = mn_input(g, "x", MN_SHAPE(300));
   for (int i = 0; i < 100; i++)
     y = i % 2 ? mn_tanh(g, y) : mn_scale(g, y, 1.5f);
-  OUTPUTS(g, y);
+  MN_TEST_OUTPUTS(g, y);
   expect_groups(g, 2, 100, 0);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 7, -2, 2);
   mn_graph_free(g);
@@ -353,7 +346,7 @@ static mn_graph *gradient_chain(void) {
   mn_node x = mn_input(g, "x", MN_SHAPE(6, 5)), t = mn_input(g, "t", MN_SHAPE(6, 5));
   mn_node w = mn_parameter(g, "w", MN_SHAPE(6, 5));
   mn_node y = mn_tanh(g, mn_sigmoid(g, mn_mul(g, x, w)));
-  return OUTPUTS(g, mn_mse_loss(g, y, t));
+  return MN_TEST_OUTPUTS(g, mn_mse_loss(g, y, t));
 }
 
 Test(fusion, gradient_chains_of_training_graphs) {
@@ -539,8 +532,8 @@ Test(fusion_cuda, fused_kernels_compile) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 9)), w = mn_input(g, "w", MN_SHAPE(4, 9));
   mn_node a = mn_mul(g, x, w);
-  OUTPUTS(g, mn_exp(g, mn_scale(g, mn_tanh(g, mn_relu(g, x)), 0.5f)),
-          mn_add(g, mn_relu(g, a), mn_gelu(g, a)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, mn_tanh(g, mn_relu(g, x)), 0.5f)),
+                  mn_add(g, mn_relu(g, a), mn_gelu(g, a)));
   mn_test_assert_compiles(g, false);
   mn_graph_free(g);
   mn_graph *models[] = {gradient_chain(), mlp(), block(2), conv_block()};

@@ -16,6 +16,7 @@
 #include "session.h"
 #include "support/cuda_check.h"
 #include "support/fusion_check.h"
+#include "support/graph_check.h"
 #include "support/mn_test.h"
 #include "support/session_util.h"
 #include "support/tmp_dir.h"
@@ -24,14 +25,6 @@ enum { STEPS = 3 };
 
 static const mn_op row_ops[] = {MN_OP_LAYER_NORM, MN_OP_RMS_NORM, MN_OP_LAYER_NORM_GRAD_X,
                                 MN_OP_RMS_NORM_GRAD_X};
-
-static mn_graph *with_outputs(mn_graph *g, const mn_node *outs, size_t n) {
-  mn_set_outputs(g, outs, n);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  return g;
-}
-#define OUTPUTS(g, ...)                                                                            \
-  with_outputs((g), (mn_node[]){__VA_ARGS__}, sizeof((mn_node[]){__VA_ARGS__}) / sizeof(mn_node))
 
 /* Row op `op` over x [.., N] (dy of x's shape for the gradients), reading weight w and, for
  * layer_norm, bias b, all given; built past the builders, which do not make gradients. */
@@ -107,7 +100,7 @@ Test(fusion_reduce, epilogue_of_each_row_op) {
     leaves l = leaves_of(g, 6, 8);
     mn_node z = mn_input(g, "z", MN_SHAPE(6, 8));
     mn_node r = row_op(g, row_ops[i], l.x, l.w, l.b, l.dy);
-    OUTPUTS(g, mn_tanh(g, mn_add(g, r, z)));
+    MN_TEST_OUTPUTS(g, mn_tanh(g, mn_add(g, r, z)));
     char want[64];
     snprintf(want, sizeof want, "%s add tanh", mn_op_name(row_ops[i]));
     expect_programs(g, false, PROGRAMS(want), 0);
@@ -126,7 +119,7 @@ Test(fusion_reduce, prologue_of_each_row_op_writes_its_value) {
     mn_graph *g = mn_graph_new();
     leaves l = leaves_of(g, 5, 12);
     mn_node h = mn_add(g, l.x, mn_input(g, "a", MN_SHAPE(5, 12)));
-    OUTPUTS(g, row_op(g, row_ops[i], h, l.w, l.b, l.dy), h);
+    MN_TEST_OUTPUTS(g, row_op(g, row_ops[i], h, l.w, l.b, l.dy), h);
     char want[64];
     snprintf(want, sizeof want, "add %s", mn_op_name(row_ops[i]));
     expect_programs(g, false, PROGRAMS(want), 0);
@@ -149,7 +142,7 @@ Test(fusion_reduce, gradient_prologue_on_x_and_dy) {
     mn_node w = mn_input(g, "w", MN_SHAPE(6)), d = mn_input(g, "d", MN_SHAPE(4, 6));
     mn_node x = mn_add(g, a, b), dy = mn_tanh(g, d);
     mn_node r = row_op(g, row_ops[i], x, w, MN_NO_NODE, dy);
-    OUTPUTS(g, mn_scale(g, r, 0.5f));
+    MN_TEST_OUTPUTS(g, mn_scale(g, r, 0.5f));
     char want[64];
     snprintf(want, sizeof want, "add tanh %s scale", mn_op_name(row_ops[i]));
     expect_programs(g, false, PROGRAMS(want), 0);
@@ -166,7 +159,7 @@ Test(fusion_reduce, prologue_and_epilogue_share_values) {
     leaves l = leaves_of(g, 3, 7);
     mn_node s = mn_sigmoid(g, mn_input(g, "a", MN_SHAPE(3, 7)));
     mn_node r = row_op(g, row_ops[i], mn_mul(g, s, l.x), l.w, l.b, l.dy);
-    OUTPUTS(g, mn_add(g, mn_relu(g, r), s), r);
+    MN_TEST_OUTPUTS(g, mn_add(g, mn_relu(g, r), s), r);
     char want[64];
     snprintf(want, sizeof want, "sigmoid mul %s relu add", mn_op_name(row_ops[i]));
     expect_programs(g, false, PROGRAMS(want), 0);
@@ -185,7 +178,7 @@ Test(fusion_reduce, no_epilogue_where_a_path_comes_back) {
   mn_graph *g = mn_graph_new();
   leaves l = leaves_of(g, 4, 4);
   mn_node y = row_op(g, MN_OP_LAYER_NORM, l.x, l.w, l.b, l.dy);
-  OUTPUTS(g, mn_add(g, y, mn_matmul(g, y, mn_input(g, "m", MN_SHAPE(4, 4)))));
+  MN_TEST_OUTPUTS(g, mn_add(g, y, mn_matmul(g, y, mn_input(g, "m", MN_SHAPE(4, 4)))));
   expect_programs(g, false, PROGRAMS(NULL), 1);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 60, -2, 2);
   mn_graph_free(g);
@@ -198,7 +191,7 @@ Test(fusion_reduce, no_epilogue_of_another_shape) {
   mn_node y = row_op(g, MN_OP_RMS_NORM, l.x, l.w, l.b, l.dy);
   mn_tensor_type t = mn_type_make(MN_F32, MN_SHAPE(8));
   mn_node e = mn_graph_append(g, MN_OP_EXP, &y, 1, &t, NULL, NULL);
-  OUTPUTS(g, e);
+  MN_TEST_OUTPUTS(g, e);
   expect_programs(g, false, PROGRAMS(NULL), 1);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 61, -2, 2);
   mn_graph_free(g);
@@ -209,7 +202,7 @@ Test(fusion_reduce, no_epilogue_of_another_shape) {
 Test(fusion_reduce, computed_weight_stays_out) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(8)), w = mn_relu(g, mn_input(g, "w", MN_SHAPE(8)));
-  OUTPUTS(g, mn_exp(g, mn_rms_norm(g, x, w, 1e-5f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_rms_norm(g, x, w, 1e-5f)));
   expect_programs(g, false, PROGRAMS("rms_norm exp"), 1);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 62, -2, 2);
   mn_graph_free(g);
@@ -220,7 +213,7 @@ Test(fusion_reduce, one_row_op_per_group) {
   leaves l = leaves_of(g, 4, 8);
   mn_node y = mn_layer_norm(g, l.x, l.w, l.b, 1e-5f);
   mn_node h = mn_add(g, y, mn_input(g, "z", MN_SHAPE(4, 8)));
-  OUTPUTS(g, mn_rms_norm(g, h, l.w, 1e-5f));
+  MN_TEST_OUTPUTS(g, mn_rms_norm(g, h, l.w, 1e-5f));
   expect_programs(g, false, PROGRAMS("add rms_norm"), 0);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 63, -2, 2);
   mn_graph_free(g);
@@ -232,7 +225,7 @@ Test(fusion_reduce, prologue_within_four_inputs) {
   leaves l = leaves_of(g, 4, 8);
   mn_node s =
       mn_add(g, mn_add(g, l.x, mn_input(g, "a", MN_SHAPE(4, 8))), mn_input(g, "c", MN_SHAPE(4, 8)));
-  OUTPUTS(g, mn_layer_norm(g, s, l.w, l.b, 1e-5f));
+  MN_TEST_OUTPUTS(g, mn_layer_norm(g, s, l.w, l.b, 1e-5f));
   expect_programs(g, false, PROGRAMS("add layer_norm"), 1);
   mn_fz_agree_inference(g, MN_FZ_UNOPTIMIZED, 64, -2, 2);
   mn_graph_free(g);
@@ -263,7 +256,7 @@ static mn_graph *gpt_stack(int layers, int64_t d) {
   }
   mn_node y = mn_layer_norm(g, h, mn_parameter(g, "ln_f.weight", MN_SHAPE(d)),
                             mn_parameter(g, "ln_f.bias", MN_SHAPE(d)), 1e-5f);
-  return OUTPUTS(g, mn_mse_loss(g, y, t));
+  return MN_TEST_OUTPUTS(g, mn_mse_loss(g, y, t));
 }
 
 /* x -> linear -> layer_norm of (it + x) -> relu -> linear, trained to t. */
@@ -275,7 +268,7 @@ static mn_graph *norm_mlp(void) {
   h = mn_layer_norm(g, mn_add(g, h, x), mn_parameter(g, "ln.weight", MN_SHAPE(12)),
                     mn_parameter(g, "ln.bias", MN_SHAPE(12)), 1e-5f);
   mn_node y = mn_matmul(g, mn_relu(g, h), mn_parameter(g, "w2", MN_SHAPE(12, 12)));
-  return OUTPUTS(g, mn_mse_loss(g, mn_tanh(g, y), t));
+  return MN_TEST_OUTPUTS(g, mn_mse_loss(g, mn_tanh(g, y), t));
 }
 
 static size_t dispatches(const mn_graph *g, bool fused) {
@@ -421,7 +414,7 @@ static mn_graph *row_zoo(void) {
       outs[n++] = mn_add(g, mn_scale(g, r, 0.5f), x);
       outs[n++] = h;
     }
-  return with_outputs(g, outs, n);
+  return mn_test_with_outputs(g, outs, n);
 }
 
 Test(fusion_reduce_cuda, row_kernels_compile) {

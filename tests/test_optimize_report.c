@@ -8,15 +8,9 @@
 
 #include "optimizer/report.h"
 #include "plan.h"
+#include "support/graph_check.h"
 #include "support/mn_test.h"
 #include "support/models.h"
-
-static mn_session_options cpu(bool optimize) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  o.optimize = optimize;
-  return o;
-}
 
 static size_t numel_of(const mn_graph *g, mn_node id) {
   mn_node_info info;
@@ -61,7 +55,7 @@ static void feed(const mn_graph *g, mn_session *s) {
 static void sessions_agree(const mn_graph *g, double tol) {
   mn_session *s[2];
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     cr_assert_eq(mn_build_session(g, &o, &s[on]), MN_OK, "%s", mn_last_error());
     feed(g, s[on]);
     cr_assert_eq(mn_session_set_adamw(s[on], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
@@ -240,7 +234,7 @@ static mn_graph *random_graph(mn_rng *r, int *num_inputs) {
 
 static float **run_outputs(const mn_graph *g, bool optimize, int num_inputs, uint64_t seed,
                            size_t *dispatches) {
-  mn_session_options o = cpu(optimize);
+  mn_session_options o = mn_test_cpu_options(optimize);
   mn_session *s = NULL;
   cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
   mn_rng r = mn_rng_new(seed);
@@ -306,7 +300,7 @@ static void limited(const mn_optimize_limits *lim, mn_optimize_stage_report *out
   mn_graph *g = scale_chain();
   mn_graph *c = mn_graph_clone(g);
   mn_optimize_report *r = mn_optimize_report_new();
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   cr_assert_eq(mn_optimize_graph_limits("test", &c, &o, MN_OPTIMIZE_FORWARD, lim, r), MN_OK);
   *out = r->stage[MN_OPTIMIZE_FORWARD];
   cr_assert(!out->fell_back);
@@ -316,7 +310,7 @@ static void limited(const mn_optimize_limits *lim, mn_optimize_stage_report *out
   mn_rng_fill(&rng, x, PN, -1, 1);
   mn_test_feed f = {.name = "x", .data = x, .n = PN};
   mn_session *s0 = mn_test_run(g, &f, 1), *s1 = NULL;
-  mn_session_options off = cpu(false);
+  mn_session_options off = mn_test_cpu_options(false);
   cr_assert_eq(mn_build_inference_session(c, &off, &s1), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_set_input(s1, "x", x, PN), MN_OK);
   cr_assert_eq(mn_session_step(s1), MN_OK);
@@ -372,7 +366,7 @@ static mn_graph *report_graph(void) {
 
 Test(optimize, report_counts_what_fired) {
   mn_graph *g = report_graph();
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   mn_session *s = NULL;
   mn_optimize_report *r = NULL;
   cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());
@@ -434,7 +428,7 @@ Test(optimize, report_counts_what_fired) {
 
 Test(optimize, report_with_optimizer_off_and_errors) {
   mn_graph *g = report_graph();
-  mn_session_options o = cpu(false);
+  mn_session_options o = mn_test_cpu_options(false);
   mn_session *s = NULL;
   mn_optimize_report *r = NULL;
   cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());

@@ -9,33 +9,20 @@
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
 #include "plan.h"
+#include "support/graph_check.h"
 #include "support/mn_test.h"
 
 enum { N = 8 };
-
-static mn_session_options cpu(bool optimize) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  o.optimize = optimize;
-  return o;
-}
 
 /* The forward-stage optimization of a sorted copy of g. */
 static mn_graph *optimized(const mn_graph *g, mn_optimize_report *r) {
   mn_graph *c = mn_graph_toposort(g);
   cr_assert_not_null(c, "%s", mn_last_error());
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   cr_assert_eq(mn_optimize_graph_report("test", &c, &o, MN_OPTIMIZE_FORWARD, r), MN_OK, "%s",
                mn_last_error());
   cr_assert(!r->stage[MN_OPTIMIZE_FORWARD].fell_back);
   return c;
-}
-
-static size_t count_op(const mn_graph *g, mn_op op) {
-  size_t n = 0;
-  for (size_t i = 0; i < g->num_nodes; i++)
-    n += g->nodes[i].op == op;
-  return n;
 }
 
 /* Optimizes g and checks that `rule` fired `fired` times and `op` is left `left` times. */
@@ -44,8 +31,8 @@ static void expect(const mn_graph *g, const char *rule, size_t fired, mn_op op, 
   mn_graph *o = optimized(g, r);
   size_t got = mn_optimize_report_fired(r, MN_OPTIMIZE_FORWARD, rule);
   cr_assert_eq(got, fired, "rule %s fired %zu times, expected %zu", rule, got, fired);
-  cr_assert_eq(count_op(o, op), left, "%zu %s nodes left, expected %zu", count_op(o, op),
-               mn_op_name(op), left);
+  cr_assert_eq(mn_test_count_op(o, op), left, "%zu %s nodes left, expected %zu",
+               mn_test_count_op(o, op), mn_op_name(op), left);
   mn_graph_free(o);
   mn_optimize_report_free(r);
 }
@@ -55,7 +42,7 @@ static void expect(const mn_graph *g, const char *rule, size_t fired, mn_op op, 
 static void agree(const mn_graph *g, double tol) {
   mn_session *s[2];
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     cr_assert_eq(mn_build_inference_session(g, &o, &s[on]), MN_OK, "%s", mn_last_error());
     mn_rng rng = mn_rng_new(7);
     for (size_t i = 0; i < g->num_nodes; i++) {
@@ -107,34 +94,26 @@ static mn_node filled(mn_graph *g, float v, int64_t n) {
   return c;
 }
 
-static mn_graph *with_outputs(mn_graph *g, const mn_node *outs, size_t n) {
-  mn_set_outputs(g, outs, n);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  return g;
-}
-#define OUTPUTS(g, ...)                                                                            \
-  with_outputs((g), (mn_node[]){__VA_ARGS__}, sizeof((mn_node[]){__VA_ARGS__}) / sizeof(mn_node))
-
 Test(rules, all_patterns_compile) { cr_assert_null(mn_rules_compile_error()); }
 
 Test(rules, neg_neg) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_neg(g, mn_neg(g, x))));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_neg(g, mn_neg(g, x))));
   expect(g, "neg-neg", 1, MN_OP_NEG, 0);
   agree(g, 0);
   mn_graph_free(g);
 
   g = mn_graph_new(); /* the output itself is never rewritten */
   x = mn_input(g, "x", MN_SHAPE(N));
-  OUTPUTS(g, mn_neg(g, mn_neg(g, x)));
+  MN_TEST_OUTPUTS(g, mn_neg(g, mn_neg(g, x)));
   expect(g, "neg-neg", 0, MN_OP_NEG, 2);
   mn_graph_free(g);
 
   g = mn_graph_new(); /* the inner neg has another user: both results stay right */
   x = mn_input(g, "x", MN_SHAPE(N));
   mn_node n1 = mn_neg(g, x);
-  OUTPUTS(g, mn_exp(g, mn_neg(g, n1)), mn_tanh(g, n1));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_neg(g, n1)), mn_tanh(g, n1));
   expect(g, "neg-neg", 1, MN_OP_NEG, 1);
   agree(g, 0);
   mn_graph_free(g);
@@ -144,8 +123,8 @@ Test(rules, neg_neg) {
   mn_node y = mn_input(g, "y", MN_SHAPE(N));
   mn_node a = raw(g, MN_OP_NEG, &x, 1, F32_8, 0);
   mn_node b = raw(g, MN_OP_NEG, &y, 1, F32_24, 0);
-  OUTPUTS(g, mn_exp(g, raw(g, MN_OP_NEG, &a, 1, F32_8, 0)),
-          mn_exp(g, raw(g, MN_OP_NEG, &b, 1, F32_24, 0)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, raw(g, MN_OP_NEG, &a, 1, F32_8, 0)),
+                  mn_exp(g, raw(g, MN_OP_NEG, &b, 1, F32_24, 0)));
   expect(g, "neg-neg", 0, MN_OP_NEG, 4);
   mn_graph_free(g);
 }
@@ -154,7 +133,7 @@ Test(rules, mul_one) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N)), y = mn_input(g, "y", MN_SHAPE(N));
   mn_node one = filled(g, 1.0f, N);
-  OUTPUTS(g, mn_exp(g, mn_mul(g, x, one)), mn_exp(g, mn_mul(g, one, y)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, x, one)), mn_exp(g, mn_mul(g, one, y)));
   expect(g, "mul-one", 2, MN_OP_MUL, 0);
   agree(g, 0);
   mn_graph_free(g);
@@ -165,9 +144,9 @@ Test(rules, mul_one) {
   float almost[N] = {1, 1, 1, 1, 1, 1, 1, 0.5f};
   mn_node c = mn_constant(g, almost, MN_SHAPE(N));
   one = filled(g, 1.0f, N);
-  OUTPUTS(g, mn_exp(g, mn_mul(g, x, c)), mn_mul(g, x, one),
-          mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, one}, 2, F32_8, 0)),
-          mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){x, one}, 2, F32_24, 0)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, x, c)), mn_mul(g, x, one),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, one}, 2, F32_8, 0)),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){x, one}, 2, F32_24, 0)));
   expect(g, "mul-one", 0, MN_OP_MUL, 4);
   mn_graph_free(g);
 }
@@ -177,8 +156,8 @@ Test(rules, add_zero) {
   mn_node x = mn_input(g, "x", MN_SHAPE(N)), y = mn_input(g, "y", MN_SHAPE(N));
   mn_node z = mn_input(g, "z", MN_SHAPE(N));
   mn_node zeros = raw(g, MN_OP_ZEROS, NULL, 0, F32_8, 0);
-  OUTPUTS(g, mn_exp(g, mn_add(g, x, filled(g, 0.0f, N))),
-          mn_exp(g, mn_add(g, filled(g, -0.0f, N), y)), mn_exp(g, mn_add(g, z, zeros)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_add(g, x, filled(g, 0.0f, N))),
+                  mn_exp(g, mn_add(g, filled(g, -0.0f, N), y)), mn_exp(g, mn_add(g, z, zeros)));
   expect(g, "add-zero", 3, MN_OP_ADD, 0);
   agree(g, 0);
   mn_graph_free(g);
@@ -188,9 +167,10 @@ Test(rules, add_zero) {
   mn_node u = mn_input_u32(g, "u", MN_SHAPE(N));
   float almost[N] = {0, 0, 0, 0, 0, 0, 0, 1e-30f};
   mn_node zero = filled(g, 0.0f, N);
-  OUTPUTS(g, mn_exp(g, mn_add(g, x, mn_constant(g, almost, MN_SHAPE(N)))), mn_add(g, x, zero),
-          mn_exp(g, raw(g, MN_OP_ADD, (mn_node[]){u, zero}, 2, F32_8, 0)),
-          mn_exp(g, raw(g, MN_OP_ADD, (mn_node[]){x, zero}, 2, F32_24, 0)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_add(g, x, mn_constant(g, almost, MN_SHAPE(N)))),
+                  mn_add(g, x, zero),
+                  mn_exp(g, raw(g, MN_OP_ADD, (mn_node[]){u, zero}, 2, F32_8, 0)),
+                  mn_exp(g, raw(g, MN_OP_ADD, (mn_node[]){x, zero}, 2, F32_24, 0)));
   expect(g, "add-zero", 0, MN_OP_ADD, 4);
   mn_graph_free(g);
 }
@@ -198,7 +178,7 @@ Test(rules, add_zero) {
 Test(rules, scale_one) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_scale(g, x, 1.0f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, x, 1.0f)));
   expect(g, "scale-one", 1, MN_OP_SCALE, 0);
   agree(g, 0);
   mn_graph_free(g);
@@ -206,9 +186,9 @@ Test(rules, scale_one) {
   g = mn_graph_new();
   x = mn_input(g, "x", MN_SHAPE(N));
   mn_node u = mn_input_u32(g, "u", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_scale(g, x, 1.0000001f)), mn_scale(g, x, 1.0f),
-          mn_exp(g, raw(g, MN_OP_SCALE, &u, 1, F32_8, 1.0f)),
-          mn_exp(g, raw(g, MN_OP_SCALE, &x, 1, F32_24, 1.0f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, x, 1.0000001f)), mn_scale(g, x, 1.0f),
+                  mn_exp(g, raw(g, MN_OP_SCALE, &u, 1, F32_8, 1.0f)),
+                  mn_exp(g, raw(g, MN_OP_SCALE, &x, 1, F32_24, 1.0f)));
   expect(g, "scale-one", 0, MN_OP_SCALE, 4);
   mn_graph_free(g);
 }
@@ -216,7 +196,7 @@ Test(rules, scale_one) {
 Test(rules, scale_scale) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_scale(g, mn_scale(g, x, 1.1f), 1.3f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, mn_scale(g, x, 1.1f), 1.3f)));
   expect(g, "scale-scale", 1, MN_OP_SCALE, 1);
   mn_optimize_report *r = mn_optimize_report_new();
   mn_graph *o = optimized(g, r);
@@ -231,16 +211,16 @@ Test(rules, scale_scale) {
   g = mn_graph_new(); /* products out of range; the output; a shape mismatch */
   x = mn_input(g, "x", MN_SHAPE(N));
   mn_node inner = mn_scale(g, x, 2.0f);
-  OUTPUTS(g, mn_exp(g, mn_scale(g, mn_scale(g, x, 1e30f), 1e30f)),
-          mn_exp(g, mn_scale(g, mn_scale(g, x, 1e-30f), 1e-30f)), mn_scale(g, inner, 3.0f),
-          mn_exp(g, raw(g, MN_OP_SCALE, &inner, 1, F32_24, 5.0f)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, mn_scale(g, x, 1e30f), 1e30f)),
+                  mn_exp(g, mn_scale(g, mn_scale(g, x, 1e-30f), 1e-30f)), mn_scale(g, inner, 3.0f),
+                  mn_exp(g, raw(g, MN_OP_SCALE, &inner, 1, F32_24, 5.0f)));
   expect(g, "scale-scale", 0, MN_OP_SCALE, 7);
   mn_graph_free(g);
 
   g = mn_graph_new(); /* the inner scale has another user: the cost model decides */
   x = mn_input(g, "x", MN_SHAPE(N));
   inner = mn_scale(g, x, 2.0f);
-  OUTPUTS(g, mn_exp(g, mn_scale(g, inner, 3.0f)), mn_tanh(g, inner));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_scale(g, inner, 3.0f)), mn_tanh(g, inner));
   agree(g, 0);
   mn_graph_free(g);
 }
@@ -248,7 +228,8 @@ Test(rules, scale_scale) {
 Test(rules, silu) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N)), y = mn_input(g, "y", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_mul(g, x, mn_sigmoid(g, x))), mn_exp(g, mn_mul(g, mn_sigmoid(g, y), y)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, x, mn_sigmoid(g, x))),
+                  mn_exp(g, mn_mul(g, mn_sigmoid(g, y), y)));
   expect(g, "silu", 2, MN_OP_SILU, 2);
   expect(g, "silu", 2, MN_OP_SIGMOID, 0);
   agree(g, 1e-6);
@@ -259,16 +240,16 @@ Test(rules, silu) {
   y = mn_input(g, "y", MN_SHAPE(N));
   mn_node u = mn_input_u32(g, "u", MN_SHAPE(N));
   mn_node su = raw(g, MN_OP_SIGMOID, &u, 1, F32_8, 0), sx = mn_sigmoid(g, x);
-  OUTPUTS(g, mn_exp(g, mn_mul(g, x, mn_sigmoid(g, y))), mn_mul(g, x, sx),
-          mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, su}, 2, F32_8, 0)),
-          mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){x, sx}, 2, F32_24, 0)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, x, mn_sigmoid(g, y))), mn_mul(g, x, sx),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, su}, 2, F32_8, 0)),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){x, sx}, 2, F32_24, 0)));
   expect(g, "silu", 0, MN_OP_SILU, 0);
   mn_graph_free(g);
 
   g = mn_graph_new(); /* the sigmoid has another user: silu is still the cheaper pass */
   x = mn_input(g, "x", MN_SHAPE(N));
   sx = mn_sigmoid(g, x);
-  OUTPUTS(g, mn_exp(g, mn_mul(g, x, sx)), mn_tanh(g, sx));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, x, sx)), mn_tanh(g, sx));
   expect(g, "silu", 1, MN_OP_SILU, 1);
   agree(g, 1e-6);
   mn_graph_free(g);
@@ -278,9 +259,9 @@ Test(rules, swiglu) {
   mn_graph *g = mn_graph_new();
   mn_node a = mn_input(g, "a", MN_SHAPE(N)), b = mn_input(g, "b", MN_SHAPE(N));
   mn_node c = mn_input(g, "c", MN_SHAPE(N)), d = mn_input(g, "d", MN_SHAPE(N));
-  OUTPUTS(g, mn_exp(g, mn_mul(g, mn_silu(g, a), b)), mn_exp(g, mn_mul(g, b, mn_silu(g, c))),
-          /* silu written out: two rules in a row */
-          mn_exp(g, mn_mul(g, mn_mul(g, d, mn_sigmoid(g, d)), a)));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, mn_silu(g, a), b)), mn_exp(g, mn_mul(g, b, mn_silu(g, c))),
+                  /* silu written out: two rules in a row */
+                  mn_exp(g, mn_mul(g, mn_mul(g, d, mn_sigmoid(g, d)), a)));
   expect(g, "swiglu", 3, MN_OP_SWIGLU, 3);
   expect(g, "swiglu", 3, MN_OP_MUL, 0);
   agree(g, 1e-6);
@@ -291,8 +272,9 @@ Test(rules, swiglu) {
   b = mn_input(g, "b", MN_SHAPE(2, 4));
   mn_node u = mn_input_u32(g, "u", MN_SHAPE(N));
   mn_node sa = mn_silu(g, a);
-  OUTPUTS(g, mn_mul(g, sa, a), mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){sa, b}, 2, F32_8, 0)),
-          mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, sa}, 2, F32_8, 0)));
+  MN_TEST_OUTPUTS(g, mn_mul(g, sa, a),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){sa, b}, 2, F32_8, 0)),
+                  mn_exp(g, raw(g, MN_OP_MUL, (mn_node[]){u, sa}, 2, F32_8, 0)));
   expect(g, "swiglu", 0, MN_OP_SWIGLU, 0);
   mn_graph_free(g);
 
@@ -300,7 +282,7 @@ Test(rules, swiglu) {
   a = mn_input(g, "a", MN_SHAPE(N));
   b = mn_input(g, "b", MN_SHAPE(N));
   sa = mn_silu(g, a);
-  OUTPUTS(g, mn_exp(g, mn_mul(g, sa, b)), mn_tanh(g, sa));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_mul(g, sa, b)), mn_tanh(g, sa));
   agree(g, 1e-6);
   mn_graph_free(g);
 }
@@ -310,7 +292,7 @@ Test(rules, constant_fold) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
   mn_node a = mn_constant(g, c1, MN_SHAPE(N)), b = mn_constant(g, c2, MN_SHAPE(N));
-  OUTPUTS(g, mn_mul(g, x, mn_exp(g, mn_add(g, a, b))));
+  MN_TEST_OUTPUTS(g, mn_mul(g, x, mn_exp(g, mn_add(g, a, b))));
   expect(g, "constant-fold", 2, MN_OP_CONSTANT, 1);
   expect(g, "constant-fold", 2, MN_OP_EXP, 0);
   agree(g, 0);
@@ -331,8 +313,8 @@ Test(rules, constant_fold) {
   mn_node big = filled(g, 2.0f, MN_FOLD_MAX_ELEMS + 1);
   /* and a result that is not F32 (constants hold floats only) */
   mn_node u32 = raw(g, MN_OP_ADD, (mn_node[]){a, b}, 2, MN_U32, (int64_t[]){N}, 1, 0);
-  OUTPUTS(g, mn_exp(g, mn_add(g, a, x)), mn_add(g, a, b), mn_sum_all(g, mn_exp(g, big)),
-          raw(g, MN_OP_RESHAPE, &u32, 1, MN_U32, (int64_t[]){N}, 1, 0));
+  MN_TEST_OUTPUTS(g, mn_exp(g, mn_add(g, a, x)), mn_add(g, a, b), mn_sum_all(g, mn_exp(g, big)),
+                  raw(g, MN_OP_RESHAPE, &u32, 1, MN_U32, (int64_t[]){N}, 1, 0));
   expect(g, "constant-fold", 0, MN_OP_ADD, 3);
   mn_graph_free(g);
 }
@@ -341,7 +323,7 @@ Test(rules, common_subexpressions) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
   mn_node e1 = mn_exp(g, mn_scale(g, x, 2.0f)), e2 = mn_exp(g, mn_scale(g, x, 2.0f));
-  OUTPUTS(g, mn_mul(g, e1, e2), mn_mul(g, mn_scale(g, x, 3.0f), x));
+  MN_TEST_OUTPUTS(g, mn_mul(g, e1, e2), mn_mul(g, mn_scale(g, x, 3.0f), x));
   expect(g, "cse", 2, MN_OP_EXP, 1);
   expect(g, "cse", 2, MN_OP_SCALE, 2); /* scale 2 once, scale 3 stays apart */
   agree(g, 0);
@@ -351,7 +333,7 @@ Test(rules, common_subexpressions) {
   x = mn_input(g, "x", MN_SHAPE(N));
   mn_node r1 = raw(g, MN_OP_RESHAPE, &x, 1, F32_24, 0);
   mn_node r2 = raw(g, MN_OP_RESHAPE, &x, 1, MN_F32, (int64_t[]){4, 2}, 2, 0);
-  OUTPUTS(g, mn_exp(g, r1), mn_exp(g, r2));
+  MN_TEST_OUTPUTS(g, mn_exp(g, r1), mn_exp(g, r2));
   expect(g, "cse", 0, MN_OP_RESHAPE, 2);
   agree(g, 0);
   mn_graph_free(g);
@@ -361,10 +343,10 @@ Test(rules, dead_code) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N));
   mn_tanh(g, mn_exp(g, x)); /* nobody reads these */
-  OUTPUTS(g, mn_neg(g, x));
+  MN_TEST_OUTPUTS(g, mn_neg(g, x));
   mn_graph *c = mn_graph_clone(g); /* unsorted: the optimizer itself drops them */
   mn_optimize_report *r = mn_optimize_report_new();
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   cr_assert_eq(mn_optimize_graph_report("test", &c, &o, MN_OPTIMIZE_FORWARD, r), MN_OK);
   const mn_optimize_stage_report *s = &r->stage[MN_OPTIMIZE_FORWARD];
   cr_assert_eq(mn_optimize_report_fired(r, MN_OPTIMIZE_FORWARD, "dead-code"), 2);
@@ -386,7 +368,7 @@ Test(rules, outputs_and_named_leaves_are_kept) {
   mn_input(g, "unused_input", MN_SHAPE(3));
   mn_parameter(g, "unused.weight", MN_SHAPE(2, 2));
   mn_node e1 = mn_exp(g, x), e2 = mn_exp(g, x), one = filled(g, 1.0f, N);
-  OUTPUTS(g, e1, mn_mul(g, x, one), e2, e1, x);
+  MN_TEST_OUTPUTS(g, e1, mn_mul(g, x, one), e2, e1, x);
   mn_optimize_report *r = mn_optimize_report_new();
   mn_graph *o = optimized(g, r);
   cr_assert_eq(o->num_outputs, 5);
@@ -408,14 +390,14 @@ Test(rules, equal_gradients_keep_own_buffers) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(N)), t = mn_input(g, "t", MN_SHAPE(N));
   mn_node p1 = mn_parameter(g, "p1", MN_SHAPE(N)), p2 = mn_parameter(g, "p2", MN_SHAPE(N));
-  OUTPUTS(g, mn_mse_loss(g, mn_add(g, mn_mul(g, x, p1), mn_mul(g, x, p2)), t));
+  MN_TEST_OUTPUTS(g, mn_mse_loss(g, mn_add(g, mn_mul(g, x, p1), mn_mul(g, x, p2)), t));
   float xs[N], ts[N], w[N], got[2][4][N];
   mn_rng rng = mn_rng_new(3);
   mn_rng_fill(&rng, xs, N, -1, 1);
   mn_rng_fill(&rng, ts, N, -1, 1);
   mn_rng_fill(&rng, w, N, -1, 1);
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     mn_session *s = NULL;
     cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
     const mn_plan *p = mn_session_plan(s);

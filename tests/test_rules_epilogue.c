@@ -22,35 +22,22 @@
 #include "optimizer/rewrite.h"
 #include "plan.h"
 #include "session.h"
+#include "support/graph_check.h"
 #include "support/mn_test.h"
 #include "support/session_util.h"
-
-static mn_session_options cpu(bool optimize) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  o.optimize = optimize;
-  return o;
-}
 
 /* A stage's optimization of a sorted copy of g, without pointwise fusion so that the ops the
  * rules leave can be counted (the sessions below fuse). */
 static mn_graph *optimized(const mn_graph *g, mn_optimize_stage stage, mn_optimize_report *r) {
   mn_graph *c = mn_graph_toposort(g);
   cr_assert_not_null(c, "%s", mn_last_error());
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   mn_fusion_set_enabled(false);
   mn_status st = mn_optimize_graph_report("test", &c, &o, stage, r);
   mn_fusion_set_enabled(true);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   cr_assert(!r->stage[stage].fell_back);
   return c;
-}
-
-static size_t count_op(const mn_graph *g, mn_op op) {
-  size_t n = 0;
-  for (size_t i = 0; i < g->num_nodes; i++)
-    n += g->nodes[i].op == op;
-  return n;
 }
 
 static size_t count_act(const mn_graph *g, mn_op op, mn_act act) {
@@ -69,8 +56,8 @@ static size_t count_variant(const mn_graph *g, mn_op op, int variant) {
 
 /* Nodes that multiply matrices in the forward direction: each is one product computed. */
 static size_t products(const mn_graph *g) {
-  return count_op(g, MN_OP_MATMUL) + count_op(g, MN_OP_MATMUL_BT) +
-         count_op(g, MN_OP_MATMUL_BIAS_ACT) + count_op(g, MN_OP_MATMUL_DGELU);
+  return mn_test_count_op(g, MN_OP_MATMUL) + mn_test_count_op(g, MN_OP_MATMUL_BT) +
+         mn_test_count_op(g, MN_OP_MATMUL_BIAS_ACT) + mn_test_count_op(g, MN_OP_MATMUL_DGELU);
 }
 
 /* Full-stage optimization of g: `rule` fired `fired` times and `op` is left `left` times.
@@ -81,8 +68,8 @@ static mn_graph *expect_full(const mn_graph *g, const char *rule, size_t fired, 
   mn_graph *o = optimized(g, MN_OPTIMIZE_FULL, r);
   size_t got = mn_optimize_report_fired(r, MN_OPTIMIZE_FULL, rule);
   cr_assert_eq(got, fired, "rule %s fired %zu times, expected %zu", rule, got, fired);
-  cr_assert_eq(count_op(o, op), left, "%zu %s nodes left, expected %zu", count_op(o, op),
-               mn_op_name(op), left);
+  cr_assert_eq(mn_test_count_op(o, op), left, "%zu %s nodes left, expected %zu",
+               mn_test_count_op(o, op), mn_op_name(op), left);
   mn_optimize_report_free(r);
   return o;
 }
@@ -93,7 +80,7 @@ static void expect(const mn_graph *g, const char *rule, size_t fired, mn_op op, 
 
 /* The plan the optimized session runs (inference or training); mn_plan_free it. */
 static mn_plan *lowered(const mn_graph *g, bool training) {
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   mn_plan *p = NULL;
   mn_status st =
       training ? mn_lower_training("test", g, &o, &p) : mn_lower_inference("test", g, &o, &p);
@@ -125,7 +112,7 @@ static float *read_output(mn_session *s, const mn_graph *g, size_t k, size_t *n)
 static dispatches infer_agree(const mn_graph *g) {
   mn_session *s[2];
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     cr_assert_eq(mn_build_inference_session(g, &o, &s[on]), MN_OK, "%s", mn_last_error());
     mn_rng r = mn_rng_new(11);
     mn_test_init_uniform(g, s[on], &r, -2, 2, true);
@@ -154,7 +141,7 @@ typedef enum { SGD, ADAMW } optimizer;
 static dispatches train_agree(const mn_graph *g, optimizer opt, int steps) {
   mn_session *s[2];
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     cr_assert_eq(mn_build_session(g, &o, &s[on]), MN_OK, "%s", mn_last_error());
     mn_rng r = mn_rng_new(5);
     mn_test_init_uniform(g, s[on], &r, -1, 1, true);
@@ -247,8 +234,8 @@ Test(rules_epilogue, ops_without_vjp_are_made_in_the_full_stage_only) {
   mn_optimize_report *r = mn_optimize_report_new();
   mn_graph *o = optimized(g, MN_OPTIMIZE_FORWARD, r);
   cr_assert_eq(mn_optimize_report_fired(r, MN_OPTIMIZE_FORWARD, "matmul-bias"), 0);
-  cr_assert_eq(count_op(o, MN_OP_MATMUL_BIAS_ACT), 0);
-  cr_assert_eq(count_op(o, MN_OP_BIAS_ADD), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_MATMUL_BIAS_ACT), 0);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_BIAS_ADD), 1);
   mn_graph_free(o);
   mn_optimize_report_free(r);
   expect(g, "matmul-bias", 1, MN_OP_MATMUL_BIAS_ACT, 1);
@@ -272,7 +259,7 @@ Test(rules_epilogue, matmul_bias) {
   cr_assert_eq(count_variant(o, MN_OP_MATMUL_BIAS_ACT, 1), 1, "one from matmul_bt");
   cr_assert_eq(count_act(o, MN_OP_MATMUL_BIAS_ACT, MN_ACT_NONE), 3);
   cr_assert_eq(products(o), 3, "the shared product is computed once per bias");
-  cr_assert_eq(count_op(o, MN_OP_BIAS_ADD), 0);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_BIAS_ADD), 0);
   mn_graph_free(o);
   expect(g, "matmul-bt-bias", 1, MN_OP_MATMUL_BT, 0);
   dispatches d = infer_agree(g);
@@ -324,7 +311,7 @@ Test(rules_epilogue, matmul_bias_with_a_shared_product) {
   outputs(g, outs, 2);
   mn_graph *o = expect_full(g, "matmul-bias", 1, MN_OP_MATMUL_BIAS_ACT, 0);
   cr_assert_eq(products(o), 1);
-  cr_assert_eq(count_op(o, MN_OP_BIAS_ADD), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_BIAS_ADD), 1);
   mn_graph_free(o);
   infer_agree(g);
   mn_graph_free(g);
@@ -476,7 +463,7 @@ Test(rules_epilogue, group_norm_silu) {
   outputs(g, &y, 1);
   mn_graph *o = expect_full(g, "group-norm-silu", 1, MN_OP_SILU, 0);
   cr_assert_eq(count_act(o, MN_OP_GROUP_NORM, MN_ACT_SILU), 1);
-  cr_assert_eq(count_op(o, MN_OP_GROUP_NORM), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_GROUP_NORM), 1);
   mn_graph_free(o);
   dispatches d = infer_agree(g);
   cr_assert_eq(d.on, d.off - 1, "%zu -> %zu dispatches", d.off, d.on);
@@ -517,14 +504,14 @@ Test(rules_epilogue, group_norm_silu_in_training_normalizes_once) {
   h = mn_conv2d(g, h, mn_parameter(g, "conv2.weight", MN_SHAPE(4, 4, 3, 3)), 1, 1);
   mn_node loss = mn_mse_loss(g, h, t);
   outputs(g, &loss, 1);
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   mn_session *s = NULL;
   mn_optimize_report *r = NULL;
   cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_optimize_report_fired(r, MN_OPTIMIZE_FORWARD, "group-norm-silu"), 0);
   cr_assert_eq(mn_optimize_report_fired(r, MN_OPTIMIZE_FULL, "group-norm-silu"), 1);
   const mn_graph *pg = mn_session_plan(s)->graph;
-  cr_assert_eq(count_op(pg, MN_OP_GROUP_NORM), 1);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_GROUP_NORM), 1);
   cr_assert_eq(count_act(pg, MN_OP_GROUP_NORM, MN_ACT_NONE), 1);
   mn_optimize_report_free(r);
   mn_session_free(s);
@@ -542,7 +529,7 @@ Test(rules_epilogue, conv_block_inference) {
   outputs(g, &h, 1);
   mn_plan *p = lowered(g, false);
   cr_assert_eq(count_act(p->graph, MN_OP_GROUP_NORM, MN_ACT_SILU), 1);
-  cr_assert_eq(count_op(p->graph, MN_OP_SILU), 0);
+  cr_assert_eq(mn_test_count_op(p->graph, MN_OP_SILU), 0);
   mn_plan_free(p);
   dispatches d = infer_agree(g);
   cr_assert_eq(d.on, d.off - 1, "%zu -> %zu dispatches", d.off, d.on);
@@ -613,7 +600,7 @@ Test(rules_epilogue, relu_grad_of_output_special_values) {
   float dys[N] = {1, 2, 3, 4, 5, 6, 7, 8};
   float got[2][2][N];
   for (int on = 0; on < 2; on++) {
-    mn_session_options o = cpu(on);
+    mn_session_options o = mn_test_cpu_options(on);
     mn_session *s = NULL;
     cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
     cr_assert_eq(mn_session_set_input(s, "x", xs, N), MN_OK);
@@ -648,14 +635,14 @@ Test(rules_epilogue, reshape_chains) {
   mn_graph *o = optimized(g, MN_OPTIMIZE_FULL, r);
   cr_assert_geq(mn_optimize_report_fired(r, MN_OPTIMIZE_FULL, "reshape-reshape"), 2);
   cr_assert_geq(mn_optimize_report_fired(r, MN_OPTIMIZE_FULL, "reshape-same"), 2);
-  cr_assert_eq(count_op(o, MN_OP_RESHAPE), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_RESHAPE), 1);
   mn_graph_free(o);
   mn_optimize_report_free(r);
   /* They remove copies, which needs no VJP: the forward stage runs them too. */
   r = mn_optimize_report_new();
   o = optimized(g, MN_OPTIMIZE_FORWARD, r);
   cr_assert_geq(mn_optimize_report_fired(r, MN_OPTIMIZE_FORWARD, "reshape-reshape"), 2);
-  cr_assert_eq(count_op(o, MN_OP_RESHAPE), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_RESHAPE), 1);
   mn_graph_free(o);
   mn_optimize_report_free(r);
   dispatches d = infer_agree(g);
@@ -683,8 +670,8 @@ static mn_graph *expect_bgrad(const mn_graph *g, size_t made) {
   mn_graph *o = optimized(g, MN_OPTIMIZE_FULL, r);
   size_t got = r->stage[MN_OPTIMIZE_FULL].multi_output_fusions;
   cr_assert_eq(got, made, "%zu multi-output fusions, expected %zu", got, made);
-  cr_assert_eq(count_op(o, MN_OP_MATMUL_AT_BGRAD), made);
-  cr_assert_eq(count_op(o, MN_OP_EXTRA_OUTPUT), made);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_MATMUL_AT_BGRAD), made);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_EXTRA_OUTPUT), made);
   for (size_t i = 0; i < o->num_nodes; i++)
     for (int k = 0; k < o->nodes[i].num_inputs; k++)
       cr_assert_lt(o->nodes[i].inputs[k], i, "node %zu reads a later node", i);
@@ -707,7 +694,7 @@ Test(rules_epilogue, bias_gradient_pairs) {
     cr_assert_eq(count_variant(o, MN_OP_MATMUL_AT_BGRAD, of_b), 1);
     cr_assert_eq(o->nodes[o->outputs[0]].op, MN_OP_EXTRA_OUTPUT, "the sum's output");
     cr_assert_eq(o->nodes[o->outputs[1]].op, MN_OP_MATMUL_AT_BGRAD, "the product's output");
-    cr_assert_eq(count_op(o, MN_OP_SUM_ROWS), 0);
+    cr_assert_eq(mn_test_count_op(o, MN_OP_SUM_ROWS), 0);
     mn_graph_free(o);
     dispatches dd = infer_agree(g);
     cr_assert_eq(dd.on, dd.off - 1, "%zu -> %zu dispatches", dd.off, dd.on);
@@ -761,7 +748,7 @@ Test(rules_epilogue, bias_gradient_pairs_that_must_not_form) {
                    raw1(g, MN_OP_SUM_ROWS, d, MN_F32, MN_SHAPE(5))};
   outputs(g, two, 3);
   mn_graph *o = expect_bgrad(g, 1);
-  cr_assert_eq(count_op(o, MN_OP_MATMUL_AT), 1);
+  cr_assert_eq(mn_test_count_op(o, MN_OP_MATMUL_AT), 1);
   mn_graph_free(o);
   infer_agree(g);
   mn_graph_free(g);
@@ -793,17 +780,17 @@ static void check_mlp_plan(const mn_graph *g, bool conv1d) {
   cr_assert_eq(count_act(pg, MN_OP_MATMUL_BIAS_ACT, MN_ACT_RELU), 1, "layer 1: bias and relu");
   cr_assert_eq(count_act(pg, MN_OP_MATMUL_BIAS_ACT, MN_ACT_NONE), 1, "layer 2: bias");
   cr_assert_eq(count_variant(pg, MN_OP_MATMUL_BIAS_ACT, conv1d ? 0 : 1), 2);
-  cr_assert_eq(count_op(pg, MN_OP_BIAS_ADD) + count_op(pg, MN_OP_RELU), 0);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_BIAS_ADD) + mn_test_count_op(pg, MN_OP_RELU), 0);
   /* dW = matmul_at(dz, x) for nn.Linear (dz is a), matmul_at(x, dz) for Conv1D (dz is b) */
   cr_assert_eq(count_variant(pg, MN_OP_MATMUL_AT_BGRAD, conv1d ? 1 : 0), 2);
-  cr_assert_eq(count_op(pg, MN_OP_SUM_ROWS), 0);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_SUM_ROWS), 0);
   for (size_t i = 0; i < p->num_params; i++) {
     const char *name = pg->nodes[p->params[i].param].name;
     if (strstr(name, "bias"))
       cr_assert_eq(pg->nodes[p->params[i].grad].op, MN_OP_EXTRA_OUTPUT, "%s", name);
   }
   /* relu_grad reads the layer's output, so no pre-activation is kept. */
-  cr_assert_eq(count_op(pg, MN_OP_RELU_GRAD), 1);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_RELU_GRAD), 1);
   for (size_t i = 0; i < pg->num_nodes; i++)
     if (pg->nodes[i].op == MN_OP_RELU_GRAD)
       cr_assert_eq(pg->nodes[pg->nodes[i].inputs[0]].attrs.act, MN_ACT_RELU);
@@ -848,18 +835,18 @@ Test(rules_epilogue, gpt2_mlp_trains_bitwise) {
   mn_graph *g = gpt2_mlp();
   mn_optimize_report *r = NULL;
   mn_session *s = NULL;
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_optimize_report_fired(r, MN_OPTIMIZE_FULL, "matmul-bt-dgelu"), 1,
                "dh = matmul_bt(dy, c_proj.weight) into gelu_grad");
   cr_assert_eq(r->stage[MN_OPTIMIZE_FULL].multi_output_fusions, 2);
   const mn_graph *pg = mn_session_plan(s)->graph;
   cr_assert_eq(count_variant(pg, MN_OP_MATMUL_DGELU, 1), 1);
-  cr_assert_eq(count_op(pg, MN_OP_GELU_GRAD), 0);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_GELU_GRAD), 0);
   /* gelu_grad's epilogue reads the pre-activation, so GELU stays apart from the product
    * rather than computing the product twice. */
   cr_assert_eq(count_act(pg, MN_OP_MATMUL_BIAS_ACT, MN_ACT_GELU), 0);
-  cr_assert_eq(count_op(pg, MN_OP_MATMUL_BIAS_ACT), 2);
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_MATMUL_BIAS_ACT), 2);
   cr_assert_eq(products(pg), 3);
   cr_assert_eq(count_variant(pg, MN_OP_MATMUL_AT_BGRAD, 1), 2);
   mn_optimize_report_free(r);
@@ -871,7 +858,7 @@ Test(rules_epilogue, gpt2_mlp_trains_bitwise) {
   /* Inference: nothing else reads the pre-activation, and GELU joins the product. */
   mn_plan *p = lowered(g, false);
   cr_assert_eq(count_act(p->graph, MN_OP_MATMUL_BIAS_ACT, MN_ACT_GELU), 1);
-  cr_assert_eq(count_op(p->graph, MN_OP_GELU), 0);
+  cr_assert_eq(mn_test_count_op(p->graph, MN_OP_GELU), 0);
   mn_plan_free(p);
   d = infer_agree(g);
   cr_assert_eq(d.on, d.off - 3, "%zu -> %zu dispatches", d.off, d.on);
@@ -882,7 +869,7 @@ Test(rules_epilogue, gpt2_mlp_trains_bitwise) {
 
 Test(rules_epilogue, report_counts_multi_output_fusions) {
   mn_graph *g = mlp(false);
-  mn_session_options o = cpu(true);
+  mn_session_options o = mn_test_cpu_options(true);
   mn_session *s = NULL;
   mn_optimize_report *r = NULL;
   cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());

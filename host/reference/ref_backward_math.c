@@ -18,14 +18,7 @@ mn_status mn_ref_ZEROS(const mn_ref_ctx *c) {
 mn_status mn_ref_SUM_ROWS(const mn_ref_ctx *c) {
   const mn_tensor_type *t = mn_ref_in_type(c, 0);
   size_t n = (size_t)t->shape[t->rank - 1], rows = (size_t)mn_tensor_type_numel(t) / n;
-  const float *dy = mn_ref_in_f32(c, 0);
-  float *o = mn_ref_out_f32(c);
-  for (size_t j = 0; j < n; j++) {
-    double acc = 0;
-    for (size_t r = 0; r < rows; r++)
-      acc += dy[r * n + j];
-    o[j] = (float)acc;
-  }
+  mn_ref_column_sums(mn_ref_in_f32(c, 0), rows, n, mn_ref_out_f32(c));
   return MN_OK;
 }
 

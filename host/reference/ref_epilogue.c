@@ -60,15 +60,7 @@ mn_status mn_ref_MATMUL_AT_BGRAD(const mn_ref_ctx *c) {
   size_t m = mn_ref_last_dim(ta), n = mn_ref_last_dim(tb), k = (size_t)mn_tensor_type_numel(ta) / m;
   mn_ref_gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
   bool of_b = c->node->attrs.variant == 1;
-  const float *src = mn_ref_in_f32(c, of_b ? 1 : 0);
-  size_t cols = of_b ? n : m;
-  float *sums = c->extra_out[0];
-  for (size_t j = 0; j < cols; j++) {
-    double acc = 0;
-    for (size_t r = 0; r < k; r++)
-      acc += src[r * cols + j];
-    sums[j] = (float)acc;
-  }
+  mn_ref_column_sums(mn_ref_in_f32(c, of_b ? 1 : 0), k, of_b ? n : m, c->extra_out[0]);
   return MN_OK;
 }
 

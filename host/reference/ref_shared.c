@@ -55,6 +55,15 @@ void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, s
     p[s] /= sum;
 }
 
+void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out) {
+  for (size_t j = 0; j < cols; j++) {
+    double acc = 0;
+    for (size_t r = 0; r < rows; r++)
+      acc += x[r * cols + j];
+    out[j] = (float)acc;
+  }
+}
+
 double mn_ref_gelu_tanh(double x) {
   const double k = 0.7978845608028654; /* sqrt(2/pi) */
   return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));

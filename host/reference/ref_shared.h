@@ -23,6 +23,10 @@ static inline mn_ref_nchw mn_ref_nchw_of(const mn_tensor_type *t) {
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k);
 
+/* out[j] = sum over the rows r of x[r * cols + j], in double, rounded once (sum_rows and the
+ * bias gradient of matmul_at_bgrad, which must agree bit for bit). */
+void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out);
+
 /* GELU (tanh approximation) and its derivative, in double. */
 double mn_ref_gelu_tanh(double x);
 double mn_ref_gelu_tanh_grad(double x);
