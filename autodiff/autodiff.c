@@ -1,11 +1,11 @@
-#include "autodiff.h"
+#include "autodiff/autodiff.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "build_util.h"
-#include "error.h"
+#include "host/build_util.h"
+#include "host/error.h"
 
 static mn_vjp_rule rule_table[MN_OP_COUNT];
 static pthread_once_t rules_once = PTHREAD_ONCE_INIT;

@@ -3,7 +3,7 @@
 #ifndef MN_AUTODIFF_H
 #define MN_AUTODIFF_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* State shared by the VJP rules while one graph is differentiated. */
 typedef struct mn_ad_ctx {

@@ -2,7 +2,7 @@
  * (q, k, v, dy): the kernels recompute the softmax probabilities instead of the forward
  * pass storing a [T, S] matrix per head, so only the inputs that need a gradient cost one.
  * dK and dV, when both are needed, come from one attention_grad_kv pass. */
-#include "autodiff.h"
+#include "autodiff/autodiff.h"
 
 static mn_status vjp_attention(mn_ad_ctx *c, mn_node y, mn_node dy, bool causal) {
   const mn_node_rec *n = mn_ad_fwd(c, y);

@@ -1,6 +1,6 @@
 /* VJP rules: matrix products, element-wise ops, sum_all and mean_all. */
-#include "autodiff.h"
-#include "build_util.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
 
 #define IN(c, y, k) (mn_ad_fwd((c), (y))->inputs[(k)])
 

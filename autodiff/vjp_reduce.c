@@ -1,7 +1,7 @@
 /* VJP rules: softmax, log_softmax and the mean losses. Every loss is a [1] output, so
  * its upstream gradient dy is [1] and the kernels read dy[0]. */
-#include "autodiff.h"
-#include "build_util.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
 
 #define IN(c, y, k) (mn_ad_fwd((c), (y))->inputs[(k)])
 

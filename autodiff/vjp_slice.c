@@ -1,6 +1,6 @@
 /* VJP rule of slice_last. */
-#include "autodiff.h"
-#include "build_util.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
 
 /* dx is dy placed at the slice's columns of a zero tensor of x's type. Several slices of
  * one x (GPT-2's q, k and v) each contribute a full-size tensor, which mn_ad_accumulate

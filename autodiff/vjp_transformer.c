@@ -1,7 +1,7 @@
 /* VJP rules: SwiGLU, rms_norm, layer_norm, RoPE, embedding and scatter_add. Index and
  * offset inputs are U32 and never reached by a parameter, so they get no gradient. */
-#include "autodiff.h"
-#include "build_util.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
 
 #define IN(c, y, k) (mn_ad_fwd((c), (y))->inputs[(k)])
 

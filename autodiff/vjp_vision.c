@@ -1,6 +1,6 @@
 /* VJP rules: conv2d, group_norm, concat, split_a, split_b, upsample_2x, add_per_channel. */
-#include "autodiff.h"
-#include "build_util.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
 
 #define IN(c, y, k) (mn_ad_fwd((c), (y))->inputs[(k)])
 

@@ -13,7 +13,7 @@
 #ifdef MN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #endif
 
 static inline double bench_now_ms(void) {

@@ -2,8 +2,8 @@
  * query heads over 3 kv heads of 64, SwiGLU 1536, RoPE, causal), batch 8, sequence 512,
  * AdamW, MSE against a target. The block is tests/support/models.c, the one the
  * gradient checks verify. benchmarks/torch_steps.py times the same step in PyTorch. */
-#include "../tests/support/models.h"
-#include "common/step_bench.h"
+#include "benchmarks/common/step_bench.h"
+#include "tests/support/models.h"
 
 enum { B = 8, T = 512 };
 static const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(576, 9, 3, 64, 1536);

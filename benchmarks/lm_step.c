@@ -9,8 +9,8 @@
  * --no-optimize turns the graph optimizer off (the row is named with "_noopt");
  * --siblings-always concatenates sibling products whatever the cost model says ("_sib");
  * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
-#include "../optimizer/siblings.h"
-#include "bench_util.h"
+#include "benchmarks/bench_util.h"
+#include "optimizer/siblings.h"
 
 static const char GPT2[] =
     "{\"model_type\":\"gpt2\",\"vocab_size\":50257,\"n_embd\":768,\"n_layer\":12,"

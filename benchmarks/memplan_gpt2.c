@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "gpt_graph.h"
-#include "memplan.h"
-#include "session.h"
+#include "benchmarks/gpt_graph.h"
+#include "host/memplan.h"
+#include "session/session.h"
 
 int main(int argc, char **argv) {
   int64_t batch = argc > 1 ? atoll(argv[1]) : 16, seq = argc > 2 ? atoll(argv[2]) : 1024;

@@ -1,7 +1,7 @@
 /* The MLP training step of issue 4: 784-512-512-10, batch 128, ReLU, softmax
  * cross-entropy, SGD. Prints one BENCH line (milliseconds per step, build times) for
  * scripts/gpu-test.sh; benchmarks/torch_steps.py times the same step in PyTorch. */
-#include "common/step_bench.h"
+#include "benchmarks/common/step_bench.h"
 
 enum { B = 128, IN = 784, H = 512, OUT = 10 };
 

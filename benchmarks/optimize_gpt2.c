@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "../optimizer/fusion.h"
-#include "../optimizer/report.h"
-#include "gpt_graph.h"
-#include "session.h"
+#include "benchmarks/gpt_graph.h"
+#include "optimizer/fusion.h"
+#include "optimizer/report.h"
+#include "session/session.h"
 
 /* The block's builder is compiled in here: the benchmark build compiles each file of
  * benchmarks/ on its own. */
-#include "../tests/support/models.c"
+#include "tests/support/models.c"
 
 enum { REPS = 7 };
 

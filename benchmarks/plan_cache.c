@@ -10,10 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../io/plan_cache.h"
-#include "bench_util.h"
-#include "gpt_graph.h"
-#include "session.h"
+#include "benchmarks/bench_util.h"
+#include "benchmarks/gpt_graph.h"
+#include "io/plan_cache.h"
+#include "session/session.h"
 
 /* GPT-2 small's depth (12 layers) at the small width the header speaks of. */
 static gpt_config config(void) {

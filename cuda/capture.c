@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "cuda_state.h"
+#include "cuda/cuda_state.h"
+#include "host/error.h"
 
 typedef struct mn_cu_io {
   void *p[MN_CU_MAX_ARGS];

@@ -1,9 +1,9 @@
 /* Offline compilation of a plan's kernels: lowering plus NVRTC, no device. */
 #include <stdlib.h>
 
-#include "../host/error.h"
-#include "cuda_backend.h"
-#include "emit.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
                                const char *cache_dir, mn_cu_binary *out) {

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "../host/error.h"
-#include "cuda_state.h"
-#include "nvtx.h"
+#include "cuda/cuda_state.h"
+#include "cuda/nvtx.h"
+#include "host/error.h"
 
 static double now_ms(void) {
   struct timespec ts;

@@ -4,8 +4,8 @@
 
 #include <stdio.h>
 
-#include "../host/session.h"
-#include "jit.h"
+#include "cuda/jit.h"
+#include "host/backend.h"
 
 extern const mn_backend_ops mn_cuda_backend;
 

@@ -5,8 +5,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda_backend.h"
-#include "emit.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/emit.h"
 
 /* Mirrors of mn_dev_scalars and mn_dev_error in kernels/common.cuh. */
 typedef struct mn_cu_scalars {

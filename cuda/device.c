@@ -2,7 +2,7 @@
  * without one, every call fails cleanly and the library falls back to the CPU. */
 #include <cuda_runtime_api.h>
 
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 
 int mn_cuda_usable_devices(void) {
   int n = 0;

@@ -1,13 +1,13 @@
 /* The emitter: lowering functions append commands and declare kernel instances here. */
-#include "emit.h"
+#include "cuda/emit.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "kernel_sources.h"
+#include "cuda/kernel_sources.h"
+#include "host/error.h"
 
 static bool grow(void **items, size_t *cap, size_t need, size_t item_size) {
   if (need <= *cap) return true;

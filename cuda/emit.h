@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../host/plan.h"
+#include "host/plan.h"
 
 #define MN_CU_MAX_ARGS 8
 

@@ -1,7 +1,7 @@
 /* NVRTC with a disk cache of cubins. Cache files are written to a temporary name and
  * renamed into place, so processes sharing the folder never see a partial file; a file
  * whose header or checksum does not match is ignored and replaced. */
-#include "jit.h"
+#include "cuda/jit.h"
 
 #include <errno.h>
 #include <nvrtc.h>
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../host/error.h"
+#include "host/error.h"
 
 #define MN_CACHE_MAGIC "MNCUBIN1"
 

@@ -9,8 +9,8 @@
  * attention splits the cache over blocks of 128 keys and merges the partial softmaxes. */
 #include <string.h>
 
-#include "../host/error.h"
-#include "emit.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 #define ATTN_BLOCK        128u
 #define ATTN_MAX_HEAD_DIM 256

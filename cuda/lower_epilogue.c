@@ -6,8 +6,8 @@
  * when it has none, the product runs plain and they run. Their kernels are compiled either
  * way (small instances, mostly shared with other ops), so that decision never needs a
  * second compile. */
-#include "../host/error.h"
-#include "emit.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 

@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "emit.h"
-#include "lower_norm.h"
+#include "cuda/emit.h"
+#include "cuda/lower_norm.h"
+#include "host/error.h"
 
 #define PW_BLOCK      256
 #define PW_MAX_BLOCKS 4096

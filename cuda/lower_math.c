@@ -2,8 +2,8 @@
  * cuda/kernels/pointwise.cuh, one instance per op code and size). */
 #include <string.h>
 
-#include "../host/error.h"
-#include "emit.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 #define PW_BLOCK 256
 /* Enough blocks to fill an H200 several times over; larger tensors grid-stride. */

@@ -3,7 +3,7 @@
 #ifndef MN_CUDA_LOWER_NORM_H
 #define MN_CUDA_LOWER_NORM_H
 
-#include "emit.h"
+#include "cuda/emit.h"
 
 /* Launches generated code `code` (mn_cu_kernel_generated) that defines
  *   template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE>

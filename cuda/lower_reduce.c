@@ -2,8 +2,8 @@
  * cuda/kernels/reduce.cuh, reduce_loss.cuh and (element-wise loss gradients)
  * pointwise.cuh. Whole-tensor sums go through per-block double partials in scratch and
  * one finishing block, never atomics, so every result is reproducible bit for bit. */
-#include "../host/error.h"
-#include "emit.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 #define RED_BLOCK 256
 /* Partials of a whole-tensor sum: one finishing block reads at most this many. */

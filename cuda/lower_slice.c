@@ -1,5 +1,5 @@
 /* Lowering of slice_last and its gradient to the kernels of cuda/kernels/slice.cuh. */
-#include "emit.h"
+#include "cuda/emit.h"
 
 #define SLICE_BLOCK 256
 /* Enough blocks to fill an H200 several times over; larger tensors grid-stride. */

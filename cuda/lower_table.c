@@ -1,6 +1,6 @@
 /* The lowering function of every op, generated from the op table so that an op without
  * one fails to link. */
-#include "emit.h"
+#include "cuda/emit.h"
 
 const mn_cu_lower_fn mn_cu_lowerers[MN_OP_COUNT] = {
 #define MN_CU_ENTRY(e, name, arity, flags) [MN_OP_##e] = mn_cu_lower_##e,

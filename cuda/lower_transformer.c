@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "emit.h"
-#include "lower_norm.h"
+#include "cuda/emit.h"
+#include "cuda/lower_norm.h"
+#include "host/error.h"
 
 /* Grid-stride kernels loop over what a grid of at most this many blocks does not cover. */
 #define MAX_GRID 65535u

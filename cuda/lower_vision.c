@@ -13,8 +13,8 @@
 #include <limits.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "emit.h"
+#include "cuda/emit.h"
+#include "host/error.h"
 
 /* Scratch bytes a conv may use for its column matrices before it splits the batch. */
 #define MN_VIS_SCRATCH_BUDGET ((int64_t)256 << 20)

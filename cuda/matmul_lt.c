@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "cuda_state.h"
+#include "cuda/cuda_state.h"
+#include "host/error.h"
 
 #define MN_LT_WORKSPACE_BYTES (32u << 20)
 

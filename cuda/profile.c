@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../host/error.h"
-#include "../host/graph.h"
-#include "../host/ops.h"
-#include "cuda_state.h"
+#include "cuda/cuda_state.h"
+#include "host/error.h"
+#include "host/graph.h"
+#include "host/ops.h"
 
 typedef struct op_total {
   const char *op;
@@ -143,7 +143,7 @@ mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out) {
   cuda_state *st = s->backend_state;
   if (!st->captured)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_profile_step: step the session first");
-  mn_status rc = mn_session_wait(s);
+  mn_status rc = s->backend->wait(s);
   if (rc != MN_OK) return rc;
   bool update = (st->captured_key & 1u) && st->opt_update >= 0;
   size_t n = st->prog.num_cmds + (update ? 1 : 0);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "io/plan_cache.h"
-#include "session.h"
+#include "session/session.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

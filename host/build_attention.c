@@ -1,6 +1,6 @@
 /* Builders for attention (causal, full, cross) and the KV cache used in inference. */
-#include "build_util.h"
-#include "error.h"
+#include "host/build_util.h"
+#include "host/error.h"
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 

@@ -2,8 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "build_util.h"
-#include "error.h"
+#include "host/build_util.h"
+#include "host/error.h"
 
 /* Elements of a leaf may not exceed this, so byte counts never overflow size_t. */
 #define MN_MAX_NUMEL ((int64_t)1 << 40)

@@ -1,5 +1,5 @@
 /* Builders for reductions (sum, mean, softmax over the last axis) and the mean losses. */
-#include "build_util.h"
+#include "host/build_util.h"
 
 static const mn_tensor_type scalar_type = {.dtype = MN_F32, .rank = 1, .shape = {1}};
 

@@ -2,7 +2,7 @@
  * of GPT-2's fused c_attn output [B, T, 3D]. */
 #include <limits.h>
 
-#include "build_util.h"
+#include "host/build_util.h"
 
 mn_node mn_slice_last(mn_graph *g, mn_node x, int64_t start, int64_t len) {
   const char *fn = "mn_slice_last";

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "build_util.h"
+#include "host/build_util.h"
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 

@@ -1,8 +1,8 @@
-#include "build_util.h"
+#include "host/build_util.h"
 
 #include <stdio.h>
 
-#include "error.h"
+#include "host/error.h"
 
 const char *mn_node_desc(const mn_graph *g, mn_node id, char *buf, size_t size) {
   char shape[96];

@@ -3,7 +3,7 @@
 #ifndef MN_HOST_BUILD_UTIL_H
 #define MN_HOST_BUILD_UTIL_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* Formats "node 7 [32,784]" into buf. */
 const char *mn_node_desc(const mn_graph *g, mn_node id, char *buf, size_t size);

@@ -2,7 +2,7 @@
  * integer arguments are the op's own hyper-parameters (stride, padding, groups, split). */
 #include <math.h>
 
-#include "build_util.h"
+#include "host/build_util.h"
 
 /* Same bound as leaves: results of conv2d and upsample_2x may grow past their inputs, and
  * their byte counts must still fit size_t. */

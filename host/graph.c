@@ -1,11 +1,11 @@
-#include "graph.h"
+#include "host/graph.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 
 const mn_op_desc mn_op_table[MN_OP_COUNT] = {
 #define MN_OP_DESC(e, nm, ar, fl) [MN_OP_##e] = {.name = nm, .arity = ar, .flags = fl},

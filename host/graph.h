@@ -2,8 +2,8 @@
 #ifndef MN_HOST_GRAPH_H
 #define MN_HOST_GRAPH_H
 
+#include "host/ops.h"
 #include "meganeura.h"
-#include "ops.h"
 
 #define MN_MAX_INPUTS 4
 #define MN_ERROR_CAP  512

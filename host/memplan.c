@@ -1,8 +1,8 @@
-#include "memplan.h"
+#include "host/memplan.h"
 
 #include <stdlib.h>
 
-#include "error.h"
+#include "host/error.h"
 
 #define MN_BUFFER_ALIGN 256
 

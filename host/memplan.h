@@ -5,7 +5,7 @@
 #ifndef MN_HOST_MEMPLAN_H
 #define MN_HOST_MEMPLAN_H
 
-#include "plan.h"
+#include "host/plan.h"
 
 typedef enum mn_layout_mode {
   MN_LAYOUT_PLANNED,        /* activations reuse memory by lifetime */

@@ -91,7 +91,7 @@ enum {
   X(EXTRA_OUTPUT, "extra_output", 1, MN_OPF_EXTRA_OUTPUT) /* value attrs.variant of input 0 */
 
 /* Ops that only autodiff emits are listed in ops_backward.h, owned by autodiff/. */
-#include "ops_backward.h"
+#include "host/ops_backward.h"
 
 #define MN_OP_LIST(X) MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X)
 

@@ -1,10 +1,10 @@
-#include "plan.h"
+#include "host/plan.h"
 
 #include <stdlib.h>
 
-#include "error.h"
-#include "memplan.h"
-#include "plan_check.h"
+#include "host/error.h"
+#include "host/memplan.h"
+#include "host/plan_check.h"
 
 /* is_output: 0 not an output, 1 a user output, 2 a gradient. */
 static mn_buffer_role role_of(const mn_graph *g, mn_node id, const unsigned char *is_output) {

@@ -3,7 +3,7 @@
 #ifndef MN_HOST_PLAN_H
 #define MN_HOST_PLAN_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 typedef enum mn_buffer_role {
   MN_BUF_INPUT,      /* set by the user, persists across steps */

@@ -2,9 +2,9 @@
  * right, but a plan may also come from a cache file on disk (io/plan_cache_read.c), whose
  * checksum anyone can recompute: the plan refuses a node whose buffers would not fit what its
  * kernel reads and writes, rather than run off the end of the arena. */
-#include "plan_check.h"
+#include "host/plan_check.h"
 
-#include "error.h"
+#include "host/error.h"
 
 static bool f32(const mn_tensor_type *t) { return t->dtype == MN_F32 && t->rank >= 1; }
 

@@ -2,7 +2,7 @@
 #ifndef MN_HOST_PLAN_CHECK_H
 #define MN_HOST_PLAN_CHECK_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* MN_ERR_STATE, naming the node, when an epilogue op's operands or result do not have the
  * types its kernels assume (a product's K and N, a bias of N values, an act in range). */

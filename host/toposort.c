@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "graph.h"
+#include "host/error.h"
+#include "host/graph.h"
 
 enum { UNSEEN = 0, ON_STACK, DONE };
 

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "graph.h"
+#include "host/graph.h"
 
 typedef struct mn_hash128 {
   uint64_t a, b;

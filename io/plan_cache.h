@@ -21,9 +21,8 @@
 
 #include <stddef.h>
 
-/* By its folder-relative name: benchmarks include this header as "../io/plan_cache.h". */
-#include "graph_hash.h"
-#include "plan.h"
+#include "host/plan.h"
+#include "io/graph_hash.h"
 
 #define MN_PLAN_CACHE_FORMAT         "meganeura-plan-cache"
 #define MN_PLAN_CACHE_FORMAT_VERSION 1

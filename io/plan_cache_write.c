@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/plan_cache.h"
 
 mn_hash128 mn_plan_cache_checksum(const mn_graph *lowered, size_t num_user_outputs,

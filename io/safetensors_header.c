@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/safetensors_internal.h"
 
 #define FN "mn_safetensors_open"

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/safetensors_internal.h"
 
 struct mn_safetensors {

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/safetensors_internal.h"
 
 #define FN "mn_safetensors_write"

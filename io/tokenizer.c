@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/tokenizer_internal.h"
 
 void mn_tokenizer_free(mn_tokenizer *t) {

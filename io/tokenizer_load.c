@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/tokenizer_internal.h"
 #include "io/tokenizer_unicode.h"
 

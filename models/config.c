@@ -14,8 +14,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "error.h"
-#include "model_internal.h"
+#include "host/error.h"
+#include "models/model_internal.h"
 
 #define MAX_JSON_BYTES ((size_t)64 << 20)
 /* Sizes must fit the builders' int arguments (heads, head_dim) and U32 token ids. */

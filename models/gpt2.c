@@ -16,7 +16,7 @@
  * it with mn_model_prepare_session. */
 #include <stdio.h>
 
-#include "model_internal.h"
+#include "models/model_internal.h"
 
 /* x @ W + b for a Conv1D "{prefix}h.{layer}.{what}" with weight [in, out]. */
 static mn_node conv1d(mn_graph *g, const char *p, int layer, const char *what, mn_node x,

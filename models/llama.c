@@ -13,7 +13,7 @@
  * nn.Linear weights are stored [out, in] and used through mn_matmul_bt, so loading and saving
  * never transpose. RoPE is transformers' rotate-half form with positions 0..T-1 in each row,
  * which mn_rope computes, so Llama needs no position input. */
-#include "model_internal.h"
+#include "models/model_internal.h"
 
 static mn_node block(mn_graph *g, const mn_model_config *c, const char *p, int i, mn_node h) {
   int64_t d = c->hidden_size, ff = c->intermediate_size;

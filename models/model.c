@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "model_internal.h"
+#include "host/error.h"
+#include "models/model_internal.h"
 
 mn_node mn_model_param(mn_graph *g, const char *prefix, const int64_t *shape, int rank,
                        const char *fmt, ...) {

@@ -1,8 +1,8 @@
-#include "bgrad.h"
+#include "optimizer/bgrad.h"
 
 #include <stdlib.h>
 
-#include "error.h"
+#include "host/error.h"
 
 typedef struct pass {
   const mn_graph *in;

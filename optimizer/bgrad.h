@@ -17,7 +17,7 @@
 #ifndef MN_OPTIMIZER_BGRAD_H
 #define MN_OPTIMIZER_BGRAD_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* Replaces *g (topological) by the graph with every such pair fused, freeing the old graph;
  * *made counts the pairs. Outputs keep their order and count: an output that was a sum_rows

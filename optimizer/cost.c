@@ -1,4 +1,4 @@
-#include "cost.h"
+#include "optimizer/cost.h"
 
 /* Multiply-adds of the products: 2 flops for each output element per reduced element. */
 static double flops(mn_op op, const mn_tensor_type *out, const mn_tensor_type *const *ins, int n) {

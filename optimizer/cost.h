@@ -6,7 +6,7 @@
 #ifndef MN_OPTIMIZER_COST_H
 #define MN_OPTIMIZER_COST_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* One launch: about 5 us of overhead, priced as what 3 TB/s of HBM moves meanwhile. */
 #define MN_COST_LAUNCH_BYTES 15.0e6

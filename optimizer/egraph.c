@@ -1,4 +1,4 @@
-#include "egraph.h"
+#include "optimizer/egraph.h"
 
 #include <stdlib.h>
 #include <string.h>

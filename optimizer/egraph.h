@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "graph.h"
+#include "host/graph.h"
 
 typedef uint32_t eg_id;
 #define EG_NONE UINT32_MAX

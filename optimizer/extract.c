@@ -1,10 +1,10 @@
-#include "extract.h"
+#include "optimizer/extract.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "cost.h"
-#include "error.h"
+#include "host/error.h"
+#include "optimizer/cost.h"
 
 typedef struct heap_item {
   double cost;

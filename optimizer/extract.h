@@ -3,7 +3,7 @@
 #ifndef MN_OPTIMIZER_EXTRACT_H
 #define MN_OPTIMIZER_EXTRACT_H
 
-#include "egraph.h"
+#include "optimizer/egraph.h"
 
 /* Chooses best[c] for every class root c that can be computed (EG_NONE otherwise).
  *

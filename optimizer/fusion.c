@@ -1,13 +1,13 @@
-#include "fusion.h"
+#include "optimizer/fusion.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cost.h"
-#include "error.h"
-#include "fusion_groups.h"
+#include "host/error.h"
+#include "optimizer/cost.h"
+#include "optimizer/fusion_groups.h"
 
 enum { FUSE_NONE, FUSE_POINTWISE, FUSE_ROW };
 

@@ -19,7 +19,7 @@
 
 #include <stdbool.h>
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* Replaces *g (topological) by the graph with every group fused, freeing the old graph;
  * *fusions counts the fused nodes made. Outputs and named leaves are kept; an output that was

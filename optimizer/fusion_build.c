@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "fusion_groups.h"
+#include "host/error.h"
+#include "optimizer/fusion_groups.h"
 
 /* The program of group k and the values it reads, in the order the program first reads
  * them; returns how many. Members whose value leaves the group (but the root, the node's

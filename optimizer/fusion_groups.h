@@ -3,7 +3,7 @@
 #ifndef MN_OPTIMIZER_FUSION_GROUPS_H
 #define MN_OPTIMIZER_FUSION_GROUPS_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 typedef struct mn_fuser {
   const mn_graph *g;

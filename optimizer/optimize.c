@@ -1,18 +1,18 @@
-#include "optimize.h"
+#include "optimizer/optimize.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "bgrad.h"
-#include "cost.h"
-#include "egraph.h"
-#include "error.h"
-#include "extract.h"
-#include "fusion.h"
-#include "report.h"
-#include "rewrite.h"
+#include "host/error.h"
+#include "optimizer/bgrad.h"
+#include "optimizer/cost.h"
+#include "optimizer/egraph.h"
+#include "optimizer/extract.h"
+#include "optimizer/fusion.h"
+#include "optimizer/report.h"
+#include "optimizer/rewrite.h"
 
 static double now_ms(void) {
   struct timespec ts;

@@ -10,7 +10,7 @@
 #ifndef MN_OPTIMIZER_OPTIMIZE_H
 #define MN_OPTIMIZER_OPTIMIZE_H
 
-#include "graph.h"
+#include "host/graph.h"
 
 typedef enum mn_optimize_stage { MN_OPTIMIZE_FORWARD, MN_OPTIMIZE_FULL } mn_optimize_stage;
 

@@ -3,8 +3,8 @@
 #ifndef MN_OPTIMIZER_REPORT_H
 #define MN_OPTIMIZER_REPORT_H
 
-#include "optimize.h"
-#include "rules.h"
+#include "optimizer/optimize.h"
+#include "optimizer/rules.h"
 
 typedef struct mn_optimize_stage_report {
   bool ran;                         /* the pipeline reached this stage */

@@ -1,4 +1,4 @@
-#include "rewrite.h"
+#include "optimizer/rewrite.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "error.h"
+#include "host/error.h"
 
 /* A pattern compiled to pre-order entries: an operator entry's inputs are entries after
  * it, so a matcher that walks the array in order always knows an entry's class (its

@@ -3,7 +3,7 @@
 #ifndef MN_OPTIMIZER_REWRITE_H
 #define MN_OPTIMIZER_REWRITE_H
 
-#include "rules.h"
+#include "optimizer/rules.h"
 
 typedef struct mn_saturate_limits {
   size_t max_nodes; /* stop adding once the e-graph holds this many nodes */

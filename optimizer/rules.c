@@ -7,14 +7,14 @@
  * included), except that x + 0 turns an x of -0.0 into +0.0, which compares equal. The
  * epilogue ops compute bit for bit what the ops they stand for compute (their reference
  * kernels round every intermediate as those ops store it), so those rows change no value. */
-#include "rules.h"
+#include "optimizer/rules.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "reference/ref_kernels.h"
+#include "host/reference/ref_kernels.h"
 
 /* A class known to be a constant whose every element equals v (+0.0 and -0.0 alike). */
 static bool class_is_filled(mn_egraph *eg, eg_id cls, float v) {

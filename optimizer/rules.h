@@ -14,7 +14,7 @@
 #ifndef MN_OPTIMIZER_RULES_H
 #define MN_OPTIMIZER_RULES_H
 
-#include "egraph.h"
+#include "optimizer/egraph.h"
 
 #define MN_PAT_MAX_ENTRIES 8
 #define MN_PAT_MAX_VARS    4

@@ -1,4 +1,4 @@
-#include "siblings.h"
+#include "optimizer/siblings.h"
 
 #include <limits.h>
 #include <stdatomic.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "autodiff/autodiff.h"
-#include "cost.h"
-#include "error.h"
+#include "host/error.h"
+#include "optimizer/cost.h"
 
 static atomic_int siblings_mode = MN_SIBLINGS_AUTO;
 

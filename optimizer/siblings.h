@@ -25,7 +25,7 @@
 
 #include <stdbool.h>
 
-#include "graph.h"
+#include "host/graph.h"
 
 #define MN_SIBLINGS_PREFIX "#siblings("
 /* attrs.variant of a derived parameter; the builders leave a parameter's attrs zero. */

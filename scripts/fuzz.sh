@@ -26,7 +26,7 @@ cd "$root"
 shopt -s nullglob
 case "$target" in
 fuzz_safetensors) sources=(io/safetensors_*.c host/error.c) ;;
-fuzz_plan_cache) sources=(io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c) ;;
+fuzz_plan_cache) sources=(io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c session/*.c) ;;
 *) usage ;;
 esac
 [[ -f fuzz/$target.c ]] || { echo "fuzz/$target.c does not exist" >&2; exit 2; }
@@ -38,7 +38,7 @@ echo "== build $out/$target"
 "$cc" -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror \
-  -Iinclude -Ihost -I. "fuzz/$target.c" "${sources[@]}" -lcjson -lm -lpthread -o "$out/$target"
+  -Iinclude -I. "fuzz/$target.c" "${sources[@]}" -lcjson -lm -lpthread -o "$out/$target"
 
 work=$out/corpus-$target
 artifacts=$out/artifacts-$target

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "fixtures/attention_fixtures.h"
-#include "support/mn_test.h"
+#include "tests/fixtures/attention_fixtures.h"
+#include "tests/support/mn_test.h"
 
 /* Outputs are rounded once from double, so fp32 vs float64 differs by ~1e-7. */
 #define ATT_TOL 1e-6

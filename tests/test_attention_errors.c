@@ -3,7 +3,7 @@
  * error when a later builder call fails too. */
 #include <stdio.h>
 
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 /* The graph must be in error `want` with `fragment`, hold `num_nodes` nodes, and keep
  * exactly that message after another failing call. */

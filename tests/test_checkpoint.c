@@ -16,10 +16,10 @@
 #include <criterion/logging.h>
 
 #include "io/safetensors.h"
-#include "session.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

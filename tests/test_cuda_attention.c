@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
 
 #define TOL 1e-5
 

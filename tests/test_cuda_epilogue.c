@@ -9,14 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "graph.h"
-#include "plan.h"
-#include "session.h"
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
+#include "host/graph.h"
+#include "host/plan.h"
+#include "session/session.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
 #ifdef MN_WITH_CUDA
-#include "cuda_backend.h"
-#include "emit.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/emit.h"
 #endif
 
 #define FP32_TOL 1e-5

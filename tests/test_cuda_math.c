@@ -3,8 +3,8 @@
  * on both backends with the same random data. Backward ops are reached through
  * training graphs whose loss multiplies the op's output by an input, so that the
  * upstream gradient is not uniform. */
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
 
 typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
 

@@ -4,11 +4,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 enum { STEPS = 20 };
 

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 
 #include "benchmarks/gpt_graph.h"
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
 
 enum { STEPS = 3 };
 

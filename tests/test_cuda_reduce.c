@@ -2,8 +2,8 @@
  * reference backend: every graph is compiled with NVRTC (no device needed), then, on a
  * GPU, run on both backends with the same random data; plus the runtime error of an
  * out-of-range label. */
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
 
 typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
 

@@ -7,15 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 #ifdef MN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_backend.h"
-#include "jit.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/jit.h"
 #endif
 
 static mn_graph *mlp_graph(int64_t batch, int64_t in, int64_t hidden, int64_t out) {

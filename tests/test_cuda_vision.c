@@ -7,8 +7,8 @@
  * graphs end in an MSE loss against an input target and also output the op's value, so
  * the forward result is compared directly and not only through the loss. Sizes are odd
  * or not multiples of 4 unless a case is about the vectorized path. */
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
 
 #define TOL 1e-5
 

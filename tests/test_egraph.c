@@ -5,7 +5,7 @@
 
 #include "optimizer/egraph.h"
 #include "optimizer/extract.h"
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 static mn_egraph eg;
 static uint32_t f32_4;

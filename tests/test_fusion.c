@@ -16,14 +16,14 @@
 #include "optimizer/cost.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
-#include "session.h"
-#include "support/cuda_check.h"
-#include "support/fusion_check.h"
-#include "support/graph_check.h"
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "session/session.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/fusion_check.h"
+#include "tests/support/graph_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 enum { STEPS = 3 };
 

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/cuda_check.h"
-#include "support/fusion_check.h"
-#include "support/mn_test.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/fusion_check.h"
+#include "tests/support/mn_test.h"
 
 enum { GRAPHS = 200, MAX_VALUES = 32 };
 

@@ -13,13 +13,13 @@
 #include "benchmarks/gpt_graph.h"
 #include "io/plan_cache.h"
 #include "optimizer/fusion.h"
-#include "session.h"
-#include "support/cuda_check.h"
-#include "support/fusion_check.h"
-#include "support/graph_check.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "session/session.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/fusion_check.h"
+#include "tests/support/graph_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 enum { STEPS = 3 };
 

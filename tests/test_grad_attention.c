@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "plan.h"
-#include "support/gradcheck.h"
+#include "host/plan.h"
+#include "tests/support/gradcheck.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

@@ -1,5 +1,5 @@
 /* Gradient checks of the matrix products, element-wise ops, sum_all and mean_all. */
-#include "support/gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

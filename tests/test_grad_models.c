@@ -1,8 +1,8 @@
 /* Whole-model gradient checks: an MLP and a pre-norm transformer block (rms_norm,
  * RoPE, causal GQA attention, SwiGLU, residuals). The conv block is checked with the
  * vision gradients. */
-#include "support/gradcheck.h"
-#include "support/models.h"
+#include "tests/support/gradcheck.h"
+#include "tests/support/models.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

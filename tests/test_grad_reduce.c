@@ -2,10 +2,10 @@
  * VJP rules build: which backward nodes exist for which differentiable inputs. */
 #include <stdlib.h>
 
-#include "../autodiff/autodiff.h"
-#include "build_util.h"
-#include "reference/ref_kernels.h"
-#include "support/gradcheck.h"
+#include "autodiff/autodiff.h"
+#include "host/build_util.h"
+#include "host/reference/ref_kernels.h"
+#include "tests/support/gradcheck.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

@@ -1,10 +1,10 @@
 /* Gradient checks of SwiGLU, the norms, RoPE, embedding and scatter_add, and the
  * structure of their backward graphs (which inputs get backward nodes). */
-#include "support/gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 #include <stdio.h>
 
-#include "../autodiff/autodiff.h"
+#include "autodiff/autodiff.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

@@ -2,7 +2,7 @@
  * upsample_2x, add_per_channel, and a small conv block through all of them. */
 #include <stdio.h>
 
-#include "support/gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 #define LEAF(nm, lo_, hi_, ...)                                                                    \
   {                                                                                                \

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "graph.h"
-#include "support/mn_test.h"
+#include "host/graph.h"
+#include "tests/support/mn_test.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

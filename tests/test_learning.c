@@ -3,9 +3,9 @@
  * short text (loss < 0.1). Each runs in a few seconds. */
 #include <stdlib.h>
 
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
 
 enum { FEATURES = 8, CLASSES = 4, HIDDEN = 32, BATCH = 256 };
 

@@ -2,8 +2,8 @@
  * values on the reference backend against hand-computed values and numpy fixtures. */
 #include <stdlib.h>
 
-#include "fixtures/math_fixtures.h"
-#include "support/mn_test.h"
+#include "tests/fixtures/math_fixtures.h"
+#include "tests/support/mn_test.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -3,11 +3,11 @@
  * session with one buffer per node computes. */
 #include <stdlib.h>
 
-#include "memplan.h"
-#include "session.h"
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
+#include "host/memplan.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
 
 enum { B = 2, T = 8, V = 11 };
 

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/mn_test.h"
-#include "support/tmp_dir.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/tmp_dir.h"
 
 /* openai-community/gpt2's config.json. */
 static const char *gpt2_json =

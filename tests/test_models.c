@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/cuda_check.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 /* 2 layers of width 32, 4 heads, vocabulary 50, 16 positions. */
 static mn_model_config tiny_gpt2(void) {

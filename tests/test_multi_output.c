@@ -4,9 +4,9 @@
  * the producer's dispatch on, and the CPU backend computes what the separate ops compute. */
 #include <stdlib.h>
 
-#include "plan.h"
-#include "session.h"
-#include "support/mn_test.h"
+#include "host/plan.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
 
 enum { K = 6, M = 5, N = 7 };
 

@@ -1,8 +1,8 @@
 /* The op table is the single list of ops: every differentiable op has a VJP rule, no
  * other op has one, and every op has a printable, unique name. */
 #include "autodiff/autodiff.h"
-#include "reference/ref_kernels.h"
-#include "support/mn_test.h"
+#include "host/reference/ref_kernels.h"
+#include "tests/support/mn_test.h"
 
 Test(op_table, every_differentiable_op_has_a_vjp_rule) {
   const mn_vjp_rule *rules = mn_vjp_rules();

@@ -2,9 +2,9 @@
  * by scripts/fixtures/gen_optim.py, and the training-session API around them. */
 #include <stdlib.h>
 
-#include "fixtures/optim_fixtures.h"
-#include "graph.h"
-#include "support/mn_test.h"
+#include "host/graph.h"
+#include "tests/fixtures/optim_fixtures.h"
+#include "tests/support/mn_test.h"
 
 typedef mn_status (*configure_fn)(mn_session *s);
 

@@ -6,11 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "host/plan.h"
 #include "optimizer/report.h"
-#include "plan.h"
-#include "support/graph_check.h"
-#include "support/mn_test.h"
-#include "support/models.h"
+#include "tests/support/graph_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 
 static size_t numel_of(const mn_graph *g, mn_node id) {
   mn_node_info info;

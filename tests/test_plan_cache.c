@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 #include "io/plan_cache.h"
-#include "session.h"
-#include "support/mn_test.h"
-#include "support/models.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/models.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 #define STEPS 3
 

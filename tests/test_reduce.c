@@ -3,8 +3,8 @@
  * values worked out by hand. Builder and runtime errors are in test_reduce_errors.c. */
 #include <stdlib.h>
 
-#include "fixtures/reduce_fixtures.h"
-#include "support/mn_test.h"
+#include "tests/fixtures/reduce_fixtures.h"
+#include "tests/support/mn_test.h"
 
 /* fp32 outputs of float64 math on exact fp32 inputs: only the final rounding differs. */
 #define TOL 1e-6

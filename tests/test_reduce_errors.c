@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "fixtures/reduce_fixtures.h"
-#include "support/mn_test.h"
+#include "tests/fixtures/reduce_fixtures.h"
+#include "tests/support/mn_test.h"
 
 typedef mn_node (*unary_builder)(mn_graph *, mn_node);
 typedef mn_node (*binary_builder)(mn_graph *, mn_node, mn_node);

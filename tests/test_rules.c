@@ -5,12 +5,12 @@
  * Also the optimizer's promises: outputs, named leaves, own gradient buffers. */
 #include <stdlib.h>
 
+#include "host/plan.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
-#include "plan.h"
-#include "support/graph_check.h"
-#include "support/mn_test.h"
+#include "tests/support/graph_check.h"
+#include "tests/support/mn_test.h"
 
 enum { N = 8 };
 

@@ -15,16 +15,16 @@
  * K = 1, below). */
 #include <stdlib.h>
 
+#include "host/plan.h"
 #include "optimizer/cost.h"
 #include "optimizer/fusion.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
-#include "plan.h"
-#include "session.h"
-#include "support/graph_check.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
+#include "session/session.h"
+#include "tests/support/graph_check.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
 
 /* A stage's optimization of a sorted copy of g, without pointwise fusion so that the ops the
  * rules leave can be counted (the sessions below fuse). */

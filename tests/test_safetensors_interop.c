@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "io/safetensors.h"
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

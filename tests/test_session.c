@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

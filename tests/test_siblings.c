@@ -22,10 +22,10 @@
 #include "optimizer/cost.h"
 #include "optimizer/fusion.h"
 #include "optimizer/siblings.h"
-#include "session.h"
-#include "support/mn_test.h"
-#include "support/session_util.h"
-#include "support/tmp_dir.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 #define TOL 1e-5
 

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/cuda_check.h"
-#include "support/gradcheck.h"
-#include "support/mn_test.h"
+#include "tests/support/cuda_check.h"
+#include "tests/support/gradcheck.h"
+#include "tests/support/mn_test.h"
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
 

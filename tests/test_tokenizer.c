@@ -14,8 +14,8 @@
 
 #include "io/tokenizer_internal.h"
 #include "io/tokenizer_unicode.h"
-#include "support/mn_test.h"
-#include "support/tmp_dir.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/tmp_dir.h"
 
 #define LEN(a)   (sizeof(a) / sizeof((a)[0]))
 #define IDS(...) ((const uint32_t[]){__VA_ARGS__}), LEN(((const uint32_t[]){__VA_ARGS__}))

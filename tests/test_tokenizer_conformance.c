@@ -12,8 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/mn_test.h"
-#include "support/tmp_dir.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/tmp_dir.h"
 
 static void require_python(void) {
   if (system("python3 -c 'import tokenizers' >/dev/null 2>&1") != 0)

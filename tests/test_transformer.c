@@ -3,9 +3,9 @@
  * Every op here is well conditioned, so the only error left is fp32 rounding: 1e-6. */
 #include <stdlib.h>
 
-#include "fixtures/transformer_fixtures.h"
-#include "graph.h"
-#include "support/mn_test.h"
+#include "host/graph.h"
+#include "tests/fixtures/transformer_fixtures.h"
+#include "tests/support/mn_test.h"
 
 #define TOL   1e-6
 #define N_(a) (sizeof(a) / sizeof((a)[0]))

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 /* The builder returned MN_NO_NODE with status `st` and a message holding `frag`, the
  * thread's last error agrees, and a later failing call leaves the first error in place. */

@@ -3,8 +3,8 @@
  * double, so each output differs from numpy by about one float32 rounding: 1e-6. */
 #include <stdlib.h>
 
-#include "fixtures/vision_fixtures.h"
-#include "support/mn_test.h"
+#include "tests/fixtures/vision_fixtures.h"
+#include "tests/support/mn_test.h"
 
 #define TOL    1e-6
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "support/mn_test.h"
+#include "tests/support/mn_test.h"
 
 /* Asserts y failed with `want` and `fragment`, then that a later failing builder call
  * on the same graph neither succeeds nor replaces the message. */

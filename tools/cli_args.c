@@ -1,5 +1,5 @@
 /* Option parsing and validation for the meganeura command. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* meganeura bench: times training steps of a model config on the selected backend. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <stdlib.h>
 #include <string.h>

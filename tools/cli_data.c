@@ -1,5 +1,5 @@
 /* Reading training data and model configs for the meganeura command. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <errno.h>
 #include <stdlib.h>

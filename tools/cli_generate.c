@@ -1,6 +1,6 @@
 /* meganeura generate: sampling from a trained model, recomputing the whole window for
  * every new token (no KV cache). */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* The loss curve as a hand-written SVG: axes, ticks, labels and one polyline. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <errno.h>
 #include <math.h>

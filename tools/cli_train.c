@@ -1,6 +1,6 @@
 /* meganeura train: AdamW on random windows of a token file, with a cosine schedule,
  * progress, metrics CSV, an SVG loss curve, checkpoints and resume. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <errno.h>
 #include <math.h>

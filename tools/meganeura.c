@@ -1,5 +1,5 @@
 /* The meganeura command: train, generate and bench subcommands over the public API. */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <string.h>
 

@@ -5,7 +5,7 @@
 #ifndef MN_BENCH_STEP_BENCH_H
 #define MN_BENCH_STEP_BENCH_H
 
-#include "../bench_util.h"
+#include "benchmarks/bench_util.h"
 
 typedef struct bench_step {
   mn_session_options o;

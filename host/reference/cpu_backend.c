@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../error.h"
-#include "../session.h"
-#include "ref_kernels.h"
-#include "ref_update.h"
+#include "host/backend.h"
+#include "host/error.h"
+#include "host/reference/ref_kernels.h"
+#include "host/reference/ref_update.h"
 
 #define MN_ARENA_ALIGN 256
 

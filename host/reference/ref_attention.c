@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 typedef struct attn_shape {
   size_t t_len, s_len, heads, kv_heads, head_dim;

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
 

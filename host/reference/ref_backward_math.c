@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 mn_status mn_ref_RESHAPE(const mn_ref_ctx *c) {
   memcpy(c->out, c->in[0], mn_tensor_type_bytes(&c->node->type));

@@ -2,7 +2,7 @@
  * upstream gradient of the [1] loss as dy[0]; the mean's 1/count is applied here. */
 #include <math.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
 

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 /* dy * up * silu'(gate), silu'(g) = s(g) (1 + g (1 - s(g))). */
 mn_status mn_ref_SWIGLU_GRAD_GATE(const mn_ref_ctx *c) {

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 /* The output position o with o * stride - pad + tap == i, or -1 when i falls between
  * strides or outside the output. */

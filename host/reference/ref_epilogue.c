@@ -4,7 +4,7 @@
  * so an optimized graph gives bit for bit what the unoptimized one gives on the CPU. */
 #include <math.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 

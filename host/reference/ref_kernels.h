@@ -7,7 +7,7 @@
 
 #include <stdio.h>
 
-#include "../graph.h"
+#include "host/graph.h"
 
 typedef struct mn_ref_ctx {
   const mn_graph *g;

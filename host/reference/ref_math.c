@@ -2,7 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k) {

@@ -2,7 +2,7 @@
  * losses. Every loss writes its scalar into out[0]. */
 #include <math.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
 

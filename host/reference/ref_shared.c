@@ -1,4 +1,4 @@
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 #include <math.h>
 

@@ -3,7 +3,7 @@
 #ifndef MN_HOST_REF_SHARED_H
 #define MN_HOST_REF_SHARED_H
 
-#include "ref_kernels.h"
+#include "host/reference/ref_kernels.h"
 
 static inline size_t mn_ref_last_dim(const mn_tensor_type *t) {
   return (size_t)t->shape[t->rank - 1];

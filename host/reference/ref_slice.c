@@ -2,7 +2,7 @@
  * x is [rows, n], the slice [rows, len] starts at column `start` (attrs.pos_offset). */
 #include <string.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 mn_status mn_ref_SLICE_LAST(const mn_ref_ctx *c) {
   size_t n = mn_ref_last_dim(mn_ref_in_type(c, 0)), len = mn_ref_last_dim(&c->node->type);

@@ -1,6 +1,6 @@
 #include <stdarg.h>
 
-#include "ref_kernels.h"
+#include "host/reference/ref_kernels.h"
 
 const mn_ref_kernel mn_ref_kernels[MN_OP_COUNT] = {
 #define MN_REF_ENTRY(e, name, arity, flags) [MN_OP_##e] = mn_ref_##e,

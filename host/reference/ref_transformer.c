@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 mn_status mn_ref_SWIGLU(const mn_ref_ctx *c) {
   const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1);

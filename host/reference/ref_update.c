@@ -3,7 +3,7 @@
  * torch.nn.utils.clip_grad_norm_ does it. */
 #include <math.h>
 
-#include "ref_update.h"
+#include "host/reference/ref_update.h"
 
 static float *f32_at(unsigned char *arena, const mn_plan *p, mn_node id) {
   return (float *)(arena + mn_plan_buffer_of(p, id)->offset);

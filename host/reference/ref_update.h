@@ -1,7 +1,7 @@
 #ifndef MN_HOST_REF_UPDATE_H
 #define MN_HOST_REF_UPDATE_H
 
-#include "../session.h"
+#include "host/backend.h"
 
 /* Applies one update to every parameter that has a gradient. `step` counts this update
  * (1 for the first). m and v hold, per plan parameter slot, the Adam moments (unused,

@@ -1,7 +1,7 @@
 /* Reference kernels: 4-D NCHW vision ops. Sizes are read from the node and input types. */
 #include <math.h>
 
-#include "ref_shared.h"
+#include "host/reference/ref_shared.h"
 
 /* Direct convolution, one output element at a time; taps that fall into the zero padding
  * are skipped rather than read. */

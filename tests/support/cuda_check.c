@@ -1,14 +1,14 @@
-#include "cuda_check.h"
+#include "tests/support/cuda_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph.h"
-#include "mn_test.h"
-#include "session.h"
+#include "host/graph.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
 #ifdef MN_WITH_CUDA
-#include "cuda_backend.h"
+#include "cuda/cuda_backend.h"
 #endif
 
 void mn_test_require_cuda_build(void) {

@@ -1,11 +1,11 @@
-#include "fusion_check.h"
+#include "tests/support/fusion_check.h"
 
 #include <stdlib.h>
 
-#include "mn_test.h"
 #include "optimizer/fusion.h"
-#include "session.h"
-#include "session_util.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
 
 mn_session_options mn_fz_cpu(bool optimize) {
   mn_session_options o = mn_session_options_default();

@@ -6,8 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "graph.h"
-#include "plan.h"
+#include "host/graph.h"
+#include "host/plan.h"
 
 typedef enum mn_fz_mode {
   MN_FZ_UNOPTIMIZED,       /* mn_session_options.optimize false */

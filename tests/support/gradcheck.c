@@ -1,4 +1,4 @@
-#include "gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #ifndef MN_TEST_GRADCHECK_H
 #define MN_TEST_GRADCHECK_H
 
-#include "mn_test.h"
+#include "tests/support/mn_test.h"
 
 typedef struct mn_gc_leaf {
   const char *name;

@@ -1,6 +1,6 @@
-#include "graph_check.h"
+#include "tests/support/graph_check.h"
 
-#include "mn_test.h"
+#include "tests/support/mn_test.h"
 
 mn_session_options mn_test_cpu_options(bool optimize) {
   mn_session_options o = mn_session_options_default();

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "graph.h"
+#include "host/graph.h"
 
 /* The default options on the CPU backend, with the optimizer on or off. */
 mn_session_options mn_test_cpu_options(bool optimize);

@@ -1,4 +1,4 @@
-#include "mn_test.h"
+#include "tests/support/mn_test.h"
 
 #include <stdlib.h>
 

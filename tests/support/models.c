@@ -1,4 +1,4 @@
-#include "models.h"
+#include "tests/support/models.h"
 
 #include <stdio.h>
 

@@ -1,4 +1,4 @@
-#include "session_util.h"
+#include "tests/support/session_util.h"
 
 #include <stdlib.h>
 

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "mn_test.h"
+#include "tests/support/mn_test.h"
 
 /* A session of g on `backend` with otherwise default options: a training session when
  * `training`, else an inference one. Fails the test with the library's message on error. */

@@ -1,4 +1,4 @@
-#include "tmp_dir.h"
+#include "tests/support/tmp_dir.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "session.h"
+#include "session/session.h"
 
 typedef struct mn_io_param {
   const char *name; /* owned by the session */
@@ -15,7 +15,7 @@ typedef struct mn_io_param {
   uint32_t buffer;
   long slot; /* plan parameter slot that has Adam moments (a gradient), else -1 */
   /* Elements [offset, offset + numel) of the buffer's buffer_numel: a source of a derived
-   * parameter (host/session.h) is a range of it; any other parameter is all of its buffer. */
+   * parameter (host/backend.h) is a range of it; any other parameter is all of its buffer. */
   size_t offset, buffer_numel;
 } mn_io_param;
 

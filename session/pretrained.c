@@ -20,9 +20,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/safetensors.h"
-#include "io/session_params.h"
+#include "session/session_params.h"
 
 #define MAX_INDEX_BYTES ((size_t)64 << 20)
 

@@ -1,10 +1,10 @@
-#include "io/session_params.h"
+#include "session/session_params.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "optimizer/siblings.h"
 
 /* How many tensors users see in node i: the sources of a derived parameter, else one. */

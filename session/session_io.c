@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "optimizer/siblings.h"
-#include "session.h"
+#include "session/session.h"
 
 void mn_session_sources_free(mn_session *s) {
   for (size_t i = 0; i < s->num_sources; i++)

@@ -6,11 +6,11 @@
 #include <time.h>
 
 #include "autodiff/autodiff.h"
-#include "error.h"
+#include "host/error.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
 #include "optimizer/siblings.h"
-#include "session.h"
+#include "session/session.h"
 
 /* grad_output indexed by node of `before` (the graph autodiff differentiated) rewritten
  * for `after`, matching parameters by their unique names: the optimizer and the sort in

@@ -29,9 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/safetensors.h"
-#include "io/session_params.h"
+#include "session/session_params.h"
 
 #define CK_FORMAT   "meganeura"
 #define CK_VERSION  "1"

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "io/plan_cache.h"
-#include "session.h"
+#include "session/session.h"
 
 /* Far above any real plan; keeps a stray huge file at the path from being read in. */
 #define MAX_CACHE_BYTES ((size_t)1 << 30)

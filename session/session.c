@@ -1,5 +1,5 @@
 /* Session construction, stepping, outputs and the plan/memory views. */
-#include "session.h"
+#include "session/session.h"
 #ifdef MN_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "host/error.h"
 #include "optimizer/optimize.h"
 #include "optimizer/siblings.h"
 

@@ -1,0 +1,67 @@
+/* The interface between the session (session/) and a backend (cuda/, host/reference/):
+ * the state of a session that a backend reads and writes, and the table of functions each
+ * backend implements. It sits on the ground floor so that backends need nothing from the
+ * pipeline driver above them. */
+#ifndef MN_HOST_BACKEND_H
+#define MN_HOST_BACKEND_H
+
+#include "host/plan.h"
+
+typedef struct mn_backend_ops {
+  const char *name;
+  /* Allocates buffers for s->plan and fills constants; parameters and inputs start at 0. */
+  mn_status (*create)(mn_session *s);
+  void (*destroy)(mn_session *s);
+  mn_status (*write_buffer)(mn_session *s, uint32_t buffer, const void *src, size_t bytes);
+  mn_status (*read_buffer)(mn_session *s, uint32_t buffer, void *dst, size_t bytes);
+  /* Submits one step; failures found while running it are returned by wait. */
+  mn_status (*step)(mn_session *s);
+  mn_status (*wait)(mn_session *s);
+  /* Adam moments of plan parameter slot `slot` (which 0: first moment m, 1: second v),
+   * n elements; reading state that was never allocated gives zeros, writing allocates it. */
+  mn_status (*read_optim_state)(mn_session *s, size_t slot, int which, float *dst, size_t n);
+  mn_status (*write_optim_state)(mn_session *s, size_t slot, int which, const float *src, size_t n);
+  /* Fills the backend's part of the statistics (optional). */
+  void (*stats)(const mn_session *s, mn_session_stats *out);
+} mn_backend_ops;
+
+typedef enum mn_optimizer_kind {
+  MN_OPTIM_NONE,
+  MN_OPTIM_SGD,
+  MN_OPTIM_ADAM,
+  MN_OPTIM_ADAMW
+} mn_optimizer_kind;
+
+typedef struct mn_optimizer_config {
+  mn_optimizer_kind kind;
+  float lr, beta1, beta2, eps, weight_decay;
+  float max_grad_norm; /* 0: no clipping */
+} mn_optimizer_config;
+
+/* A parameter the user names that the optimizer concatenated into a derived one
+ * (optimizer/siblings.h): its rows are a contiguous range of the derived parameter's buffer,
+ * and of its gradient's and Adam moments'. */
+typedef struct mn_param_source {
+  char *name;          /* owned */
+  mn_node node;        /* the derived parameter of the plan's graph */
+  size_t offset;       /* first element within the derived tensor */
+  mn_tensor_type type; /* the source's own type */
+} mn_param_source;
+
+struct mn_session {
+  mn_plan *plan;
+  mn_param_source *sources; /* of every derived parameter, in node and row order */
+  size_t num_sources;
+  mn_session_options options;
+  bool training;
+  const mn_backend_ops *backend;
+  void *backend_state;
+  mn_optimizer_config optim;
+  uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
+  uint64_t steps;      /* mn_session_step calls that submitted work */
+};
+
+/* The reference backend in host/reference/. */
+extern const mn_backend_ops mn_cpu_backend;
+
+#endif
