@@ -1,28 +1,10 @@
 #include "autodiff/autodiff.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host/build_util.h"
 #include "host/error.h"
-
-static mn_vjp_rule rule_table[MN_OP_COUNT];
-static pthread_once_t rules_once = PTHREAD_ONCE_INIT;
-
-static void fill_rules(void) {
-  mn_vjp_register_math(rule_table);
-  mn_vjp_register_reduce(rule_table);
-  mn_vjp_register_transformer(rule_table);
-  mn_vjp_register_attention(rule_table);
-  mn_vjp_register_vision(rule_table);
-  mn_vjp_register_slice(rule_table);
-}
-
-const mn_vjp_rule *mn_vjp_rules(void) {
-  pthread_once(&rules_once, fill_rules);
-  return rule_table;
-}
 
 mn_node mn_ad_node(mn_ad_ctx *c, mn_op op, const mn_node *inputs, int n, const mn_tensor_type *type,
                    const mn_op_attrs *attrs) {
@@ -93,7 +75,7 @@ mn_status mn_autodiff(const char *fn, const mn_graph *fwd, mn_graph **out, int32
                    mn_op_name(fwd->nodes[loss].op));
   }
 
-  const mn_vjp_rule *rules = mn_vjp_rules();
+  const mn_vjp_rule *rules = mn_vjp_rules;
   mn_ad_ctx c = {.num_forward = fwd->num_nodes};
   c.g = mn_graph_clone(fwd);
   c.grad = malloc(fwd->num_nodes * sizeof *c.grad);

@@ -30,15 +30,16 @@ static inline const mn_node_rec *mn_ad_fwd(const mn_ad_ctx *c, mn_node id) {
 }
 static inline bool mn_ad_wants(const mn_ad_ctx *c, mn_node id) { return c->needs_grad[id] != 0; }
 
-/* Rule tables, one registration per area (autodiff/vjp_*.c). */
-void mn_vjp_register_math(mn_vjp_rule *rules);
-void mn_vjp_register_reduce(mn_vjp_rule *rules);
-void mn_vjp_register_transformer(mn_vjp_rule *rules);
-void mn_vjp_register_attention(mn_vjp_rule *rules);
-void mn_vjp_register_vision(mn_vjp_rule *rules);
-void mn_vjp_register_slice(mn_vjp_rule *rules);
-/* The full table (lazily filled, read-only afterwards); NULL entries: no rule. */
-const mn_vjp_rule *mn_vjp_rules(void);
+/* The rule of each differentiable op is mn_vjp_<ENUM>, in the autodiff/vjp_*.c file of its
+ * area. Every op is declared here, but the table (vjp_table.c) names only those of the
+ * ops flagged MN_OPF_DIFF, so a differentiable op without a rule fails to link. */
+#define MN_VJP_DECLARE(e, name, arity, flags)                                                      \
+  mn_status mn_vjp_##e(mn_ad_ctx *c, mn_node y, mn_node dy);
+MN_OP_LIST(MN_VJP_DECLARE)
+#undef MN_VJP_DECLARE
+
+/* Indexed by mn_op: the rule of each MN_OPF_DIFF op, NULL for every other op. */
+extern const mn_vjp_rule mn_vjp_rules[MN_OP_COUNT];
 
 /* Differentiates `fwd` (toposorted; output 0 is the [1] loss). On success *out is a
  * new graph whose first fwd->num_nodes nodes are fwd's and whose outputs are fwd's

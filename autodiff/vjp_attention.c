@@ -34,15 +34,12 @@ static mn_status vjp_attention(mn_ad_ctx *c, mn_node y, mn_node dy, bool causal)
   return c->g->status;
 }
 
-static mn_status vjp_causal_attention(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_CAUSAL_ATTENTION(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_attention(c, y, dy, true);
 }
-static mn_status vjp_bidirectional_attention(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_FULL_ATTENTION(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_attention(c, y, dy, false);
 }
-
-void mn_vjp_register_attention(mn_vjp_rule *rules) {
-  rules[MN_OP_CAUSAL_ATTENTION] = vjp_causal_attention;
-  rules[MN_OP_FULL_ATTENTION] = vjp_bidirectional_attention;
-  rules[MN_OP_CROSS_ATTENTION] = vjp_bidirectional_attention;
+mn_status mn_vjp_CROSS_ATTENTION(mn_ad_ctx *c, mn_node y, mn_node dy) {
+  return vjp_attention(c, y, dy, false);
 }

@@ -12,17 +12,17 @@ static mn_status vjp_softmax_of_output(mn_ad_ctx *c, mn_node y, mn_node dy, mn_o
   mn_ad_accumulate(c, IN(c, y, 0), mn_ad_node(c, grad_op, ins, 2, mn_type_of(c->g, y), NULL));
   return c->g->status;
 }
-static mn_status vjp_softmax(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_SOFTMAX(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_softmax_of_output(c, y, dy, MN_OP_SOFTMAX_GRAD);
 }
-static mn_status vjp_log_softmax(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_LOG_SOFTMAX(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_softmax_of_output(c, y, dy, MN_OP_LOG_SOFTMAX_GRAD);
 }
 
 /* loss = -1/R sum t * log_softmax(logits). The target's gradient is a product of
  * forward ops; the logits' gradient has its own kernel, which does not assume that
  * each target row sums to 1. */
-static mn_status vjp_cross_entropy(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_CROSS_ENTROPY_LOSS(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node logits = IN(c, y, 0), t = IN(c, y, 1);
   if (mn_ad_wants(c, logits)) {
     mn_node ins[3] = {logits, t, dy};
@@ -40,7 +40,7 @@ static mn_status vjp_cross_entropy(mn_ad_ctx *c, mn_node y, mn_node dy) {
 }
 
 /* Labels are U32 and never get a gradient; only the logits do. */
-static mn_status vjp_sparse_cross_entropy(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_SPARSE_CROSS_ENTROPY_LOSS(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node logits = IN(c, y, 0);
   if (!mn_ad_wants(c, logits)) return c->g->status;
   mn_node ins[3] = {logits, IN(c, y, 1), dy};
@@ -52,7 +52,7 @@ static mn_status vjp_sparse_cross_entropy(mn_ad_ctx *c, mn_node y, mn_node dy) {
 
 /* BCE's two partial derivatives differ in form (a ratio and a log difference), so the
  * kernel computes either, chosen by attrs.variant. */
-static mn_status vjp_bce(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_BCE_LOSS(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node p = IN(c, y, 0), t = IN(c, y, 1), ins[3] = {p, t, dy};
   if (mn_ad_wants(c, p)) {
     mn_op_attrs attrs = {.variant = 0};
@@ -76,19 +76,9 @@ static mn_status vjp_of_difference(mn_ad_ctx *c, mn_node y, mn_node dy, mn_op gr
   if (want_t) mn_ad_accumulate(c, t, mn_neg(c->g, dp));
   return c->g->status;
 }
-static mn_status vjp_mse(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_MSE_LOSS(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_of_difference(c, y, dy, MN_OP_MSE_GRAD);
 }
-static mn_status vjp_l1(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_L1_LOSS(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_of_difference(c, y, dy, MN_OP_L1_GRAD);
-}
-
-void mn_vjp_register_reduce(mn_vjp_rule *rules) {
-  rules[MN_OP_SOFTMAX] = vjp_softmax;
-  rules[MN_OP_LOG_SOFTMAX] = vjp_log_softmax;
-  rules[MN_OP_CROSS_ENTROPY_LOSS] = vjp_cross_entropy;
-  rules[MN_OP_SPARSE_CROSS_ENTROPY_LOSS] = vjp_sparse_cross_entropy;
-  rules[MN_OP_BCE_LOSS] = vjp_bce;
-  rules[MN_OP_MSE_LOSS] = vjp_mse;
-  rules[MN_OP_L1_LOSS] = vjp_l1;
 }

@@ -7,7 +7,7 @@
 
 /* y = silu(gate) * up. d up recomputes silu(gate): y / up would divide by zero where
  * up is 0. */
-static mn_status vjp_swiglu(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_SWIGLU(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node gate = IN(c, y, 0), up = IN(c, y, 1);
   if (mn_ad_wants(c, gate)) {
     mn_node ins[3] = {gate, up, dy};
@@ -34,11 +34,11 @@ static mn_status vjp_norm(mn_ad_ctx *c, mn_node y, mn_node dy, mn_op grad_x, mn_
   return c->g->status;
 }
 
-static mn_status vjp_rms_norm(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_RMS_NORM(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_norm(c, y, dy, MN_OP_RMS_NORM_GRAD_X, MN_OP_RMS_NORM_GRAD_W);
 }
 
-static mn_status vjp_layer_norm(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_LAYER_NORM(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node b = IN(c, y, 2);
   if (vjp_norm(c, y, dy, MN_OP_LAYER_NORM_GRAD_X, MN_OP_LAYER_NORM_GRAD_W) != MN_OK)
     return c->g->status;
@@ -49,7 +49,7 @@ static mn_status vjp_layer_norm(mn_ad_ctx *c, mn_node y, mn_node dy) {
 
 /* RoPE is a rotation per position, so its transpose is the rotation by the negated
  * angle; the backward node carries the forward attrs (theta, head_dim, pos_offset). */
-static mn_status vjp_rope(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_ROPE(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0);
   mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
   if (mn_ad_wants(c, x))
@@ -57,7 +57,7 @@ static mn_status vjp_rope(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return c->g->status;
 }
 
-static mn_status vjp_rope_dynamic(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_ROPE_DYNAMIC(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0), ins[2] = {dy, IN(c, y, 1)};
   mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
   if (mn_ad_wants(c, x))
@@ -69,25 +69,15 @@ static mn_status vjp_rope_dynamic(mn_ad_ctx *c, mn_node y, mn_node dy) {
 /* Embedding and scatter_add are transposes of each other: a row gather's gradient
  * scatters dy back to the table rows (summing repeated indices), and a scatter's
  * gradient gathers dy's rows. */
-static mn_status vjp_embedding(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_EMBEDDING(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node idx = IN(c, y, 0), table = IN(c, y, 1);
   if (mn_ad_wants(c, table))
     mn_ad_accumulate(c, table, mn_scatter_add(c->g, idx, dy, mn_type_of(c->g, table)->shape[0]));
   return c->g->status;
 }
 
-static mn_status vjp_scatter_add(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_SCATTER_ADD(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node idx = IN(c, y, 0), src = IN(c, y, 1);
   if (mn_ad_wants(c, src)) mn_ad_accumulate(c, src, mn_embedding(c->g, idx, dy));
   return c->g->status;
-}
-
-void mn_vjp_register_transformer(mn_vjp_rule *rules) {
-  rules[MN_OP_SWIGLU] = vjp_swiglu;
-  rules[MN_OP_RMS_NORM] = vjp_rms_norm;
-  rules[MN_OP_LAYER_NORM] = vjp_layer_norm;
-  rules[MN_OP_ROPE] = vjp_rope;
-  rules[MN_OP_ROPE_DYNAMIC] = vjp_rope_dynamic;
-  rules[MN_OP_EMBEDDING] = vjp_embedding;
-  rules[MN_OP_SCATTER_ADD] = vjp_scatter_add;
 }

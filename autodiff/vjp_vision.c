@@ -10,7 +10,7 @@ static mn_node sum_per_channel(mn_ad_ctx *c, mn_node dy, mn_node vec) {
   return mn_ad_node(c, MN_OP_SUM_PER_CHANNEL, &dy, 1, &t, NULL);
 }
 
-static mn_status vjp_conv2d(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_CONV2D(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0), k = IN(c, y, 1);
   /* Copied: appending nodes may move the array that the forward record lives in. */
   mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
@@ -29,7 +29,7 @@ static mn_status vjp_conv2d(mn_ad_ctx *c, mn_node y, mn_node dy) {
 
 /* The normalized x is recomputed from x rather than recovered from y as (y - b) / w,
  * which would divide by weights that may be zero. */
-static mn_status vjp_group_norm(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_GROUP_NORM(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0), w = IN(c, y, 1), b = IN(c, y, 2);
   mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
   if (mn_ad_wants(c, x)) {
@@ -46,7 +46,7 @@ static mn_status vjp_group_norm(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return c->g->status;
 }
 
-static mn_status vjp_concat(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_CONCAT(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node a = IN(c, y, 0), b = IN(c, y, 1);
   int ca = (int)mn_type_of(c->g, a)->shape[1];
   if (mn_ad_wants(c, a)) mn_ad_accumulate(c, a, mn_split_a(c->g, dy, ca));
@@ -66,14 +66,10 @@ static mn_status vjp_split(mn_ad_ctx *c, mn_node y, mn_node dy, bool kept_first)
   mn_ad_accumulate(c, x, kept_first ? mn_concat(c->g, dy, zeros) : mn_concat(c->g, zeros, dy));
   return c->g->status;
 }
-static mn_status vjp_split_a(mn_ad_ctx *c, mn_node y, mn_node dy) {
-  return vjp_split(c, y, dy, true);
-}
-static mn_status vjp_split_b(mn_ad_ctx *c, mn_node y, mn_node dy) {
-  return vjp_split(c, y, dy, false);
-}
+mn_status mn_vjp_SPLIT_A(mn_ad_ctx *c, mn_node y, mn_node dy) { return vjp_split(c, y, dy, true); }
+mn_status mn_vjp_SPLIT_B(mn_ad_ctx *c, mn_node y, mn_node dy) { return vjp_split(c, y, dy, false); }
 
-static mn_status vjp_upsample_2x(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_UPSAMPLE_2X(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0);
   if (!mn_ad_wants(c, x)) return c->g->status;
   mn_tensor_type t = *mn_type_of(c->g, x);
@@ -81,19 +77,9 @@ static mn_status vjp_upsample_2x(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return c->g->status;
 }
 
-static mn_status vjp_add_per_channel(mn_ad_ctx *c, mn_node y, mn_node dy) {
+mn_status mn_vjp_ADD_PER_CHANNEL(mn_ad_ctx *c, mn_node y, mn_node dy) {
   mn_node x = IN(c, y, 0), bias = IN(c, y, 1);
   mn_ad_accumulate(c, x, dy);
   if (mn_ad_wants(c, bias)) mn_ad_accumulate(c, bias, sum_per_channel(c, dy, bias));
   return c->g->status;
-}
-
-void mn_vjp_register_vision(mn_vjp_rule *rules) {
-  rules[MN_OP_CONV2D] = vjp_conv2d;
-  rules[MN_OP_GROUP_NORM] = vjp_group_norm;
-  rules[MN_OP_CONCAT] = vjp_concat;
-  rules[MN_OP_SPLIT_A] = vjp_split_a;
-  rules[MN_OP_SPLIT_B] = vjp_split_b;
-  rules[MN_OP_UPSAMPLE_2X] = vjp_upsample_2x;
-  rules[MN_OP_ADD_PER_CHANNEL] = vjp_add_per_channel;
 }

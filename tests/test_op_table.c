@@ -5,7 +5,7 @@
 #include "tests/support/mn_test.h"
 
 Test(op_table, every_differentiable_op_has_a_vjp_rule) {
-  const mn_vjp_rule *rules = mn_vjp_rules();
+  const mn_vjp_rule *rules = mn_vjp_rules;
   for (int op = 0; op < MN_OP_COUNT; op++) {
     bool diff = (mn_op_flags((mn_op)op) & MN_OPF_DIFF) != 0;
     cr_expect_eq(rules[op] != NULL, diff, "op %s: differentiable %d but rule %s",
