@@ -1,5 +1,6 @@
 /* The kernel templates of cuda/kernels/, embedded at build time by
- * cmake/embed_kernels.cmake (common.cuh first, then the others by name). */
+ * cmake/embed_kernels.cmake: the headers shared with C first (MN_KERNEL_SHARED_HEADERS in
+ * CMakeLists.txt), then common.cuh, then the other templates by name. */
 #ifndef MN_CUDA_KERNEL_SOURCES_H
 #define MN_CUDA_KERNEL_SOURCES_H
 

@@ -1,7 +1,7 @@
 /* Lowering of fused nodes: CUDA source generated from the node's program (host/graph.h).
  *
  * Each pointwise instruction becomes a call of the element function that the unfused op's
- * kernel uses (mn_pw_apply of cuda/kernels/pointwise.cuh), so every op keeps its float or
+ * kernel uses (its row of host/pointwise.h, through mn_pw_apply), so every op keeps its float or
  * double math. Between instructions the result passes through an empty asm statement: NVRTC
  * runs with --fmad=true and would otherwise contract one op's product with the next op's sum
  * into an FMA, skipping the rounding to float that the unfused graph does when it stores the
@@ -24,6 +24,7 @@
 #include "cuda/emit.h"
 #include "cuda/lower_norm.h"
 #include "host/error.h"
+#include "host/pointwise.h"
 
 #define PW_BLOCK      256
 #define PW_MAX_BLOCKS 4096
@@ -49,13 +50,6 @@ static void put(text *t, const char *fmt, ...) {
   else
     t->len += (size_t)n;
 }
-
-/* Each op's code in pointwise.cuh is MN_PW_<ENUM>; only pointwise ops are looked up. */
-static const char *const pw_code[MN_OP_COUNT] = {
-#define PW_CODE(e, name, arity, flags) [MN_OP_##e] = "MN_PW_" #e,
-    MN_OP_LIST(PW_CODE)
-#undef PW_CODE
-};
 
 static unsigned float_bits(float f) {
   unsigned u;
@@ -119,7 +113,8 @@ static void element_function(text *t, const char *name, const mn_fused_prog *p, 
       put(t, "    float t%d = r;\n", r);
       continue;
     }
-    put(t, "    float t%d = mn_pw_apply<%s>(", r, pw_code[in->op]);
+    /* mn_fused_prog_check admits only pointwise ops, and each has a row (host/pointwise.h). */
+    put(t, "    float t%d = mn_pw_apply<%d>(", r, mn_pw_code_of_op(in->op));
     for (int k = 0; k < 3; k++) {
       if (k) put(t, ", ");
       if (k < arity(in))

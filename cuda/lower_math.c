@@ -1,9 +1,10 @@
 /* Lowering of the matrix products (cuBLASLt) and the element-wise ops (mn_pw_map of
- * cuda/kernels/pointwise.cuh, one instance per op code and size). */
+ * cuda/kernels/pointwise.cuh, one instance per row of host/pointwise.h and size). */
 #include <string.h>
 
 #include "cuda/emit.h"
 #include "host/error.h"
+#include "host/pointwise.h"
 
 #define PW_BLOCK 256
 /* Enough blocks to fill an H200 several times over; larger tensors grid-stride. */
@@ -91,12 +92,15 @@ mn_status mn_cu_lower_MATMUL_AT(const mn_cu_op_ctx *c) {
   return matmul(c, true, false, m, last_dim(tb), mn_tensor_type_numel(ta) / m);
 }
 
-/* One mn_pw_map launch over the node's elements; `nin` element-wise inputs, then for
- * ops with a scalar operand, that input's buffer (read at [0]). */
-static mn_status pointwise(const mn_cu_op_ctx *c, const char *code, int nargs_in, float attr) {
+/* One mn_pw_map launch of row `code` (host/pointwise.h) over the node's elements: its
+ * element-wise inputs, then for an MN_PW_SCALAR row the scalar's buffer (read at [0]). */
+static mn_status pointwise(const mn_cu_op_ctx *c, mn_pw_code code) {
+  unsigned flags = mn_pw_flags(code);
+  int nargs_in = mn_pw_num_inputs(code) + ((flags & MN_PW_SCALAR) ? 1 : 0);
+  float attr = (flags & MN_PW_ATTR) ? c->node->attrs.scale : 0.0f;
   int64_t n = mn_cu_numel(c);
-  int k =
-      mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%s, %lldLL, %uu>", code, (long long)n, float_bits(attr));
+  int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%d, %lldLL, %uu>", (int)code, (long long)n,
+                       float_bits(attr));
   mn_cu_arg args[4] = {mn_cu_out(c)};
   for (int i = 0; i < nargs_in; i++)
     args[1 + i] = mn_cu_in(c, i);
@@ -105,39 +109,13 @@ static mn_status pointwise(const mn_cu_op_ctx *c, const char *code, int nargs_in
   return mn_cu_launch(c, k, blocks, 1, 1, 0, 1 + nargs_in, args);
 }
 
-#define PW_LOWER(E, nin)                                                                           \
-  mn_status mn_cu_lower_##E(const mn_cu_op_ctx *c) { return pointwise(c, "MN_PW_" #E, nin, 0.0f); }
-PW_LOWER(ADD, 2)
-PW_LOWER(MUL, 2)
-PW_LOWER(DIV, 2)
-PW_LOWER(GREATER, 2)
-PW_LOWER(RELU, 1)
-PW_LOWER(SIGMOID, 1)
-PW_LOWER(TANH, 1)
-PW_LOWER(NEG, 1)
-PW_LOWER(ABS, 1)
-PW_LOWER(LOG, 1)
-PW_LOWER(EXP, 1)
-PW_LOWER(RECIP, 1)
-PW_LOWER(SILU, 1)
-PW_LOWER(GELU, 1)
-PW_LOWER(SWIGLU, 2)
-PW_LOWER(RELU_GRAD, 2)
-PW_LOWER(SIGMOID_GRAD, 2)
-PW_LOWER(TANH_GRAD, 2)
-PW_LOWER(ABS_GRAD, 2)
-PW_LOWER(SILU_GRAD, 2)
-PW_LOWER(GELU_GRAD, 2)
-PW_LOWER(SWIGLU_GRAD_GATE, 3)
+#define PW_LOWER(name, nin, flags, factor, value)                                                  \
+  mn_status mn_cu_lower_##name(const mn_cu_op_ctx *c) { return pointwise(c, MN_PW_##name); }
+MN_PW_OP_ROWS(PW_LOWER)
 #undef PW_LOWER
 
-mn_status mn_cu_lower_SCALE(const mn_cu_op_ctx *c) {
-  return pointwise(c, "MN_PW_SCALE", 1, c->node->attrs.scale);
-}
-
-/* dy[0] * scale broadcast to the node's shape. */
-mn_status mn_cu_lower_EXPAND_SCALAR(const mn_cu_op_ctx *c) {
-  return pointwise(c, "MN_PW_EXPAND_SCALAR", 1, c->node->attrs.scale);
+mn_status mn_cu_lower_BCE_GRAD(const mn_cu_op_ctx *c) {
+  return pointwise(c, c->node->attrs.variant == 0 ? MN_PW_BCE_GRAD_PRED : MN_PW_BCE_GRAD_TARGET);
 }
 
 /* x [.., N] + row [N] or [1, N]. */

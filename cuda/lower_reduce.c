@@ -10,8 +10,6 @@
 #define RED_MAX_PARTS 1024
 /* Elements a thread of pass 1 sums at least, so small tensors take one block. */
 #define RED_PER_THREAD 16
-#define PW_BLOCK       256
-#define PW_MAX_BLOCKS  4096
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 
@@ -161,20 +159,4 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
   mn_cu_arg fin[2] = {mn_cu_out(c), scratch};
   return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
-}
-
-/* Loss gradients (pred, target, dy [1]) are element-wise: mn_pw_map reads dy[0]. */
-static mn_status loss_grad(const mn_cu_op_ctx *c, const char *code) {
-  int64_t n = mn_cu_numel(c);
-  int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%s, %lldLL, 0u>", code, (long long)n);
-  mn_cu_arg args[4] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2)};
-  unsigned blocks = mn_cu_blocks((n + 3) / 4, PW_BLOCK);
-  if (blocks > PW_MAX_BLOCKS) blocks = PW_MAX_BLOCKS;
-  return mn_cu_launch(c, k, blocks, 1, 1, 0, 4, args);
-}
-mn_status mn_cu_lower_MSE_GRAD(const mn_cu_op_ctx *c) { return loss_grad(c, "MN_PW_MSE_GRAD"); }
-mn_status mn_cu_lower_L1_GRAD(const mn_cu_op_ctx *c) { return loss_grad(c, "MN_PW_L1_GRAD"); }
-mn_status mn_cu_lower_BCE_GRAD(const mn_cu_op_ctx *c) {
-  return loss_grad(c,
-                   c->node->attrs.variant == 0 ? "MN_PW_BCE_GRAD_PRED" : "MN_PW_BCE_GRAD_TARGET");
 }

@@ -6,16 +6,6 @@
 #include "host/reference/ref_shared.h"
 
 /* dy * up * silu'(gate), silu'(g) = s(g) (1 + g (1 - s(g))). */
-mn_status mn_ref_SWIGLU_GRAD_GATE(const mn_ref_ctx *c) {
-  const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1), *dy = mn_ref_in_f32(c, 2);
-  float *o = mn_ref_out_f32(c);
-  for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {
-    double g = gate[i], s = 1.0 / (1.0 + exp(-g));
-    o[i] = (float)((double)dy[i] * up[i] * s * (1.0 + g * (1.0 - s)));
-  }
-  return MN_OK;
-}
-
 /* Per-row statistics of a norm: x_hat = (x - mean) * inv, with mean 0 for rms_norm. */
 static void row_stats(const float *xr, size_t n, double eps, bool center, double *mean,
                       double *inv) {

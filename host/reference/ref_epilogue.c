@@ -2,22 +2,22 @@
  * from a product and the pointwise op or reduction after it). Each computes exactly what
  * the ops it replaces compute, every intermediate rounded to float as those ops store it,
  * so an optimized graph gives bit for bit what the unoptimized one gives on the CPU. */
-#include <math.h>
-
+#include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
 
-static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+/* The activation's row in host/pointwise.h; -1 for none. */
+static int act_row(mn_act act) {
+  switch (act) {
+  case MN_ACT_RELU: return MN_PW_RELU;
+  case MN_ACT_GELU: return MN_PW_GELU;
+  case MN_ACT_SILU: return MN_PW_SILU;
+  default: return -1;
+  }
+}
 
 void mn_ref_apply_act(float *x, size_t n, mn_act act) {
-  for (size_t i = 0; i < n; i++) {
-    double v = x[i];
-    switch (act) {
-    case MN_ACT_RELU: x[i] = (float)(v > 0 ? v : 0.0); break;
-    case MN_ACT_GELU: x[i] = (float)mn_ref_gelu_tanh(v); break;
-    case MN_ACT_SILU: x[i] = (float)(v * sigmoid(v)); break;
-    default: break;
-    }
-  }
+  int row = act_row(act);
+  if (row >= 0) mn_ref_pw_loop(row, x, NULL, NULL, 0.0, x, n);
 }
 
 /* out[M,N] = a [.., K] times b ([K,N], or [N,K] when variant is 1), as matmul and
@@ -49,8 +49,7 @@ mn_status mn_ref_MATMUL_DGELU(const mn_ref_ctx *c) {
   product(c, &m, &n);
   float *o = mn_ref_out_f32(c);
   const float *pre = mn_ref_in_f32(c, 2);
-  for (size_t i = 0; i < m * n; i++)
-    o[i] = (float)((double)o[i] * mn_ref_gelu_tanh_grad(pre[i]));
+  mn_ref_pw_loop(MN_PW_GELU_GRAD, pre, o, NULL, 0.0, o, m * n);
   return MN_OK;
 }
 

@@ -1,82 +1,16 @@
 /* Reference kernel of fused nodes: interprets the node's program (host/graph.h) a chunk of
- * elements at a time, one instruction over the whole chunk, with each pointwise op's formula
- * written exactly as its own reference kernel computes it (ref_math.c, ref_backward_math.c,
- * ref_transformer.c, ref_backward_transformer.c) and every result rounded to float as those
- * kernels store it. A row op (a norm or its x gradient) runs its own reference kernel over
- * the chunk's rows, so chunks are whole rows then. A fused graph therefore gives bit for bit
- * what the unfused graph gives, which is what the fusion tests check. */
-#include <math.h>
+ * elements at a time, one instruction over the whole chunk, each pointwise instruction
+ * through the loop of its op's row (host/pointwise.h, ref_pointwise.c) that the op's own
+ * reference kernel runs, every result rounded to float as that kernel stores it. A row op (a
+ * norm or its x gradient) runs its own reference kernel over the chunk's rows, so chunks are
+ * whole rows then. A fused graph therefore gives bit for bit what the unfused graph gives,
+ * which is what the fusion tests check. */
 #include <stdlib.h>
 
+#include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
 
 enum { TILE = 256 };
-
-static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-/* o[i] = op(a[i], b[i], c[i]) for i < n; operands past the op's arity are not read. */
-static void apply(const mn_fused_instr *in, const float *a, const float *b, const float *c,
-                  float *o, size_t n) {
-  double s = (double)in->scale;
-  switch (in->op) {
-#define BINARY(E, expr)                                                                            \
-  case MN_OP_##E:                                                                                  \
-    for (size_t i = 0; i < n; i++)                                                                 \
-      o[i] = (expr);                                                                               \
-    return;
-    BINARY(ADD, a[i] + b[i])
-    BINARY(MUL, a[i] * b[i])
-    BINARY(DIV, a[i] / b[i])
-    BINARY(GREATER, a[i] > b[i] ? 1.0f : 0.0f)
-#undef BINARY
-#define UNARY(E, expr)                                                                             \
-  case MN_OP_##E:                                                                                  \
-    for (size_t i = 0; i < n; i++) {                                                               \
-      double x = a[i];                                                                             \
-      o[i] = (float)(expr);                                                                        \
-    }                                                                                              \
-    return;
-    UNARY(SCALE, x * s)
-    UNARY(RELU, x > 0 ? x : 0.0)
-    UNARY(SIGMOID, sigmoid(x))
-    UNARY(TANH, tanh(x))
-    UNARY(NEG, -x)
-    UNARY(ABS, fabs(x))
-    UNARY(LOG, log(x))
-    UNARY(EXP, exp(x))
-    UNARY(RECIP, 1.0 / x)
-    UNARY(SILU, x * sigmoid(x))
-    UNARY(GELU, mn_ref_gelu_tanh(x))
-    UNARY(SWIGLU, x / (1.0 + exp(-x)) * b[i])
-#undef UNARY
-/* (forward input or output v, dy): dy * f'(v) */
-#define GRAD(E, dfdv)                                                                              \
-  case MN_OP_##E:                                                                                  \
-    for (size_t i = 0; i < n; i++) {                                                               \
-      double v = a[i];                                                                             \
-      o[i] = (float)((double)b[i] * (dfdv));                                                       \
-    }                                                                                              \
-    return;
-    GRAD(RELU_GRAD, v > 0 ? 1.0 : 0.0)
-    GRAD(SIGMOID_GRAD, v * (1.0 - v))
-    GRAD(TANH_GRAD, 1.0 - v * v)
-    GRAD(ABS_GRAD, v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0))
-    GRAD(SILU_GRAD, sigmoid(v) * (1.0 + v * (1.0 - sigmoid(v))))
-    GRAD(GELU_GRAD, mn_ref_gelu_tanh_grad(v))
-#undef GRAD
-  case MN_OP_SWIGLU_GRAD_GATE: /* (gate, up, dy) */
-    for (size_t i = 0; i < n; i++) {
-      double g = a[i], sg = 1.0 / (1.0 + exp(-g));
-      o[i] = (float)((double)c[i] * b[i] * sg * (1.0 + g * (1.0 - sg)));
-    }
-    return;
-  default:
-    /* mn_fused_prog_check admits only the ops above; a NaN result makes a gap visible. */
-    for (size_t i = 0; i < n; i++)
-      o[i] = NAN;
-    return;
-  }
-}
 
 /* The row op `in` over `rows` rows of n: its own reference kernel, run on a node of that
  * shape whose inputs are the operands' rows (weight and bias whole). */
@@ -127,7 +61,7 @@ mn_status mn_ref_FUSED(const mn_ref_ctx *c) {
       if (r == row)
         st = run_row(c, in, ops, o, len / n, n);
       else
-        apply(in, ops[0], ops[1], ops[2], o, len);
+        mn_ref_pw_loop(mn_pw_code_of_op(in->op), ops[0], ops[1], ops[2], (double)in->scale, o, len);
       slot[ni + r] = o;
     }
   }

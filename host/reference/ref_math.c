@@ -39,20 +39,6 @@ mn_status mn_ref_MATMUL_AT(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-#define MN_REF_BINARY(E, expr)                                                                     \
-  mn_status mn_ref_##E(const mn_ref_ctx *c) {                                                      \
-    const float *a = mn_ref_in_f32(c, 0), *b = mn_ref_in_f32(c, 1);                                \
-    float *o = mn_ref_out_f32(c);                                                                  \
-    for (size_t i = 0, n = mn_ref_numel(c); i < n; i++)                                            \
-      o[i] = (expr);                                                                               \
-    return MN_OK;                                                                                  \
-  }
-MN_REF_BINARY(ADD, a[i] + b[i])
-MN_REF_BINARY(MUL, a[i] * b[i])
-MN_REF_BINARY(DIV, a[i] / b[i])
-MN_REF_BINARY(GREATER, a[i] > b[i] ? 1.0f : 0.0f)
-#undef MN_REF_BINARY
-
 /* x [.., N] + row [N] or [1, N]: the row repeats over every leading index. */
 static mn_status add_row(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *row = mn_ref_in_f32(c, 1);
@@ -64,28 +50,3 @@ static mn_status add_row(const mn_ref_ctx *c) {
 }
 mn_status mn_ref_BIAS_ADD(const mn_ref_ctx *c) { return add_row(c); }
 mn_status mn_ref_BROADCAST_ADD(const mn_ref_ctx *c) { return add_row(c); }
-
-static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-#define MN_REF_UNARY(E, expr)                                                                      \
-  mn_status mn_ref_##E(const mn_ref_ctx *c) {                                                      \
-    const float *in = mn_ref_in_f32(c, 0);                                                         \
-    float *o = mn_ref_out_f32(c);                                                                  \
-    for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {                                          \
-      double x = in[i];                                                                            \
-      o[i] = (float)(expr);                                                                        \
-    }                                                                                              \
-    return MN_OK;                                                                                  \
-  }
-MN_REF_UNARY(SCALE, x *(double)c->node->attrs.scale)
-MN_REF_UNARY(RELU, x > 0 ? x : 0.0)
-MN_REF_UNARY(SIGMOID, sigmoid(x))
-MN_REF_UNARY(TANH, tanh(x))
-MN_REF_UNARY(NEG, -x)
-MN_REF_UNARY(ABS, fabs(x))
-MN_REF_UNARY(LOG, log(x))
-MN_REF_UNARY(EXP, exp(x))
-MN_REF_UNARY(RECIP, 1.0 / x)
-MN_REF_UNARY(SILU, x *sigmoid(x))
-MN_REF_UNARY(GELU, mn_ref_gelu_tanh(x))
-#undef MN_REF_UNARY

@@ -2,6 +2,7 @@
  * losses. Every loss writes its scalar into out[0]. */
 #include <math.h>
 
+#include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
 
 static size_t numel(const mn_tensor_type *t) { return (size_t)mn_tensor_type_numel(t); }
@@ -117,7 +118,7 @@ mn_status mn_ref_BCE_LOSS(const mn_ref_ctx *c) {
   double acc = 0;
   for (size_t i = 0; i < n; i++) {
     double pi = p[i], ti = t[i];
-    acc += ti * mn_ref_clamped_log(pi) + (1.0 - ti) * mn_ref_clamped_log(1.0 - pi);
+    acc += ti * mn_pw_clamped_log(pi) + (1.0 - ti) * mn_pw_clamped_log(1.0 - pi);
   }
   mn_ref_out_f32(c)[0] = (float)(-acc / (double)n);
   return MN_OK;

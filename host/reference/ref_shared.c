@@ -63,19 +63,3 @@ void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out) {
     out[j] = (float)acc;
   }
 }
-
-double mn_ref_gelu_tanh(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-double mn_ref_gelu_tanh_grad(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2/pi) */
-  double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
-}
-
-double mn_ref_clamped_log(double v) {
-  double l = log(v);
-  return l < -100.0 ? -100.0 : l;
-}

@@ -27,18 +27,14 @@ void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, siz
  * bias gradient of matmul_at_bgrad, which must agree bit for bit). */
 void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out);
 
-/* GELU (tanh approximation) and its derivative, in double. */
-double mn_ref_gelu_tanh(double x);
-double mn_ref_gelu_tanh_grad(double x);
-
 /* x[i] = act(x[i]) in place, each result rounded to float as the activation op's own
  * kernel stores it (so an epilogue gives what the separate op gives). */
 void mn_ref_apply_act(float *x, size_t n, mn_act act);
 
-/* log clamped below at -100, as PyTorch's BCELoss does, so that p = 0 or 1 gives a
- * finite loss (and t = 0 with p = 0 contributes 0 instead of 0 * -inf); NaN stays NaN
- * for p outside [0, 1]. Forward and gradient use the same clamp. */
-double mn_ref_clamped_log(double v);
+/* o[i] = row `code` of host/pointwise.h over a[i], b[i], c[i] with attribute s, for a row
+ * that reads no scalar (the fused-group interpreter runs one instruction at a time). */
+void mn_ref_pw_loop(int code, const float *a, const float *b, const float *c, double s, float *o,
+                    size_t n);
 
 /* A row's max and log(sum(exp(x - max))): softmax and log_softmax of the row follow. */
 typedef struct mn_ref_row_stats {

@@ -5,16 +5,6 @@
 
 #include "host/reference/ref_shared.h"
 
-mn_status mn_ref_SWIGLU(const mn_ref_ctx *c) {
-  const float *gate = mn_ref_in_f32(c, 0), *up = mn_ref_in_f32(c, 1);
-  float *o = mn_ref_out_f32(c);
-  for (size_t i = 0, n = mn_ref_numel(c); i < n; i++) {
-    double x = gate[i];
-    o[i] = (float)(x / (1.0 + exp(-x)) * up[i]);
-  }
-  return MN_OK;
-}
-
 mn_status mn_ref_RMS_NORM(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1);
   float *o = mn_ref_out_f32(c);
