@@ -10,7 +10,6 @@
  * --siblings-always concatenates sibling products whatever the cost model says ("_sib");
  * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
 #include "benchmarks/bench_util.h"
-#include "optimizer/siblings.h"
 
 static const char GPT2[] =
     "{\"model_type\":\"gpt2\",\"vocab_size\":50257,\"n_embd\":768,\"n_layer\":12,"
@@ -45,7 +44,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--no-optimize") == 0)
       o.optimize = false;
     else if (strcmp(argv[i], "--siblings-always") == 0)
-      mn_siblings_set_mode(MN_SIBLINGS_ALWAYS);
+      o.siblings = MN_SIBLINGS_ALWAYS;
     else if (strcmp(argv[i], "--profile") == 0)
       profile = true;
     else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
@@ -96,8 +95,8 @@ int main(int argc, char **argv) {
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",
          argv[1], o.allow_tf32 ? "_tf32" : "", o.optimize ? "" : "_noopt",
-         mn_siblings_get_mode() == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend, batch, seq,
-         step_ms, (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
+         o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend, batch, seq, step_ms,
+         (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
          (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,
          mn_session_read_loss(s));

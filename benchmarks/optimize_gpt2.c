@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "benchmarks/gpt_graph.h"
-#include "optimizer/fusion.h"
 #include "optimizer/report.h"
 #include "session/session.h"
 
@@ -94,7 +93,7 @@ static void dispatches(const char *name, mn_graph *g) {
   for (int mode = 0; mode < 3; mode++) {
     mn_session_options o = mn_session_options_default();
     o.optimize = mode > 0;
-    mn_fusion_set_enabled(mode == 2);
+    o.fusion = mode == 2 ? MN_FUSION_AUTO : MN_FUSION_OFF;
     mn_plan *plan = NULL;
     check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
     n[mode] = plan->num_dispatches;
@@ -121,12 +120,12 @@ int main(int argc, char **argv) {
                   .seq = argc > 2 ? atoll(argv[2]) : 1024};
   mn_graph *g = gpt_graph(&c);
   mn_session_options o = mn_session_options_default();
-  mn_fusion_set_enabled(false);
+  mn_session_options unfused_o = o;
+  unfused_o.fusion = MN_FUSION_OFF;
   mn_plan *unfused = NULL;
-  check(mn_lower_training("optimize_gpt2", g, &o, &unfused), "gpt2 without fusion");
+  check(mn_lower_training("optimize_gpt2", g, &unfused_o, &unfused), "gpt2 without fusion");
   size_t unfused_dispatches = unfused->num_dispatches;
   mn_plan_free(unfused);
-  mn_fusion_set_enabled(true);
   double ms[REPS], lower[REPS];
   fused_counts fc = {0};
   mn_optimize_report *r = mn_optimize_report_new();

@@ -22,8 +22,10 @@ static void check(int ok) {
   if (!ok) __builtin_trap();
 }
 
-/* Leaves of every kind, a user constant, an unused parameter, and enough ops (matmul, norm,
- * activations, a loss) for the lowered graph to hold several backward ops. */
+/* Leaves of every kind, a user constant, an unused parameter, enough ops (matmul, norm,
+ * activations, a loss) for the lowered graph to hold several backward ops, and two sibling
+ * products of x, which the options below concatenate into a derived parameter (so that the
+ * seeds hold a table of sources). */
 static mn_graph *user_graph(void) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 3));
@@ -35,6 +37,9 @@ static mn_graph *user_graph(void) {
   float shift[2] = {0.5f, -1.0f};
   mn_node c = mn_constant(g, shift, MN_SHAPE(2));
   mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w), b));
+  mn_node q = mn_matmul_bt(g, x, mn_parameter(g, "q.weight", MN_SHAPE(2, 3)));
+  mn_node k = mn_matmul_bt(g, x, mn_parameter(g, "k.weight", MN_SHAPE(2, 3)));
+  h = mn_add(g, h, mn_mul(g, q, k));
   h = mn_rms_norm(g, mn_scale(g, mn_bias_add(g, h, c), 0.5f), nw, 1e-5f);
   mn_node loss = mn_mse_loss(g, mn_tanh(g, h), y);
   mn_set_outputs(g, &loss, 1);
@@ -44,6 +49,7 @@ static mn_graph *user_graph(void) {
 static mn_session_options options(void) {
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
+  o.siblings = MN_SIBLINGS_ALWAYS;
   return o;
 }
 
@@ -69,6 +75,13 @@ static void check_plan(const mn_plan *p, const mn_graph *user) {
     check(p->params[k].grad < g->num_nodes);
     check(mn_plan_buffer_of(p, p->params[k].grad)->bytes ==
           mn_plan_buffer_of(p, p->params[k].param)->bytes);
+  }
+  for (size_t k = 0; k < p->layout.num_sources; k++) {
+    const mn_param_source *s = &p->layout.sources[k];
+    check(s->node < g->num_nodes && mn_param_is_derived(&g->nodes[s->node]));
+    size_t numel = (size_t)mn_tensor_type_numel(&g->nodes[s->node].type);
+    check(s->offset <= numel && (size_t)mn_tensor_type_numel(&s->type) <= numel - s->offset);
+    check(mn_graph_find_leaf(user, MN_OP_PARAMETER, s->name) != MN_NO_NODE);
   }
 }
 

@@ -38,20 +38,8 @@ typedef struct mn_optimizer_config {
   float max_grad_norm; /* 0: no clipping */
 } mn_optimizer_config;
 
-/* A parameter the user names that the optimizer concatenated into a derived one
- * (optimizer/siblings.h): its rows are a contiguous range of the derived parameter's buffer,
- * and of its gradient's and Adam moments'. */
-typedef struct mn_param_source {
-  char *name;          /* owned */
-  mn_node node;        /* the derived parameter of the plan's graph */
-  size_t offset;       /* first element within the derived tensor */
-  mn_tensor_type type; /* the source's own type */
-} mn_param_source;
-
 struct mn_session {
-  mn_plan *plan;
-  mn_param_source *sources; /* of every derived parameter, in node and row order */
-  size_t num_sources;
+  mn_plan *plan; /* plan->layout: the user's parameters inside derived ones */
   mn_session_options options;
   bool training;
   const mn_backend_ops *backend;

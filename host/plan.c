@@ -49,6 +49,16 @@ static mn_status fill_extra_outputs(mn_plan *p) {
   return MN_OK;
 }
 
+static mn_status bind_layout(mn_plan *p, const mn_param_layout *layout) {
+  mn_param_layout empty = {0};
+  if (!mn_param_layout_copy(&p->layout, layout ? layout : &empty))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_plan_build: out of memory");
+  char why[256];
+  if (!mn_param_layout_bind(&p->layout, p->graph, why, sizeof why))
+    return mn_fail(MN_ERR_STATE, "mn_plan_build: derived parameters: %s", why);
+  return MN_OK;
+}
+
 static mn_status fill_params(mn_plan *p, const int32_t *grad_output) {
   const mn_graph *g = p->graph;
   for (size_t i = 0; i < g->num_nodes; i++)
@@ -72,11 +82,12 @@ void mn_plan_free(mn_plan *p) {
   free(p->node_buffer);
   free(p->extra_outputs);
   free(p->params);
+  mn_param_layout_clear(&p->layout);
   free(p);
 }
 
 mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
-                        mn_plan **out) {
+                        const mn_param_layout *layout, mn_plan **out) {
   *out = NULL;
   mn_plan *p = calloc(1, sizeof *p);
   if (!p) {
@@ -99,6 +110,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
     is_output[g->outputs[i]] = i < num_user_outputs ? 1 : 2;
   mn_status extra = mn_plan_check_optimizer_ops(g);
   if (extra == MN_OK) extra = fill_extra_outputs(p);
+  if (extra == MN_OK) extra = bind_layout(p, layout);
   if (extra != MN_OK) {
     free(is_output);
     mn_plan_free(p);

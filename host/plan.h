@@ -4,6 +4,7 @@
 #define MN_HOST_PLAN_H
 
 #include "host/graph.h"
+#include "host/param_layout.h"
 
 typedef enum mn_buffer_role {
   MN_BUF_INPUT,      /* set by the user, persists across steps */
@@ -51,6 +52,8 @@ struct mn_plan {
    * their gradients in the same order and spacing from update_grads_offset, so one
    * optimizer kernel updates them as a single flat vector of update_bytes. */
   size_t update_params_offset, update_grads_offset, update_bytes;
+  /* Where the user's parameters lie in derived parameters, bound to graph (param_layout.h). */
+  mn_param_layout layout;
 };
 typedef struct mn_plan mn_plan;
 
@@ -62,9 +65,10 @@ typedef struct mn_plan mn_plan;
  * the memory planner (memplan.h): activations share memory by lifetime. For training,
  * grad_output[i] is the index of the graph output holding the gradient of parameter node i (-1:
  * none) and outputs from num_user_outputs on are gradients; inference passes grad_output = NULL and
- * all outputs are the user's. */
+ * all outputs are the user's. layout (NULL: none) is the table of the derived parameters of g,
+ * copied into the plan and bound to g; a table that does not describe g is MN_ERR_STATE. */
 mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *grad_output,
-                        mn_plan **out);
+                        const mn_param_layout *layout, mn_plan **out);
 void mn_plan_free(mn_plan *p);
 
 /* The extra_output node that holds value k (1 .. MN_MAX_EXTRA_OUTPUTS) of node id. */

@@ -176,11 +176,31 @@ MN_API mn_graph *mn_graph_toposort(const mn_graph *g);
 /* ---------------------------------------------------------------- session */
 
 typedef enum mn_backend { MN_BACKEND_AUTO, MN_BACKEND_CUDA, MN_BACKEND_CPU } mn_backend;
+/* Pointwise fusion, the optimizer's last pass (with optimize on): OFF keeps every pointwise
+ * op its own dispatch, for comparing an optimized graph with and without fusion (the rewrite
+ * rules change rounding, so the optimizer off is not always a bitwise baseline). */
+typedef enum mn_fusion_mode {
+  MN_FUSION_AUTO = 0, /* fuse every group the cost model prices cheaper (default) */
+  MN_FUSION_OFF,
+} mn_fusion_mode;
+/* Sibling matmuls (with optimize on): products of one input with several nn.Linear weights
+ * become one product with a weight the optimizer concatenates from theirs; users still name
+ * each weight by its own name. */
+typedef enum mn_siblings_mode {
+  MN_SIBLINGS_AUTO = 0, /* groups that the cost model prices cheaper (default) */
+  MN_SIBLINGS_ALWAYS,   /* every group the rules allow */
+  MN_SIBLINGS_NEVER,
+} mn_siblings_mode;
+/* Zero-initialized fields other than optimize give the defaults; a value outside an enum is
+ * MN_ERR_INVALID_ARGUMENT naming the field. fusion and siblings are part of the plan-cache
+ * key. */
 typedef struct mn_session_options {
   mn_backend backend; /* AUTO: CUDA when a device is usable, else CPU; env MN_BACKEND overrides */
   int device;         /* CUDA device ordinal */
   bool allow_tf32;    /* matmuls may use TF32 tensor cores */
   bool optimize;      /* run the graph optimizer (default true) */
+  mn_fusion_mode fusion;     /* default MN_FUSION_AUTO */
+  mn_siblings_mode siblings; /* default MN_SIBLINGS_AUTO */
 } mn_session_options;
 MN_API mn_session_options mn_session_options_default(void);
 

@@ -43,8 +43,8 @@ void mn_hash_node(mn_hasher *h, const mn_node_rec *n);
 void mn_hash_graph(mn_hasher *h, const mn_graph *g);
 
 /* The plan cache key of a user graph built with options o: the graph, the options that
- * change lowering (backend, allow_tf32, optimize; not the device ordinal), the library
- * version and the op table (names, arities, flags). */
+ * change lowering (backend, allow_tf32, optimize, fusion, siblings; not the device ordinal), the
+ * library version and the op table (names, arities, flags). */
 mn_hash128 mn_plan_cache_key(const mn_graph *user, const mn_session_options *o);
 
 #endif

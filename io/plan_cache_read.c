@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "io/plan_cache.h"
-#include "optimizer/siblings.h"
 
 /* Bounds that no real graph reaches; they keep sizes and their sums far from overflow. */
 #define MAX_NODES       (1u << 24)
@@ -27,8 +26,9 @@ typedef struct reader {
   const mn_graph *user;
   mn_graph *g;
   int32_t *grad_output;
-  unsigned char *user_seen; /* user leaves already matched by a lowered leaf */
+  unsigned char *user_seen; /* user leaves already matched by a lowered leaf or a source */
   uint64_t total_bytes;
+  mn_param_layout layout; /* param_sources */
 } reader;
 
 static mn_status miss(reader *r, mn_status st, const char *fmt, ...)
@@ -123,22 +123,30 @@ static mn_status split_fields(reader *r, size_t i, const cJSON *node, node_field
   return MN_OK;
 }
 
-static mn_status read_type(reader *r, size_t i, const node_fields *node, mn_tensor_type *t) {
+/* A dtype and a shape, of `what` i (a node or a source) in messages. */
+static mn_status parse_type(reader *r, const char *what, size_t i, const cJSON *dtype,
+                            const cJSON *shape, mn_tensor_type *t, long long *numel) {
   memset(t, 0, sizeof *t);
-  if (!mn_dtype_from_name(cJSON_GetStringValue(node->dtype), &t->dtype))
-    return CORRUPT(r, "node %zu: missing or unknown dtype", i);
-  const cJSON *shape = node->shape;
-  if (!cJSON_IsArray(shape)) return CORRUPT(r, "node %zu: shape is not an array", i);
-  long long numel = 1;
+  if (!mn_dtype_from_name(cJSON_GetStringValue(dtype), &t->dtype))
+    return CORRUPT(r, "%s %zu: missing or unknown dtype", what, i);
+  if (!cJSON_IsArray(shape)) return CORRUPT(r, "%s %zu: shape is not an array", what, i);
+  *numel = 1;
   const cJSON *d;
   cJSON_ArrayForEach(d, shape) {
     long long v;
-    if (t->rank == MN_MAX_RANK) return CORRUPT(r, "node %zu: rank above %d", i, MN_MAX_RANK);
-    if (!get_int(d, 1, MAX_DIM, &v)) return CORRUPT(r, "node %zu: bad dimension", i);
-    if (numel > MAX_NUMEL / v) return CORRUPT(r, "node %zu: too many elements", i);
-    numel *= v;
+    if (t->rank == MN_MAX_RANK) return CORRUPT(r, "%s %zu: rank above %d", what, i, MN_MAX_RANK);
+    if (!get_int(d, 1, MAX_DIM, &v)) return CORRUPT(r, "%s %zu: bad dimension", what, i);
+    if (*numel > MAX_NUMEL / v) return CORRUPT(r, "%s %zu: too many elements", what, i);
+    *numel *= v;
     t->shape[t->rank++] = v;
   }
+  return MN_OK;
+}
+
+static mn_status read_type(reader *r, size_t i, const node_fields *node, mn_tensor_type *t) {
+  long long numel = 0;
+  mn_status st = parse_type(r, "node", i, node->dtype, node->shape, t, &numel);
+  if (st != MN_OK) return st;
   r->total_bytes += (uint64_t)numel * mn_dtype_size(t->dtype);
   if (r->total_bytes > MAX_TOTAL_BYTES) return CORRUPT(r, "node %zu: tensors too large", i);
   return MN_OK;
@@ -182,41 +190,12 @@ static mn_status read_attrs(reader *r, size_t i, const cJSON *attrs, mn_op_attrs
   return MN_OK;
 }
 
-/* A parameter the optimizer concatenated (optimizer/siblings.h) stands for the user graph's
- * parameters its name lists: each must exist with its rows of the derived one as its type, and
- * appear once in the whole graph; the derived name itself must be no user leaf's. */
+/* A derived parameter's name is its own (param_sources says what it holds): it must be no
+ * user leaf's. */
 static mn_status read_derived_name(reader *r, size_t i, const char *s, mn_node_rec *n) {
-  mn_sibling_source src[MN_SIBLINGS_MAX_GROUP];
-  size_t count = 0;
-  char why[96];
-  if (!mn_siblings_decode(s, src, &count, why, sizeof why))
-    return CORRUPT(r, "node %zu: derived parameter: %s", i, why);
-  if (n->type.dtype != MN_F32 || n->type.rank != 2)
-    return CORRUPT(r, "node %zu: derived parameter is not an f32 matrix", i);
   if (mn_graph_find_leaf(r->user, MN_OP_PARAMETER, s) != MN_NO_NODE ||
       mn_graph_find_leaf(r->user, MN_OP_INPUT, s) != MN_NO_NODE)
     return CORRUPT(r, "node %zu: derived parameter has a user leaf's name", i);
-  int64_t rows = 0;
-  for (size_t k = 0; k < count; k++) {
-    char *name = strndup(src[k].name, src[k].len);
-    if (!name) return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
-    mn_node u = mn_graph_find_leaf(r->user, MN_OP_PARAMETER, name);
-    free(name);
-    int len = (int)src[k].len;
-    if (u == MN_NO_NODE)
-      return CORRUPT(r, "node %zu: derived parameter: the graph has no parameter named \"%.*s\"", i,
-                     len, src[k].name);
-    mn_tensor_type want = mn_type_make(MN_F32, (int64_t[]){src[k].rows, n->type.shape[1]}, 2);
-    if (!same_type(&r->user->nodes[u].type, &want) || src[k].rows > n->type.shape[0] - rows)
-      return CORRUPT(r, "node %zu: derived parameter: \"%.*s\" has another type in the graph", i,
-                     len, src[k].name);
-    if (r->user_seen[u])
-      return CORRUPT(r, "node %zu: derived parameter: \"%.*s\" appears twice", i, len, src[k].name);
-    r->user_seen[u] = 1;
-    rows += src[k].rows;
-  }
-  if (rows != n->type.shape[0])
-    return CORRUPT(r, "node %zu: derived parameter: its sources do not fill its rows", i);
   if (!(n->name = strdup(s))) return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
   return MN_OK;
 }
@@ -229,7 +208,7 @@ static mn_status read_name(reader *r, size_t i, const node_fields *node, mn_node
   if (!named_leaf) return name ? CORRUPT(r, "node %zu: only leaves have names", i) : MN_OK;
   const char *s = cJSON_GetStringValue(name);
   if (!s) return CORRUPT(r, "node %zu: %s without a name", i, mn_op_name(n->op));
-  if (mn_siblings_is_derived(n)) return read_derived_name(r, i, s, n);
+  if (mn_param_is_derived(n)) return read_derived_name(r, i, s, n);
   mn_node u = mn_graph_find_leaf(r->user, n->op, s);
   if (u == MN_NO_NODE)
     return CORRUPT(r, "node %zu: the graph has no %s named \"%s\"", i, mn_op_name(n->op), s);
@@ -476,6 +455,69 @@ static mn_status read_param_grads(reader *r, const cJSON *pairs, size_t num_user
   return st;
 }
 
+/* The members of one param_sources entry, each looked at once. */
+static mn_status split_source(reader *r, size_t i, const cJSON *entry, const cJSON **f) {
+  static const char *const keys[] = {"name", "param", "offset", "dtype", "shape"};
+  if (!cJSON_IsObject(entry)) return CORRUPT(r, "param_sources %zu is not an object", i);
+  const cJSON *m;
+  cJSON_ArrayForEach(m, entry) {
+    size_t k = 0;
+    while (k < 5 && strcmp(m->string, keys[k]) != 0)
+      k++;
+    if (k == 5) return CORRUPT(r, "param_sources %zu: unknown field \"%.40s\"", i, m->string);
+    if (f[k]) return CORRUPT(r, "param_sources %zu: field %s twice", i, keys[k]);
+    f[k] = m;
+  }
+  return MN_OK;
+}
+
+/* One source: a parameter of the user graph with exactly its type, named once in the whole
+ * file, held by a derived parameter node from an element on. */
+static mn_status read_source(reader *r, size_t i, const cJSON *entry) {
+  const cJSON *f[5] = {NULL};
+  mn_status st = split_source(r, i, entry, f);
+  if (st != MN_OK) return st;
+  const char *name = cJSON_GetStringValue(f[0]);
+  long long param, offset, numel;
+  mn_tensor_type t;
+  if (!name) return CORRUPT(r, "param_sources %zu: no name", i);
+  if (!get_int(f[1], 0, (long long)r->g->num_nodes - 1, &param) ||
+      !mn_param_is_derived(&r->g->nodes[param]))
+    return CORRUPT(r, "param_sources %zu: param is no derived parameter node", i);
+  if (!get_int(f[2], 0, MAX_NUMEL, &offset)) return CORRUPT(r, "param_sources %zu: bad offset", i);
+  if ((st = parse_type(r, "param_sources", i, f[3], f[4], &t, &numel)) != MN_OK) return st;
+  mn_node u = mn_graph_find_leaf(r->user, MN_OP_PARAMETER, name);
+  if (u == MN_NO_NODE)
+    return CORRUPT(r, "param_sources %zu: the graph has no parameter named \"%.60s\"", i, name);
+  if (!same_type(&r->user->nodes[u].type, &t))
+    return CORRUPT(r, "param_sources %zu: \"%.60s\" has another type in the graph", i, name);
+  if (r->user_seen[u]) return CORRUPT(r, "param_sources %zu: \"%.60s\" appears twice", i, name);
+  r->user_seen[u] = 1;
+  if (mn_param_layout_add(&r->layout, r->g->nodes[param].name, name, (size_t)offset, &t) != MN_OK)
+    return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+  r->layout.sources[r->layout.num_sources - 1].node = (mn_node)param;
+  return MN_OK;
+}
+
+/* The table of derived parameters: every source valid, and together they describe the nodes
+ * (checked on a copy: binding orders the sources, and the checksum hashes them as written). */
+static mn_status read_param_sources(reader *r, const cJSON *list) {
+  if (!cJSON_IsArray(list)) return CORRUPT(r, "param_sources is not an array");
+  size_t i = 0;
+  const cJSON *entry;
+  cJSON_ArrayForEach(entry, list) {
+    mn_status st = read_source(r, i++, entry);
+    if (st != MN_OK) return st;
+  }
+  mn_param_layout bound;
+  if (!mn_param_layout_copy(&bound, &r->layout))
+    return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+  char why[192];
+  bool ok = mn_param_layout_bind(&bound, r->g, why, sizeof why);
+  mn_param_layout_clear(&bound);
+  return ok ? MN_OK : CORRUPT(r, "param_sources: %s", why);
+}
+
 static mn_status check_header(reader *r, const cJSON *root, const mn_session_options *o) {
   if (!cJSON_IsObject(root)) return CORRUPT(r, "not a JSON object");
   const char *format = cJSON_GetStringValue(member(root, "format"));
@@ -519,19 +561,21 @@ mn_status mn_plan_cache_parse(const char *json, size_t len, const mn_graph *user
   if (st == MN_OK) st = read_nodes(&r, member(root, "nodes"));
   if (st == MN_OK) st = read_outputs(&r, root, &num_user);
   if (st == MN_OK) st = read_param_grads(&r, member(root, "param_grads"), num_user);
+  if (st == MN_OK) st = read_param_sources(&r, member(root, "param_sources"));
   if (st == MN_OK && (flags & MN_PLAN_CACHE_VERIFY_CHECKSUM)) {
     char got[MN_HASH128_HEX];
-    mn_hash128_hex(mn_plan_cache_checksum(r.g, num_user, r.grad_output), got);
+    mn_hash128_hex(mn_plan_cache_checksum(r.g, num_user, r.grad_output, &r.layout), got);
     if (strcmp(got, sum) != 0) st = CORRUPT(&r, "checksum mismatch");
   }
   cJSON_Delete(root);
   free(r.user_seen);
   if (st == MN_OK) {
-    st = mn_plan_build(r.g, num_user, r.grad_output, out);
+    st = mn_plan_build(r.g, num_user, r.grad_output, &r.layout, out);
     r.g = NULL; /* the plan owns it now, even on failure */
     if (st != MN_OK) miss(&r, st, "building the plan: %s", mn_last_error());
   }
   mn_graph_free(r.g);
   free(r.grad_output);
+  mn_param_layout_clear(&r.layout);
   return st;
 }

@@ -9,7 +9,7 @@
 #include "io/plan_cache.h"
 
 mn_hash128 mn_plan_cache_checksum(const mn_graph *lowered, size_t num_user_outputs,
-                                  const int32_t *grad_output) {
+                                  const int32_t *grad_output, const mn_param_layout *layout) {
   mn_hasher h;
   mn_hasher_init(&h);
   mn_hasher_str(&h, "meganeura plan cache checksum");
@@ -20,6 +20,17 @@ mn_hash128 mn_plan_cache_checksum(const mn_graph *lowered, size_t num_user_outpu
       mn_hasher_u64(&h, i);
       mn_hasher_u64(&h, (uint64_t)grad_output[i]);
     }
+  mn_hasher_u64(&h, layout->num_sources);
+  for (size_t i = 0; i < layout->num_sources; i++) {
+    const mn_param_source *s = &layout->sources[i];
+    mn_hasher_str(&h, s->name);
+    mn_hasher_u64(&h, s->node);
+    mn_hasher_u64(&h, s->offset);
+    mn_hasher_u64(&h, (uint64_t)s->type.dtype);
+    mn_hasher_u64(&h, (uint64_t)(int64_t)s->type.rank);
+    for (int k = 0; k < s->type.rank && k < MN_MAX_RANK; k++)
+      mn_hasher_u64(&h, (uint64_t)s->type.shape[k]);
+  }
   return mn_hasher_final(&h);
 }
 
@@ -133,6 +144,14 @@ static cJSON *program_item(builder *b, const mn_fused_prog *p) {
   return list;
 }
 
+static void type_fields(builder *b, cJSON *o, const mn_tensor_type *t) {
+  add(b, o, "dtype", checked(b, cJSON_CreateString(mn_dtype_name(t->dtype))));
+  cJSON *shape = checked(b, cJSON_CreateArray());
+  for (int k = 0; shape && k < t->rank; k++)
+    add(b, shape, NULL, int_item(b, t->shape[k]));
+  add(b, o, "shape", shape);
+}
+
 static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) {
   cJSON *o = checked(b, cJSON_CreateObject());
   if (!o) return NULL;
@@ -143,11 +162,7 @@ static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) 
       add(b, in, NULL, int_item(b, n->inputs[k]));
     add(b, o, "in", in);
   }
-  add(b, o, "dtype", checked(b, cJSON_CreateString(mn_dtype_name(n->type.dtype))));
-  cJSON *shape = checked(b, cJSON_CreateArray());
-  for (int k = 0; shape && k < n->type.rank; k++)
-    add(b, shape, NULL, int_item(b, n->type.shape[k]));
-  add(b, o, "shape", shape);
+  type_fields(b, o, &n->type);
   cJSON *attrs = attrs_item(b, &n->attrs);
   if (attrs) add(b, o, "attrs", attrs);
   if (n->name) add(b, o, "name", checked(b, cJSON_CreateString(n->name)));
@@ -165,6 +180,23 @@ static cJSON *node_item(builder *b, const mn_graph *user, const mn_node_rec *n) 
     }
   }
   return o;
+}
+
+/* One {"name", "param", "offset", "dtype", "shape"} per source of a derived parameter. */
+static cJSON *param_sources_item(builder *b, const mn_param_layout *l) {
+  cJSON *list = checked(b, cJSON_CreateArray());
+  for (size_t i = 0; list && i < l->num_sources; i++) {
+    const mn_param_source *s = &l->sources[i];
+    cJSON *o = checked(b, cJSON_CreateObject());
+    if (o) {
+      add(b, o, "name", checked(b, cJSON_CreateString(s->name)));
+      add(b, o, "param", int_item(b, s->node));
+      add(b, o, "offset", int_item(b, (long long)s->offset));
+      type_fields(b, o, &s->type);
+    }
+    add(b, list, NULL, o);
+  }
+  return list;
 }
 
 /* grad_output[i]: the output index holding the gradient of parameter node i, else -1. */
@@ -194,7 +226,8 @@ mn_status mn_plan_cache_serialize(const mn_plan *plan, const mn_graph *user,
   if (!grad_output) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   char key[MN_HASH128_HEX], sum[MN_HASH128_HEX];
   mn_hash128_hex(mn_plan_cache_key(user, o), key);
-  mn_hash128_hex(mn_plan_cache_checksum(g, plan->num_user_outputs, grad_output), sum);
+  mn_hash128_hex(mn_plan_cache_checksum(g, plan->num_user_outputs, grad_output, &plan->layout),
+                 sum);
 
   builder b = {.ok = true};
   cJSON *root = checked(&b, cJSON_CreateObject());
@@ -220,6 +253,7 @@ mn_status mn_plan_cache_serialize(const mn_plan *plan, const mn_graph *user,
       add(&b, grads, NULL, pair);
     }
     add(&b, root, "param_grads", grads);
+    add(&b, root, "param_sources", param_sources_item(&b, &plan->layout));
     cJSON *nodes = checked(&b, cJSON_CreateArray());
     for (size_t i = 0; nodes && b.ok && i < g->num_nodes; i++)
       add(&b, nodes, NULL, node_item(&b, user, &g->nodes[i]));

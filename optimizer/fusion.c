@@ -1,7 +1,6 @@
 #include "optimizer/fusion.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,11 +9,6 @@
 #include "optimizer/fusion_groups.h"
 
 enum { FUSE_NONE, FUSE_POINTWISE, FUSE_ROW };
-
-static atomic_bool fusion_on = true;
-
-void mn_fusion_set_enabled(bool on) { atomic_store(&fusion_on, on); }
-bool mn_fusion_enabled(void) { return atomic_load(&fusion_on); }
 
 static bool same_type(const mn_tensor_type *a, const mn_tensor_type *b) {
   return a->dtype == b->dtype && mn_type_same_shape(a, b);

@@ -13,6 +13,7 @@
  * at a place between what it reads and what reads it, and a group for which no such place
  * exists (a path leaves it and comes back) does not take the member.
  *
+ * It runs unless the session options turn it off (mn_session_options.fusion).
  * See docs/fusion.md for the design and what is not fused yet. */
 #ifndef MN_OPTIMIZER_FUSION_H
 #define MN_OPTIMIZER_FUSION_H
@@ -26,11 +27,5 @@
  * a group's root is now its fused node, one that was another member its extra_output node.
  * On failure (out of memory) *g is left as it was. */
 mn_status mn_fuse_pointwise(mn_graph **g, size_t *fusions);
-
-/* Process-wide switch, on by default: tests and benchmarks turn fusion off to compare an
- * optimized graph with and without it (the rewrite rules change rounding, so the optimizer
- * off is not always a bitwise baseline). Not for concurrent use with session builds. */
-void mn_fusion_set_enabled(bool on);
-bool mn_fusion_enabled(void);
 
 #endif

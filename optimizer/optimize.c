@@ -172,7 +172,7 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
   /* Fusion only in the full stage: a fused node has no VJP rule, so the forward graph
    * that autodiff differentiates must not hold one. Bias gradients are paired last, so that
    * no pass before them meets a multi-output node. */
-  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && mn_fusion_enabled())
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->fusion != MN_FUSION_OFF)
     st = mn_fuse_pointwise(&out, &sr->fusions);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fuse_bias_gradients(&out, &sr->multi_output_fusions);

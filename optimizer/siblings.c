@@ -1,7 +1,6 @@
 #include "optimizer/siblings.h"
 
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,73 +8,6 @@
 #include "autodiff/autodiff.h"
 #include "host/error.h"
 #include "optimizer/cost.h"
-
-static atomic_int siblings_mode = MN_SIBLINGS_AUTO;
-
-void mn_siblings_set_mode(mn_siblings_mode mode) { atomic_store(&siblings_mode, (int)mode); }
-mn_siblings_mode mn_siblings_get_mode(void) {
-  return (mn_siblings_mode)atomic_load(&siblings_mode);
-}
-
-/* ---------------------------------------------------------------- names */
-
-/* Digits of a positive decimal without leading zeros, at most max_digits of them. */
-static bool read_count(const char **p, int max_digits, int64_t *out) {
-  const char *s = *p;
-  int64_t v = 0;
-  int d = 0;
-  if (*s < '1' || *s > '9') return false;
-  while (*s >= '0' && *s <= '9' && d < max_digits) {
-    v = v * 10 + (*s++ - '0');
-    d++;
-  }
-  if (*s >= '0' && *s <= '9') return false;
-  *p = s;
-  *out = v;
-  return true;
-}
-
-bool mn_siblings_decode(const char *name, mn_sibling_source *out, size_t *n, char *why,
-                        size_t why_size) {
-  *n = 0;
-  size_t plen = strlen(MN_SIBLINGS_PREFIX);
-  if (!name || strncmp(name, MN_SIBLINGS_PREFIX, plen) != 0) {
-    snprintf(why, why_size, "the name does not start with \"" MN_SIBLINGS_PREFIX "\"");
-    return false;
-  }
-  const char *p = name + plen;
-  for (;;) {
-    int64_t len = 0, rows = 0;
-    if (*n == MN_SIBLINGS_MAX_GROUP) {
-      snprintf(why, why_size, "more than %d sources", MN_SIBLINGS_MAX_GROUP);
-      return false;
-    }
-    /* Length-prefixed, so a source name may hold any character, ')' and ',' included. */
-    if (!read_count(&p, 9, &len) || *p != ':' || strnlen(p + 1, (size_t)len) != (size_t)len) {
-      snprintf(why, why_size, "source %zu: bad length", *n);
-      return false;
-    }
-    const char *src = p + 1;
-    p = src + len;
-    if (*p != '/' || (p++, !read_count(&p, 13, &rows))) {
-      snprintf(why, why_size, "source %zu: bad row count", *n);
-      return false;
-    }
-    out[(*n)++] = (mn_sibling_source){.name = src, .len = (size_t)len, .rows = rows};
-    if (*p == ',') {
-      p++;
-      continue;
-    }
-    if (*p == ')' && p[1] == '\0') break;
-    snprintf(why, why_size, "source %zu: expected ',' or a final ')'", *n - 1);
-    return false;
-  }
-  if (*n < 2) {
-    snprintf(why, why_size, "a single source");
-    return false;
-  }
-  return true;
-}
 
 /* ---------------------------------------------------------------- prices */
 
@@ -194,7 +126,7 @@ static bool candidate(const pass *p, mn_node i) {
   const mn_node_rec *m = &p->g->nodes[i];
   if (m->op != MN_OP_MATMUL_BT || m->num_inputs != 2 || p->is_output[i]) return false;
   const mn_node_rec *x = &p->g->nodes[m->inputs[0]], *w = &p->g->nodes[m->inputs[1]];
-  return w->op == MN_OP_PARAMETER && !mn_siblings_is_derived(w) && w->type.dtype == MN_F32 &&
+  return w->op == MN_OP_PARAMETER && !mn_param_is_derived(w) && w->type.dtype == MN_F32 &&
          w->type.rank == 2 && p->uses[m->inputs[1]] == 1 && !p->is_output[m->inputs[1]] &&
          x->type.dtype == MN_F32 && x->type.rank >= 1 && m->inputs[0] != m->inputs[1];
 }
@@ -248,21 +180,27 @@ static size_t choose(pass *p, mn_node x, mn_node *prods) {
   return kept >= 2 && group_pays(p, prods, kept) ? kept : 0;
 }
 
-/* "#siblings(8:q.weight/64,8:k.weight/16)": see siblings.h. NULL when out of memory. */
+/* "#siblings(q.weight,k.weight)", for reports; NULL when out of memory. */
 static char *derived_name(const mn_graph *g, const mn_node *prods, size_t n) {
-  size_t size = strlen(MN_SIBLINGS_PREFIX) + 2;
+  size_t size = sizeof "#siblings()";
   for (size_t i = 0; i < n; i++)
-    size += strlen(g->nodes[g->nodes[prods[i]].inputs[1]].name) + 48;
+    size += strlen(g->nodes[g->nodes[prods[i]].inputs[1]].name) + 1;
   char *s = malloc(size);
   if (!s) return NULL;
-  size_t used = (size_t)snprintf(s, size, "%s", MN_SIBLINGS_PREFIX);
-  for (size_t i = 0; i < n; i++) {
-    const mn_node_rec *w = &g->nodes[g->nodes[prods[i]].inputs[1]];
-    used += (size_t)snprintf(s + used, size - used, "%s%zu:%s/%lld", i ? "," : "", strlen(w->name),
-                             w->name, (long long)w->type.shape[0]);
-  }
+  size_t used = (size_t)snprintf(s, size, "#siblings(");
+  for (size_t i = 0; i < n; i++)
+    used += (size_t)snprintf(s + used, size - used, "%s%s", i ? "," : "",
+                             g->nodes[g->nodes[prods[i]].inputs[1]].name);
   snprintf(s + used, size - used, ")");
   return s;
+}
+
+/* Whether name is taken: a leaf of the user's, however unlikely, or an earlier group's. */
+static bool name_taken(const pass *p, const char *name) {
+  for (size_t k = 0; k < p->num_groups; k++)
+    if (strcmp(p->names[k], name) == 0) return true;
+  return mn_graph_find_leaf(p->g, MN_OP_PARAMETER, name) != MN_NO_NODE ||
+         mn_graph_find_leaf(p->g, MN_OP_INPUT, name) != MN_NO_NODE;
 }
 
 static mn_status find_groups(pass *p) {
@@ -289,9 +227,7 @@ static mn_status find_groups(pass *p) {
     if (!n) continue;
     char *name = derived_name(g, prods, n);
     if (!name) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
-    /* Never shadow a leaf of the user's, however unlikely its name. */
-    if (mn_graph_find_leaf(g, MN_OP_PARAMETER, name) != MN_NO_NODE ||
-        mn_graph_find_leaf(g, MN_OP_INPUT, name) != MN_NO_NODE) {
+    if (name_taken(p, name)) {
       free(name);
       continue;
     }
@@ -351,6 +287,19 @@ static bool append_group(const pass *p, size_t k, mn_graph *out, mn_node *map) {
   return true;
 }
 
+/* The table of group k: its sources' names and types, at their rows of the derived weight. */
+static mn_status describe_group(const pass *p, size_t k, mn_param_layout *layout) {
+  const mn_graph *g = p->g;
+  size_t offset = 0;
+  for (size_t i = p->group_start[k]; i < p->group_start[k + 1]; i++) {
+    const mn_node_rec *w = &g->nodes[g->nodes[p->members[i]].inputs[1]];
+    if (mn_param_layout_add(layout, p->names[k], w->name, offset, &w->type) != MN_OK)
+      return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->fn);
+    offset += (size_t)mn_tensor_type_numel(&w->type);
+  }
+  return MN_OK;
+}
+
 /* The rewritten graph: nodes in their order, each group's nodes where its first product
  * was (x comes earlier, every product's user later), the sources left out. */
 static mn_status rebuild(const pass *p, mn_graph **out) {
@@ -387,15 +336,22 @@ static mn_status rebuild(const pass *p, mn_graph **out) {
 }
 
 mn_status mn_siblings_concat(const char *fn, mn_graph **g, const mn_session_options *o,
-                             bool training, size_t *groups) {
+                             bool training, mn_param_layout *layout, size_t *groups) {
   if (groups) *groups = 0;
-  mn_siblings_mode mode = mn_siblings_get_mode();
-  if (!o || !o->optimize || mode == MN_SIBLINGS_NEVER || (*g)->num_outputs == 0) return MN_OK;
-  pass p = {.fn = fn, .g = *g, .training = training, .always = mode == MN_SIBLINGS_ALWAYS};
+  if (!o || !o->optimize || o->siblings == MN_SIBLINGS_NEVER || (*g)->num_outputs == 0)
+    return MN_OK;
+  pass p = {.fn = fn, .g = *g, .training = training, .always = o->siblings == MN_SIBLINGS_ALWAYS};
   mn_status st =
       pass_init(&p) ? find_groups(&p) : mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   mn_graph *out = NULL;
   if (st == MN_OK && p.num_groups) st = rebuild(&p, &out);
+  for (size_t k = 0; st == MN_OK && k < p.num_groups; k++)
+    st = describe_group(&p, k, layout);
+  if (st != MN_OK) {
+    mn_graph_free(out);
+    out = NULL;
+    mn_param_layout_clear(layout);
+  }
   if (out) {
     mn_graph_free(*g);
     *g = out;

@@ -141,7 +141,7 @@ static void save_cache(const char *path, const mn_plan *plan, const mn_graph *g,
 mn_status mn_build_session_cached(const mn_graph *g, const char *cache_path,
                                   const mn_session_options *opts, mn_session **out) {
   const char *fn = "mn_build_session_cached";
-  mn_status st = mn_session_check_buildable(fn, g, out);
+  mn_status st = mn_session_check_buildable(fn, g, opts, out);
   if (st != MN_OK) return st;
   if (!cache_path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: cache_path is NULL", fn);
   mn_session_options o = opts ? *opts : mn_session_options_default();

@@ -11,8 +11,8 @@
  * tensors skipped because the graph has no parameter for them (GPT-2's attn.bias masks, a tied
  * lm_head) and, for non-strict loads, the parameters that kept their values; it is "" when
  * there are none. Parameters that the optimizer concatenated into a derived one
- * (optimizer/siblings.h) are loaded and saved under their own names; the derived name never
- * appears in files or messages. */
+ * (optimizer/siblings.h, placed by the plan's table) are loaded and saved under their own names;
+ * the derived name never appears in files or messages. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>

@@ -13,8 +13,12 @@
 #include "optimizer/siblings.h"
 
 mn_session_options mn_session_options_default(void) {
-  return (mn_session_options){
-      .backend = MN_BACKEND_AUTO, .device = 0, .allow_tf32 = false, .optimize = true};
+  return (mn_session_options){.backend = MN_BACKEND_AUTO,
+                              .device = 0,
+                              .allow_tf32 = false,
+                              .optimize = true,
+                              .fusion = MN_FUSION_AUTO,
+                              .siblings = MN_SIBLINGS_AUTO};
 }
 
 /* AUTO becomes CUDA when a device is usable, else CPU; MN_BACKEND=cpu|cuda|auto in the
@@ -60,13 +64,21 @@ static mn_status resolve_backend(const char *fn, const mn_session_options *o,
   return MN_OK;
 }
 
-mn_status mn_session_check_buildable(const char *fn, const mn_graph *g, mn_session **out) {
+mn_status mn_session_check_buildable(const char *fn, const mn_graph *g,
+                                     const mn_session_options *opts, mn_session **out) {
   if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   *out = NULL;
   if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph is NULL", fn);
   if (g->status != MN_OK) return mn_fail(g->status, "%s: graph is in error: %s", fn, g->error);
   if (g->num_outputs == 0)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph has no outputs (call mn_set_outputs)", fn);
+  if (opts && opts->fusion != MN_FUSION_AUTO && opts->fusion != MN_FUSION_OFF)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: options: unknown fusion mode %d", fn,
+                   (int)opts->fusion);
+  if (opts && opts->siblings != MN_SIBLINGS_AUTO && opts->siblings != MN_SIBLINGS_ALWAYS &&
+      opts->siblings != MN_SIBLINGS_NEVER)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: options: unknown siblings mode %d", fn,
+                   (int)opts->siblings);
   return MN_OK;
 }
 
@@ -89,9 +101,7 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   s->options = o;
   s->training = training;
   s->backend = backend;
-  st = mn_session_sources_init(fn, s);
-  if (st == MN_OK && (st = backend->create(s)) != MN_OK) mn_session_sources_free(s);
-  if (st != MN_OK) {
+  if ((st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
     free(s);
     return st;
@@ -104,21 +114,23 @@ mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session
                              mn_plan **out) {
   *out = NULL;
   mn_graph *sorted = NULL;
+  mn_param_layout layout = {0};
   mn_status st = mn_graph_toposort_status(g, &sorted);
   if (st == MN_OK) st = mn_optimize_graph(fn, &sorted, o, MN_OPTIMIZE_FULL);
   /* After the rules, as in training: a product they gave an epilogue stays apart. */
-  if (st == MN_OK) st = mn_siblings_concat(fn, &sorted, o, false, NULL);
-  if (st != MN_OK) {
+  if (st == MN_OK) st = mn_siblings_concat(fn, &sorted, o, false, &layout, NULL);
+  if (st == MN_OK)
+    st = mn_plan_build(sorted, sorted->num_outputs, NULL, &layout, out);
+  else
     mn_graph_free(sorted);
-    return st;
-  }
-  return mn_plan_build(sorted, sorted->num_outputs, NULL, out);
+  mn_param_layout_clear(&layout);
+  return st;
 }
 
 mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options *opts,
                                      mn_session **out) {
   const char *fn = "mn_build_inference_session";
-  mn_status st = mn_session_check_buildable(fn, g, out);
+  mn_status st = mn_session_check_buildable(fn, g, opts, out);
   if (st != MN_OK) return st;
   mn_session_options o = opts ? *opts : mn_session_options_default();
   mn_plan *plan = NULL;
@@ -129,7 +141,6 @@ mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options
 void mn_session_free(mn_session *s) {
   if (!s) return;
   if (s->backend) s->backend->destroy(s);
-  mn_session_sources_free(s);
   mn_plan_free(s->plan);
   free(s);
 }

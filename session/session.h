@@ -5,8 +5,10 @@
 
 #include "host/backend.h"
 
-/* The checks every mn_build_* makes first: out, graph, graph error, outputs. */
-mn_status mn_session_check_buildable(const char *fn, const mn_graph *g, mn_session **out);
+/* The checks every mn_build_* makes first: out, graph, graph error, outputs, and the enums of
+ * opts (NULL: the defaults). */
+mn_status mn_session_check_buildable(const char *fn, const mn_graph *g,
+                                     const mn_session_options *opts, mn_session **out);
 
 /* The build pipelines up to the plan (no backend): inference is sort, optimize, concatenate
  * sibling matmuls (optimizer/siblings.h), plan; training is sort, optimize, concatenate
@@ -21,8 +23,8 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
                                    mn_plan **out, mn_optimize_report *report);
 
 /* Creates a session around a lowered plan, taking ownership of the plan even on
- * failure; `fn` names the public builder in messages. The plan's derived parameters give
- * the session its table of sources (mn_session_sources_init). */
+ * failure; `fn` names the public builder in messages. The plan's table of derived parameters
+ * (plan->layout) tells the session where the user's parameters lie in them. */
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
                             bool training, mn_session **out);
 
@@ -35,11 +37,6 @@ typedef struct mn_param_view {
   mn_node node;
   size_t offset;
 } mn_param_view;
-
-/* The table of sources, from the derived parameters of s->plan's graph (decoding their
- * names); MN_ERR_STATE when a derived parameter is malformed. */
-mn_status mn_session_sources_init(const char *fn, mn_session *s);
-void mn_session_sources_free(mn_session *s);
 
 /* Finds the parameter users call `name` (never a derived one), holding exactly n elements;
  * `ptr` is the caller's data pointer, checked for NULL. */

@@ -1,97 +1,18 @@
 /* Moving named tensors in and out of a session: inputs and parameters, the latter by the
  * names users gave them even where the optimizer concatenated several into one derived
- * parameter (optimizer/siblings.h). */
+ * parameter (the plan's table of them, host/param_layout.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host/error.h"
-#include "optimizer/siblings.h"
 #include "session/session.h"
-
-void mn_session_sources_free(mn_session *s) {
-  for (size_t i = 0; i < s->num_sources; i++)
-    free(s->sources[i].name);
-  free(s->sources);
-  s->sources = NULL;
-  s->num_sources = 0;
-}
-
-static const mn_param_source *find_source(const mn_session *s, const char *name) {
-  for (size_t i = 0; i < s->num_sources; i++)
-    if (strcmp(s->sources[i].name, name) == 0) return &s->sources[i];
-  return NULL;
-}
-
-/* Adds the sources of derived parameter `id`, checking that they tile its rows and that
- * each name is the only tensor of that name the session exposes. */
-static mn_status add_sources(mn_session *s, mn_node id, char *why, size_t why_size) {
-  const mn_node_rec *d = &s->plan->graph->nodes[id];
-  mn_sibling_source src[MN_SIBLINGS_MAX_GROUP];
-  size_t n = 0;
-  if (!mn_siblings_decode(d->name, src, &n, why, why_size)) return MN_ERR_STATE;
-  if (d->type.dtype != MN_F32 || d->type.rank != 2) {
-    snprintf(why, why_size, "not an f32 matrix");
-    return MN_ERR_STATE;
-  }
-  int64_t row = 0;
-  for (size_t k = 0; k < n; k++) {
-    mn_param_source *e = &s->sources[s->num_sources];
-    if (!(e->name = strndup(src[k].name, src[k].len))) {
-      snprintf(why, why_size, "out of memory");
-      return MN_ERR_OUT_OF_MEMORY;
-    }
-    s->num_sources++;
-    if (mn_graph_find_leaf(s->plan->graph, MN_OP_PARAMETER, e->name) != MN_NO_NODE ||
-        mn_graph_find_leaf(s->plan->graph, MN_OP_INPUT, e->name) != MN_NO_NODE ||
-        find_source(s, e->name) != e) {
-      snprintf(why, why_size, "source \"%.60s\" is named twice", e->name);
-      return MN_ERR_STATE;
-    }
-    if (src[k].rows > d->type.shape[0] - row) break;
-    e->node = id;
-    e->offset = (size_t)(row * d->type.shape[1]);
-    e->type = mn_type_make(MN_F32, (int64_t[]){src[k].rows, d->type.shape[1]}, 2);
-    row += src[k].rows;
-  }
-  if (row != d->type.shape[0]) {
-    snprintf(why, why_size, "the sources' rows do not add up to %lld", (long long)d->type.shape[0]);
-    return MN_ERR_STATE;
-  }
-  return MN_OK;
-}
-
-mn_status mn_session_sources_init(const char *fn, mn_session *s) {
-  const mn_graph *g = s->plan->graph;
-  size_t count = 0;
-  char why[128];
-  for (size_t i = 0; i < g->num_nodes; i++) {
-    if (!mn_siblings_is_derived(&g->nodes[i])) continue;
-    mn_sibling_source src[MN_SIBLINGS_MAX_GROUP];
-    size_t n = 0;
-    if (!mn_siblings_decode(g->nodes[i].name, src, &n, why, sizeof why))
-      return mn_fail(MN_ERR_STATE, "%s: derived parameter node %zu of the plan: %s", fn, i, why);
-    count += n;
-  }
-  if (!count) return MN_OK;
-  if (!(s->sources = calloc(count, sizeof *s->sources)))
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  for (size_t i = 0; i < g->num_nodes; i++) {
-    if (!mn_siblings_is_derived(&g->nodes[i])) continue;
-    mn_status st = add_sources(s, (mn_node)i, why, sizeof why);
-    if (st != MN_OK) {
-      mn_session_sources_free(s);
-      return mn_fail(st, "%s: derived parameter node %zu of the plan: %s", fn, i, why);
-    }
-  }
-  return MN_OK;
-}
 
 mn_status mn_session_find_param(const char *fn, mn_session *s, const char *name, const void *ptr,
                                 size_t n, mn_param_view *out) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!name) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
-  const mn_param_source *src = find_source(s, name);
+  const mn_param_source *src = mn_param_layout_find(&s->plan->layout, name);
   if (!src) {
     mn_node id = MN_NO_NODE;
     mn_status st = mn_session_find_leaf(fn, s, MN_OP_PARAMETER, MN_F32, name, ptr, n, &id);
@@ -170,7 +91,7 @@ mn_status mn_session_find_leaf(const char *fn, mn_session *s, mn_op op, mn_dtype
   if (!ptr) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: \"%s\": data is NULL", fn, name);
   const mn_graph *g = s->plan->graph;
   mn_node id = mn_graph_find_leaf(g, op, name);
-  if (id != MN_NO_NODE && mn_siblings_is_derived(&g->nodes[id])) id = MN_NO_NODE;
+  if (id != MN_NO_NODE && mn_param_is_derived(&g->nodes[id])) id = MN_NO_NODE;
   if (id == MN_NO_NODE)
     return mn_fail(MN_ERR_NOT_FOUND, "%s: no %s named \"%s\"", fn,
                    op == MN_OP_INPUT ? "input" : "parameter", name);

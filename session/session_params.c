@@ -5,28 +5,15 @@
 #include <string.h>
 
 #include "host/error.h"
-#include "optimizer/siblings.h"
-
-/* How many tensors users see in node i: the sources of a derived parameter, else one. */
-static size_t sources_in(const mn_session *s, mn_node i, const mn_param_source **first) {
-  size_t n = 0;
-  *first = NULL;
-  for (size_t k = 0; k < s->num_sources; k++)
-    if (s->sources[k].node == i) {
-      if (!n) *first = &s->sources[k];
-      n++;
-    }
-  return n;
-}
 
 mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, size_t *n) {
   const mn_plan *p = s->plan;
   const mn_graph *g = p->graph;
   *out = NULL;
   *n = 0;
-  size_t count = s->num_sources;
+  size_t count = p->layout.num_sources;
   for (size_t i = 0; i < g->num_nodes; i++)
-    count += g->nodes[i].op == MN_OP_PARAMETER && !mn_siblings_is_derived(&g->nodes[i]);
+    count += g->nodes[i].op == MN_OP_PARAMETER && !mn_param_is_derived(&g->nodes[i]);
   mn_io_param *params = calloc(count ? count : 1, sizeof *params);
   if (!params) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   size_t k = 0, j = 0;
@@ -41,8 +28,8 @@ mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, s
       slot = (long)j;
     size_t all = (size_t)mn_tensor_type_numel(&node->type);
     const mn_param_source *src = NULL;
-    bool derived = mn_siblings_is_derived(node);
-    size_t ns = derived ? sources_in(s, (mn_node)i, &src) : 0;
+    bool derived = mn_param_is_derived(node);
+    size_t ns = derived ? mn_param_layout_sources_of(&p->layout, (mn_node)i, &src) : 0;
     for (size_t m = 0; m < (derived ? ns : 1); m++) {
       mn_io_param *q = &params[k++];
       q->name = ns ? src[m].name : node->name;

@@ -40,11 +40,14 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
   double t0 = now_ms();
   mn_graph *fwd = NULL, *full = NULL, *sorted = NULL;
   int32_t *grads = NULL, *sorted_grads = NULL;
+  /* Where the user's parameters lie in derived ones: the derived parameters keep their names
+   * through autodiff, the optimizer and the sort, and the plan binds the table to its graph. */
+  mn_param_layout layout = {0};
   mn_status st = mn_graph_toposort_status(g, &fwd);
   if (st == MN_OK) st = mn_optimize_graph_report(fn, &fwd, o, MN_OPTIMIZE_FORWARD, report);
   /* Before autodiff, which then differentiates the concatenated form. */
   if (st == MN_OK)
-    st = mn_siblings_concat(fn, &fwd, o, true,
+    st = mn_siblings_concat(fn, &fwd, o, true, &layout,
                             report ? &report->stage[MN_OPTIMIZE_FORWARD].sibling_groups : NULL);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -55,7 +58,7 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
   if (st == MN_OK && !(sorted_grads = remap_grads(fwd, grads, sorted)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) {
-    st = mn_plan_build(sorted, g->num_outputs, sorted_grads, out);
+    st = mn_plan_build(sorted, g->num_outputs, sorted_grads, &layout, out);
     sorted = NULL; /* owned by the plan now, even on failure */
   }
   mn_graph_free(fwd);
@@ -63,6 +66,7 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
   mn_graph_free(sorted);
   free(grads);
   free(sorted_grads);
+  mn_param_layout_clear(&layout);
   if (report && st == MN_OK) {
     report->lower_ms = now_ms() - t0;
     report->plan_dispatches = (*out)->num_dispatches;
@@ -78,7 +82,7 @@ mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_
 
 mn_status mn_build_session(const mn_graph *g, const mn_session_options *opts, mn_session **out) {
   const char *fn = "mn_build_session";
-  mn_status st = mn_session_check_buildable(fn, g, out);
+  mn_status st = mn_session_check_buildable(fn, g, opts, out);
   if (st != MN_OK) return st;
   mn_session_options o = opts ? *opts : mn_session_options_default();
   mn_plan *plan = NULL;
@@ -90,7 +94,7 @@ mn_status mn_build_session_with_report(const mn_graph *g, const mn_session_optio
                                        mn_session **out, mn_optimize_report **report) {
   const char *fn = "mn_build_session_with_report";
   if (report) *report = NULL;
-  mn_status st = mn_session_check_buildable(fn, g, out);
+  mn_status st = mn_session_check_buildable(fn, g, opts, out);
   if (st != MN_OK) return st;
   mn_optimize_report *r = NULL;
   if (report && !(r = mn_optimize_report_new()))

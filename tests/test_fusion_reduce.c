@@ -12,7 +12,6 @@
 
 #include "benchmarks/gpt_graph.h"
 #include "io/plan_cache.h"
-#include "optimizer/fusion.h"
 #include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/fusion_check.h"
@@ -272,9 +271,10 @@ static mn_graph *norm_mlp(void) {
 }
 
 static size_t dispatches(const mn_graph *g, bool fused) {
-  mn_fusion_set_enabled(fused);
-  mn_plan *p = mn_fz_lower(g, true);
-  mn_fusion_set_enabled(true);
+  mn_session_options o = mn_fz_cpu(true);
+  o.fusion = fused ? MN_FUSION_AUTO : MN_FUSION_OFF;
+  mn_plan *p = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
   size_t n = p->num_dispatches;
   mn_plan_free(p);
   return n;

@@ -287,6 +287,49 @@ Test(plan_cache, device_ordinal_is_not_part_of_the_key) {
   remove_dir(&t);
 }
 
+/* Fusion and sibling modes change what lowering makes: a cache written with the default modes
+ * is stale for another mode (then rewritten for it), and a cache written with a mode is read
+ * back by a build with the same mode. */
+Test(plan_cache, fusion_and_siblings_modes_are_part_of_the_key) {
+  mn_session_options modes[3] = {cpu(), cpu(), cpu()}, base = cpu();
+  modes[0].fusion = MN_FUSION_OFF;
+  modes[1].siblings = MN_SIBLINGS_ALWAYS;
+  modes[2].siblings = MN_SIBLINGS_NEVER;
+  mn_graph *g = block_graph();
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    cache_dir t = make_dir();
+    mn_session *s = NULL;
+    cr_assert_eq(mn_build_session_cached(g, t.cache, &base, &s), MN_OK, "%s", mn_last_error());
+    mn_session_free(s);
+    for (int pass = 0; pass < 2; pass++) {
+      age_file(t.cache);
+      capture c;
+      capture_begin(&c);
+      mn_status st = mn_build_session_cached(g, t.cache, &modes[i], &s);
+      const char *err = capture_end(&c);
+      cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+      mn_session_free(s);
+      cr_assert_str_eq(err, pass ? "" : warning(t.cache, "stale", "key mismatch"), "mode %zu", i);
+      cr_assert_eq(file_was_rewritten(t.cache), pass == 0, "mode %zu, build %d", i, pass);
+    }
+    /* The reader itself: the other mode's options miss as stale, the same mode's hit. */
+    char *text = mn_test_read_file(t.cache, NULL), why[256];
+    mn_plan *plan = NULL;
+    mn_status st = mn_plan_cache_parse(text, strlen(text), g, &base, MN_PLAN_CACHE_VERIFY_CHECKSUM,
+                                       &plan, why, sizeof why);
+    cr_assert_eq(st, MN_ERR_STATE, "mode %zu: %s", i, why);
+    cr_assert_str_eq(why, "key mismatch");
+    cr_assert_null(plan);
+    st = mn_plan_cache_parse(text, strlen(text), g, &modes[i], MN_PLAN_CACHE_VERIFY_CHECKSUM, &plan,
+                             why, sizeof why);
+    cr_assert_eq(st, MN_OK, "mode %zu: %s", i, why);
+    mn_plan_free(plan);
+    free(text);
+    remove_dir(&t);
+  }
+  mn_graph_free(g);
+}
+
 Test(plan_cache, other_library_version_is_stale) {
   cache_dir t = make_dir();
   mn_graph *g = default_mlp();
@@ -526,7 +569,7 @@ Test(plan_cache_reader, rejects_structural_damage) {
   expect_rejected("\"data\":[1]", "\"data\":[\"0x3f800000\"]", MN_ERR_FORMAT, "bad data value");
   expect_rejected("\"scale\":0.5", "\"scale\":0.5,\"bogus\":1", MN_ERR_FORMAT,
                   "unknown attribute \"bogus\"");
-  expect_rejected("\"format_version\":1", "\"format_version\":2", MN_ERR_STATE, "format version 2");
+  expect_rejected("\"format_version\":2", "\"format_version\":3", MN_ERR_STATE, "format version 3");
   expect_rejected("\"key\":\"", "\"key\":\"0", MN_ERR_STATE, "key mismatch");
 }
 

@@ -17,7 +17,6 @@
 
 #include "host/plan.h"
 #include "optimizer/cost.h"
-#include "optimizer/fusion.h"
 #include "optimizer/optimize.h"
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
@@ -32,9 +31,8 @@ static mn_graph *optimized(const mn_graph *g, mn_optimize_stage stage, mn_optimi
   mn_graph *c = mn_graph_toposort(g);
   cr_assert_not_null(c, "%s", mn_last_error());
   mn_session_options o = mn_test_cpu_options(true);
-  mn_fusion_set_enabled(false);
+  o.fusion = MN_FUSION_OFF;
   mn_status st = mn_optimize_graph_report("test", &c, &o, stage, r);
-  mn_fusion_set_enabled(true);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   cr_assert(!r->stage[stage].fell_back);
   return c;

@@ -14,13 +14,14 @@
  * MLP's x is grouped) agree bitwise; the others (the attention block's and the norms', whose
  * gradients pass through the MLP's dx) and everything after the first update agree to
  * rounding. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "io/plan_cache.h"
 #include "io/safetensors.h"
 #include "optimizer/cost.h"
-#include "optimizer/fusion.h"
 #include "optimizer/siblings.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
@@ -29,12 +30,7 @@
 
 #define TOL 1e-5
 
-static void reset(void) {
-  mn_siblings_set_mode(MN_SIBLINGS_AUTO);
-  mn_fusion_set_enabled(true);
-}
-
-TestSuite(siblings, .fini = reset);
+TestSuite(siblings);
 
 /* ---------------------------------------------------------------- a Llama block */
 
@@ -77,29 +73,37 @@ static mn_graph *llama_block(dims c, int64_t batch) {
   return g;
 }
 
-static mn_session *build(const mn_graph *g, mn_siblings_mode mode, bool optimize, bool training) {
-  mn_siblings_set_mode(mode);
+static mn_session_options cpu(mn_siblings_mode mode) {
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
-  o.optimize = optimize;
+  o.siblings = mode;
+  return o;
+}
+
+static mn_session *build_with(const mn_graph *g, const mn_session_options *o, bool training) {
   mn_session *s = NULL;
-  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  mn_status st = training ? mn_build_session(g, o, &s) : mn_build_inference_session(g, o, &s);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-  mn_siblings_set_mode(MN_SIBLINGS_AUTO);
   return s;
+}
+
+static mn_session *build(const mn_graph *g, mn_siblings_mode mode, bool optimize, bool training) {
+  mn_session_options o = cpu(mode);
+  o.optimize = optimize;
+  return build_with(g, &o, training);
 }
 
 static size_t count_derived(const mn_graph *g) {
   size_t n = 0;
   for (size_t i = 0; i < g->num_nodes; i++)
-    n += mn_siblings_is_derived(&g->nodes[i]);
+    n += mn_param_is_derived(&g->nodes[i]);
   return n;
 }
 
 static const char *first_derived(const mn_session *s) {
   const mn_graph *g = mn_session_plan(s)->graph;
   for (size_t i = 0; i < g->num_nodes; i++)
-    if (mn_siblings_is_derived(&g->nodes[i])) return g->nodes[i].name;
+    if (mn_param_is_derived(&g->nodes[i])) return g->nodes[i].name;
   cr_assert_fail("no derived parameter");
   return NULL;
 }
@@ -215,11 +219,12 @@ Test(siblings, inference_with_batch_dim_is_bitwise) {
  * each kind (3 - n): q/k/v break even, gate/up costs one more. Pointwise fusion is off so
  * that the adds count one each. */
 Test(siblings, dispatch_counts) {
-  mn_fusion_set_enabled(false);
   mn_graph *g = llama_block(small, 0);
+  mn_session_options always = cpu(MN_SIBLINGS_ALWAYS), never = cpu(MN_SIBLINGS_NEVER);
+  always.fusion = never.fusion = MN_FUSION_OFF;
   for (int training = 0; training < 2; training++) {
-    mn_session *on = build(g, MN_SIBLINGS_ALWAYS, true, training);
-    mn_session *off = build(g, MN_SIBLINGS_NEVER, true, training);
+    mn_session *on = build_with(g, &always, training);
+    mn_session *off = build_with(g, &never, training);
     size_t a = mn_plan_num_dispatches(mn_session_plan(on));
     size_t b = mn_plan_num_dispatches(mn_session_plan(off));
     cr_assert_eq(a, b + (training ? 1 : 2), "%s: %zu dispatches, %zu without the groups",
@@ -234,13 +239,10 @@ Test(siblings, dispatch_counts) {
 Test(siblings, report_counts_groups) {
   mn_graph *g = llama_block(small, 0);
   for (int mode = 0; mode < 2; mode++) {
-    mn_siblings_set_mode(mode ? MN_SIBLINGS_ALWAYS : MN_SIBLINGS_NEVER);
-    mn_session_options o = mn_session_options_default();
-    o.backend = MN_BACKEND_CPU;
+    mn_session_options o = cpu(mode ? MN_SIBLINGS_ALWAYS : MN_SIBLINGS_NEVER);
     mn_session *s = NULL;
     mn_optimize_report *r = NULL;
     cr_assert_eq(mn_build_session_with_report(g, &o, &s, &r), MN_OK, "%s", mn_last_error());
-    mn_siblings_set_mode(MN_SIBLINGS_AUTO);
     char text[4096];
     mn_optimize_report_format(r, text, sizeof text);
     cr_assert(strstr(text, mode ? "sibling groups: 2" : "sibling groups: 0"), "%s", text);
@@ -286,7 +288,7 @@ Test(siblings, derived_name_is_not_a_parameter) {
   mn_graph *g = llama_block(small, 0);
   mn_session *s = build(g, MN_SIBLINGS_ALWAYS, true, true);
   const char *name = first_derived(s);
-  cr_assert(strncmp(name, MN_SIBLINGS_PREFIX, strlen(MN_SIBLINGS_PREFIX)) == 0, "%s", name);
+  cr_assert_str_eq(name, "#siblings(attn.q_proj.weight,attn.k_proj.weight,attn.v_proj.weight)");
   mn_node id = mn_graph_find_leaf(mn_session_plan(s)->graph, MN_OP_PARAMETER, name);
   size_t n = (size_t)mn_tensor_type_numel(&mn_session_plan(s)->graph->nodes[id].type);
   float *buf = calloc(n, sizeof *buf);
@@ -299,37 +301,103 @@ Test(siblings, derived_name_is_not_a_parameter) {
   mn_graph_free(g);
 }
 
-/* The table comes from the plan alone, so lowering and creating separately gives it too; a
- * derived parameter whose name does not describe it is refused. */
+/* The table comes with the plan, so lowering and creating separately gives it too. */
 Test(siblings, sessions_read_the_table_from_the_plan) {
   mn_graph *g = llama_block(small, 0);
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  for (int bad = 0; bad < 3; bad++) {
-    mn_siblings_set_mode(MN_SIBLINGS_ALWAYS);
-    mn_plan *plan = NULL;
-    cr_assert_eq(mn_lower_training("test", g, &o, &plan), MN_OK, "%s", mn_last_error());
-    mn_siblings_set_mode(MN_SIBLINGS_AUTO);
-    const char *names[] = {NULL, "#siblings(18:attn.q_proj.weight/16)",
-                           "#siblings(18:attn.q_proj.weight/16,10:norm2.weight/16)"};
-    for (size_t i = 0; bad && i < plan->graph->num_nodes; i++) {
-      mn_node_rec *r = &plan->graph->nodes[i];
-      if (!mn_siblings_is_derived(r) || strstr(r->name, "q_proj") == NULL) continue;
-      free(r->name);
-      r->name = strdup(names[bad]);
-    }
-    mn_session *s = NULL;
-    mn_status st = mn_session_create("test", plan, &o, true, &s);
-    if (bad) {
-      mn_assert_error(st, MN_ERR_STATE, "derived parameter node");
-      continue;
-    }
-    cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-    float w[8 * 16] = {1.0f};
-    cr_assert_eq(mn_session_set_parameter(s, "attn.k_proj.weight", w, 8 * 16), MN_OK, "%s",
-                 mn_last_error());
-    mn_session_free(s);
+  mn_session_options o = cpu(MN_SIBLINGS_ALWAYS);
+  mn_plan *plan = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &plan), MN_OK, "%s", mn_last_error());
+  const mn_param_layout *l = &plan->layout;
+  /* In node order (the compiler made swiglu's up product first), each in row order. */
+  cr_assert_eq(l->num_sources, 5);
+  const char *order[] = {"attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight",
+                         "mlp.up_proj.weight", "mlp.gate_proj.weight"};
+  size_t offsets[] = {0, 16 * 16, 24 * 16, 0, 24 * 16};
+  for (size_t i = 0; i < 5; i++) {
+    const mn_param_source *src = &l->sources[i];
+    const mn_node_rec *user = &g->nodes[mn_graph_find_leaf(g, MN_OP_PARAMETER, order[i])];
+    cr_assert_str_eq(src->name, order[i]);
+    cr_assert_eq(src->offset, offsets[i], "%s", order[i]);
+    cr_assert(mn_type_same_shape(&src->type, &user->type), "%s", order[i]);
+    cr_assert(mn_param_is_derived(&plan->graph->nodes[src->node]), "%s", order[i]);
+    cr_assert_str_eq(src->derived, plan->graph->nodes[src->node].name);
   }
+  mn_session *s = NULL;
+  cr_assert_eq(mn_session_create("test", plan, &o, true, &s), MN_OK, "%s", mn_last_error());
+  float w[8 * 16] = {1.0f};
+  cr_assert_eq(mn_session_set_parameter(s, "attn.k_proj.weight", w, 8 * 16), MN_OK, "%s",
+               mn_last_error());
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+/* mn_plan_build refuses a table that does not describe the graph it binds to. */
+typedef enum damage {
+  SHIFTED,
+  DROPPED,
+  LEAF_NAME,
+  NAMED_TWICE,
+  NO_SUCH_DERIVED,
+  EMPTY,
+  OTHER_DTYPE,
+  NUM_DAMAGES
+} damage;
+
+static void damage_table(mn_param_layout *l, damage d) {
+  mn_param_source *k = &l->sources[1]; /* attn.k_proj.weight */
+  switch (d) {
+  case SHIFTED: k->offset += 1; break;
+  case DROPPED:
+    free(k->name);
+    free(k->derived);
+    memmove(k, k + 1, (l->num_sources - 2) * sizeof *k);
+    l->num_sources--;
+    break;
+  case LEAF_NAME:
+    free(k->name);
+    k->name = strdup("norm1.weight");
+    break;
+  case NAMED_TWICE:
+    free(k->name);
+    k->name = strdup("attn.q_proj.weight");
+    break;
+  case NO_SUCH_DERIVED:
+    free(k->derived);
+    k->derived = strdup("attn.k_proj.weight");
+    break;
+  case EMPTY: mn_param_layout_clear(l); break;
+  case OTHER_DTYPE: k->type.dtype = MN_U32; break;
+  default: break;
+  }
+}
+
+Test(siblings, plan_build_refuses_a_table_that_does_not_fit) {
+  const char *want[NUM_DAMAGES] = {
+      [SHIFTED] = "source \"attn.k_proj.weight\" is not at element 256 of \"#siblings(",
+      [DROPPED] = "source \"attn.v_proj.weight\" is not at element 256 of",
+      [LEAF_NAME] = "source \"norm1.weight\" is not the only tensor of its name",
+      [NAMED_TWICE] = "source \"attn.q_proj.weight\" is not the only tensor of its name",
+      [NO_SUCH_DERIVED] = "the graph has no derived parameter \"attn.k_proj.weight\"",
+      [EMPTY] = "\" has 0 source",
+      [OTHER_DTYPE] = "source \"attn.k_proj.weight\" has a type \"#siblings(",
+  };
+  mn_graph *g = llama_block(small, 0);
+  mn_session_options o = cpu(MN_SIBLINGS_ALWAYS);
+  mn_plan *good = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &good), MN_OK, "%s", mn_last_error());
+  for (int d = 0; d < NUM_DAMAGES; d++) {
+    mn_param_layout l;
+    cr_assert(mn_param_layout_copy(&l, &good->layout));
+    damage_table(&l, (damage)d);
+    mn_plan *bad = NULL;
+    mn_graph *copy = mn_graph_clone(good->graph);
+    mn_assert_error(mn_plan_build(copy, 1, NULL, &l, &bad), MN_ERR_STATE,
+                    "mn_plan_build: derived parameters: ");
+    cr_assert(strstr(mn_last_error(), want[d]), "damage %d: %s", d, mn_last_error());
+    cr_assert_null(bad);
+    mn_param_layout_clear(&l);
+  }
+  mn_plan_free(good);
   mn_graph_free(g);
 }
 
@@ -446,7 +514,7 @@ Test(siblings, load_safetensors_strict_names_a_missing_source) {
   float *before = read_named(s, g, "attn.q_proj.weight", false);
   mn_assert_error(mn_session_load_safetensors(s, path, true), MN_ERR_NOT_FOUND,
                   "1 parameter is not in the file: attn.k_proj.weight");
-  cr_assert_null(strstr(mn_last_error(), MN_SIBLINGS_PREFIX), "%s", mn_last_error());
+  cr_assert_null(strstr(mn_last_error(), "#siblings"), "%s", mn_last_error());
   float *after = read_named(s, g, "attn.q_proj.weight", false);
   cr_assert(memcmp(before, after, numel_of(g, "attn.q_proj.weight") * sizeof *after) == 0,
             "a refused load changed q");
@@ -471,18 +539,20 @@ Test(siblings, plan_cache_round_trip) {
   mn_tmp_dir dir = mn_tmp_dir_make("mn_siblings");
   char path[128];
   snprintf(path, sizeof path, "%s", mn_tmp_path(&dir, "plan.json"));
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  mn_siblings_set_mode(MN_SIBLINGS_ALWAYS);
+  mn_session_options o = cpu(MN_SIBLINGS_ALWAYS);
   mn_session *s[2];
   cr_assert_eq(mn_build_session_cached(g, path, &o, &s[0]), MN_OK, "%s", mn_last_error());
   char *cold = mn_test_read_file(path, NULL);
-  /* A hit: the plan read back, and the file left as it was. */
-  mn_siblings_set_mode(MN_SIBLINGS_NEVER);
+  /* A hit: the plan read back, and the file left as it was (not even rewritten). */
+  struct timespec past[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+  cr_assert_eq(utimensat(AT_FDCWD, path, past, 0), 0);
   cr_assert_eq(mn_build_session_cached(g, path, &o, &s[1]), MN_OK, "%s", mn_last_error());
   char *warm = mn_test_read_file(path, NULL);
   cr_assert_str_eq(cold, warm);
-  cr_assert_eq(count_derived(mn_session_plan(s[1])->graph), 2, "the cached plan was not used");
+  struct stat sb;
+  cr_assert_eq(stat(path, &sb), 0);
+  cr_assert_eq(sb.st_mtim.tv_sec, 1000000000, "the cached plan was not used");
+  cr_assert_eq(count_derived(mn_session_plan(s[1])->graph), 2);
   init(g, s, 2, 7);
   for (int i = 0; i < 2; i++)
     cr_assert_eq(mn_session_set_adamw(s[i], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
@@ -497,28 +567,89 @@ Test(siblings, plan_cache_round_trip) {
   }
   compare(g, s[0], s[1], false, every, "");
 
-  /* The reader checks a derived parameter's sources against the graph (checksum off, so that
-   * the structural check is what refuses). */
-  const char *edits[][2] = {
-      {"18:attn.k_proj.weight/8", "18:attn.k_proj.weighx/8"}, /* no such parameter */
-      {"18:attn.k_proj.weight/8", "18:attn.k_proj.weight/9"}, /* another type */
-      {"18:attn.k_proj.weight/8", "18:attn.v_proj.weight/8"}, /* twice */
-      {"18:attn.k_proj.weight/8", "19:attn.k_proj.weight/8"}, /* malformed */
+  /* The reader checks the table of sources against the graph (checksum off, so that the
+   * structural check is what refuses). Each edit applies within k's entry of param_sources. */
+  const char *k_entry = "{\"name\":\"attn.k_proj.weight\",\"param\":";
+  cr_assert_not_null(strstr(cold, k_entry), "%s", cold);
+  char param_from[32];
+  snprintf(param_from, sizeof param_from, "\"param\":%ld",
+           strtol(strstr(cold, k_entry) + strlen(k_entry), NULL, 10));
+  const char *edits[][3] = {
+      {"k_proj.weight\"", "k_proj.weighx\"", "the graph has no parameter named"},
+      {"\"shape\":[8,16]", "\"shape\":[9,16]", "\"attn.k_proj.weight\" has another type"},
+      {"attn.k_proj", "attn.v_proj", "\"attn.v_proj.weight\" appears twice"},
+      {"\"offset\":", "\"offset\":-", "bad offset"},
+      {"\"offset\":", "\"offset\":1+", "not valid JSON"},
+      {"\"dtype\":\"f32\"", "\"dtype\":\"u32\"", "another type"},
+      {"\"dtype\":\"f32\"", "\"dtype\":\"f32\",\"rows\":8", "unknown field \"rows\""},
+      {"\"dtype\":\"f32\"", "\"dtype\":\"f32\",\"dtype\":\"f32\"", "field dtype twice"},
+      {param_from, "\"param\":0", "param is no derived parameter node"},
+      {"\"name\":", "\"name\":0,\"y\":", "unknown field \"y\""},
+      {"\"param_sources\":[", "\"param_sources\":[[],", "param_sources 0 is not an object"},
+      {"\"param_sources\":[", "\"param_sources\":{\"a\":[", "param_sources is not an array"},
       /* no longer marked derived: a parameter the graph does not have */
-      {"{\"variant\":1},\"name\":\"#siblings(", "{\"variant\":2},\"name\":\"#siblings("},
+      {"{\"variant\":1},\"name\":\"#siblings(", "{\"variant\":2},\"name\":\"#siblings(",
+       "the graph has no parameter named \"#siblings("},
   };
   for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
-    char *at = strstr(cold, edits[i][0]);
+    bool whole_file = strncmp(edits[i][0], "\"param_sources", 14) == 0 ||
+                      strncmp(edits[i][0], "{\"variant", 10) == 0;
+    const char *from = whole_file ? cold : strstr(cold, k_entry);
+    char *at = strstr(from, edits[i][0]);
     cr_assert_not_null(at, "%s", edits[i][0]);
-    char *text = strdup(cold);
-    memcpy(text + (at - cold), edits[i][1], strlen(edits[i][1]));
+    size_t head = (size_t)(at - cold), old_len = strlen(edits[i][0]);
+    char *text = malloc(strlen(cold) + strlen(edits[i][1]) + 1);
+    memcpy(text, cold, head);
+    strcpy(text + head, edits[i][1]);
+    strcat(text, at + old_len);
+    if (strcmp(edits[i][1], "\"param_sources\":{\"a\":[") == 0) {
+      /* Close the object that now wraps the list. */
+      char *end = strstr(text, "],\"nodes\":");
+      cr_assert_not_null(end);
+      memmove(end + 2, end + 1, strlen(end + 1) + 1);
+      end[1] = '}';
+    }
     mn_plan *plan = NULL;
     char why[256];
     mn_status st = mn_plan_cache_parse(text, strlen(text), g, &o, 0, &plan, why, sizeof why);
     cr_assert_eq(st, MN_ERR_FORMAT, "edit %zu accepted", i);
-    cr_assert(strstr(why, "derived parameter") || strstr(why, "no parameter named"), "%s", why);
+    cr_assert(strstr(why, edits[i][2]), "edit %zu: %s", i, why);
     free(text);
   }
+  /* A source moved within its derived parameter: each entry is valid, the tiling is not. */
+  char *moved = strdup(cold);
+  char *off = strstr(strstr(moved, k_entry), "\"offset\":256");
+  cr_assert_not_null(off, "%s", moved);
+  memcpy(off, "\"offset\":255", strlen("\"offset\":255"));
+  mn_plan *plan = NULL;
+  char why[256];
+  cr_assert_eq(mn_plan_cache_parse(moved, strlen(moved), g, &o, 0, &plan, why, sizeof why),
+               MN_ERR_FORMAT);
+  cr_assert(strstr(why, "param_sources: source \"attn.k_proj.weight\" is not at element 256"), "%s",
+            why);
+  /* Sources listed in another order describe the same layout, but the checksum covers the
+   * table as written. */
+  char *swapped = strdup(cold);
+  char *q = strstr(swapped, "{\"name\":\"attn.q_proj.weight\"");
+  cr_assert_not_null(q);
+  char *q_end = strchr(q, '}') + 1, *k = q_end + 1, *k_end = strchr(k, '}') + 1;
+  cr_assert_eq(strncmp(k, k_entry, strlen(k_entry)), 0, "%s", k);
+  size_t ql = (size_t)(q_end - q), kl = (size_t)(k_end - k);
+  char *both = malloc(ql + kl + 1);
+  memcpy(both, k, kl);
+  both[kl] = ',';
+  memcpy(both + kl + 1, q, ql);
+  memcpy(q, both, ql + kl + 1);
+  free(both);
+  cr_assert_eq(mn_plan_cache_parse(swapped, strlen(swapped), g, &o, 0, &plan, why, sizeof why),
+               MN_OK, "%s", why);
+  mn_plan_free(plan);
+  cr_assert_eq(mn_plan_cache_parse(swapped, strlen(swapped), g, &o, MN_PLAN_CACHE_VERIFY_CHECKSUM,
+                                   &plan, why, sizeof why),
+               MN_ERR_FORMAT);
+  cr_assert_str_eq(why, "checksum mismatch");
+  free(swapped);
+  free(moved);
   free(cold);
   free(warm);
   mn_session_free(s[0]);
@@ -559,24 +690,25 @@ static mn_graph *mini_done(mini *m, const mn_node *extra, size_t n) {
   return m->g;
 }
 
-/* The derived parameters lowering makes of g, and (into names) their names. */
+/* The derived parameters lowering makes of g, and (into names) each one's sources from the
+ * plan's table, "(a/3,b/5) ": name and rows, in row order. */
 static size_t groups(const mn_graph *g, bool training, mn_siblings_mode mode, char *names,
                      size_t size) {
-  mn_siblings_set_mode(mode);
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
+  mn_session_options o = cpu(mode);
   mn_plan *plan = NULL;
   mn_status st =
       training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
-  mn_siblings_set_mode(MN_SIBLINGS_AUTO);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   size_t n = 0, used = 0;
   if (size) names[0] = '\0';
   for (size_t i = 0; i < plan->graph->num_nodes; i++) {
-    const mn_node_rec *r = &plan->graph->nodes[i];
-    if (!mn_siblings_is_derived(r)) continue;
+    if (!mn_param_is_derived(&plan->graph->nodes[i])) continue;
     n++;
-    if (used < size) used += (size_t)snprintf(names + used, size - used, "%s ", r->name);
+    const mn_param_source *src = NULL;
+    size_t count = mn_param_layout_sources_of(&plan->layout, (mn_node)i, &src);
+    for (size_t k = 0; k < count && used < size; k++)
+      used += (size_t)snprintf(names + used, size - used, "%s%s/%lld%s", k ? "," : "(", src[k].name,
+                               (long long)src[k].type.shape[0], k + 1 == count ? ") " : "");
   }
   mn_plan_free(plan);
   return n;
@@ -607,7 +739,7 @@ Test(siblings, not_a_tied_weight) {
   mn_node tied = mn_matmul_bt(m.g, z, mn_graph_find_leaf(m.g, MN_OP_PARAMETER, "a"));
   m.loss = mn_add(m.g, m.loss, mn_mean_all(m.g, tied));
   mn_graph *g = mini_done(&m, NULL, 0);
-  expect_group(g, "#siblings(1:b/5,1:c/2)");
+  expect_group(g, "(b/5,c/2)");
   mn_graph_free(g);
 }
 
@@ -618,7 +750,7 @@ Test(siblings, not_a_weight_or_product_that_is_an_output) {
   product(&m, m.x, "c", 2);
   mn_node out_w = mn_graph_find_leaf(m.g, MN_OP_PARAMETER, "c");
   mn_graph *g = mini_done(&m, &out_w, 1);
-  expect_group(g, "#siblings(1:a/3,1:b/5)");
+  expect_group(g, "(a/3,b/5)");
   mn_graph_free(g);
 
   m = mini_new(4, 8, true);
@@ -626,7 +758,7 @@ Test(siblings, not_a_weight_or_product_that_is_an_output) {
   mn_node out_p = product(&m, m.x, "b", 5);
   product(&m, m.x, "c", 2);
   g = mini_done(&m, &out_p, 1);
-  expect_group(g, "#siblings(1:a/3,1:c/2)");
+  expect_group(g, "(a/3,c/2)");
   mn_graph_free(g);
 }
 
@@ -661,9 +793,9 @@ Test(siblings, not_a_weight_without_gradient_in_training) {
   mn_graph *g = mini_done(&m, &side, 1);
   char names[512];
   cr_assert_eq(groups(g, true, MN_SIBLINGS_ALWAYS, names, sizeof names), 1);
-  cr_assert_str_eq(names, "#siblings(1:a/3,1:b/5) ");
+  cr_assert_str_eq(names, "(a/3,b/5) ");
   cr_assert_eq(groups(g, false, MN_SIBLINGS_ALWAYS, names, sizeof names), 1);
-  cr_assert_str_eq(names, "#siblings(1:a/3,1:b/5,1:c/2) ");
+  cr_assert_str_eq(names, "(a/3,b/5,c/2) ");
   mn_graph_free(g);
 }
 
@@ -702,7 +834,7 @@ Test(siblings, auto_fires_on_narrow_products_of_a_wide_x) {
     mn_graph *g = mini_done(&m, NULL, 0);
     char got[256];
     cr_assert_eq(groups(g, training, MN_SIBLINGS_AUTO, got, sizeof got), 1);
-    cr_assert_str_eq(got, "#siblings(1:a/16,1:b/16,1:c/16,1:d/16) ");
+    cr_assert_str_eq(got, "(a/16,b/16,c/16,d/16) ");
     mn_graph_free(g);
   }
   mn_tensor_type x = mn_type_make(MN_F32, (int64_t[]){1024, 4096}, 2);
@@ -722,22 +854,24 @@ Test(siblings, never_and_optimize_off) {
   mn_graph_free(g);
 }
 
-/* ---------------------------------------------------------------- names */
+/* ---------------------------------------------------------------- options */
 
-Test(siblings, decode_names) {
-  mn_sibling_source src[MN_SIBLINGS_MAX_GROUP];
-  size_t n = 0;
-  char why[128];
-  cr_assert(mn_siblings_decode("#siblings(3:a,b/4,1:)/2)", src, &n, why, sizeof why), "%s", why);
-  cr_assert_eq(n, 2);
-  cr_assert(src[0].len == 3 && memcmp(src[0].name, "a,b", 3) == 0 && src[0].rows == 4);
-  cr_assert(src[1].len == 1 && src[1].name[0] == ')' && src[1].rows == 2);
-  const char *bad[] = {
-      "siblings(1:a/4,1:b/2)",   "#siblings(1:a/4)",        "#siblings(1:a/4,1:b/2",
-      "#siblings(1:a/4,1:b/2))", "#siblings(0:/4,1:b/2)",   "#siblings(01:a/4,1:b/2)",
-      "#siblings(1:a/0,1:b/2)",  "#siblings(9:a/4,1:b/2)",  "#siblings(1:a4,1:b/2)",
-      "#siblings(1:a/4;1:b/2)",  "#siblings(1:a/-4,1:b/2)", "#siblings()",
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    cr_assert(!mn_siblings_decode(bad[i], src, &n, why, sizeof why), "accepted %s", bad[i]);
+Test(siblings, unknown_modes_are_refused) {
+  mn_graph *g = llama_block(small, 0);
+  mn_session_options o = cpu((mn_siblings_mode)7);
+  mn_session *s = NULL;
+  mn_assert_error(mn_build_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT,
+                  "mn_build_session: options: unknown siblings mode 7");
+  cr_assert_null(s);
+  o = cpu(MN_SIBLINGS_AUTO);
+  o.fusion = (mn_fusion_mode)-1;
+  mn_assert_error(mn_build_inference_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT,
+                  "mn_build_inference_session: options: unknown fusion mode -1");
+  mn_assert_error(mn_build_session_cached(g, "/nonexistent/plan.json", &o, &s),
+                  MN_ERR_INVALID_ARGUMENT, "mn_build_session_cached: options: unknown fusion mode");
+  mn_optimize_report *r = NULL;
+  mn_assert_error(mn_build_session_with_report(g, &o, &s, &r), MN_ERR_INVALID_ARGUMENT,
+                  "mn_build_session_with_report: options: unknown fusion mode");
+  cr_assert_null(r);
+  mn_graph_free(g);
 }

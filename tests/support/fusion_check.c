@@ -2,7 +2,6 @@
 
 #include <stdlib.h>
 
-#include "optimizer/fusion.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
@@ -16,10 +15,9 @@ mn_session_options mn_fz_cpu(bool optimize) {
 
 mn_session *mn_fz_build(const mn_graph *g, mn_fz_mode m, bool training) {
   mn_session_options o = mn_fz_cpu(m != MN_FZ_UNOPTIMIZED);
-  mn_fusion_set_enabled(m == MN_FZ_FUSED);
+  o.fusion = m == MN_FZ_FUSED ? MN_FUSION_AUTO : MN_FUSION_OFF;
   mn_session *s = NULL;
   mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
-  mn_fusion_set_enabled(true);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   return s;
 }

@@ -11,7 +11,7 @@
 
 typedef enum mn_fz_mode {
   MN_FZ_UNOPTIMIZED,       /* mn_session_options.optimize false */
-  MN_FZ_OPTIMIZED_UNFUSED, /* the optimizer with fusion switched off */
+  MN_FZ_OPTIMIZED_UNFUSED, /* the optimizer with mn_session_options.fusion off */
   MN_FZ_FUSED,             /* the default build */
   MN_FZ_NUM_MODES
 } mn_fz_mode;
@@ -19,7 +19,7 @@ typedef enum mn_fz_mode {
 /* CPU backend options with the optimizer on or off. */
 mn_session_options mn_fz_cpu(bool optimize);
 
-/* A CPU session of g in mode m (training when `training`), fusion restored to on after. */
+/* A CPU session of g in mode m (training when `training`). */
 mn_session *mn_fz_build(const mn_graph *g, mn_fz_mode m, bool training);
 
 /* g lowered with the default (fused) pipeline; mn_plan_free it. */
