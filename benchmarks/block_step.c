@@ -8,7 +8,7 @@
 enum { B = 8, T = 512 };
 static const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(576, 9, 3, 64, 1536);
 
-static mn_graph *block(void) {
+static mn_graph *block_graph(void) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(B, T, cfg.d_model));
   mn_node target = mn_input(g, "target", MN_SHAPE(B, T, cfg.d_model));
@@ -24,7 +24,7 @@ static void fill_random(float *x, size_t n, float scale) {
 }
 
 int main(int argc, char **argv) {
-  bench_step b = bench_step_begin(argc, argv, block);
+  bench_step b = bench_step_begin(argc, argv, block_graph);
   mn_graph *g = b.g;
   mn_session *s = b.s;
   srand(2);

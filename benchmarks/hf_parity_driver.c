@@ -38,7 +38,7 @@ static void die(const char *what) {
   exit(1);
 }
 
-static void check(mn_status st, const char *what) {
+static void must(mn_status st, const char *what) {
   if (st != MN_OK) die(what);
 }
 
@@ -48,7 +48,7 @@ static void usage(void) {
   exit(2);
 }
 
-static args parse(int argc, char **argv) {
+static args parse_args(int argc, char **argv) {
   args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage();
@@ -80,7 +80,7 @@ static args parse(int argc, char **argv) {
   return a;
 }
 
-static const char *join(char *buf, size_t size, const char *dir, const char *name) {
+static const char *join_path(char *buf, size_t size, const char *dir, const char *name) {
   if ((size_t)snprintf(buf, size, "%s/%s", dir, name) >= size) {
     fprintf(stderr, "hf_parity_driver: path too long: %s/%s\n", dir, name);
     exit(1);
@@ -116,22 +116,22 @@ static uint32_t *read_u32(const char *path, size_t n) {
 
 static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
                       size_t n) {
-  check(mn_model_prepare_session(g, s), "position ids");
-  check(mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
-  check(mn_session_set_input_u32(s, "labels", labels, n), "labels");
+  must(mn_model_prepare_session(g, s), "position ids");
+  must(mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
+  must(mn_session_set_input_u32(s, "labels", labels, n), "labels");
 }
 
 static float run_step(mn_session *s) {
-  check(mn_session_step(s), "step");
-  check(mn_session_wait(s), "wait");
+  must(mn_session_step(s), "step");
+  must(mn_session_wait(s), "wait");
   return mn_session_read_loss(s);
 }
 
 /* Writes grad/NAME.f32 and param/NAME.f32 for every parameter, and lists it in result. */
 static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE *result) {
   char dir[4096], path[4096], file[1024];
-  make_dir(join(dir, sizeof dir, out, "grad"));
-  make_dir(join(dir, sizeof dir, out, "param"));
+  make_dir(join_path(dir, sizeof dir, out, "grad"));
+  make_dir(join_path(dir, sizeof dir, out, "param"));
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
     mn_node_info info;
     if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
@@ -139,70 +139,70 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
     float *x = malloc(n * sizeof *x);
     if (!x) die("out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
-    check(mn_session_read_grad(s, info.name, x, n), info.name);
-    write_f32(join(path, sizeof path, out, file), x, n);
+    must(mn_session_read_grad(s, info.name, x, n), info.name);
+    write_f32(join_path(path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
-    check(mn_session_read_param(s, info.name, x, n), info.name);
-    write_f32(join(path, sizeof path, out, file), x, n);
+    must(mn_session_read_param(s, info.name, x, n), info.name);
+    write_f32(join_path(path, sizeof path, out, file), x, n);
     fprintf(result, "param %s %zu\n", info.name, n);
     free(x);
   }
 }
 
 int main(int argc, char **argv) {
-  args a = parse(argc, argv);
+  args a = parse_args(argc, argv);
   char path[4096], weights[4096];
   mn_model_config c;
-  check(mn_model_config_load(join(path, sizeof path, a.model, "config.json"), &c), "config");
-  join(weights, sizeof weights, a.model, "model.safetensors");
+  must(mn_model_config_load(join_path(path, sizeof path, a.model, "config.json"), &c), "config");
+  join_path(weights, sizeof weights, a.model, "model.safetensors");
   const char *prefix = NULL;
-  check(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
+  must(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
   mn_graph *g = NULL;
-  check(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
+  must(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
 
   mn_session_options o = mn_session_options_default();
   o.allow_tf32 = false;
   mn_session *s = NULL;
-  check(mn_build_session(g, &o, &s), "session");
-  check(mn_session_load_safetensors(s, weights, true), "load");
+  must(mn_build_session(g, &o, &s), "session");
+  must(mn_session_load_safetensors(s, weights, true), "load");
   size_t n = (size_t)(a.batch * a.seq);
-  uint32_t *ids = read_u32(join(path, sizeof path, a.model, "input_ids.u32"), n);
-  uint32_t *labels = read_u32(join(path, sizeof path, a.model, "labels.u32"), n);
+  uint32_t *ids = read_u32(join_path(path, sizeof path, a.model, "input_ids.u32"), n);
+  uint32_t *labels = read_u32(join_path(path, sizeof path, a.model, "labels.u32"), n);
   set_batch(s, g, ids, labels, n);
-  check(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
-                             (float)a.wd),
-        "adamw");
+  must(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
+                            (float)a.wd),
+       "adamw");
 
   make_dir(a.out);
-  FILE *result = fopen(join(path, sizeof path, a.out, "result.txt"), "w");
+  FILE *result = fopen(join_path(path, sizeof path, a.out, "result.txt"), "w");
   if (!result) die("result.txt");
   float loss = run_step(s);
   mn_session_stats stats;
-  check(mn_session_get_stats(s, &stats), "stats");
+  must(mn_session_get_stats(s, &stats), "stats");
   fprintf(result, "backend %s\nprefix %s\nloss %.9g\n", stats.backend, prefix, (double)loss);
   size_t nl = n * (size_t)c.vocab_size;
   float *logits = malloc(nl * sizeof *logits);
   if (!logits) die("out of memory");
-  check(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
-  write_f32(join(path, sizeof path, a.out, "logits.f32"), logits, nl);
+  must(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
+  write_f32(join_path(path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_params(g, s, a.out, result);
 
   if (a.finetune > 0) {
     for (int i = 0; i < a.finetune; i++)
       fprintf(result, "step_loss %d %.9g\n", i + 2, (double)run_step(s));
     char dir[4096];
-    make_dir(join(dir, sizeof dir, a.out, "finetuned"));
-    check(mn_session_save_safetensors(s, join(path, sizeof path, dir, "model.safetensors")),
-          "save");
+    make_dir(join_path(dir, sizeof dir, a.out, "finetuned"));
+    must(mn_session_save_safetensors(s, join_path(path, sizeof path, dir, "model.safetensors")),
+         "save");
     /* The saved file read back by a fresh inference session: the logits transformers must
      * reproduce from the same file. */
     mn_session *inf = NULL;
-    check(mn_build_inference_session(g, &o, &inf), "inference session");
-    check(mn_session_load_safetensors(inf, path, true), "load finetuned");
+    must(mn_build_inference_session(g, &o, &inf), "inference session");
+    must(mn_session_load_safetensors(inf, path, true), "load finetuned");
     set_batch(inf, g, ids, labels, n);
     run_step(inf);
-    check(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
-    write_f32(join(path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
+    must(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
+    write_f32(join_path(path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
     mn_session_free(inf);
   }
   if (fclose(result) != 0) die("result.txt");

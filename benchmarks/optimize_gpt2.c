@@ -32,7 +32,7 @@ static mn_graph *mlp(void) {
   return g;
 }
 
-static mn_graph *block(void) {
+static mn_graph *block_graph(void) {
   static const mn_test_block_config cfg = {.d_model = 576,
                                            .num_heads = 9,
                                            .num_kv_heads = 3,
@@ -49,7 +49,7 @@ static mn_graph *block(void) {
   return g;
 }
 
-static void check(mn_status st, const char *what) {
+static void must(mn_status st, const char *what) {
   if (st == MN_OK) return;
   fprintf(stderr, "%s: %s\n", what, mn_last_error());
   exit(1);
@@ -85,7 +85,7 @@ static void print_fused(const fused_counts *c) {
 }
 
 /* Dispatches with the optimizer off, on without pointwise fusion, and on (the default). */
-static void dispatches(const char *name, mn_graph *g) {
+static void print_dispatches(const char *name, mn_graph *g) {
   size_t n[3];
   fused_counts fc = {0};
   mn_optimize_report *r = mn_optimize_report_new();
@@ -95,7 +95,7 @@ static void dispatches(const char *name, mn_graph *g) {
     o.optimize = mode > 0;
     o.fusion = mode == 2 ? MN_FUSION_AUTO : MN_FUSION_OFF;
     mn_plan *plan = NULL;
-    check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
+    must(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
     n[mode] = plan->num_dispatches;
     if (mode == 2) fc = count_fused(plan);
     mn_plan_free(plan);
@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
   mn_session_options unfused_o = o;
   unfused_o.fusion = MN_FUSION_OFF;
   mn_plan *unfused = NULL;
-  check(mn_lower_training("optimize_gpt2", g, &unfused_o, &unfused), "gpt2 without fusion");
+  must(mn_lower_training("optimize_gpt2", g, &unfused_o, &unfused), "gpt2 without fusion");
   size_t unfused_dispatches = unfused->num_dispatches;
   mn_plan_free(unfused);
   double ms[REPS], lower[REPS];
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
   if (!r) return 1;
   for (int i = 0; i < REPS; i++) {
     mn_plan *plan = NULL;
-    check(mn_lower_training_report("optimize_gpt2", g, &o, &plan, r), "gpt2");
+    must(mn_lower_training_report("optimize_gpt2", g, &o, &plan, r), "gpt2");
     ms[i] = r->stage[MN_OPTIMIZE_FORWARD].total_ms + r->stage[MN_OPTIMIZE_FULL].total_ms;
     lower[i] = r->lower_ms;
     fc = count_fused(plan);
@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
   print_fused(&fc);
   mn_optimize_report_free(r);
   mn_graph_free(g);
-  dispatches("mlp 784-512-10", mlp());
-  dispatches("transformer block (SmolLM2-135M layer)", block());
+  print_dispatches("mlp 784-512-10", mlp());
+  print_dispatches("transformer block (SmolLM2-135M layer)", block_graph());
   return 0;
 }

@@ -16,7 +16,7 @@
 #include "session/session.h"
 
 /* GPT-2 small's depth (12 layers) at the small width the header speaks of. */
-static gpt_config config(void) {
+static gpt_config small_gpt_config(void) {
   gpt_config c = gpt2_small(2, 32);
   c.heads = 4;
   c.d_model = 64;
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s", argv[2]);
   else
     snprintf(path, sizeof path, "/tmp/mn_bench_plan_cache_%ld.json", (long)getpid());
-  const gpt_config c = config();
+  const gpt_config c = small_gpt_config();
   mn_graph *g = gpt_graph(&c);
   if (mn_graph_status(g) != MN_OK) {
     fprintf(stderr, "graph: %s\n", mn_graph_error(g));
