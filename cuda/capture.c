@@ -6,12 +6,8 @@
 #include "cuda/cuda_state.h"
 #include "host/error.h"
 
-typedef struct mn_cu_io {
-  void *p[MN_CU_MAX_ARGS];
-} mn_cu_io;
-
 static mn_status launch(cuda_state *st, uint32_t kernel, const unsigned grid[3], unsigned block,
-                        size_t smem, mn_cu_io *io) {
+                        size_t smem, mn_ptrs *io) {
   void *args[] = {io};
   dim3 g = {grid[0], grid[1], grid[2]}, b = {block, 1, 1};
   return mn_cu_check(
@@ -24,7 +20,7 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   if (mn_cu_cmd_skipped(st, i)) return MN_OK;
   switch (cmd->kind) {
   case MN_CU_CMD_LAUNCH: {
-    mn_cu_io io = {{0}};
+    mn_ptrs io = {{0}};
     for (int a = 0; a < cmd->num_args; a++)
       io.p[a] = mn_cu_resolve(st, s, cmd->args[a]);
     return launch(st, cmd->kernel, cmd->grid, st->prog.kernels[cmd->kernel].block, cmd->smem, &io);
@@ -48,7 +44,7 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   float *grads = (float *)(st->arena + p->update_grads_offset);
   size_t n = p->update_bytes / sizeof(float);
   if (key & 2u) {
-    mn_cu_io io = {{grads, st->norm_partials, &st->misc->error}};
+    mn_ptrs io = {{grads, st->norm_partials, &st->misc->error}};
     const unsigned grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
     mn_status rc = launch(st, (uint32_t)st->opt_sumsq, grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
@@ -57,8 +53,8 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   if (blocks > 4096) blocks = 4096;
   const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
-  mn_cu_io io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
-                  &st->misc->error}};
+  mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
+                 &st->misc->error}};
   return launch(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
 }
 

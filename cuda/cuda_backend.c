@@ -311,18 +311,24 @@ static mn_status ensure_adam(cuda_state *st, const mn_session *s) {
   return rc;
 }
 
-static void fill_scalars(const mn_session *s, uint64_t step, mn_cu_scalars *out) {
+/* The kernels read the public optimizer kind as it is. */
+_Static_assert((int)MN_OPTIM_NONE == MN_DEV_OPTIM_NONE && (int)MN_OPTIM_SGD == MN_DEV_OPTIM_SGD &&
+                   (int)MN_OPTIM_ADAM == MN_DEV_OPTIM_ADAM &&
+                   (int)MN_OPTIM_ADAMW == MN_DEV_OPTIM_ADAMW,
+               "mn_optimizer_kind and mn_dev_optim_kind differ");
+
+static void fill_scalars(const mn_session *s, uint64_t step, mn_dev_scalars *out) {
   const mn_optimizer_config *o = &s->optim;
-  *out = (mn_cu_scalars){.lr = o->lr,
-                         .beta1 = o->beta1,
-                         .beta2 = o->beta2,
-                         .eps = o->eps,
-                         .weight_decay = o->weight_decay,
-                         .max_grad_norm = o->max_grad_norm,
-                         .step = (uint32_t)step,
-                         .kind = (uint32_t)o->kind,
-                         .bias_correction1 = 1.0 - pow(o->beta1, (double)step),
-                         .bias_correction2 = 1.0 - pow(o->beta2, (double)step)};
+  *out = (mn_dev_scalars){.lr = o->lr,
+                          .beta1 = o->beta1,
+                          .beta2 = o->beta2,
+                          .eps = o->eps,
+                          .weight_decay = o->weight_decay,
+                          .max_grad_norm = o->max_grad_norm,
+                          .step = (uint32_t)step,
+                          .kind = (uint32_t)o->kind,
+                          .bias_correction1 = 1.0 - pow(o->beta1, (double)step),
+                          .bias_correction2 = 1.0 - pow(o->beta2, (double)step)};
 }
 
 static mn_status cuda_step(mn_session *s) {
@@ -356,10 +362,10 @@ static mn_status cuda_step(mn_session *s) {
 
 static const char *error_what(uint32_t what) {
   switch (what) {
-  case 1: return "index";
-  case 2: return "label";
-  case 3: return "kv_pos";
-  case 4: return "kv_len";
+  case MN_DEV_ERR_INDEX: return "index";
+  case MN_DEV_ERR_LABEL: return "label";
+  case MN_DEV_ERR_KV_POS: return "kv_pos";
+  case MN_DEV_ERR_KV_LEN: return "kv_len";
   }
   return "value";
 }
@@ -371,11 +377,11 @@ static mn_status cuda_wait(mn_session *s) {
   mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "running the step");
   st->in_flight = false;
   if (rc != MN_OK) return rc;
-  mn_cu_error *e = &st->host_readback->error;
-  if (e->what == 0) return MN_OK;
+  mn_dev_error *e = &st->host_readback->error;
+  if (e->what == MN_DEV_ERR_NONE) return MN_OK;
   const mn_graph *g = s->plan->graph;
   const char *op = e->node < g->num_nodes ? mn_op_name(g->nodes[e->node].op) : "?";
-  if (e->what == 4)
+  if (e->what == MN_DEV_ERR_KV_LEN)
     rc = mn_fail(MN_ERR_INVALID_ARGUMENT,
                  "mn_session_wait: node %u (%s): kv_len %lld is out of range 1..%lld", e->node, op,
                  (long long)e->value, (long long)e->limit);

@@ -6,24 +6,12 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/device_abi.h"
 #include "cuda/emit.h"
-
-/* Mirrors of mn_dev_scalars and mn_dev_error in kernels/common.cuh. */
-typedef struct mn_cu_scalars {
-  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
-  uint32_t step, kind;
-  double bias_correction1, bias_correction2;
-} mn_cu_scalars;
-
-typedef struct mn_cu_error {
-  uint32_t what, node;
-  int64_t value, position, limit;
-  uint32_t skipped_step, pad;
-} mn_cu_error;
 
 /* What the graph's last nodes copy back to pinned host memory. */
 typedef struct mn_cu_readback {
-  mn_cu_error error;
+  mn_dev_error error;
   float loss;
 } mn_cu_readback;
 
@@ -41,8 +29,8 @@ typedef struct mn_cu_matmul_plan {
 } mn_cu_matmul_plan;
 
 typedef struct mn_cu_device_misc {
-  mn_cu_scalars scalars;
-  mn_cu_error error;
+  mn_dev_scalars scalars;
+  mn_dev_error error;
 } mn_cu_device_misc;
 
 typedef struct cuda_state {
@@ -60,7 +48,7 @@ typedef struct cuda_state {
   bool *skip; /* per program command: an epilogue fallback that a fused matmul made moot */
 
   /* pinned host memory */
-  mn_cu_scalars *host_scalars;
+  mn_dev_scalars *host_scalars;
   mn_cu_readback *host_readback;
   unsigned char *host_staging;
   mn_cu_staged *staged;

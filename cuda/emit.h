@@ -23,17 +23,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda/device_abi.h"
 #include "host/plan.h"
 
-#define MN_CU_MAX_ARGS 8
+#define MN_CU_MAX_ARGS MN_DEV_MAX_ARGS
 
 /* A device pointer named before the arena exists. */
 typedef enum mn_cu_arg_kind {
   MN_CU_ARG_NONE,    /* a null pointer */
   MN_CU_ARG_NODE,    /* the buffer of a node, plus a byte offset */
   MN_CU_ARG_SCRATCH, /* the session scratch region, plus a byte offset */
-  MN_CU_ARG_ERROR,   /* the device error record (mn_dev_error in common.cuh) */
-  MN_CU_ARG_SCALARS, /* the per-step scalars (mn_dev_scalars in common.cuh) */
+  MN_CU_ARG_ERROR,   /* the device error record (mn_dev_error in device_abi.h) */
+  MN_CU_ARG_SCALARS, /* the per-step scalars (mn_dev_scalars in device_abi.h) */
 } mn_cu_arg_kind;
 
 typedef struct mn_cu_arg {

@@ -12,10 +12,7 @@
 #include "cuda/emit.h"
 #include "host/error.h"
 
-#define ATTN_BLOCK        128u
 #define ATTN_MAX_HEAD_DIM 256
-/* Keys per block of the decode kernel (one per thread). */
-#define DECODE_KEYS 128
 /* Query heads of one kv head handled together by a decode block. */
 #define DECODE_MAX_GROUP 8
 #define GRID_YZ_MAX      65535
@@ -85,13 +82,13 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
   attn_tile t = forward_tile(d);
   size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc;
   /* q, k and v tiles; then the probability tile (output), or dy rows (delta), or for
-   * mode 2 only q and k. */
+   * MN_ATTN_STATS only q and k. */
   size_t ld = row_stride(d);
-  size_t smem = mode == 0   ? 4 * ((br + 2 * bc) * ld + br * (bc + 4))
-                : mode == 1 ? 4 * (2 * (br + bc) * ld)
-                            : 4 * ((br + bc) * ld);
+  size_t smem = mode == MN_ATTN_OUTPUT        ? 4 * ((br + 2 * bc) * ld + br * (bc + 4))
+                : mode == MN_ATTN_STATS_DELTA ? 4 * (2 * (br + bc) * ld)
+                                              : 4 * ((br + bc) * ld);
   int k =
-      mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
+      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
                    d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len,
                    (long long)d->s_len, d->heads, d->kv_heads, d->causal ? "true" : "false", mode);
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)br), (unsigned)d->heads,
@@ -103,23 +100,21 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
  * FP32 accuracy. Other head dims use the FP32 kernels of attention.cuh. */
 static bool use_mma(const attn_dims *d) { return d->head_dim % 32 == 0 && d->head_dim <= 128; }
 
-static int mma_prec(const mn_cu_op_ctx *c) { return c->allow_tf32 ? 1 : 3; }
-
-#define MMA_ROWS 64u
+static int mma_prec(const mn_cu_op_ctx *c) { return c->allow_tf32 ? MN_ATTN_TF32 : MN_ATTN_3XTF32; }
 
 /* Shared memory of the tensor-core kernels: `tiles` tiles of 64 rows of head_dim + 4 floats,
  * plus `extra` floats. */
 static size_t mma_smem(const attn_dims *d, int tiles, size_t extra) {
-  return 4 * ((size_t)tiles * MMA_ROWS * (size_t)(d->head_dim + 4) + extra);
+  return 4 * ((size_t)tiles * MN_ATTN_MMA_ROWS * (size_t)(d->head_dim + 4) + extra);
 }
 
 static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, int mode,
                                     const mn_cu_arg *args, int nargs) {
-  int tiles = mode == 0 ? 3 : mode == 1 ? 4 : 2;
-  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
+  int tiles = mode == MN_ATTN_OUTPUT ? 3 : mode == MN_ATTN_STATS_DELTA ? 4 : 2;
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
                        mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
                        d->kv_heads, d->causal ? "true" : "false", mode);
-  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, MMA_ROWS), (unsigned)d->heads,
+  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, MN_ATTN_MMA_ROWS), (unsigned)d->heads,
                       (unsigned)d->batches, mma_smem(d, tiles, 0), nargs, args);
 }
 
@@ -128,8 +123,8 @@ static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
   mn_status st = dims_of(c, causal, &d);
   if (st != MN_OK) return st;
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
-  if (use_mma(&d)) return launch_mma_forward(c, &d, 0, args, 4);
-  return launch_forward(c, &d, 0, args, 4);
+  if (use_mma(&d)) return launch_mma_forward(c, &d, MN_ATTN_OUTPUT, args, 4);
+  return launch_forward(c, &d, MN_ATTN_OUTPUT, args, 4);
 }
 
 mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, true); }
@@ -148,21 +143,23 @@ static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool
   size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(d);
   size_t smem = 4 * (((want_k ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + 3 * bc);
   int k = mn_cu_kernel(
-      c, ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s, %lldLL>",
+      c, MN_ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s, %lldLL>",
       d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len, (long long)d->s_len,
       d->heads, d->kv_heads, d->causal ? "true" : "false", want_k ? "true" : "false", os);
   return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, (unsigned)br), (unsigned)d->kv_heads,
                       (unsigned)d->batches, smem, 8, args);
 }
 
-/* out: 0 dV, 1 dK, 2 both (one pass); packed: rows of [dK | dV]. */
+/* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
 static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, int out, bool packed,
                                 const mn_cu_arg *args) {
-  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>",
-                       mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                       d->kv_heads, d->causal ? "true" : "false", out, packed ? "true" : "false");
-  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, MMA_ROWS), (unsigned)d->kv_heads,
-                      (unsigned)d->batches, mma_smem(d, out == 0 ? 3 : 4, 3 * MMA_ROWS), 8, args);
+  int k =
+      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>",
+                   mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                   d->kv_heads, d->causal ? "true" : "false", out, packed ? "true" : "false");
+  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, MN_ATTN_MMA_ROWS), (unsigned)d->kv_heads,
+                      (unsigned)d->batches,
+                      mma_smem(d, out == MN_ATTN_DV ? 3 : 4, 3 * MN_ATTN_MMA_ROWS), 8, args);
 }
 
 /* Head dims up to 64 keep dK and dV accumulators in registers together; larger ones make
@@ -189,21 +186,23 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   v_args[7].offset = (size_t)kv_width * sizeof(float);
   bool packed = which == GRAD_KV;
   const char *causal = d.causal ? "true" : "false";
-  int mode = which == GRAD_V ? 2 : 1;
+  int mode = which == GRAD_V ? MN_ATTN_STATS : MN_ATTN_STATS_DELTA;
   if (use_mma(&d)) {
     st = launch_mma_forward(c, &d, mode, args, 7);
     if (st != MN_OK) return st;
     if (which == GRAD_Q) {
-      int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_mma_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>",
+      int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>",
                            mma_prec(c), d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
                            d.kv_heads, causal);
-      return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MMA_ROWS), (unsigned)d.heads,
+      return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MN_ATTN_MMA_ROWS), (unsigned)d.heads,
                           (unsigned)d.batches, mma_smem(&d, 4, 0), 8, args);
     }
-    if (!packed) return launch_mma_dkv(c, &d, which == GRAD_K ? 1 : 0, false, args);
-    if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD) return launch_mma_dkv(c, &d, 2, true, args);
-    st = launch_mma_dkv(c, &d, 1, true, args);
-    return st != MN_OK ? st : launch_mma_dkv(c, &d, 0, true, args);
+    if (!packed)
+      return launch_mma_dkv(c, &d, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args);
+    if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
+      return launch_mma_dkv(c, &d, MN_ATTN_DK_DV, true, args);
+    st = launch_mma_dkv(c, &d, MN_ATTN_DK, true, args);
+    return st != MN_OK ? st : launch_mma_dkv(c, &d, MN_ATTN_DV, true, args);
   }
   st = launch_forward(c, &d, mode, args, 7);
   if (st != MN_OK) return st;
@@ -212,7 +211,7 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
     size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
     size_t smem = 4 * ((2 * br + 2 * bc) * ld + br * (bc + 4));
     int k =
-        mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s>",
+        mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s>",
                      d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len,
                      (long long)d.s_len, d.heads, d.kv_heads, causal);
     return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
@@ -237,7 +236,7 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
   int64_t max_seq = mn_cu_in_type(c, 1)->shape[0];
   if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
-  int64_t splits = (max_seq + DECODE_KEYS - 1) / DECODE_KEYS;
+  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
   if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
   int group = heads / kv_heads;
   int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
@@ -251,7 +250,7 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   po.offset = 2 * stat_bytes;
   mn_cu_arg part_args[7] = {
       mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), pm, pl, po};
-  int k = mn_cu_kernel(c, ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
                        kv_heads, (long long)max_seq, gb);
   mn_status st =
       mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, 1, 0, 7, part_args);

@@ -2,19 +2,17 @@
 // statistics pre-pass for the backward ops, dQ and dK / dV kernels that recompute the
 // probabilities, and split-KV decoding over a KV cache.
 //
-// Every tiled kernel runs 128 threads (4 warps) and owns a tile of BR = 16 * RM "rows"
-// (queries, or keys for dK / dV); it streams tiles of BC "columns" through shared memory.
-// In a warp, lane = rg * 8 + cg: the lane holds rows rg * RM .. rg * RM + RM - 1 of its
-// warp's 4 * RM rows, score columns cg, cg + 8, ... (so a row's statistics reduce over the
-// 8 lanes of one rg with xor-shuffles 1, 2, 4, and the float4 reads of a column tile hit 8
-// distinct bank groups), and accumulator head dims cg * 4 + 32 * u + e. Head dims are
-// padded with zeros to HDP, a multiple of 32. Tiles are stored row-major with a stride of
-// HDP + 4 (or BC + 4) floats so that those float4 reads do not conflict.
+// Every tiled kernel runs MN_ATTN_BLOCK = 128 threads (4 warps) and owns a tile of BR = 16 * RM
+// "rows" (queries, or keys for dK / dV); it streams tiles of BC "columns" through shared memory. In
+// a warp, lane = rg * 8 + cg: the lane holds rows rg * RM .. rg * RM + RM - 1 of its warp's 4 * RM
+// rows, score columns cg, cg + 8, ... (so a row's statistics reduce over the 8 lanes of one rg with
+// xor-shuffles 1, 2, 4, and the float4 reads of a column tile hit 8 distinct bank groups), and
+// accumulator head dims cg * 4 + 32 * u + e. Head dims are padded with zeros to HDP, a multiple
+// of 32. Tiles are stored row-major with a stride of HDP + 4 (or BC + 4) floats so that those
+// float4 reads do not conflict.
 //
 // Scores are scale * q.k with the dot product always summed in the same order (mn_attn_dot),
 // so the backward kernels recompute bit-identical scores and probabilities no larger than 1.
-
-constexpr int mn_attn_block = 128;
 
 __device__ __forceinline__ float mn_attn_f4(const float4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
@@ -42,7 +40,7 @@ __device__ __forceinline__ void mn_attn_load(float *dst, const float *src, long 
                                              long long first, long long count) {
   if constexpr (HD % 4 == 0) {
     constexpr int C4 = HDP / 4;
-    for (int i = threadIdx.x; i < ROWS * C4; i += mn_attn_block) {
+    for (int i = threadIdx.x; i < ROWS * C4; i += MN_ATTN_BLOCK) {
       const int r = i / C4, c = (i - r * C4) * 4;
       const long long row = first + r;
       float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -50,7 +48,7 @@ __device__ __forceinline__ void mn_attn_load(float *dst, const float *src, long 
       *reinterpret_cast<float4 *>(dst + r * LD + c) = v;
     }
   } else {
-    for (int i = threadIdx.x; i < ROWS * HDP; i += mn_attn_block) {
+    for (int i = threadIdx.x; i < ROWS * HDP; i += MN_ATTN_BLOCK) {
       const int r = i / HDP, c = i - r * HDP;
       const long long row = first + r;
       dst[r * LD + c] = row < count && c < HD ? src[row * stride + c] : 0.0f;
@@ -138,12 +136,13 @@ __device__ __forceinline__ void mn_attn_store_row(float *dst, const float (&acc)
 }
 
 // Forward over one (query tile, head, batch) block: grid (ceil(T / BR), H, B).
-// MODE 0 writes the output: io = q, k, v, out.
-// MODE 1 and 2 are the backward pre-pass: io = q, k, v, dy, m, inv_l, delta; they write per
-// (b, h, t) at (b * H + h) * T + t the row max m and 1 / sum of exp(score - m), so that
-// P = exp(score - m) * inv_l, and MODE 1 also delta = sum_s P_s dP_s with dP_s = dy . v_s
-// (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the gradient
-// kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
+// MODE (an mn_attn_mode of cuda/device_abi.h) MN_ATTN_OUTPUT writes the output: io = q, k,
+// v, out. MN_ATTN_STATS_DELTA and MN_ATTN_STATS are the backward pre-pass: io = q, k, v, dy,
+// m, inv_l, delta; they write per (b, h, t) at (b * H + h) * T + t the row max m and 1 / sum
+// of exp(score - m), so that P = exp(score - m) * inv_l, and MN_ATTN_STATS_DELTA also delta = sum_s
+// P_s dP_s with dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same
+// mn_attn_dot as in the gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0
+// exactly).
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
           int MODE>
 __device__ void mn_attn_fwd(const mn_ptrs &io) {
@@ -153,7 +152,7 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   float *qs = mn_attn_smem;  // [BR][LDA]
   float *ks = qs + BR * LDA; // [BC][LDA]
   float *vs = ks + BC * LDA; // [BC][LDA], modes 0 and 1
-  float *ps = vs + BC * LDA; // mode 0: probabilities [BR][LDP]; mode 1: dy rows [BR][LDA]
+  float *ps = vs + BC * LDA; // output: probabilities [BR][LDP]; delta: dy rows [BR][LDA]
 
   const long long num_tiles = (T + BR - 1) / BR;
   // Causal tiles late in the sequence do the most work: start them first.
@@ -168,10 +167,11 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   const float scale = 1.0f / sqrtf((float)HD);
 
   mn_attn_load<HD, HDP, BR, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  if constexpr (MODE == 1)
+  if constexpr (MODE == MN_ATTN_STATS_DELTA)
     mn_attn_load<HD, HDP, BR, LDA>(ps, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
-  // acc: the unnormalized output (mode 0); dsum: sum_s exp(score_s - m) dP_s (mode 1).
-  float acc[MODE == 0 ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
+  // acc: the unnormalized output (MN_ATTN_OUTPUT); dsum: sum_s exp(score_s - m) dP_s
+  // (MN_ATTN_STATS_DELTA).
+  float acc[MODE == MN_ATTN_OUTPUT ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     m[i] = mn_attn_neg_inf();
@@ -179,7 +179,7 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
     dsum[i] = 0.0f;
   }
 #pragma unroll
-  for (int i = 0; i < (MODE == 0 ? RM : 1); i++)
+  for (int i = 0; i < (MODE == MN_ATTN_OUTPUT ? RM : 1); i++)
 #pragma unroll
     for (int u = 0; u < DN4; u++)
 #pragma unroll
@@ -190,11 +190,12 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads(); // the previous tile's readers are done with ks, vs
     mn_attn_load<HD, HDP, BC, LDA>(ks, kb, (long long)KVH * HD, c0, S);
-    if constexpr (MODE != 2) mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
+    if constexpr (MODE != MN_ATTN_STATS)
+      mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
     __syncthreads();
-    float s[RM][CN], dp[MODE == 1 ? RM : 1][CN];
+    float s[RM][CN], dp[MODE == MN_ATTN_STATS_DELTA ? RM : 1][CN];
     mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
-    if constexpr (MODE == 1)
+    if constexpr (MODE == MN_ATTN_STATS_DELTA)
       mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, ps + rbase * LDA, vs + cg * LDA);
 #pragma unroll
     for (int i = 0; i < RM; i++) {
@@ -215,13 +216,13 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
       for (int j = 0; j < CN; j++) {
         s[i][j] = expf(s[i][j] - m_new);
         sum += s[i][j];
-        if constexpr (MODE == 0) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
-        if constexpr (MODE == 1) dpart = fmaf(s[i][j], dp[i][j], dpart);
+        if constexpr (MODE == MN_ATTN_OUTPUT) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
+        if constexpr (MODE == MN_ATTN_STATS_DELTA) dpart = fmaf(s[i][j], dp[i][j], dpart);
       }
       l[i] = l[i] * alpha + mn_attn_row_sum(sum);
       m[i] = m_new;
-      if constexpr (MODE == 1) dsum[i] = dsum[i] * alpha + mn_attn_row_sum(dpart);
-      if constexpr (MODE == 0) {
+      if constexpr (MODE == MN_ATTN_STATS_DELTA) dsum[i] = dsum[i] * alpha + mn_attn_row_sum(dpart);
+      if constexpr (MODE == MN_ATTN_OUTPUT) {
 #pragma unroll
         for (int u = 0; u < DN4; u++)
 #pragma unroll
@@ -229,13 +230,13 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
             acc[i][u][e] *= alpha;
       }
     }
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == MN_ATTN_OUTPUT) {
       __syncwarp(); // a warp reads back only the probability rows it wrote
       mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, vs + cg * 4);
     }
   }
 
-  if constexpr (MODE == 0) {
+  if constexpr (MODE == MN_ATTN_OUTPUT) {
     float *ob = mn_arg<float>(io, 3) + qoff;
 #pragma unroll
     for (int i = 0; i < RM; i++) {
@@ -251,14 +252,14 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
         const float inv_l = 1.0f / l[i];
         mn_arg<float>(io, 4)[sb + r] = m[i];
         mn_arg<float>(io, 5)[sb + r] = inv_l;
-        if constexpr (MODE == 1) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
+        if constexpr (MODE == MN_ATTN_STATS_DELTA) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
       }
     }
   }
 }
 
 // dQ over one (query tile, head, batch) block, grid (ceil(T / BR), H, B); io = q, k, v, dy,
-// m, inv_l, delta (from the MODE 1 pre-pass), dq. dS = P (dy . v - delta) and
+// m, inv_l, delta (from the MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta) and
 // dq = scale * sum_s dS k_s.
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL>
 __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
@@ -381,7 +382,7 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
                                      T);
       mn_attn_load<HD, HDP, BC, LDA>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
                                      T);
-      for (int j = threadIdx.x; j < BC; j += mn_attn_block) {
+      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
         const long long r = r0 + j;
         st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
         st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
@@ -441,15 +442,15 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
   constexpr int G = H / KVH, NGB = (G + GB - 1) / GB;
   constexpr long long KVD = (long long)KVH * HD;
   __shared__ float qs[GB * HD];
-  __shared__ float ps[GB * mn_attn_block];
+  __shared__ float ps[GB * MN_ATTN_BLOCK];
   __shared__ float red[32];
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 3);
-  const long long c0 = (long long)blockIdx.y * mn_attn_block;
+  const long long c0 = (long long)blockIdx.y * MN_ATTN_BLOCK;
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
   const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
   const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
   const float *q = mn_arg<const float>(io, 0);
-  for (int i = threadIdx.x; i < GB * HD; i += mn_attn_block)
+  for (int i = threadIdx.x; i < GB * HD; i += MN_ATTN_BLOCK)
     qs[i] = i < ng * HD ? q[(long long)h0 * HD + i] : 0.0f;
   __syncthreads();
 
@@ -486,24 +487,24 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
 #pragma unroll
   for (int i = 0; i < GB; i++) {
     const float si = valid ? s[i] * scale : mn_attn_neg_inf();
-    const float mx = mn_block_max<mn_attn_block>(si, red); // thread 0's key is valid
+    const float mx = mn_block_max<MN_ATTN_BLOCK>(si, red); // thread 0's key is valid
     const float p = expf(si - mx);
-    const float sum = mn_block_sum<mn_attn_block>(p, red);
-    ps[i * mn_attn_block + threadIdx.x] = p;
+    const float sum = mn_block_sum<MN_ATTN_BLOCK>(p, red);
+    ps[i * MN_ATTN_BLOCK + threadIdx.x] = p;
     if (threadIdx.x == 0 && i < ng) {
       pm[(long long)blockIdx.y * H + h0 + i] = mx;
       pl[(long long)blockIdx.y * H + h0 + i] = sum;
     }
   }
   __syncthreads();
-  const int nk = kv_len - c0 < mn_attn_block ? (int)(kv_len - c0) : mn_attn_block;
+  const int nk = kv_len - c0 < MN_ATTN_BLOCK ? (int)(kv_len - c0) : MN_ATTN_BLOCK;
   const float *vb = mn_arg<const float>(io, 2) + c0 * KVD + kvh * HD;
   float *po = mn_arg<float>(io, 6);
-  for (int idx = threadIdx.x; idx < ng * HD; idx += mn_attn_block) {
+  for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
     const int i = idx / HD, d = idx - i * HD;
     float a = 0.0f;
     for (int k = 0; k < nk; k++)
-      a = fmaf(ps[i * mn_attn_block + k], vb[k * KVD + d], a);
+      a = fmaf(ps[i * MN_ATTN_BLOCK + k], vb[k * KVD + d], a);
     po[((long long)blockIdx.y * H + h0 + i) * HD + d] = a;
   }
 }
@@ -524,7 +525,7 @@ __device__ void mn_attn_decode_combine(const mn_ptrs &io) {
   }
   const float *pm = mn_arg<const float>(io, 1), *pl = mn_arg<const float>(io, 2);
   const float *po = mn_arg<const float>(io, 3);
-  const int splits = (int)((kv_len + mn_attn_block - 1) / mn_attn_block);
+  const int splits = (int)((kv_len + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK);
   float mx = mn_attn_neg_inf();
   for (int sp = 0; sp < splits; sp++)
     mx = fmaxf(mx, pm[(long long)sp * H + h]);

@@ -2,15 +2,16 @@
 // dK and dV kernels of attention.cuh rewritten around mma.sync m16n8k8 with TF32 inputs
 // and FP32 accumulation, for head dims that are multiples of 32 up to 128.
 //
-// PREC 1 rounds each operand to TF32 once (sessions with allow_tf32). PREC 3 splits each
-// operand x into hi = tf32(x) and lo = tf32(x - hi) and sums lo*hi + hi*lo + hi*hi, which
-// keeps about FP32 accuracy (the lo*lo term is below FP32 rounding) at three times the
-// tensor-core work; FP32 sessions use it.
+// PREC (an mn_attn_prec of cuda/device_abi.h) MN_ATTN_TF32 rounds each operand to TF32 once
+// (sessions with allow_tf32). MN_ATTN_3XTF32 splits each operand x into hi = tf32(x) and
+// lo = tf32(x - hi) and sums lo*hi + hi*lo + hi*hi, which keeps about FP32 accuracy (the
+// lo*lo term is below FP32 rounding) at three times the tensor-core work; FP32 sessions use
+// it.
 //
-// Tiles: 128 threads = 4 warps, 64 rows per block (16 per warp: the m of the mma), 64
-// columns per streamed tile. In a warp, g = lane / 4 and t = lane % 4; the mma fragments
-// (PTX ISA, m16n8k8 .tf32) are A: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B: (t, g),
-// (t + 4, g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). A product whose A
+// Tiles: MN_ATTN_BLOCK = 128 threads = 4 warps, MN_ATTN_MMA_ROWS = 64 rows per block (16 per warp:
+// the m of the mma), 64 columns per streamed tile. In a warp, g = lane / 4 and t = lane % 4; the
+// mma fragments (PTX ISA, m16n8k8 .tf32) are A: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4); B:
+// (t, g), (t + 4, g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). A product whose A
 // operand is a C tile (P V, dS K, ...) reads k = 2t and 2t + 1 where the mma expects t and
 // t + 4: the reduction order within a group of 8 is permuted, the same way for A and B, so
 // no shuffle is needed. Shared tiles have a row stride of HD + 4 floats, so every fragment
@@ -45,7 +46,7 @@ template <int PREC> struct mn_frag_b {
 
 template <int PREC> __device__ __forceinline__ void mn_split(float x, unsigned &hi, unsigned &lo) {
   hi = mn_tf32(x);
-  if constexpr (PREC == 3) lo = mn_tf32(x - __uint_as_float(hi));
+  if constexpr (PREC == MN_ATTN_3XTF32) lo = mn_tf32(x - __uint_as_float(hi));
 }
 
 // c += a * b for one m16n8k8 tile.
@@ -82,7 +83,7 @@ __device__ __forceinline__ void mn_mma_tf32(float (&c)[4], const unsigned (&a)[4
 template <int PREC>
 __device__ __forceinline__ void mn_mma(float (&c)[4], const mn_frag_a<PREC> &a,
                                        const mn_frag_b<PREC> &b) {
-  if constexpr (PREC == 3) {
+  if constexpr (PREC == MN_ATTN_3XTF32) {
     mn_mma_tf32(c, a.lo, b.hi[0], b.hi[1]);
     mn_mma_tf32(c, a.hi, b.lo[0], b.lo[1]);
   }
@@ -188,18 +189,18 @@ __device__ __forceinline__ void mn_mma_store(float *dst, long long stride, long 
 }
 
 // Forward over one (query tile, head, batch) block: grid (ceil(T / 64), H, B).
-// MODE 0 writes the output: io = q, k, v, out.
-// MODE 1 and 2, the backward pre-pass: io = q, k, v, dy, m, inv_l, delta; per (b, h, t) at
-// (b * H + h) * T + t they write the base-2 row max m and 1 / sum, and MODE 1 also
-// delta = sum_s P_s dP_s with dP_s = dy . v_s.
+// MODE MN_ATTN_OUTPUT writes the output: io = q, k, v, out.
+// MN_ATTN_STATS_DELTA and MN_ATTN_STATS, the backward pre-pass: io = q, k, v, dy, m, inv_l,
+// delta; per (b, h, t) at (b * H + h) * T + t they write the base-2 row max m and 1 / sum,
+// and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with dP_s = dy . v_s.
 template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE>
 __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
-  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8;
+  constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8;
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *qs = mn_attn_smem;  // [BR][LD]
   float *ks = qs + BR * LD;  // [BC][LD]
-  float *vs = ks + BC * LD;  // [BC][LD], modes 0 and 1
-  float *dys = vs + BC * LD; // [BR][LD], mode 1
+  float *vs = ks + BC * LD;  // [BC][LD], all but MN_ATTN_STATS
+  float *dys = vs + BC * LD; // [BR][LD], MN_ATTN_STATS_DELTA
 
   const long long num_tiles = (T + BR - 1) / BR;
   const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
@@ -213,9 +214,9 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   const float scale2 = mn_attn_log2e / sqrtf((float)HD);
 
   mn_attn_load<HD, HD, BR, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  if constexpr (MODE == 1)
+  if constexpr (MODE == MN_ATTN_STATS_DELTA)
     mn_attn_load<HD, HD, BR, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
-  float acc[MODE == 0 ? HD / 8 : 1][4], m[2], l[2], dsum[2];
+  float acc[MODE == MN_ATTN_OUTPUT ? HD / 8 : 1][4], m[2], l[2], dsum[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     m[i] = mn_attn_neg_inf();
@@ -223,7 +224,7 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
     dsum[i] = 0.0f;
   }
 #pragma unroll
-  for (int n = 0; n < (MODE == 0 ? HD / 8 : 1); n++)
+  for (int n = 0; n < (MODE == MN_ATTN_OUTPUT ? HD / 8 : 1); n++)
 #pragma unroll
     for (int e = 0; e < 4; e++)
       acc[n][e] = 0.0f;
@@ -232,11 +233,13 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads();
     mn_attn_load<HD, HD, BC, LD>(ks, kb, (long long)KVH * HD, c0, S);
-    if constexpr (MODE != 2) mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
+    if constexpr (MODE != MN_ATTN_STATS)
+      mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
     __syncthreads();
-    float s[NT][4], dp[MODE == 1 ? NT : 1][4];
+    float s[NT][4], dp[MODE == MN_ATTN_STATS_DELTA ? NT : 1][4];
     mn_mma_abt<PREC, HD, LD, NT>(s, qs + wrow * LD, ks, g, t);
-    if constexpr (MODE == 1) mn_mma_abt<PREC, HD, LD, NT>(dp, dys + wrow * LD, vs, g, t);
+    if constexpr (MODE == MN_ATTN_STATS_DELTA)
+      mn_mma_abt<PREC, HD, LD, NT>(dp, dys + wrow * LD, vs, g, t);
     float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
 #pragma unroll
     for (int n = 0; n < NT; n++)
@@ -261,14 +264,16 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
       for (int e = 0; e < 4; e++) {
         s[n][e] = exp2f(s[n][e] - m[e >> 1]);
         sum[e >> 1] += s[n][e];
-        if constexpr (MODE == 1) dpart[e >> 1] = fmaf(s[n][e], dp[n][e], dpart[e >> 1]);
+        if constexpr (MODE == MN_ATTN_STATS_DELTA)
+          dpart[e >> 1] = fmaf(s[n][e], dp[n][e], dpart[e >> 1]);
       }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       l[i] = l[i] * alpha[i] + mn_quad_sum(sum[i]);
-      if constexpr (MODE == 1) dsum[i] = dsum[i] * alpha[i] + mn_quad_sum(dpart[i]);
+      if constexpr (MODE == MN_ATTN_STATS_DELTA)
+        dsum[i] = dsum[i] * alpha[i] + mn_quad_sum(dpart[i]);
     }
-    if constexpr (MODE == 0) {
+    if constexpr (MODE == MN_ATTN_OUTPUT) {
 #pragma unroll
       for (int n = 0; n < HD / 8; n++)
 #pragma unroll
@@ -278,7 +283,7 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
     }
   }
 
-  if constexpr (MODE == 0) {
+  if constexpr (MODE == MN_ATTN_OUTPUT) {
     mn_mma_store<HD>(mn_arg<float>(io, 3) + qoff, (long long)H * HD, q0 + wrow, T, acc,
                      1.0f / l[0], 1.0f / l[1], g, t);
   } else if (t == 0) {
@@ -290,17 +295,18 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
         const float inv_l = 1.0f / l[i];
         mn_arg<float>(io, 4)[sb + r] = m[i];
         mn_arg<float>(io, 5)[sb + r] = inv_l;
-        if constexpr (MODE == 1) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
+        if constexpr (MODE == MN_ATTN_STATS_DELTA) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
       }
     }
   }
 }
 
 // dQ over one (query tile, head, batch) block, grid (ceil(T / 64), H, B); io = q, k, v, dy,
-// m, inv_l, delta (MODE 1 pre-pass), dq. dS = P (dy . v - delta), dq = scale * sum dS k.
+// m, inv_l, delta (MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta), dq = scale * sum dS
+// k.
 template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL>
 __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
-  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8;
+  constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8;
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *qs = mn_attn_smem;  // [BR][LD]
   float *dys = qs + BR * LD; // [BR][LD]
@@ -360,15 +366,15 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
                    g, t);
 }
 
-// dV (OUT 0), dK (OUT 1) or both (OUT 2) over one (key tile, kv head, batch) block, grid
-// (ceil(S / 64), KVH, B); io = q, k, v, dy, m, inv_l, delta, out. PACKED output rows hold
-// the key's dK then its dV (attention_grad_kv). The block loops over its kv head's query heads and their query
-// tiles, so every element is summed by one thread in a fixed order.
+// dV (OUT MN_ATTN_DV), dK (MN_ATTN_DK) or both (MN_ATTN_DK_DV) over one (key tile, kv head, batch)
+// block, grid (ceil(S / 64), KVH, B); io = q, k, v, dy, m, inv_l, delta, out. PACKED output rows
+// hold the key's dK then its dV (attention_grad_kv). The block loops over its kv head's query heads
+// and their query tiles, so every element is summed by one thread in a fixed order.
 template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
           bool PACKED>
 __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
-  constexpr int BR = 64, BC = 64, LD = HD + 4, NT = BC / 8, G = H / KVH;
-  constexpr bool WANT_K = OUT != 0, WANT_V = OUT != 1;
+  constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8, G = H / KVH;
+  constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
   constexpr long long OS = (PACKED ? 2 : 1) * KVH * HD; // output row stride
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *ks = mn_attn_smem;                // [BR][LD]
@@ -410,7 +416,7 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
       mn_attn_load<HD, HD, BC, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, r0, T);
       mn_attn_load<HD, HD, BC, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
                                    T);
-      for (int j = threadIdx.x; j < BC; j += mn_attn_block) {
+      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
         const long long r = r0 + j;
         st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
         st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;

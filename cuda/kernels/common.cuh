@@ -1,42 +1,13 @@
-// Shared by every kernel template: the launch argument block, the per-step scalars,
-// runtime error reporting and block-wide reductions. Compiled by NVRTC with no CUDA
-// headers, so only builtins are used.
-
-struct mn_ptrs {
-  void *p[8];
-};
+// Shared by every kernel template: argument access, runtime error reporting and block-wide
+// reductions. Compiled by NVRTC with no CUDA headers, so only builtins are used. The
+// structs and numbers shared with the host code (mn_ptrs, mn_dev_scalars, mn_dev_error)
+// are defined once in cuda/device_abi.h, which precedes this file in the translation unit.
 
 template <typename T> __device__ __forceinline__ T *mn_arg(const mn_ptrs &io, int i) {
   return static_cast<T *>(io.p[i]);
 }
 
-// Scalars that change between steps without re-capturing the graph; copied from pinned
-// host memory by the graph's first node. Layout mirrors mn_cu_scalars in cuda/runtime.h.
-struct mn_dev_scalars {
-  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
-  unsigned int step; // optimizer steps including this one
-  unsigned int kind; // 0 none, 1 SGD, 2 Adam, 3 AdamW
-  double bias_correction1, bias_correction2; // 1 - beta^step, computed on the host
-};
-
-// The first runtime failure since the last mn_session_wait (an index out of range).
-// Kernels never read or write out of bounds: they record the failure, write NaN (or
-// skip) and go on; the optimizer then leaves the weights alone, as the reference does,
-// and the host formats the message and clears the record in mn_session_wait. Layout mirrors mn_cu_error in cuda/runtime.h.
-enum mn_dev_error_what {
-  MN_DEV_ERR_INDEX = 1,  // embedding or scatter index >= rows
-  MN_DEV_ERR_LABEL = 2,  // class label >= number of classes
-  MN_DEV_ERR_KV_POS = 3, // cache_write position >= cache rows
-  MN_DEV_ERR_KV_LEN = 4, // cached_attention length 0 or > cache rows
-};
-struct mn_dev_error {
-  unsigned int what; // 0: no failure
-  unsigned int node;
-  long long value, position, limit;
-  unsigned int skipped_step; // the first optimizer step skipped because of the failure
-  unsigned int pad;
-};
-
+// Records a failure unless one is recorded already: the first one is reported.
 __device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, unsigned int node,
                                           long long value, long long position, long long limit) {
   if (atomicCAS(&e->what, 0u, what) == 0u) {

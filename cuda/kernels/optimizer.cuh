@@ -47,7 +47,7 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
   const bool clip = partials && !(coef >= 1.0);
   const unsigned kind = sc->kind;
   const double lr = sc->lr;
-  if (kind == 1u) {
+  if (kind == MN_DEV_OPTIM_SGD) {
     MN_FOR_EACH(i, N) {
       float gi = clip ? (float)(g[i] * coef) : g[i];
       if (clip) g[i] = gi;
@@ -55,9 +55,9 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
     }
     return;
   }
-  if (kind != 2u && kind != 3u) return;
+  if (kind != MN_DEV_OPTIM_ADAM && kind != MN_DEV_OPTIM_ADAMW) return;
   const double beta1 = sc->beta1, beta2 = sc->beta2, eps = sc->eps;
-  const double decay = kind == 3u ? 1.0 - lr * (double)sc->weight_decay : 1.0;
+  const double decay = kind == MN_DEV_OPTIM_ADAMW ? 1.0 - lr * (double)sc->weight_decay : 1.0;
   const double step_size = lr / sc->bias_correction1, bc2_sqrt = sqrt(sc->bias_correction2);
   MN_FOR_EACH(i, N) {
     float gi = clip ? (float)(g[i] * coef) : g[i];

@@ -1,0 +1,101 @@
+/* The binary interface between the C code of cuda/ and its kernel templates: the argument
+ * block of a launch, the per-step scalars, the error record, and the numbers that the
+ * lowering passes as template arguments and the kernels interpret.
+ *
+ * Both the C compiler and NVRTC compile this header (MN_KERNEL_SHARED_HEADERS in
+ * CMakeLists.txt embeds it ahead of kernels/common.cuh), so each layout and value is
+ * defined once. It is C that is also CUDA C++ and includes nothing, since NVRTC has no
+ * headers: fixed widths come from builtin types, whose sizes both compilers check below. */
+#ifndef MN_CUDA_DEVICE_ABI_H
+#define MN_CUDA_DEVICE_ABI_H
+
+#ifdef __cplusplus
+#define MN_ABI_ASSERT(cond, why) static_assert(cond, why)
+#define MN_ABI_ALIGNOF(type)     alignof(type)
+#else
+#define MN_ABI_ASSERT(cond, why) _Static_assert(cond, why)
+#define MN_ABI_ALIGNOF(type)     _Alignof(type)
+#endif
+
+/* The only kernel parameter, passed by value: the pointers of one launch, in the order
+ * the kernel reads them (io.p[i]). */
+#define MN_DEV_MAX_ARGS 8
+typedef struct mn_ptrs {
+  void *p[MN_DEV_MAX_ARGS];
+} mn_ptrs;
+
+/* mn_dev_scalars.kind: which update mn_opt_update (kernels/optimizer.cuh) applies. */
+enum mn_dev_optim_kind {
+  MN_DEV_OPTIM_NONE = 0,
+  MN_DEV_OPTIM_SGD = 1,
+  MN_DEV_OPTIM_ADAM = 2,
+  MN_DEV_OPTIM_ADAMW = 3,
+};
+
+/* Scalars that change between steps without re-capturing the graph: the host writes them
+ * to pinned memory before each launch and the graph's first node copies them in. */
+typedef struct mn_dev_scalars {
+  float lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+  unsigned int step;                         /* optimizer steps including this one */
+  unsigned int kind;                         /* an mn_dev_optim_kind */
+  double bias_correction1, bias_correction2; /* 1 - beta^step, computed on the host */
+} mn_dev_scalars;
+
+/* The first runtime failure since the last mn_session_wait (an index out of range).
+ * Kernels never read or write out of bounds: they record the failure, write NaN (or skip)
+ * and go on; the optimizer then leaves the weights alone, as the reference does, and the
+ * host formats the message and clears the record in mn_session_wait. */
+enum mn_dev_error_what {
+  MN_DEV_ERR_NONE = 0,
+  MN_DEV_ERR_INDEX = 1,  /* embedding or scatter index >= rows */
+  MN_DEV_ERR_LABEL = 2,  /* class label >= number of classes */
+  MN_DEV_ERR_KV_POS = 3, /* cache_write position >= cache rows */
+  MN_DEV_ERR_KV_LEN = 4, /* cached_attention length 0 or > cache rows */
+};
+typedef struct mn_dev_error {
+  unsigned int what; /* an mn_dev_error_what */
+  unsigned int node;
+  long long value, position, limit;
+  unsigned int skipped_step; /* the first optimizer step skipped because of the failure */
+  unsigned int pad;
+} mn_dev_error;
+
+/* Attention (kernels/attention.cuh, attention_mma.cuh). Every attention kernel but the
+ * decode merge runs MN_ATTN_BLOCK threads, and a decode block covers as many cache rows,
+ * one per thread. A tensor-core kernel owns MN_ATTN_MMA_ROWS rows (queries, or keys for
+ * dK / dV). */
+#define MN_ATTN_BLOCK    128
+#define MN_ATTN_MMA_ROWS 64
+
+/* What a forward kernel (template argument MODE) writes: the output, or for the backward
+ * ops the per-row statistics into scratch, with or without delta = sum_s P_s dP_s. */
+enum mn_attn_mode {
+  MN_ATTN_OUTPUT = 0,
+  MN_ATTN_STATS_DELTA = 1,
+  MN_ATTN_STATS = 2,
+};
+/* Operand precision of the tensor-core kernels (template argument PREC). */
+enum mn_attn_prec {
+  MN_ATTN_TF32 = 1,   /* each operand rounded to TF32 once */
+  MN_ATTN_3XTF32 = 3, /* hi/lo TF32 split, about FP32 accuracy */
+};
+/* What a tensor-core dK / dV kernel writes (template argument OUT). */
+enum mn_attn_kv_out {
+  MN_ATTN_DV = 0,
+  MN_ATTN_DK = 1,
+  MN_ATTN_DK_DV = 2,
+};
+
+/* Both compilers lay structs out by the same rules, so they agree on every offset when they
+ * agree on the width and alignment of each field type; each checks that here (NVRTC has no
+ * offsetof). LP64 hosts and the device do. */
+MN_ABI_ASSERT(sizeof(void *) == 8 && MN_ABI_ALIGNOF(void *) == 8, "64-bit pointers");
+MN_ABI_ASSERT(sizeof(unsigned int) == 4 && MN_ABI_ALIGNOF(unsigned int) == 4, "32-bit unsigned");
+MN_ABI_ASSERT(sizeof(float) == 4 && MN_ABI_ALIGNOF(float) == 4, "32-bit float");
+MN_ABI_ASSERT(sizeof(long long) == 8 && MN_ABI_ALIGNOF(long long) == 8, "64-bit long long");
+MN_ABI_ASSERT(sizeof(double) == 8 && MN_ABI_ALIGNOF(double) == 8, "64-bit double");
+MN_ABI_ASSERT(sizeof(mn_ptrs) == 8 * MN_DEV_MAX_ARGS, "mn_ptrs: the pointers, no padding");
+MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 48, "mn_dev_scalars: no padding");
+MN_ABI_ASSERT(sizeof(mn_dev_error) == 40, "mn_dev_error: no padding");
+
+#endif
