@@ -26,19 +26,19 @@
 
 #include "meganeura.h"
 
-typedef struct args {
+typedef struct driver_args {
   const char *model, *out;
   long long batch, seq;
   double lr, beta1, beta2, eps, wd;
   int finetune;
-} args;
+} driver_args;
 
 static void die(const char *what) {
   fprintf(stderr, "hf_parity_driver: %s: %s\n", what, mn_last_error());
   exit(1);
 }
 
-static void must(mn_status st, const char *what) {
+static void expect_ok(mn_status st, const char *what) {
   if (st != MN_OK) die(what);
 }
 
@@ -48,8 +48,8 @@ static void usage(void) {
   exit(2);
 }
 
-static args parse_args(int argc, char **argv) {
-  args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01};
+static driver_args parse_args(int argc, char **argv) {
+  driver_args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage();
     const char *k = argv[i], *v = argv[i + 1];
@@ -116,14 +116,14 @@ static uint32_t *read_u32(const char *path, size_t n) {
 
 static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
                       size_t n) {
-  must(mn_model_prepare_session(g, s), "position ids");
-  must(mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
-  must(mn_session_set_input_u32(s, "labels", labels, n), "labels");
+  expect_ok(mn_model_prepare_session(g, s), "position ids");
+  expect_ok(mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
+  expect_ok(mn_session_set_input_u32(s, "labels", labels, n), "labels");
 }
 
 static float run_step(mn_session *s) {
-  must(mn_session_step(s), "step");
-  must(mn_session_wait(s), "wait");
+  expect_ok(mn_session_step(s), "step");
+  expect_ok(mn_session_wait(s), "wait");
   return mn_session_read_loss(s);
 }
 
@@ -139,10 +139,10 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
     float *x = malloc(n * sizeof *x);
     if (!x) die("out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
-    must(mn_session_read_grad(s, info.name, x, n), info.name);
+    expect_ok(mn_session_read_grad(s, info.name, x, n), info.name);
     write_f32(join_path(path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
-    must(mn_session_read_param(s, info.name, x, n), info.name);
+    expect_ok(mn_session_read_param(s, info.name, x, n), info.name);
     write_f32(join_path(path, sizeof path, out, file), x, n);
     fprintf(result, "param %s %zu\n", info.name, n);
     free(x);
@@ -150,40 +150,41 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
 }
 
 int main(int argc, char **argv) {
-  args a = parse_args(argc, argv);
+  driver_args a = parse_args(argc, argv);
   char path[4096], weights[4096];
   mn_model_config c;
-  must(mn_model_config_load(join_path(path, sizeof path, a.model, "config.json"), &c), "config");
+  expect_ok(mn_model_config_load(join_path(path, sizeof path, a.model, "config.json"), &c),
+            "config");
   join_path(weights, sizeof weights, a.model, "model.safetensors");
   const char *prefix = NULL;
-  must(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
+  expect_ok(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
   mn_graph *g = NULL;
-  must(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
+  expect_ok(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
 
   mn_session_options o = mn_session_options_default();
   o.allow_tf32 = false;
   mn_session *s = NULL;
-  must(mn_build_session(g, &o, &s), "session");
-  must(mn_session_load_safetensors(s, weights, true), "load");
+  expect_ok(mn_build_session(g, &o, &s), "session");
+  expect_ok(mn_session_load_safetensors(s, weights, true), "load");
   size_t n = (size_t)(a.batch * a.seq);
   uint32_t *ids = read_u32(join_path(path, sizeof path, a.model, "input_ids.u32"), n);
   uint32_t *labels = read_u32(join_path(path, sizeof path, a.model, "labels.u32"), n);
   set_batch(s, g, ids, labels, n);
-  must(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
-                            (float)a.wd),
-       "adamw");
+  expect_ok(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
+                                 (float)a.wd),
+            "adamw");
 
   make_dir(a.out);
   FILE *result = fopen(join_path(path, sizeof path, a.out, "result.txt"), "w");
   if (!result) die("result.txt");
   float loss = run_step(s);
   mn_session_stats stats;
-  must(mn_session_get_stats(s, &stats), "stats");
+  expect_ok(mn_session_get_stats(s, &stats), "stats");
   fprintf(result, "backend %s\nprefix %s\nloss %.9g\n", stats.backend, prefix, (double)loss);
   size_t nl = n * (size_t)c.vocab_size;
   float *logits = malloc(nl * sizeof *logits);
   if (!logits) die("out of memory");
-  must(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
+  expect_ok(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
   write_f32(join_path(path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_params(g, s, a.out, result);
 
@@ -192,16 +193,17 @@ int main(int argc, char **argv) {
       fprintf(result, "step_loss %d %.9g\n", i + 2, (double)run_step(s));
     char dir[4096];
     make_dir(join_path(dir, sizeof dir, a.out, "finetuned"));
-    must(mn_session_save_safetensors(s, join_path(path, sizeof path, dir, "model.safetensors")),
-         "save");
+    expect_ok(
+        mn_session_save_safetensors(s, join_path(path, sizeof path, dir, "model.safetensors")),
+        "save");
     /* The saved file read back by a fresh inference session: the logits transformers must
      * reproduce from the same file. */
     mn_session *inf = NULL;
-    must(mn_build_inference_session(g, &o, &inf), "inference session");
-    must(mn_session_load_safetensors(inf, path, true), "load finetuned");
+    expect_ok(mn_build_inference_session(g, &o, &inf), "inference session");
+    expect_ok(mn_session_load_safetensors(inf, path, true), "load finetuned");
     set_batch(inf, g, ids, labels, n);
     run_step(inf);
-    must(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
+    expect_ok(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
     write_f32(join_path(path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
     mn_session_free(inf);
   }

@@ -5,7 +5,7 @@
 
 enum { B = 128, IN = 784, H = 512, OUT = 10 };
 
-static mn_graph *mlp(void) {
+static mn_graph *mlp_graph(void) {
   mn_graph *g = mn_graph_new();
   mn_node h = mn_input(g, "x", MN_SHAPE(B, IN));
   mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(B));
@@ -24,7 +24,7 @@ static mn_graph *mlp(void) {
 }
 
 int main(int argc, char **argv) {
-  bench_step b = bench_step_begin(argc, argv, mlp);
+  bench_step b = bench_step_begin(argc, argv, mlp_graph);
   mn_session *s = b.s;
   float *x = malloc(sizeof(float) * B * IN);
   uint32_t labels[B];

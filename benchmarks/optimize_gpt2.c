@@ -18,7 +18,7 @@
 
 enum { REPS = 7 };
 
-static mn_graph *mlp(void) {
+static mn_graph *mlp_graph(void) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(256, 784));
   mn_node t = mn_input(g, "targets", MN_SHAPE(256, 10));
@@ -49,7 +49,7 @@ static mn_graph *block_graph(void) {
   return g;
 }
 
-static void must(mn_status st, const char *what) {
+static void expect_ok(mn_status st, const char *what) {
   if (st == MN_OK) return;
   fprintf(stderr, "%s: %s\n", what, mn_last_error());
   exit(1);
@@ -95,7 +95,7 @@ static void print_dispatches(const char *name, mn_graph *g) {
     o.optimize = mode > 0;
     o.fusion = mode == 2 ? MN_FUSION_AUTO : MN_FUSION_OFF;
     mn_plan *plan = NULL;
-    must(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
+    expect_ok(mn_lower_training_report("optimize_gpt2", g, &o, &plan, mode == 2 ? r : NULL), name);
     n[mode] = plan->num_dispatches;
     if (mode == 2) fc = count_fused(plan);
     mn_plan_free(plan);
@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
   mn_session_options unfused_o = o;
   unfused_o.fusion = MN_FUSION_OFF;
   mn_plan *unfused = NULL;
-  must(mn_lower_training("optimize_gpt2", g, &unfused_o, &unfused), "gpt2 without fusion");
+  expect_ok(mn_lower_training("optimize_gpt2", g, &unfused_o, &unfused), "gpt2 without fusion");
   size_t unfused_dispatches = unfused->num_dispatches;
   mn_plan_free(unfused);
   double ms[REPS], lower[REPS];
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
   if (!r) return 1;
   for (int i = 0; i < REPS; i++) {
     mn_plan *plan = NULL;
-    must(mn_lower_training_report("optimize_gpt2", g, &o, &plan, r), "gpt2");
+    expect_ok(mn_lower_training_report("optimize_gpt2", g, &o, &plan, r), "gpt2");
     ms[i] = r->stage[MN_OPTIMIZE_FORWARD].total_ms + r->stage[MN_OPTIMIZE_FULL].total_ms;
     lower[i] = r->lower_ms;
     fc = count_fused(plan);
@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
   print_fused(&fc);
   mn_optimize_report_free(r);
   mn_graph_free(g);
-  print_dispatches("mlp 784-512-10", mlp());
+  print_dispatches("mlp 784-512-10", mlp_graph());
   print_dispatches("transformer block (SmolLM2-135M layer)", block_graph());
   return 0;
 }

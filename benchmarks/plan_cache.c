@@ -30,7 +30,7 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-typedef enum mode { UNCACHED, COLD, WARM, LOWER, READ, NUM_MODES } mode;
+typedef enum cache_mode { UNCACHED, COLD, WARM, LOWER, READ, NUM_MODES } cache_mode;
 
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -44,7 +44,7 @@ static char *slurp(const char *path, size_t *len) {
   return buf;
 }
 
-static double run_ms(const mn_graph *g, const char *path, mode m) {
+static double run_ms(const mn_graph *g, const char *path, cache_mode m) {
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
   if (m == COLD) unlink(path);
@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     t[m] = malloc((size_t)repeats * sizeof *t[m]);
   for (int r = 0; r < repeats; r++)
     for (int m = 0; m < NUM_MODES; m++) /* COLD writes the file that WARM and READ read */
-      t[m][r] = run_ms(g, path, (mode)m);
+      t[m][r] = run_ms(g, path, (cache_mode)m);
   size_t bytes = 0;
   free(slurp(path, &bytes));
   double med[NUM_MODES];
