@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
   if (argc > 2)
     snprintf(path, sizeof path, "%s", argv[2]);
   else
-    snprintf(path, sizeof path, "/tmp/mn_bench_plan_cache_%ld.json", (long)getpid());
+    snprintf(path, sizeof path, "/tmp/mn_bench_cached_build_%ld.json", (long)getpid());
   const gpt_config c = small_gpt_config();
   mn_graph *g = gpt_graph(&c);
   if (mn_graph_status(g) != MN_OK) {
