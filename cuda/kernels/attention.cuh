@@ -135,6 +135,155 @@ __device__ __forceinline__ void mn_attn_store_row(float *dst, const float (&acc)
   }
 }
 
+// Sets every element of a register array (of any rank) to v.
+__device__ __forceinline__ void mn_attn_fill(float &a, float v) { a = v; }
+template <typename A, int N> __device__ __forceinline__ void mn_attn_fill(A (&a)[N], float v) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    mn_attn_fill(a[i], v);
+}
+
+// Where query head h of batch b starts: qoff in q, dy and the output, sb in the statistics.
+struct mn_attn_head {
+  long long qoff, sb;
+};
+template <int HD, long long T, int H>
+__device__ __forceinline__ mn_attn_head mn_attn_head_of(long long b, int h) {
+  return {b * T * H * HD + h * HD, ((long long)b * H + h) * T};
+}
+// The sb of mn_attn_head alone.
+template <long long T, int H> __device__ __forceinline__ long long mn_attn_sb(long long b, int h) {
+  return ((long long)b * H + h) * T;
+}
+
+// A block over the query tile q0 .. q0 + BR - 1 of head h of batch b (grid (ceil(T / BR), H, B)):
+// qoff, where the head's rows start in q, dy and the output, and its kv head's K and V (row 0 of
+// each).
+struct mn_attn_qtile {
+  long long q0, b;
+  int h;
+  long long qoff;
+  const float *kb, *vb;
+};
+template <int BR, int HD, long long T, long long S, int H, int KVH, bool CAUSAL>
+__device__ __forceinline__ mn_attn_qtile mn_attn_qtile_of(const mn_ptrs &io) {
+  mn_attn_qtile q;
+  const long long num_tiles = (T + BR - 1) / BR;
+  // Causal tiles late in the sequence do the most work: start them first.
+  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  q.q0 = tile * BR;
+  q.b = blockIdx.z;
+  q.h = blockIdx.y;
+  const int kvh = q.h / (H / KVH);
+  q.qoff = q.b * T * H * HD + q.h * HD;
+  q.kb = mn_arg<const float>(io, 1) + q.b * S * KVH * HD + kvh * HD;
+  q.vb = mn_arg<const float>(io, 2) + q.b * S * KVH * HD + kvh * HD;
+  return q;
+}
+
+// The end of the keys that the query tile from q0 sees.
+template <int BR, long long S, bool CAUSAL>
+__device__ __forceinline__ long long mn_attn_kend(long long q0) {
+  return CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+}
+
+// Query rows first .. first + ROWS - 1 of one head (qoff: mn_attn_head) into qs and, when DY, their
+// output gradients into dys.
+template <int HD, int HDP, int ROWS, int LD, long long T, int H, bool DY>
+__device__ __forceinline__ void mn_attn_load_q(float *qs, float *dys, const mn_ptrs &io,
+                                               long long qoff, long long first) {
+  mn_attn_load<HD, HDP, ROWS, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, first,
+                                  T);
+  if constexpr (DY)
+    mn_attn_load<HD, HDP, ROWS, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD,
+                                    first, T);
+}
+
+// Key rows first .. first + ROWS - 1 of one kv head (kb, vb: its row 0) into ks and, when V, their
+// values into vs.
+template <int HD, int HDP, int ROWS, int LD, long long S, int KVH, bool V>
+__device__ __forceinline__ void mn_attn_load_kv(float *ks, float *vs, const float *kb,
+                                                const float *vb, long long first) {
+  mn_attn_load<HD, HDP, ROWS, LD>(ks, kb, (long long)KVH * HD, first, S);
+  if constexpr (V) mn_attn_load<HD, HDP, ROWS, LD>(vs, vb, (long long)KVH * HD, first, S);
+}
+
+// The pre-pass statistics of query row r (sb: mn_attn_head), zeros past T: row max m, inv_l and,
+// when DELTA, delta.
+template <long long T, bool DELTA>
+__device__ __forceinline__ void mn_attn_load_stats(const mn_ptrs &io, long long sb, long long r,
+                                                   float &m, float &inv_l, float &delta) {
+  m = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
+  inv_l = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
+  if constexpr (DELTA) delta = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+}
+
+// A block over the key tile c0 .. c0 + BR - 1 of kv head kvh of batch b (grid (ceil(S / BR), KVH,
+// B)), and kvoff, where the kv head's rows start in K and V.
+struct mn_attn_kvtile {
+  long long c0, b;
+  int kvh;
+  long long kvoff;
+};
+template <int BR, int HD, long long S, int KVH>
+__device__ __forceinline__ mn_attn_kvtile mn_attn_kvtile_of() {
+  mn_attn_kvtile k;
+  k.c0 = (long long)blockIdx.x * BR;
+  k.b = blockIdx.z;
+  k.kvh = blockIdx.y;
+  k.kvoff = k.b * S * KVH * HD + k.kvh * HD;
+  return k;
+}
+
+// Moves a key-tile block to the query tile r0 .. r0 + BC - 1 of head qh: once every thread is done
+// with the previous tile, loads q, dy and the statistics (st: [3][BC]), then waits until all of
+// them are in.
+template <int HD, int HDP, int BC, int LD, long long T, int H, bool DELTA>
+__device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float *st,
+                                                    const mn_ptrs &io, const mn_attn_head &qh,
+                                                    long long r0) {
+  __syncthreads();
+  mn_attn_load_q<HD, HDP, BC, LD, T, H, true>(qs, dys, io, qh.qoff, r0);
+  for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK)
+    mn_attn_load_stats<T, DELTA>(io, qh.sb, r0 + j, st[j], st[BC + j], st[2 * BC + j]);
+  __syncthreads();
+}
+
+// Runs body(r0) for every query tile r0 .. r0 + BC - 1 that the key-tile block kt sees, for
+// each of the G query heads that share its kv head, after loading the tile into qs, dys and st
+// (mn_attn_next_q_tile). Causal: queries before the key tile never see it, so it starts at the
+// tile holding query c0.
+template <int HD, int HDP, int BC, int LD, long long T, int H, int G, bool CAUSAL, bool DELTA,
+          typename F>
+__device__ __forceinline__ void mn_attn_for_q_tiles(const mn_attn_kvtile &kt, float *qs, float *dys,
+                                                    float *st, const mn_ptrs &io, F &&body) {
+  const long long r_start = CAUSAL ? kt.c0 / BC * BC : 0;
+  for (int g = 0; g < G; g++) {
+    const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, kt.kvh * G + g);
+    for (long long r0 = r_start; r0 < T; r0 += BC) {
+      mn_attn_next_q_tile<HD, HDP, BC, LD, T, H, DELTA>(qs, dys, st, io, qh, r0);
+      body(r0);
+    }
+  }
+}
+
+// Whether query r sees key c in the backward kernels: both exist and, when causal, c <= r.
+template <long long T, long long S, bool CAUSAL>
+__device__ __forceinline__ bool mn_attn_visible(long long r, long long c) {
+  return r < T && c < S && (!CAUSAL || c <= r);
+}
+
+// Writes the pre-pass statistics of one query row at index i (sb + row): m, 1 / l and, when DELTA,
+// dsum / l.
+template <bool DELTA>
+__device__ __forceinline__ void mn_attn_store_stats(const mn_ptrs &io, long long i, float m,
+                                                    float l, float dsum) {
+  const float inv_l = 1.0f / l;
+  mn_arg<float>(io, 4)[i] = m;
+  mn_arg<float>(io, 5)[i] = inv_l;
+  if constexpr (DELTA) mn_arg<float>(io, 6)[i] = dsum * inv_l;
+}
+
 // Forward over one (query tile, head, batch) block: grid (ceil(T / BR), H, B).
 // MODE (an mn_attn_mode of cuda/device_abi.h) MN_ATTN_OUTPUT writes the output: io = q, k,
 // v, out. MN_ATTN_STATS_DELTA and MN_ATTN_STATS are the backward pre-pass: io = q, k, v, dy,
@@ -154,44 +303,25 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   float *vs = ks + BC * LDA; // [BC][LDA], modes 0 and 1
   float *ps = vs + BC * LDA; // output: probabilities [BR][LDP]; delta: dy rows [BR][LDA]
 
-  const long long num_tiles = (T + BR - 1) / BR;
-  // Causal tiles late in the sequence do the most work: start them first.
-  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
-  const long long q0 = tile * BR, b = blockIdx.z;
-  const int h = blockIdx.y, kvh = h / (H / KVH);
-  const long long qoff = b * T * H * HD + h * HD;
-  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
-  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
   const float scale = 1.0f / sqrtf((float)HD);
 
-  mn_attn_load<HD, HDP, BR, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  if constexpr (MODE == MN_ATTN_STATS_DELTA)
-    mn_attn_load<HD, HDP, BR, LDA>(ps, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  mn_attn_load_q<HD, HDP, BR, LDA, T, H, MODE == MN_ATTN_STATS_DELTA>(qs, ps, io, qt.qoff, q0);
   // acc: the unnormalized output (MN_ATTN_OUTPUT); dsum: sum_s exp(score_s - m) dP_s
   // (MN_ATTN_STATS_DELTA).
   float acc[MODE == MN_ATTN_OUTPUT ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
-#pragma unroll
-  for (int i = 0; i < RM; i++) {
-    m[i] = mn_attn_neg_inf();
-    l[i] = 0.0f;
-    dsum[i] = 0.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < (MODE == MN_ATTN_OUTPUT ? RM : 1); i++)
-#pragma unroll
-    for (int u = 0; u < DN4; u++)
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        acc[i][u][e] = 0.0f;
+  mn_attn_fill(m, mn_attn_neg_inf());
+  mn_attn_fill(l, 0.0f);
+  mn_attn_fill(dsum, 0.0f);
+  mn_attn_fill(acc, 0.0f);
 
-  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads(); // the previous tile's readers are done with ks, vs
-    mn_attn_load<HD, HDP, BC, LDA>(ks, kb, (long long)KVH * HD, c0, S);
-    if constexpr (MODE != MN_ATTN_STATS)
-      mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
+    mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
     float s[RM][CN], dp[MODE == MN_ATTN_STATS_DELTA ? RM : 1][CN];
     mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
@@ -237,23 +367,19 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   }
 
   if constexpr (MODE == MN_ATTN_OUTPUT) {
-    float *ob = mn_arg<float>(io, 3) + qoff;
+    float *ob = mn_arg<float>(io, 3) + qt.qoff;
 #pragma unroll
     for (int i = 0; i < RM; i++) {
       const long long r = q0 + rbase + i;
       if (r < T) mn_attn_store_row<HD, DN4>(ob + r * H * HD, acc[i], 1.0f / l[i], cg);
     }
   } else {
-    const long long sb = ((long long)b * H + h) * T;
+    const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
     for (int i = 0; i < RM; i++) {
       const long long r = q0 + rbase + i;
-      if (cg == 0 && r < T) {
-        const float inv_l = 1.0f / l[i];
-        mn_arg<float>(io, 4)[sb + r] = m[i];
-        mn_arg<float>(io, 5)[sb + r] = inv_l;
-        if constexpr (MODE == MN_ATTN_STATS_DELTA) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
-      }
+      if (cg == 0 && r < T)
+        mn_attn_store_stats<MODE == MN_ATTN_STATS_DELTA>(io, sb + r, m[i], l[i], dsum[i]);
     }
   }
 }
@@ -272,39 +398,25 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
   float *vs = ks + BC * LDA;  // [BC][LDA]
   float *ps = vs + BC * LDA;  // [BR][LDP]
 
-  const long long num_tiles = (T + BR - 1) / BR;
-  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
-  const long long q0 = tile * BR, b = blockIdx.z;
-  const int h = blockIdx.y, kvh = h / (H / KVH);
-  const long long qoff = b * T * H * HD + h * HD;
-  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
-  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
   const float scale = 1.0f / sqrtf((float)HD);
 
-  mn_attn_load<HD, HDP, BR, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  mn_attn_load<HD, HDP, BR, LDA>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  mn_attn_load_q<HD, HDP, BR, LDA, T, H, true>(qs, dys, io, qt.qoff, q0);
   float acc[RM][DN4][4], rm[RM], ril[RM], rdelta[RM];
-  const long long sb = ((long long)b * H + h) * T;
+  const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
   for (int i = 0; i < RM; i++) {
-    const long long r = q0 + rbase + i;
-    rm[i] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
-    ril[i] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-    rdelta[i] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < DN4; u++)
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        acc[i][u][e] = 0.0f;
+    mn_attn_load_stats<T, true>(io, sb, q0 + rbase + i, rm[i], ril[i], rdelta[i]);
+    mn_attn_fill(acc[i], 0.0f);
   }
 
-  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads();
-    mn_attn_load<HD, HDP, BC, LDA>(ks, kb, (long long)KVH * HD, c0, S);
-    mn_attn_load<HD, HDP, BC, LDA>(vs, vb, (long long)KVH * HD, c0, S);
+    mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, true>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
     float s[RM][CN], dp[RM][CN];
     mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
@@ -314,8 +426,7 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
       const long long r = q0 + rbase + i;
 #pragma unroll
       for (int j = 0; j < CN; j++) {
-        const long long c = c0 + cg + 8 * j;
-        const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+        const bool ok = mn_attn_visible<T, S, CAUSAL>(r, c0 + cg + 8 * j);
         const float p = ok ? expf(s[i][j] * scale - rm[i]) * ril[i] : 0.0f;
         ps[(rbase + i) * LDP + cg + 8 * j] = p * (dp[i][j] - rdelta[i]);
       }
@@ -324,7 +435,7 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
     mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, ks + cg * 4);
   }
 
-  float *dqb = mn_arg<float>(io, 7) + qoff;
+  float *dqb = mn_arg<float>(io, 7) + qt.qoff;
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     const long long r = q0 + rbase + i;
@@ -350,79 +461,51 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
   float *ps = dys + BC * LDA;               // [BR][LDP]
   float *st = ps + BR * LDP;                // m, inv_l, delta: [3][BC]
 
-  const long long c0 = (long long)blockIdx.x * BR, b = blockIdx.z;
-  const int kvh = blockIdx.y;
-  const long long kvoff = b * S * KVH * HD + kvh * HD;
+  const mn_attn_kvtile kt = mn_attn_kvtile_of<BR, HD, S, KVH>();
+  const long long c0 = kt.c0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
   const float scale = 1.0f / sqrtf((float)HD);
 
-  mn_attn_load<HD, HDP, BR, LDA>(ks, mn_arg<const float>(io, 1) + kvoff, (long long)KVH * HD, c0,
-                                 S);
-  if constexpr (GRAD_K)
-    mn_attn_load<HD, HDP, BR, LDA>(vs, mn_arg<const float>(io, 2) + kvoff, (long long)KVH * HD, c0,
-                                   S);
+  mn_attn_load_kv<HD, HDP, BR, LDA, S, KVH, GRAD_K>(ks, vs, mn_arg<const float>(io, 1) + kt.kvoff,
+                                                    mn_arg<const float>(io, 2) + kt.kvoff, c0);
   float acc[RM][DN4][4];
-#pragma unroll
-  for (int i = 0; i < RM; i++)
-#pragma unroll
-    for (int u = 0; u < DN4; u++)
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        acc[i][u][e] = 0.0f;
+  mn_attn_fill(acc, 0.0f);
 
-  // Causal: queries before this key tile never see it.
-  const long long r_start = CAUSAL ? c0 / BC * BC : 0;
-  for (int g = 0; g < G; g++) {
-    const int h = kvh * G + g;
-    const long long qoff = b * T * H * HD + h * HD, sb = ((long long)b * H + h) * T;
-    for (long long r0 = r_start; r0 < T; r0 += BC) {
-      __syncthreads();
-      mn_attn_load<HD, HDP, BC, LDA>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, r0,
-                                     T);
-      mn_attn_load<HD, HDP, BC, LDA>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
-                                     T);
-      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
-        const long long r = r0 + j;
-        st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
-        st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-        if constexpr (GRAD_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
-      }
-      __syncthreads();
-      float s[RM][CN];
-      mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, ks + rbase * LDA, qs + cg * LDA);
-      if constexpr (GRAD_K) {
-        float dp[RM][CN];
-        mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, vs + rbase * LDA, dys + cg * LDA);
+  mn_attn_for_q_tiles<HD, HDP, BC, LDA, T, H, G, CAUSAL, GRAD_K>(
+      kt, qs, dys, st, io, [&](long long r0) {
+        float s[RM][CN];
+        mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, ks + rbase * LDA, qs + cg * LDA);
+        if constexpr (GRAD_K) {
+          float dp[RM][CN];
+          mn_attn_dot<RM, CN, HDQ, LDA, LDA>(dp, vs + rbase * LDA, dys + cg * LDA);
 #pragma unroll
-        for (int i = 0; i < RM; i++)
+          for (int i = 0; i < RM; i++)
 #pragma unroll
-          for (int j = 0; j < CN; j++)
-            s[i][j] = (dp[i][j] - st[2 * BC + cg + 8 * j]) *
-                      (expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j]);
-      } else {
+            for (int j = 0; j < CN; j++)
+              s[i][j] = (dp[i][j] - st[2 * BC + cg + 8 * j]) *
+                        (expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < RM; i++)
+          for (int i = 0; i < RM; i++)
 #pragma unroll
-          for (int j = 0; j < CN; j++)
-            s[i][j] = expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j];
-      }
-#pragma unroll
-      for (int i = 0; i < RM; i++) {
-        const long long c = c0 + rbase + i;
-#pragma unroll
-        for (int j = 0; j < CN; j++) {
-          const long long r = r0 + cg + 8 * j;
-          const bool ok = r < T && c < S && (!CAUSAL || c <= r);
-          ps[(rbase + i) * LDP + cg + 8 * j] = ok ? s[i][j] : 0.0f;
+            for (int j = 0; j < CN; j++)
+              s[i][j] = expf(s[i][j] * scale - st[cg + 8 * j]) * st[BC + cg + 8 * j];
         }
-      }
-      __syncwarp();
-      mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, (GRAD_K ? qs : dys) + cg * 4);
-    }
-  }
+#pragma unroll
+        for (int i = 0; i < RM; i++) {
+          const long long c = c0 + rbase + i;
+#pragma unroll
+          for (int j = 0; j < CN; j++) {
+            const bool ok = mn_attn_visible<T, S, CAUSAL>(r0 + cg + 8 * j, c);
+            ps[(rbase + i) * LDP + cg + 8 * j] = ok ? s[i][j] : 0.0f;
+          }
+        }
+        __syncwarp();
+        mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, (GRAD_K ? qs : dys) + cg * 4);
+      });
 
-  float *ob = mn_arg<float>(io, 7) + b * S * OS + kvh * HD;
+  float *ob = mn_arg<float>(io, 7) + kt.b * S * OS + kt.kvh * HD;
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     const long long c = c0 + rbase + i;

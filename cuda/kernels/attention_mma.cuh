@@ -37,12 +37,8 @@ __device__ __forceinline__ unsigned mn_tf32(float x) {
 #endif
 }
 
-template <int PREC> struct mn_frag_a {
-  unsigned hi[4], lo[4];
-};
-template <int PREC> struct mn_frag_b {
-  unsigned hi[2], lo[2];
-};
+template <int PREC> struct mn_frag_a { unsigned hi[4], lo[4]; };
+template <int PREC> struct mn_frag_b { unsigned hi[2], lo[2]; };
 
 template <int PREC> __device__ __forceinline__ void mn_split(float x, unsigned &hi, unsigned &lo) {
   hi = mn_tf32(x);
@@ -53,7 +49,8 @@ template <int PREC> __device__ __forceinline__ void mn_split(float x, unsigned &
 __device__ __forceinline__ void mn_mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                             unsigned b1) {
 #if __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+      "{%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -202,39 +199,23 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   float *vs = ks + BC * LD;  // [BC][LD], all but MN_ATTN_STATS
   float *dys = vs + BC * LD; // [BR][LD], MN_ATTN_STATS_DELTA
 
-  const long long num_tiles = (T + BR - 1) / BR;
-  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
-  const long long q0 = tile * BR, b = blockIdx.z;
-  const int h = blockIdx.y, kvh = h / (H / KVH);
-  const long long qoff = b * T * H * HD + h * HD;
-  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
-  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
   const float scale2 = mn_attn_log2e / sqrtf((float)HD);
 
-  mn_attn_load<HD, HD, BR, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  if constexpr (MODE == MN_ATTN_STATS_DELTA)
-    mn_attn_load<HD, HD, BR, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
+  mn_attn_load_q<HD, HD, BR, LD, T, H, MODE == MN_ATTN_STATS_DELTA>(qs, dys, io, qt.qoff, q0);
   float acc[MODE == MN_ATTN_OUTPUT ? HD / 8 : 1][4], m[2], l[2], dsum[2];
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    m[i] = mn_attn_neg_inf();
-    l[i] = 0.0f;
-    dsum[i] = 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < (MODE == MN_ATTN_OUTPUT ? HD / 8 : 1); n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      acc[n][e] = 0.0f;
+  mn_attn_fill(m, mn_attn_neg_inf());
+  mn_attn_fill(l, 0.0f);
+  mn_attn_fill(dsum, 0.0f);
+  mn_attn_fill(acc, 0.0f);
 
-  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads();
-    mn_attn_load<HD, HD, BC, LD>(ks, kb, (long long)KVH * HD, c0, S);
-    if constexpr (MODE != MN_ATTN_STATS)
-      mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
+    mn_attn_load_kv<HD, HD, BC, LD, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
     float s[NT][4], dp[MODE == MN_ATTN_STATS_DELTA ? NT : 1][4];
     mn_mma_abt<PREC, HD, LD, NT>(s, qs + wrow * LD, ks, g, t);
@@ -284,19 +265,14 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   }
 
   if constexpr (MODE == MN_ATTN_OUTPUT) {
-    mn_mma_store<HD>(mn_arg<float>(io, 3) + qoff, (long long)H * HD, q0 + wrow, T, acc,
+    mn_mma_store<HD>(mn_arg<float>(io, 3) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc,
                      1.0f / l[0], 1.0f / l[1], g, t);
   } else if (t == 0) {
-    const long long sb = ((long long)b * H + h) * T;
+    const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       const long long r = q0 + wrow + g + 8 * i;
-      if (r < T) {
-        const float inv_l = 1.0f / l[i];
-        mn_arg<float>(io, 4)[sb + r] = m[i];
-        mn_arg<float>(io, 5)[sb + r] = inv_l;
-        if constexpr (MODE == MN_ATTN_STATS_DELTA) mn_arg<float>(io, 6)[sb + r] = dsum[i] * inv_l;
-      }
+      if (r < T) mn_attn_store_stats<MODE == MN_ATTN_STATS_DELTA>(io, sb + r, m[i], l[i], dsum[i]);
     }
   }
 }
@@ -313,39 +289,24 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
   float *ks = dys + BR * LD; // [BC][LD]
   float *vs = ks + BC * LD;  // [BC][LD]
 
-  const long long num_tiles = (T + BR - 1) / BR;
-  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
-  const long long q0 = tile * BR, b = blockIdx.z;
-  const int h = blockIdx.y, kvh = h / (H / KVH);
-  const long long qoff = b * T * H * HD + h * HD;
-  const float *kb = mn_arg<const float>(io, 1) + b * S * KVH * HD + kvh * HD;
-  const float *vb = mn_arg<const float>(io, 2) + b * S * KVH * HD + kvh * HD;
+  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
 
-  mn_attn_load<HD, HD, BR, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, q0, T);
-  mn_attn_load<HD, HD, BR, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, q0, T);
-  const long long sb = ((long long)b * H + h) * T;
+  mn_attn_load_q<HD, HD, BR, LD, T, H, true>(qs, dys, io, qt.qoff, q0);
+  const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
   float rm[2], ril[2], rdelta[2], acc[HD / 8][4];
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const long long r = q0 + wrow + g + 8 * i;
-    rm[i] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
-    ril[i] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-    rdelta[i] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
-  }
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      acc[n][e] = 0.0f;
+  for (int i = 0; i < 2; i++)
+    mn_attn_load_stats<T, true>(io, sb, q0 + wrow + g + 8 * i, rm[i], ril[i], rdelta[i]);
+  mn_attn_fill(acc, 0.0f);
 
-  const long long kend = CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
   for (long long c0 = 0; c0 < kend; c0 += BC) {
     __syncthreads();
-    mn_attn_load<HD, HD, BC, LD>(ks, kb, (long long)KVH * HD, c0, S);
-    mn_attn_load<HD, HD, BC, LD>(vs, vb, (long long)KVH * HD, c0, S);
+    mn_attn_load_kv<HD, HD, BC, LD, S, KVH, true>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
     float s[NT][4], dp[NT][4];
     mn_mma_abt<PREC, HD, LD, NT>(s, qs + wrow * LD, ks, g, t);
@@ -355,15 +316,15 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int i = e >> 1;
-        const long long r = q0 + wrow + g + 8 * i, c = c0 + n * 8 + 2 * t + (e & 1);
-        const bool ok = r < T && c < S && (!CAUSAL || c <= r);
+        const bool ok =
+            mn_attn_visible<T, S, CAUSAL>(q0 + wrow + g + 8 * i, c0 + n * 8 + 2 * t + (e & 1));
         const float p = ok ? exp2f(s[n][e] * scale2 - rm[i]) * ril[i] : 0.0f;
         s[n][e] = p * (dp[n][e] - rdelta[i]);
       }
     mn_mma_pb<PREC, HD, LD, NT>(acc, s, ks, g, t);
   }
-  mn_mma_store<HD>(mn_arg<float>(io, 7) + qoff, (long long)H * HD, q0 + wrow, T, acc, scale, scale,
-                   g, t);
+  mn_mma_store<HD>(mn_arg<float>(io, 7) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc, scale,
+                   scale, g, t);
 }
 
 // dV (OUT MN_ATTN_DV), dK (MN_ATTN_DK) or both (MN_ATTN_DK_DV) over one (key tile, kv head, batch)
@@ -383,72 +344,45 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
   float *dys = qs + BC * LD;               // [BC][LD]
   float *st = dys + BC * LD;               // m, inv_l, delta of the query tile: [3][BC]
 
-  const long long c0 = (long long)blockIdx.x * BR, b = blockIdx.z;
-  const int kvh = blockIdx.y;
-  const long long kvoff = b * S * KVH * HD + kvh * HD;
+  const mn_attn_kvtile kt = mn_attn_kvtile_of<BR, HD, S, KVH>();
+  const long long c0 = kt.c0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
 
-  mn_attn_load<HD, HD, BR, LD>(ks, mn_arg<const float>(io, 1) + kvoff, (long long)KVH * HD, c0, S);
-  if constexpr (WANT_K)
-    mn_attn_load<HD, HD, BR, LD>(vs, mn_arg<const float>(io, 2) + kvoff, (long long)KVH * HD, c0,
-                                 S);
+  mn_attn_load_kv<HD, HD, BR, LD, S, KVH, WANT_K>(ks, vs, mn_arg<const float>(io, 1) + kt.kvoff,
+                                                  mn_arg<const float>(io, 2) + kt.kvoff, c0);
   float dk[WANT_K ? HD / 8 : 1][4], dv[WANT_V ? HD / 8 : 1][4];
-#pragma unroll
-  for (int n = 0; n < (WANT_K ? HD / 8 : 1); n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      dk[n][e] = 0.0f;
-#pragma unroll
-  for (int n = 0; n < (WANT_V ? HD / 8 : 1); n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      dv[n][e] = 0.0f;
+  mn_attn_fill(dk, 0.0f);
+  mn_attn_fill(dv, 0.0f);
 
-  // Causal: queries before this key tile never see it.
-  const long long r_start = CAUSAL ? c0 / BC * BC : 0;
-  for (int gi = 0; gi < G; gi++) {
-    const int h = kvh * G + gi;
-    const long long qoff = b * T * H * HD + h * HD, sb = ((long long)b * H + h) * T;
-    for (long long r0 = r_start; r0 < T; r0 += BC) {
-      __syncthreads();
-      mn_attn_load<HD, HD, BC, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, r0, T);
-      mn_attn_load<HD, HD, BC, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD, r0,
-                                   T);
-      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
-        const long long r = r0 + j;
-        st[j] = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
-        st[BC + j] = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-        if constexpr (WANT_K) st[2 * BC + j] = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
-      }
-      __syncthreads();
-      // Transposed scores: rows are this warp's keys, columns the tile's queries.
-      float p[NT][4];
-      mn_mma_abt<PREC, HD, LD, NT>(p, ks + wrow * LD, qs, g, t);
-      float dp[WANT_K ? NT : 1][4];
-      if constexpr (WANT_K) mn_mma_abt<PREC, HD, LD, NT>(dp, vs + wrow * LD, dys, g, t);
-#pragma unroll
-      for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int j = n * 8 + 2 * t + (e & 1);
-          const long long c = c0 + wrow + g + (e >= 2 ? 8 : 0), r = r0 + j;
-          const bool ok = r < T && c < S && (!CAUSAL || c <= r);
-          p[n][e] = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
-        }
-      if constexpr (WANT_V) mn_mma_pb<PREC, HD, LD, NT>(dv, p, dys, g, t);
-      if constexpr (WANT_K) {
+  mn_attn_for_q_tiles<HD, HD, BC, LD, T, H, G, CAUSAL, WANT_K>(
+      kt, qs, dys, st, io, [&](long long r0) {
+        // Transposed scores: rows are this warp's keys, columns the tile's queries.
+        float p[NT][4];
+        mn_mma_abt<PREC, HD, LD, NT>(p, ks + wrow * LD, qs, g, t);
+        float dp[WANT_K ? NT : 1][4];
+        if constexpr (WANT_K) mn_mma_abt<PREC, HD, LD, NT>(dp, vs + wrow * LD, dys, g, t);
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
-          for (int e = 0; e < 4; e++)
-            p[n][e] *= dp[n][e] - st[2 * BC + n * 8 + 2 * t + (e & 1)];
-        mn_mma_pb<PREC, HD, LD, NT>(dk, p, qs, g, t);
-      }
-    }
-  }
-  float *out = mn_arg<float>(io, 7) + b * S * OS + kvh * HD;
+          for (int e = 0; e < 4; e++) {
+            const int j = n * 8 + 2 * t + (e & 1);
+            const long long c = c0 + wrow + g + (e >= 2 ? 8 : 0);
+            const bool ok = mn_attn_visible<T, S, CAUSAL>(r0 + j, c);
+            p[n][e] = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
+          }
+        if constexpr (WANT_V) mn_mma_pb<PREC, HD, LD, NT>(dv, p, dys, g, t);
+        if constexpr (WANT_K) {
+#pragma unroll
+          for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+              p[n][e] *= dp[n][e] - st[2 * BC + n * 8 + 2 * t + (e & 1)];
+          mn_mma_pb<PREC, HD, LD, NT>(dk, p, qs, g, t);
+        }
+      });
+  float *out = mn_arg<float>(io, 7) + kt.b * S * OS + kt.kvh * HD;
   if constexpr (WANT_K) mn_mma_store<HD>(out, OS, c0 + wrow, S, dk, scale, scale, g, t);
   if constexpr (WANT_V)
     mn_mma_store<HD>(out + (PACKED ? KVH * HD : 0), OS, c0 + wrow, S, dv, 1.0f, 1.0f, g, t);
