@@ -138,6 +138,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
     b->bytes = mn_tensor_type_bytes(&node->type);
     b->node = (mn_node)i;
     b->role = role_of(g, (mn_node)i, is_output);
+    b->storage = node->type.dtype;
     p->node_buffer[i] = (uint32_t)p->num_buffers++;
   }
   free(is_output);

@@ -20,6 +20,11 @@ typedef struct mn_buffer_desc {
   size_t offset; /* into the session arena */
   mn_node node;  /* the node whose value it first holds */
   mn_buffer_role role;
+  /* How the value is stored (host/storage.h): its node's dtype, or MN_BF16 / MN_F16 for a
+   * value a mixed-precision session keeps in low precision. bytes and offset are still those
+   * of the node's dtype: the CPU backend stores a low-precision value as the float it rounds
+   * to. */
+  mn_dtype storage;
 } mn_buffer_desc;
 
 typedef struct mn_dispatch {
@@ -54,6 +59,7 @@ struct mn_plan {
   size_t update_params_offset, update_grads_offset, update_bytes;
   /* Where the user's parameters lie in derived parameters, bound to graph (param_layout.h). */
   mn_param_layout layout;
+  mn_precision precision; /* which the storage types were chosen for (host/storage.h) */
 };
 typedef struct mn_plan mn_plan;
 

@@ -191,9 +191,22 @@ typedef enum mn_siblings_mode {
   MN_SIBLINGS_ALWAYS,   /* every group the rules allow */
   MN_SIBLINGS_NEVER,
 } mn_siblings_mode;
+/* How a session computes; the graph does not change. F32: every value fp32 (matmuls may use
+ * TF32 with allow_tf32). BF16 / F16: mixed precision as PyTorch autocast and llm.c: values
+ * the step computes (activations, their gradients) are stored in bf16 / fp16 and matmuls
+ * read low-precision operands (parameters through a rounded copy) and accumulate in fp32;
+ * parameters (master weights), their gradients, optimizer state, inputs, constants, losses
+ * and scalars stay fp32. An output stored in low precision reads back exactly as stored.
+ * One table (host/storage.h) decides which value is stored how, for every backend; the CPU
+ * backend rounds (to nearest even) wherever a low-precision value is stored. */
+typedef enum mn_precision {
+  MN_PRECISION_F32 = 0,
+  MN_PRECISION_BF16,
+  MN_PRECISION_F16,
+} mn_precision;
 /* Zero-initialized fields other than optimize give the defaults; a value outside an enum is
- * MN_ERR_INVALID_ARGUMENT naming the field. fusion and siblings are part of the plan-cache
- * key. */
+ * MN_ERR_INVALID_ARGUMENT naming the field. fusion, siblings and precision are part of the
+ * plan-cache key. */
 typedef struct mn_session_options {
   mn_backend backend; /* AUTO: CUDA when a device is usable, else CPU; env MN_BACKEND overrides */
   int device;         /* CUDA device ordinal */
@@ -201,6 +214,7 @@ typedef struct mn_session_options {
   bool optimize;      /* run the graph optimizer (default true) */
   mn_fusion_mode fusion;     /* default MN_FUSION_AUTO */
   mn_siblings_mode siblings; /* default MN_SIBLINGS_AUTO */
+  mn_precision precision;    /* default MN_PRECISION_F32 */
 } mn_session_options;
 MN_API mn_session_options mn_session_options_default(void);
 
@@ -253,14 +267,14 @@ MN_API int mn_memory_summary_format(const mn_memory_summary *m, char *buf, size_
 
 /* What a session did: proves one device launch per step and reports build costs. */
 typedef struct mn_session_stats {
-  const char *backend;      /* "cpu" or "cuda" */
-  uint64_t steps;           /* mn_session_step calls that submitted work */
-  uint64_t graph_launches;  /* CUDA graph launches (0 on the CPU) */
-  uint64_t submissions;     /* every device submission made by steps, launches included */
-  size_t kernels;           /* distinct compiled kernels */
-  size_t graph_nodes;       /* nodes of the captured step graph */
-  uint64_t graph_captures;  /* captures of the step graph: 1 unless the optimizer kind changed */
-  bool kernel_cache_hit;    /* the kernels came from the disk cache: nothing compiled */
+  const char *backend;         /* "cpu" or "cuda" */
+  uint64_t steps;              /* mn_session_step calls that submitted work */
+  uint64_t graph_launches;     /* CUDA graph launches (0 on the CPU) */
+  uint64_t submissions;        /* every device submission made by steps, launches included */
+  size_t kernels;              /* distinct compiled kernels */
+  size_t graph_nodes;          /* nodes of the captured step graph */
+  uint64_t graph_captures;     /* captures of the step graph: 1 unless the optimizer kind changed */
+  bool kernel_cache_hit;       /* the kernels came from the disk cache: nothing compiled */
   double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */
 } mn_session_stats;
 MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out);

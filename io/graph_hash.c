@@ -12,7 +12,7 @@
 #define XXH_SEED 0x6e657572ULL /* "neur" */
 
 /* Bumped when the canonical stream below changes, so old keys stop matching. */
-#define MN_GRAPH_HASH_SCHEME 3
+#define MN_GRAPH_HASH_SCHEME 4
 
 void mn_hasher_init(mn_hasher *h) {
   memset(h, 0, sizeof *h);
@@ -191,6 +191,7 @@ mn_hash128 mn_plan_cache_key(const mn_graph *user, const mn_session_options *o) 
   mn_hasher_u64(&h, o->optimize ? 1 : 0);
   mn_hasher_u64(&h, (uint64_t)o->fusion);
   mn_hasher_u64(&h, (uint64_t)o->siblings);
+  mn_hasher_u64(&h, (uint64_t)o->precision);
   mn_hash_graph(&h, user);
   return mn_hasher_final(&h);
 }

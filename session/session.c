@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "host/error.h"
+#include "host/storage.h"
 #include "optimizer/optimize.h"
 #include "optimizer/siblings.h"
 
@@ -79,6 +80,10 @@ mn_status mn_session_check_buildable(const char *fn, const mn_graph *g,
       opts->siblings != MN_SIBLINGS_NEVER)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: options: unknown siblings mode %d", fn,
                    (int)opts->siblings);
+  if (opts && opts->precision != MN_PRECISION_F32 && opts->precision != MN_PRECISION_BF16 &&
+      opts->precision != MN_PRECISION_F16)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: options: unknown precision %d", fn,
+                   (int)opts->precision);
   return MN_OK;
 }
 
@@ -88,6 +93,12 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   mn_session_options o = opts ? *opts : mn_session_options_default();
   const mn_backend_ops *backend = NULL;
   mn_status st = resolve_backend(fn, &o, &backend);
+  if (st == MN_OK && o.precision != MN_PRECISION_F32 && backend != &mn_cpu_backend)
+    st = mn_fail(MN_ERR_UNSUPPORTED,
+                 "%s: precision %s runs on the CPU backend only so far (the CUDA kernels for "
+                 "low-precision storage are not written yet); pass backend MN_BACKEND_CPU",
+                 fn, o.precision == MN_PRECISION_BF16 ? "bf16" : "f16");
+  if (st == MN_OK) st = mn_plan_set_precision(plan, o.precision);
   if (st != MN_OK) {
     mn_plan_free(plan);
     return st;

@@ -8,11 +8,16 @@
 #include "host/error.h"
 #include "host/reference/ref_kernels.h"
 #include "host/reference/ref_update.h"
+#include "host/storage.h"
 
 #define MN_ARENA_ALIGN 256
 
 typedef struct cpu_state {
   unsigned char *arena;
+  /* Low-precision sessions: the rounded copies of fp32 product operands (parameters, inputs)
+   * that the products read, as the CUDA backend reads the weights' low-precision copy. */
+  float *operand[2];
+  size_t operand_cap[2];
   float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
   mn_status pending;        /* failure of the last step, reported by wait */
   char pending_error[1024];
@@ -93,6 +98,8 @@ static void cpu_destroy(mn_session *s) {
   cpu_state *st = s->backend_state;
   if (!st) return;
   free_adam_state(s->plan, st);
+  free(st->operand[0]);
+  free(st->operand[1]);
   free(st->arena);
   free(st);
   s->backend_state = NULL;
@@ -108,6 +115,44 @@ static mn_status cpu_read(mn_session *s, uint32_t buffer, void *dst, size_t byte
   return MN_OK;
 }
 
+/* Product operand k of node id read in the session's low precision: an fp32 buffer is rounded
+ * into a copy (low-precision buffers hold rounded values already). */
+static mn_status low_precision_operand(mn_session *s, const mn_node_rec *node, int k,
+                                       const void **in) {
+  cpu_state *st = s->backend_state;
+  const mn_plan *p = s->plan;
+  mn_dtype low = mn_precision_storage(p->precision);
+  if (low == MN_F32 || !mn_storage_reads_low(node->op, k) ||
+      mn_plan_buffer_of(p, node->inputs[k])->storage != MN_F32)
+    return MN_OK;
+  const mn_tensor_type *t = &p->graph->nodes[node->inputs[k]].type;
+  size_t n = (size_t)mn_tensor_type_numel(t);
+  if (t->dtype != MN_F32) return MN_OK;
+  if (st->operand_cap[k] < n) {
+    float *grown = realloc(st->operand[k], n * sizeof *grown);
+    if (!grown) return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_session_step: out of memory");
+    st->operand[k] = grown;
+    st->operand_cap[k] = n;
+  }
+  memcpy(st->operand[k], *in, n * sizeof(float));
+  mn_storage_round_n(low, st->operand[k], n);
+  *in = st->operand[k];
+  return MN_OK;
+}
+
+/* Rounds the values node id stored in low-precision buffers, as the CUDA backend stores them. */
+static void store_low_precision(mn_session *s, mn_node id, const mn_node_rec *node) {
+  const mn_plan *p = s->plan;
+  const mn_buffer_desc *b = mn_plan_buffer_of(p, id);
+  mn_storage_round_n(b->storage, (float *)buffer_ptr(s, p->node_buffer[id]),
+                     (size_t)mn_tensor_type_numel(&node->type));
+  for (int k = 1; k <= mn_node_num_extra_outputs(node); k++) {
+    mn_node e = mn_plan_extra_output(p, id, k);
+    mn_storage_round_n(mn_plan_buffer_of(p, e)->storage, (float *)buffer_ptr(s, p->node_buffer[e]),
+                       (size_t)mn_tensor_type_numel(&p->graph->nodes[e].type));
+  }
+}
+
 static mn_status cpu_step(mn_session *s) {
   cpu_state *st = s->backend_state;
   const mn_plan *p = s->plan;
@@ -118,12 +163,17 @@ static mn_status cpu_step(mn_session *s) {
     const mn_node_rec *node = &g->nodes[id];
     mn_ref_ctx c = {.g = g, .id = id, .node = node, .error = msg, .error_size = sizeof msg};
     c.out = buffer_ptr(s, p->node_buffer[id]);
-    for (int k = 0; k < node->num_inputs; k++)
+    mn_status rc = MN_OK;
+    for (int k = 0; k < node->num_inputs; k++) {
       c.in[k] = buffer_ptr(s, p->node_buffer[node->inputs[k]]);
+      if (k < 2 && rc == MN_OK) rc = low_precision_operand(s, node, k, &c.in[k]);
+    }
+    if (rc != MN_OK) return rc;
     for (int k = 1; k <= mn_node_num_extra_outputs(node); k++)
       c.extra_out[k - 1] = buffer_ptr(s, p->node_buffer[mn_plan_extra_output(p, id, k)]);
     msg[0] = '\0';
-    mn_status rc = mn_ref_kernels[node->op](&c);
+    rc = mn_ref_kernels[node->op](&c);
+    if (rc == MN_OK) store_low_precision(s, id, node);
     if (rc != MN_OK) {
       /* Keep the first failure until wait reports it; later steps do not overwrite. */
       if (st->pending == MN_OK) {

@@ -1,0 +1,230 @@
+/* Mixed precision on the CPU backend: the rounding to bf16 / fp16, the storage table the plan
+ * chooses, and sessions that store low-precision values as the CUDA backend will (bounds from
+ * docs/precision.md). */
+#include <math.h>
+#include <string.h>
+
+#include "host/pointwise.h"
+#include "host/storage.h"
+#include "session/session.h"
+#include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
+
+/* bf16 keeps 8 significant bits and fp16 11: a value rounded once is within half an ulp, a
+ * relative 2^-9 and 2^-12 of where it was. */
+#define BF16_U 0x1p-9
+#define F16_U  0x1p-12
+
+static mn_session_options cpu_options(mn_precision prec) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CPU;
+  o.precision = prec;
+  return o;
+}
+
+static float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+Test(precision, bf16_rounds_to_nearest_even) {
+  cr_expect_eq(mn_storage_round(MN_BF16, 1.0f + 0x1p-8f), 1.0f, "a tie goes to the even 1.0");
+  cr_expect_eq(mn_storage_round(MN_BF16, 1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f,
+               "a tie goes to the even neighbour above");
+  cr_expect_eq(mn_storage_round(MN_BF16, 1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
+  cr_expect_eq(mn_storage_round(MN_BF16, -3.0f), -3.0f);
+  cr_expect(isinf(mn_storage_round(MN_BF16, from_bits(0x7f7fffffu))),
+            "past the largest bf16 rounds to infinity");
+  cr_expect(isnan(mn_storage_round(MN_BF16, NAN)));
+  cr_expect_eq(mn_storage_round(MN_F32, 1.0f + 0x1p-20f), 1.0f + 0x1p-20f, "fp32 is unchanged");
+}
+
+Test(precision, f16_rounds_to_nearest_even_with_subnormals_and_overflow) {
+  cr_expect_eq(mn_storage_round(MN_F16, 1.0f + 0x1p-11f), 1.0f, "a tie goes to the even 1.0");
+  cr_expect_eq(mn_storage_round(MN_F16, 1.0f + 3 * 0x1p-11f), 1.0f + 0x1p-9f);
+  cr_expect_eq(mn_storage_round(MN_F16, 65504.0f), 65504.0f);
+  cr_expect_eq(mn_storage_round(MN_F16, 65519.0f), 65504.0f);
+  cr_expect(isinf(mn_storage_round(MN_F16, 65520.0f)), "the tie with 65536 overflows");
+  cr_expect_eq(mn_storage_round(MN_F16, 0x1p-25f), 0.0f, "half the smallest subnormal: to 0");
+  cr_expect_eq(mn_storage_round(MN_F16, 3 * 0x1p-25f), 0x1p-23f);
+  cr_expect_eq(mn_storage_round(MN_F16, -5 * 0x1p-24f), -5 * 0x1p-24f, "subnormals are exact");
+  cr_expect(isnan(mn_storage_round(MN_F16, NAN)));
+}
+
+/* x [B, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t; outputs loss and the prediction. */
+static mn_graph *mlp(void) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(16, 8)), t = mn_input(g, "t", MN_SHAPE(16, 4));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(8, 32)), b1 = mn_parameter(g, "b1", MN_SHAPE(32));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 4)), b2 = mn_parameter(g, "b2", MN_SHAPE(4));
+  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
+  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  return g;
+}
+
+Test(precision, the_plan_stores_activations_low_and_keeps_the_rest_fp32) {
+  mn_graph *g = mlp();
+  mn_session_options o = cpu_options(MN_PRECISION_BF16);
+  mn_plan *p = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_plan_set_precision(p, MN_PRECISION_BF16), MN_OK);
+  size_t low = 0;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    const mn_node_rec *n = &p->graph->nodes[d->node];
+    bool fp32 = d->role == MN_BUF_INPUT || d->role == MN_BUF_PARAMETER ||
+                d->role == MN_BUF_CONSTANT || d->role == MN_BUF_GRADIENT ||
+                (mn_op_flags(n->op) & MN_OPF_LOSS) || mn_tensor_type_numel(&n->type) == 1;
+    if (fp32)
+      cr_expect_eq(d->storage, MN_F32, "%s (node %u) must stay fp32", mn_op_name(n->op), d->node);
+    low += d->storage == MN_BF16;
+  }
+  cr_expect_geq(low, 6, "the activations and their gradients are bf16 (%zu buffers)", low);
+  cr_assert_eq(mn_plan_set_precision(p, MN_PRECISION_F32), MN_OK);
+  for (size_t b = 0; b < p->num_buffers; b++)
+    cr_expect_eq(p->buffers[b].storage, MN_F32);
+  mn_plan_free(p);
+  mn_graph_free(g);
+}
+
+Test(precision, an_unknown_precision_builds_nothing) {
+  mn_graph *g = mlp();
+  mn_session_options o = cpu_options((mn_precision)7);
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT);
+  cr_expect_null(s);
+  cr_expect(strstr(mn_last_error(), "precision") != NULL, "%s", mn_last_error());
+  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT);
+  cr_expect_null(s);
+  mn_graph_free(g);
+}
+
+static mn_session *build(const mn_graph *g, mn_precision prec, bool training) {
+  mn_session_options o = cpu_options(prec);
+  mn_session *s = NULL;
+  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  return s;
+}
+
+/* Every pointwise op of one fp32 input: the op computes in fp32 and stores once, so the bf16
+ * and f16 values are the fp32 value rounded, within half an ulp. */
+Test(precision, every_unary_pointwise_op_is_its_fp32_value_rounded_once) {
+  static mn_node (*const ops[])(mn_graph *, mn_node) = {
+      mn_relu, mn_sigmoid, mn_tanh, mn_neg, mn_abs, mn_log, mn_exp, mn_recip, mn_silu, mn_gelu};
+  enum { N = 64 };
+  float x[N], want[N], got[N];
+  mn_rng r = mn_rng_new(5);
+  mn_rng_fill(&r, x, N, 0.05f, 3.0f);
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+    mn_graph *g = mn_graph_new();
+    mn_node y = ops[i](g, mn_input(g, "x", MN_SHAPE(N)));
+    mn_set_outputs(g, &y, 1);
+    mn_session *f32 = build(g, MN_PRECISION_F32, false);
+    cr_assert_eq(mn_session_set_input(f32, "x", x, N), MN_OK);
+    cr_assert_eq(mn_session_step(f32), MN_OK);
+    cr_assert_eq(mn_session_wait(f32), MN_OK);
+    cr_assert_eq(mn_session_read_output_by_index(f32, 0, want, N), MN_OK);
+    for (int prec = MN_PRECISION_BF16; prec <= MN_PRECISION_F16; prec++) {
+      mn_session *low = build(g, (mn_precision)prec, false);
+      cr_assert_eq(mn_session_set_input(low, "x", x, N), MN_OK);
+      cr_assert_eq(mn_session_step(low), MN_OK);
+      cr_assert_eq(mn_session_wait(low), MN_OK);
+      cr_assert_eq(mn_session_read_output_by_index(low, 0, got, N), MN_OK);
+      mn_dtype dt = prec == MN_PRECISION_BF16 ? MN_BF16 : MN_F16;
+      for (int k = 0; k < N; k++)
+        cr_expect_eq(got[k], mn_storage_round(dt, want[k]), "op %zu, %s, x = %g: %g, not %g", i,
+                     prec == MN_PRECISION_BF16 ? "bf16" : "f16", x[k], got[k],
+                     mn_storage_round(dt, want[k]));
+      mn_session_free(low);
+    }
+    mn_session_free(f32);
+    mn_graph_free(g);
+  }
+}
+
+static void fill_mlp_data(mn_session *const *s, size_t n, const mn_graph *g) {
+  float x[16 * 8], t[16 * 4];
+  mn_rng r = mn_rng_new(11);
+  mn_rng_fill(&r, x, 16 * 8, -1, 1);
+  mn_rng_fill(&r, t, 16 * 4, -1, 1);
+  mn_rng w = mn_rng_new(3);
+  mn_test_init_normal(g, s, n, &w, 0.3f, false);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(mn_session_set_input(s[i], "x", x, 16 * 8), MN_OK);
+    cr_assert_eq(mn_session_set_input(s[i], "t", t, 16 * 4), MN_OK);
+  }
+}
+
+static float step_loss(mn_session *s) {
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  return mn_session_read_loss(s);
+}
+
+Test(precision, outputs_read_back_exactly_as_stored) {
+  mn_graph *g = mlp();
+  mn_session *s = build(g, MN_PRECISION_BF16, true);
+  fill_mlp_data(&s, 1, g);
+  step_loss(s);
+  float y[16 * 4];
+  cr_assert_eq(mn_session_read_output_by_index(s, 1, y, 16 * 4), MN_OK);
+  for (int i = 0; i < 16 * 4; i++)
+    cr_expect_eq(y[i], mn_storage_round(MN_BF16, y[i]), "y[%d] = %.9g is no bf16 value", i, y[i]);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+/* An update far below a bf16 ulp of the weight still moves the fp32 master weight. */
+Test(precision, master_weights_take_updates_smaller_than_a_bf16_ulp) {
+  mn_graph *g = mlp();
+  mn_session *s = build(g, MN_PRECISION_BF16, true);
+  fill_mlp_data(&s, 1, g);
+  float ones[8 * 32];
+  for (int i = 0; i < 8 * 32; i++)
+    ones[i] = 1.0f;
+  cr_assert_eq(mn_session_set_parameter(s, "w1", ones, 8 * 32), MN_OK);
+  cr_assert_eq(mn_session_set_learning_rate(s, 1e-6f), MN_OK);
+  step_loss(s);
+  float after[8 * 32];
+  cr_assert_eq(mn_session_read_param(s, "w1", after, 8 * 32), MN_OK);
+  size_t moved = 0;
+  for (int i = 0; i < 8 * 32; i++) {
+    moved += after[i] != 1.0f;
+    cr_expect_lt(fabsf(after[i] - 1.0f), 0x1p-9f, "w1[%d] moved %g", i, after[i] - 1.0f);
+  }
+  cr_expect_gt(moved, 0, "no weight moved: the update was lost to bf16 rounding");
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+/* 40 AdamW steps from the same start: the bf16 and f16 runs converge as the fp32 one does. */
+Test(precision, adamw_training_converges_like_fp32) {
+  mn_graph *g = mlp();
+  mn_session *s[3] = {build(g, MN_PRECISION_F32, true), build(g, MN_PRECISION_BF16, true),
+                      build(g, MN_PRECISION_F16, true)};
+  fill_mlp_data(s, 3, g);
+  float first[3], last[3];
+  for (int k = 0; k < 3; k++) {
+    cr_assert_eq(mn_session_set_adamw(s[k], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+    for (int i = 0; i < 40; i++) {
+      float l = step_loss(s[k]);
+      if (i == 0) first[k] = l;
+      last[k] = l;
+    }
+  }
+  for (int k = 1; k < 3; k++) {
+    cr_expect_lt(fabsf(first[k] - first[0]), 0.02f * first[0], "step 1: %g vs fp32 %g", first[k],
+                 first[0]);
+    cr_expect_lt(last[k], 0.5f * first[k], "%s did not learn: %g -> %g", k == 1 ? "bf16" : "f16",
+                 first[k], last[k]);
+    cr_expect_lt(fabsf(last[k] - last[0]), 0.05f * first[0] + 0.1f * last[0],
+                 "step 40: %g vs fp32 %g", last[k], last[0]);
+  }
+  for (int k = 0; k < 3; k++)
+    mn_session_free(s[k]);
+  mn_graph_free(g);
+}
