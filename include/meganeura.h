@@ -281,6 +281,18 @@ MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out
 
 MN_API mn_status mn_session_save_checkpoint(mn_session *s, const char *path);
 MN_API mn_status mn_session_load_checkpoint(mn_session *s, const char *path);
+/* A checkpoint with the caller's own entries in its __metadata__ (a training program's step,
+ * sampler state, config, hyper-parameters), read back with mn_safetensors_open and
+ * mn_safetensors_metadata; mn_session_load_checkpoint ignores them. Keys must be non-empty,
+ * unique and none of the library's own (checkpoint_format, checkpoint_version,
+ * library_version, optimizer, step, lr, beta1, beta2, eps, weight_decay, max_grad_norm);
+ * values are any strings. MN_ERR_INVALID_ARGUMENT naming the entry, before anything is
+ * written; otherwise as mn_session_save_checkpoint. */
+typedef struct mn_checkpoint_entry {
+  const char *key, *value;
+} mn_checkpoint_entry;
+MN_API mn_status mn_session_save_checkpoint_with(mn_session *s, const char *path,
+                                                 const mn_checkpoint_entry *extra, size_t n_extra);
 
 MN_API mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict);
 MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);

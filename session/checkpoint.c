@@ -5,6 +5,10 @@
  *
  * Loading checks the whole file against the session (metadata, every name, dtype and shape,
  * no tensor left over) before it writes anything, so a file that does not fit changes nothing.
+ * mn_session_save_checkpoint_with adds the caller's own entries to __metadata__ (a training
+ * program's sampler state, config and hyper-parameters); loading ignores keys it does not know,
+ * so such files load like any other, and the caller reads its entries back with
+ * mn_safetensors_metadata.
  * Statuses: MN_ERR_IO (cannot open), MN_ERR_FORMAT (not safetensors, not a checkpoint, bad
  * metadata, a dtype other than F32), MN_ERR_SHAPE (a tensor of another shape),
  * MN_ERR_NOT_FOUND (a parameter or moment missing from the file, or a tensor of the file that
@@ -137,42 +141,86 @@ static mn_status gather(const char *fn, mn_session *s, const mn_io_param *params
   return MN_OK;
 }
 
-mn_status mn_session_save_checkpoint(mn_session *s, const char *path) {
-  const char *fn = "mn_session_save_checkpoint";
+/* The keys the library writes; callers' entries may not reuse them. */
+static bool library_key(const char *key) {
+  static const char *const own[] = {"checkpoint_format", "checkpoint_version", "library_version",
+                                    "optimizer", "step"};
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (strcmp(key, own[i]) == 0) return true;
+  for (size_t i = 0; i < NUM_FLOAT_FIELDS; i++)
+    if (strcmp(key, float_fields[i].key) == 0) return true;
+  return false;
+}
+
+static mn_status check_entries(const char *fn, const mn_checkpoint_entry *extra, size_t n) {
+  if (n && !extra)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: extra is NULL with %zu entries", fn, n);
+  for (size_t i = 0; i < n; i++) {
+    const char *key = extra[i].key;
+    if (!key || !*key) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: entry %zu has no key", fn, i);
+    if (!extra[i].value)
+      return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: entry \"%.64s\" has a NULL value", fn, key);
+    if (library_key(key))
+      return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                     "%s: entry \"%.64s\" is a key the library writes itself", fn, key);
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(extra[j].key, key) == 0)
+        return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: entry \"%.64s\" is given twice", fn, key);
+  }
+  return MN_OK;
+}
+
+static mn_status save(const char *fn, mn_session *s, const char *path,
+                      const mn_checkpoint_entry *extra, size_t n_extra) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
+  mn_status st = check_entries(fn, extra, n_extra);
+  if (st != MN_OK) return st;
   mn_optimizer_config c = s->optim;
   if ((unsigned)c.kind > MN_OPTIM_ADAMW) c.kind = MN_OPTIM_NONE;
   /* Inference sessions have no optimizer state worth restoring. */
   if (!s->training) c = (mn_optimizer_config){.kind = MN_OPTIM_NONE};
   bool moments = s->training && adam_family(c.kind);
 
+  enum { OWN = 5 + NUM_FLOAT_FIELDS };
+  mn_st_meta *meta = malloc((OWN + n_extra) * sizeof *meta);
+  if (!meta) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   mn_io_param *params = NULL;
   size_t np = 0, nt = 0;
   save_buffers b = {0};
-  mn_status st = mn_io_params(fn, s, &params, &np);
+  st = mn_io_params(fn, s, &params, &np);
   if (st == MN_OK) st = gather(fn, s, params, np, moments, &b, &nt);
 
   char values[NUM_FLOAT_FIELDS][FLOAT_CHARS], step[32];
-  mn_st_meta meta[5 + NUM_FLOAT_FIELDS] = {
-      {"checkpoint_format", CK_FORMAT},
-      {"checkpoint_version", CK_VERSION},
-      {"library_version", mn_version()},
-      {"optimizer", kind_names[c.kind]},
-      {"step", step},
-  };
+  meta[0] = (mn_st_meta){"checkpoint_format", CK_FORMAT};
+  meta[1] = (mn_st_meta){"checkpoint_version", CK_VERSION};
+  meta[2] = (mn_st_meta){"library_version", mn_version()};
+  meta[3] = (mn_st_meta){"optimizer", kind_names[c.kind]};
+  meta[4] = (mn_st_meta){"step", step};
   snprintf(step, sizeof step, "%llu", (unsigned long long)(s->training ? s->step_count : 0));
   for (size_t i = 0; i < NUM_FLOAT_FIELDS; i++) {
     snprintf(values[i], sizeof values[i], "%.9g", (double)*field_of(&c, &float_fields[i]));
     meta[5 + i] = (mn_st_meta){float_fields[i].key, values[i]};
   }
+  for (size_t i = 0; i < n_extra; i++)
+    meta[OWN + i] = (mn_st_meta){extra[i].key, extra[i].value};
   if (st == MN_OK) {
-    st = mn_safetensors_write(path, b.tensors, nt, meta, sizeof meta / sizeof meta[0]);
+    st = mn_safetensors_write(path, b.tensors, nt, meta, OWN + n_extra);
     if (st != MN_OK) st = mn_io_rewrap(st, fn);
   }
   save_buffers_free(&b);
   free(params);
+  free(meta);
   return st;
+}
+
+mn_status mn_session_save_checkpoint(mn_session *s, const char *path) {
+  return save("mn_session_save_checkpoint", s, path, NULL, 0);
+}
+
+mn_status mn_session_save_checkpoint_with(mn_session *s, const char *path,
+                                          const mn_checkpoint_entry *extra, size_t n_extra) {
+  return save("mn_session_save_checkpoint_with", s, path, extra, n_extra);
 }
 
 /* ---------------------------------------------------------------- load */

@@ -414,6 +414,63 @@ Test(checkpoint, argument_errors) {
   mn_graph_free(g);
 }
 
+/* ---------------------------------------------------------------- caller's metadata */
+
+Test(checkpoint, caller_entries_round_trip_and_load) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp(H);
+  mn_session *s = trained(g, ADAMW, 2);
+  const mn_checkpoint_entry extra[] = {{"train.sampler_rng", "0123456789abcdef"},
+                                       {"train.note", "quote \" and \\ and\nnewline"}};
+  cr_assert_eq(mn_session_save_checkpoint_with(s, path, extra, LEN(extra)), MN_OK, "%s",
+               mn_last_error());
+  mn_safetensors *st = NULL;
+  cr_assert_eq(mn_safetensors_open(path, &st), MN_OK, "%s", mn_last_error());
+  for (size_t i = 0; i < LEN(extra); i++)
+    cr_assert_str_eq(mn_safetensors_metadata(st, extra[i].key), extra[i].value);
+  cr_assert_str_eq(mn_safetensors_metadata(st, "step"), "2");
+  mn_safetensors_close(st);
+  /* The library's loader ignores the entries it does not know. */
+  mn_session *b = mn_test_session(g, MN_BACKEND_CPU, true);
+  cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
+  mn_test_assert_same_params(g, s, b, 0, "after loading a checkpoint with entries");
+  mn_session_free(b);
+  mn_session_free(s);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
+}
+
+Test(checkpoint, caller_entry_errors_write_nothing) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_checkpoint");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp(H);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
+  mn_assert_error(mn_session_save_checkpoint_with(s, path, NULL, 1), MN_ERR_INVALID_ARGUMENT,
+                  "mn_session_save_checkpoint_with: extra is NULL with 1 entries");
+  mn_assert_error(mn_session_save_checkpoint_with(s, path, &(mn_checkpoint_entry){"", "v"}, 1),
+                  MN_ERR_INVALID_ARGUMENT, "mn_session_save_checkpoint_with: entry 0 has no key");
+  mn_assert_error(mn_session_save_checkpoint_with(s, path, &(mn_checkpoint_entry){"k", NULL}, 1),
+                  MN_ERR_INVALID_ARGUMENT, "entry \"k\" has a NULL value");
+  mn_assert_error(mn_session_save_checkpoint_with(s, path, &(mn_checkpoint_entry){"step", "9"}, 1),
+                  MN_ERR_INVALID_ARGUMENT, "entry \"step\" is a key the library writes itself");
+  mn_assert_error(
+      mn_session_save_checkpoint_with(s, path, &(mn_checkpoint_entry){"max_grad_norm", "1"}, 1),
+      MN_ERR_INVALID_ARGUMENT, "entry \"max_grad_norm\" is a key the library writes itself");
+  const mn_checkpoint_entry twice[] = {{"a", "1"}, {"b", "2"}, {"a", "3"}};
+  mn_assert_error(mn_session_save_checkpoint_with(s, path, twice, LEN(twice)),
+                  MN_ERR_INVALID_ARGUMENT, "entry \"a\" is given twice");
+  mn_assert_error(mn_session_save_checkpoint_with(NULL, path, NULL, 0), MN_ERR_INVALID_ARGUMENT,
+                  "mn_session_save_checkpoint_with: session is NULL");
+  mn_assert_error(mn_session_save_checkpoint_with(s, NULL, NULL, 0), MN_ERR_INVALID_ARGUMENT,
+                  "mn_session_save_checkpoint_with: path is NULL");
+  struct stat sb;
+  cr_assert_neq(stat(path, &sb), 0, "a refused save wrote %s", path);
+  mn_session_free(s);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
+}
+
 /* ---------------------------------------------------------------- killed while saving */
 
 enum { BIG_ROWS = 1024, BIG_COLS = 2048, NUM_BIG = 3, KILLS = 30 };
