@@ -9,6 +9,7 @@
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 /* bf16 keeps 8 significant bits and fp16 11: a value rounded once is within half an ulp, a
  * relative 2^-9 and 2^-12 of where it was. */
@@ -227,4 +228,99 @@ Test(precision, adamw_training_converges_like_fp32) {
   for (int k = 0; k < 3; k++)
     mn_session_free(s[k]);
   mn_graph_free(g);
+}
+
+typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
+
+/* y = f(a, b) of one fp32 session and of a low-precision one on the same data. */
+static void run_binary(binary_fn f, mn_precision prec, const float *a, const float *b, float *y,
+                       int n) {
+  mn_graph *g = mn_graph_new();
+  mn_node out = f(g, mn_input(g, "a", MN_SHAPE(n)), mn_input(g, "b", MN_SHAPE(n)));
+  mn_set_outputs(g, &out, 1);
+  mn_session *s = build(g, prec, false);
+  cr_assert_eq(mn_session_set_input(s, "a", a, (size_t)n), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "b", b, (size_t)n), MN_OK);
+  cr_assert_eq(mn_session_step(s), MN_OK);
+  cr_assert_eq(mn_session_wait(s), MN_OK);
+  cr_assert_eq(mn_session_read_output_by_index(s, 0, y, (size_t)n), MN_OK);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+Test(precision, every_binary_pointwise_op_is_its_fp32_value_rounded_once) {
+  static const binary_fn ops[] = {mn_add, mn_mul, mn_div, mn_greater, mn_swiglu};
+  enum { N = 48 };
+  float a[N], b[N], want[N], got[N];
+  mn_rng r = mn_rng_new(8);
+  mn_rng_fill(&r, a, N, -2, 2);
+  mn_rng_fill(&r, b, N, 0.25f, 2);
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+    run_binary(ops[i], MN_PRECISION_F32, a, b, want, N);
+    run_binary(ops[i], MN_PRECISION_BF16, a, b, got, N);
+    for (int k = 0; k < N; k++)
+      cr_expect_eq(got[k], mn_storage_round(MN_BF16, want[k]), "op %zu at %d: %g, not %g", i, k,
+                   got[k], mn_storage_round(MN_BF16, want[k]));
+  }
+}
+
+/* A product reads both operands rounded: per element the error stays within
+ * u |c| + (2u + u^2) sum_k |a_ik b_kj| (docs/precision.md), and the bound is not slack: the
+ * operands' rounding does show. */
+Test(precision, products_stay_within_the_operand_rounding_bound) {
+  enum { M = 12, K = 40, N = 9 };
+  mn_graph *g = mn_graph_new();
+  mn_node c = mn_matmul(g, mn_input(g, "a", MN_SHAPE(M, K)), mn_parameter(g, "w", MN_SHAPE(K, N)));
+  mn_set_outputs(g, &c, 1);
+  float a[M * K], w[K * N], want[M * N], got[M * N];
+  mn_rng r = mn_rng_new(21);
+  mn_rng_fill(&r, a, M * K, -1, 1);
+  mn_rng_fill(&r, w, K * N, -1, 1);
+  mn_session *s[2] = {build(g, MN_PRECISION_F32, false), build(g, MN_PRECISION_BF16, false)};
+  float *out[2] = {want, got};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mn_session_set_input(s[k], "a", a, M * K), MN_OK);
+    cr_assert_eq(mn_session_set_parameter(s[k], "w", w, K * N), MN_OK);
+    cr_assert_eq(mn_session_step(s[k]), MN_OK);
+    cr_assert_eq(mn_session_wait(s[k]), MN_OK);
+    cr_assert_eq(mn_session_read_output_by_index(s[k], 0, out[k], M * N), MN_OK);
+    mn_session_free(s[k]);
+  }
+  double worst = 0;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double mag = 0;
+      for (int p = 0; p < K; p++)
+        mag += fabs((double)a[i * K + p] * w[p * N + j]);
+      double err = fabs((double)got[i * N + j] - want[i * N + j]);
+      double bound = BF16_U * fabs(want[i * N + j]) + (2 * BF16_U + BF16_U * BF16_U) * mag;
+      cr_expect_leq(err, bound, "c[%d][%d]: error %g above %g", i, j, err, bound);
+      if (err / bound > worst) worst = err / bound;
+    }
+  cr_expect_gt(worst, 0.01, "the bf16 product matches fp32 too well: operands not rounded?");
+  mn_graph_free(g);
+}
+
+/* A bf16 run saved and resumed continues exactly as the run that did not stop. */
+Test(precision, resuming_a_bf16_run_from_a_checkpoint_is_bitwise_exact) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_precision");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp();
+  mn_session *a = build(g, MN_PRECISION_BF16, true), *b = build(g, MN_PRECISION_BF16, true);
+  mn_session *both[2] = {a, b};
+  fill_mlp_data(both, 2, g);
+  cr_assert_eq(mn_session_set_adamw(a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+  for (int i = 0; i < 5; i++)
+    step_loss(a);
+  cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
+  for (int i = 0; i < 5; i++) {
+    float la = step_loss(a), lb = step_loss(b);
+    cr_expect_eq(la, lb, "step %d after resuming: %.9g vs %.9g", i, lb, la);
+  }
+  mn_test_assert_same_params(g, a, b, 0, "after resuming a bf16 run");
+  mn_session_free(a);
+  mn_session_free(b);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
 }
