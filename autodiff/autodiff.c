@@ -61,6 +61,11 @@ static mn_node own_gradient(mn_ad_ctx *c, mn_node grad, const unsigned char *tak
 }
 
 mn_status mn_autodiff(const char *fn, const mn_graph *fwd, mn_graph **out, int32_t *grads) {
+  return mn_autodiff_scaled(fn, fwd, NULL, out, grads);
+}
+
+mn_status mn_autodiff_scaled(const char *fn, const mn_graph *fwd, const char *scale_input,
+                             mn_graph **out, int32_t *grads) {
   *out = NULL;
   if (fwd->num_outputs == 0)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: graph has no outputs", fn);
@@ -93,7 +98,8 @@ mn_status mn_autodiff(const char *fn, const mn_graph *fwd, mn_graph **out, int32
   if ((st = mark_needs_grad(fn, &c, rules)) != MN_OK) goto done;
 
   float one = 1.0f;
-  mn_node seed = mn_constant(c.g, &one, MN_SHAPE(1));
+  mn_node seed =
+      scale_input ? mn_input(c.g, scale_input, MN_SHAPE(1)) : mn_constant(c.g, &one, MN_SHAPE(1));
   mn_ad_accumulate(&c, loss, seed);
   for (size_t i = fwd->num_nodes; i-- > 0 && c.g->status == MN_OK;) {
     if (c.grad[i] == MN_NO_NODE || fwd->nodes[i].op == MN_OP_PARAMETER) continue;

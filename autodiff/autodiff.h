@@ -47,5 +47,10 @@ extern const mn_vjp_rule mn_vjp_rules[MN_OP_COUNT];
  * (for each node i of fwd) is the output index of parameter i's gradient, or -1. Each
  * gradient is a node of its own, never shared with another parameter or a leaf. */
 mn_status mn_autodiff(const char *fn, const mn_graph *fwd, mn_graph **out, int32_t *grads);
+/* mn_autodiff seeding the loss gradient with an F32 [1] input named scale_input (the loss
+ * scale of an F16 session, which the backend writes every step) instead of the constant 1,
+ * so every gradient comes out multiplied by it; NULL seeds 1 as mn_autodiff does. */
+mn_status mn_autodiff_scaled(const char *fn, const mn_graph *fwd, const char *scale_input,
+                             mn_graph **out, int32_t *grads);
 
 #endif

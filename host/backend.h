@@ -6,6 +6,7 @@
 #define MN_HOST_BACKEND_H
 
 #include "host/plan.h"
+#include "host/storage.h"
 
 typedef struct mn_backend_ops {
   const char *name;
@@ -45,8 +46,9 @@ struct mn_session {
   const mn_backend_ops *backend;
   void *backend_state;
   mn_optimizer_config optim;
-  uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
-  uint64_t steps;      /* mn_session_step calls that submitted work */
+  uint64_t step_count;   /* completed optimizer steps (Adam bias correction) */
+  uint64_t steps;        /* mn_session_step calls that submitted work */
+  mn_loss_scaler scaler; /* F16 training plans (plan->loss_scale); host/storage.h */
 };
 
 /* The reference backend in host/reference/. */

@@ -148,6 +148,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
     return st;
   }
 
+  p->loss_scale = mn_graph_find_leaf(g, MN_OP_INPUT, MN_LOSS_SCALE_INPUT);
   p->loss = MN_NO_NODE;
   if (g->num_outputs) {
     const mn_tensor_type *t = &g->nodes[g->outputs[0]].type;

@@ -27,6 +27,9 @@ typedef struct mn_buffer_desc {
   mn_dtype storage;
 } mn_buffer_desc;
 
+/* The name of the input that seeds the loss gradient with the loss scale (F16 training). */
+#define MN_LOSS_SCALE_INPUT "#loss_scale"
+
 typedef struct mn_dispatch {
   mn_node node; /* the node the dispatch computes */
 } mn_dispatch;
@@ -60,6 +63,9 @@ struct mn_plan {
   /* Where the user's parameters lie in derived parameters, bound to graph (param_layout.h). */
   mn_param_layout layout;
   mn_precision precision; /* which the storage types were chosen for (host/storage.h) */
+  /* The [1] input named MN_LOSS_SCALE_INPUT that seeds the loss gradient of an F16 training
+   * plan (the backend writes the loss scale there every step), else MN_NO_NODE. */
+  mn_node loss_scale;
 };
 typedef struct mn_plan mn_plan;
 

@@ -153,3 +153,17 @@ mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec) {
   free(weight_grad);
   return st;
 }
+
+bool mn_loss_scaler_record(mn_loss_scaler *l, bool finite) {
+  if (!finite) {
+    l->scale *= 0.5f;
+    l->good_steps = 0;
+    l->skipped++;
+    return false;
+  }
+  if (++l->good_steps == MN_LOSS_SCALE_INTERVAL) {
+    l->scale *= 2.0f;
+    l->good_steps = 0;
+  }
+  return true;
+}

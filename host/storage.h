@@ -36,4 +36,24 @@ mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec);
  * low precision. */
 bool mn_storage_reads_low(mn_op op, int k);
 
+/* F16's dynamic loss scaling, as PyTorch's GradScaler: the loss gradient is seeded with
+ * `scale` (plan->loss_scale), so the fp16 activation gradients keep their small values; the
+ * backend then divides the parameter gradients by it. A step whose gradients are all finite
+ * updates the parameters, and after MN_LOSS_SCALE_INTERVAL such steps in a row the scale
+ * doubles; a step with an infinite or NaN gradient leaves the parameters and the optimizer
+ * state alone (`skipped` counts it) and halves the scale. */
+#define MN_LOSS_SCALE_INIT     65536.0f
+#define MN_LOSS_SCALE_INTERVAL 2000u
+typedef struct mn_loss_scaler {
+  float scale;
+  unsigned good_steps; /* finite steps since the scale last changed */
+  uint64_t skipped;
+} mn_loss_scaler;
+
+static inline mn_loss_scaler mn_loss_scaler_new(void) {
+  return (mn_loss_scaler){.scale = MN_LOSS_SCALE_INIT};
+}
+/* Records a step whose gradients were finite or not and moves the scale; returns finite. */
+bool mn_loss_scaler_record(mn_loss_scaler *l, bool finite);
+
 #endif

@@ -276,6 +276,12 @@ typedef struct mn_session_stats {
   uint64_t graph_captures;     /* captures of the step graph: 1 unless the optimizer kind changed */
   bool kernel_cache_hit;       /* the kernels came from the disk cache: nothing compiled */
   double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */
+  /* F16 training sessions (0 otherwise): the dynamic loss scale the next step seeds the loss
+   * gradient with, and the steps whose gradients overflowed and updated nothing. The scale
+   * starts at 65536, halves on such a step and doubles after 2000 finite steps in a row, as
+   * PyTorch's GradScaler. */
+  float loss_scale;
+  uint64_t skipped_steps;
 } mn_session_stats;
 MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out);
 
@@ -295,6 +301,13 @@ MN_API mn_status mn_session_save_checkpoint_with(mn_session *s, const char *path
                                                  const mn_checkpoint_entry *extra, size_t n_extra);
 
 MN_API mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict);
+/* mn_session_load_safetensors with flags: MN_LOAD_STRICT is strict above. Both refuse a tensor
+ * holding a NaN or infinity with MN_ERR_FORMAT naming it, loading nothing, unless
+ * MN_LOAD_ALLOW_NONFINITE is given (for inspecting a broken checkpoint). Unknown flags:
+ * MN_ERR_INVALID_ARGUMENT. */
+typedef enum mn_load_flags { MN_LOAD_STRICT = 1, MN_LOAD_ALLOW_NONFINITE = 2 } mn_load_flags;
+MN_API mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path,
+                                                   unsigned flags);
 MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);
 
 typedef struct mn_safetensors mn_safetensors;

@@ -29,6 +29,7 @@ typedef struct reader {
   unsigned char *user_seen; /* user leaves already matched by a lowered leaf or a source */
   uint64_t total_bytes;
   mn_param_layout layout; /* param_sources */
+  bool loss_scale;        /* an F16 plan may have the loss-scale input, once */
 } reader;
 
 static mn_status miss(reader *r, mn_status st, const char *fmt, ...)
@@ -200,6 +201,20 @@ static mn_status read_derived_name(reader *r, size_t i, const char *s, mn_node_r
   return MN_OK;
 }
 
+/* The input that seeds an F16 plan's loss gradient with the loss scale (plan.h): the library's,
+ * not the user's, so it is no user leaf; an F32 [1], at most once, and only in an F16 plan. */
+static mn_status read_loss_scale(reader *r, size_t i, mn_node_rec *n) {
+  if (!r->loss_scale) return CORRUPT(r, "node %zu: a loss-scale input outside an f16 plan", i);
+  if (mn_graph_find_leaf(r->user, MN_OP_INPUT, MN_LOSS_SCALE_INPUT) != MN_NO_NODE)
+    return CORRUPT(r, "node %zu: the loss-scale input has a user leaf's name", i);
+  if (n->type.dtype != MN_F32 || mn_tensor_type_numel(&n->type) != 1)
+    return CORRUPT(r, "node %zu: the loss-scale input is not one f32", i);
+  r->loss_scale = false;
+  if (!(n->name = strdup(MN_LOSS_SCALE_INPUT)))
+    return miss(r, MN_ERR_OUT_OF_MEMORY, "out of memory");
+  return MN_OK;
+}
+
 /* Inputs and parameters: the session's interface, so each must be one of the user graph's
  * leaves with its exact type, and appear once. */
 static mn_status read_name(reader *r, size_t i, const node_fields *node, mn_node_rec *n) {
@@ -209,6 +224,7 @@ static mn_status read_name(reader *r, size_t i, const node_fields *node, mn_node
   const char *s = cJSON_GetStringValue(name);
   if (!s) return CORRUPT(r, "node %zu: %s without a name", i, mn_op_name(n->op));
   if (mn_param_is_derived(n)) return read_derived_name(r, i, s, n);
+  if (n->op == MN_OP_INPUT && strcmp(s, MN_LOSS_SCALE_INPUT) == 0) return read_loss_scale(r, i, n);
   mn_node u = mn_graph_find_leaf(r->user, n->op, s);
   if (u == MN_NO_NODE)
     return CORRUPT(r, "node %zu: the graph has no %s named \"%s\"", i, mn_op_name(n->op), s);
@@ -547,7 +563,8 @@ mn_status mn_plan_cache_parse(const char *json, size_t len, const mn_graph *user
   char scratch[256];
   reader r = {.why = why && why_size ? why : scratch,
               .why_size = why && why_size ? why_size : sizeof scratch,
-              .user = user};
+              .user = user,
+              .loss_scale = o && o->precision == MN_PRECISION_F16};
   r.why[0] = '\0';
   *out = NULL;
   cJSON *root = cJSON_ParseWithLength(json, len);

@@ -112,6 +112,7 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   s->options = o;
   s->training = training;
   s->backend = backend;
+  s->scaler = mn_loss_scaler_new();
   if ((st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
     free(s);
@@ -167,6 +168,10 @@ mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_get_stats: session is NULL");
   if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_get_stats: out is NULL");
   *out = (mn_session_stats){.backend = s->backend->name, .steps = s->steps};
+  if (s->plan->loss_scale != MN_NO_NODE) {
+    out->loss_scale = s->scaler.scale;
+    out->skipped_steps = s->scaler.skipped;
+  }
   if (s->backend->stats) s->backend->stats(s, out);
   return MN_OK;
 }

@@ -51,7 +51,9 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
                             report ? &report->stage[MN_OPTIMIZE_FORWARD].sibling_groups : NULL);
   if (st == MN_OK && !(grads = malloc((fwd->num_nodes ? fwd->num_nodes : 1) * sizeof *grads)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  if (st == MN_OK) st = mn_autodiff(fn, fwd, &full, grads);
+  /* F16 seeds the loss gradient with the loss scale, an input the backend writes each step. */
+  const char *scale = o && o->precision == MN_PRECISION_F16 ? MN_LOSS_SCALE_INPUT : NULL;
+  if (st == MN_OK) st = mn_autodiff_scaled(fn, fwd, scale, &full, grads);
   /* The optimizer keeps names and the outputs' order, so gradients stay matched. */
   if (st == MN_OK) st = mn_optimize_graph_report(fn, &full, o, MN_OPTIMIZE_FULL, report);
   if (st == MN_OK) st = mn_graph_toposort_status(full, &sorted);

@@ -2,10 +2,12 @@
  * chooses, and sessions that store low-precision values as the CUDA backend will (bounds from
  * docs/precision.md). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host/pointwise.h"
 #include "host/storage.h"
+#include "io/plan_cache.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
@@ -323,4 +325,92 @@ Test(precision, resuming_a_bf16_run_from_a_checkpoint_is_bitwise_exact) {
   mn_session_free(b);
   mn_graph_free(g);
   mn_tmp_dir_remove(&t);
+}
+
+static mn_session_stats stats_of(const mn_session *s) {
+  mn_session_stats st;
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  return st;
+}
+
+/* F16: targets far from the predictions give gradients that overflow fp16 once multiplied by
+ * the initial scale; such a step updates nothing and halves the scale, and once the scale is
+ * small enough the steps update again. */
+Test(precision, f16_loss_scaling_skips_overflowing_steps_and_leaves_parameters_alone) {
+  mn_graph *g = mlp();
+  mn_session *s = build(g, MN_PRECISION_F16, true);
+  fill_mlp_data(&s, 1, g);
+  float t[16 * 4];
+  for (int i = 0; i < 16 * 4; i++)
+    t[i] = 3000.0f;
+  cr_assert_eq(mn_session_set_input(s, "t", t, 16 * 4), MN_OK);
+  cr_assert_eq(mn_session_set_learning_rate(s, 1e-9f), MN_OK);
+  cr_expect_eq(stats_of(s).loss_scale, 65536.0f);
+  float *before = mn_test_read_params(g, s);
+  float loss = step_loss(s);
+  cr_expect(isfinite(loss), "the loss is computed before the scale: %g", loss);
+  mn_session_stats st = stats_of(s);
+  cr_expect_eq(st.skipped_steps, 1);
+  cr_expect_eq(st.loss_scale, 32768.0f);
+  float *same = mn_test_read_params(g, s);
+  cr_expect(memcmp(before, same, mn_test_param_count(g) * sizeof(float)) == 0,
+            "an overflowing step changed the parameters");
+  int steps = 1;
+  while (stats_of(s).skipped_steps == (uint64_t)steps && steps < 30) {
+    step_loss(s);
+    steps++;
+  }
+  st = stats_of(s);
+  cr_expect_lt(st.skipped_steps, (uint64_t)steps, "every step overflowed");
+  cr_expect_lt(st.loss_scale, 65536.0f / 4);
+  float *after = mn_test_read_params(g, s);
+  cr_expect(memcmp(before, after, mn_test_param_count(g) * sizeof(float)) != 0,
+            "the first finite step updated nothing");
+  float grad[4];
+  cr_assert_eq(mn_session_read_grad(s, "b2", grad, 4), MN_OK);
+  for (int i = 0; i < 4; i++)
+    cr_expect(fabsf(grad[i]) < 1e4f && fabsf(grad[i]) > 1.0f, "b2's gradient is read unscaled: %g",
+              grad[i]);
+  free(before), free(same), free(after);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+Test(precision, only_f16_training_sessions_scale_the_loss) {
+  mn_graph *g = mlp();
+  for (int prec = MN_PRECISION_F32; prec <= MN_PRECISION_BF16; prec++) {
+    mn_session *s = build(g, (mn_precision)prec, true);
+    cr_expect_eq(stats_of(s).loss_scale, 0.0f);
+    cr_expect_null(s->plan->loss_scale == MN_NO_NODE ? NULL : s, "precision %d", prec);
+    mn_session_free(s);
+  }
+  mn_session *inf = build(g, MN_PRECISION_F16, false);
+  cr_expect_eq(stats_of(inf).loss_scale, 0.0f, "inference has no loss to scale");
+  mn_session_free(inf);
+  mn_graph_free(g);
+}
+
+/* The loss-scale input is the library's: an F16 plan goes through the plan cache with it, and
+ * a cache written for another precision is stale. */
+Test(precision, an_f16_plan_goes_through_the_plan_cache) {
+  mn_graph *g = mlp();
+  mn_session_options o = cpu_options(MN_PRECISION_F16);
+  mn_plan *p = NULL, *back = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
+  cr_assert_neq(p->loss_scale, MN_NO_NODE);
+  char *json = NULL, why[256];
+  cr_assert_eq(mn_plan_cache_serialize(p, g, &o, &json), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_plan_cache_parse(json, strlen(json), g, &o, MN_PLAN_CACHE_VERIFY_CHECKSUM, &back,
+                                   why, sizeof why),
+               MN_OK, "%s", why);
+  cr_expect_neq(back->loss_scale, MN_NO_NODE);
+  mn_plan_free(back);
+  mn_session_options bf16 = cpu_options(MN_PRECISION_BF16);
+  cr_expect_eq(mn_plan_cache_parse(json, strlen(json), g, &bf16, MN_PLAN_CACHE_VERIFY_CHECKSUM,
+                                   &back, why, sizeof why),
+               MN_ERR_STATE, "a cache of another precision is stale");
+  cr_expect_null(back);
+  free(json);
+  mn_plan_free(p);
+  mn_graph_free(g);
 }

@@ -153,11 +153,31 @@ static void store_low_precision(mn_session *s, mn_node id, const mn_node_rec *no
   }
 }
 
+/* F16: divides every parameter gradient by the loss scale the step was seeded with and
+ * records whether they are all finite; false skips the update (host/storage.h). */
+static bool unscale_gradients(mn_session *s) {
+  const mn_plan *p = s->plan;
+  float inv = 1.0f / s->scaler.scale;
+  bool finite = true;
+  for (size_t i = 0; i < p->num_params; i++) {
+    mn_node gn = p->params[i].grad;
+    if (gn == MN_NO_NODE) continue;
+    float *g = (float *)buffer_ptr(s, p->node_buffer[gn]);
+    for (size_t k = 0, n = (size_t)mn_tensor_type_numel(&p->graph->nodes[gn].type); k < n; k++) {
+      finite = finite && isfinite(g[k]);
+      g[k] *= inv;
+    }
+  }
+  return mn_loss_scaler_record(&s->scaler, finite);
+}
+
 static mn_status cpu_step(mn_session *s) {
   cpu_state *st = s->backend_state;
   const mn_plan *p = s->plan;
   const mn_graph *g = p->graph;
   char msg[sizeof st->pending_error - 64];
+  if (p->loss_scale != MN_NO_NODE)
+    memcpy(buffer_ptr(s, p->node_buffer[p->loss_scale]), &s->scaler.scale, sizeof(float));
   for (size_t d = 0; d < p->num_dispatches; d++) {
     mn_node id = p->dispatches[d].node;
     const mn_node_rec *node = &g->nodes[id];
@@ -183,6 +203,7 @@ static mn_status cpu_step(mn_session *s) {
       return MN_OK;
     }
   }
+  if (p->loss_scale != MN_NO_NODE && !unscale_gradients(s)) return MN_OK;
   if (!s->training || s->optim.kind == MN_OPTIM_NONE) return MN_OK;
   bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
   if (adam) {
