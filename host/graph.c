@@ -1,6 +1,7 @@
 #include "host/graph.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,84 @@ const char *mn_shape_str(const mn_tensor_type *t, char *buf, size_t size) {
 
 mn_graph *mn_graph_new(void) { return calloc(1, sizeof(mn_graph)); }
 
+/* ---------------------------------------------------------------- name index
+ *
+ * Open addressing over node ids + 1 (0: an empty slot), keyed by the hash of the name alone,
+ * so that a node whose op is rewritten in place (the optimizer does that to unnamed nodes)
+ * keeps its slot; a probe compares op and name. Model graphs have ~10 named leaves per layer,
+ * and every leaf builder and session lookup asks for a name: a scan made building a
+ * 1,600-layer model quadratic. */
+struct mn_name_index {
+  const mn_node_rec *nodes; /* the array indexed: another one means index again */
+  size_t indexed;           /* nodes [0, indexed) are in */
+  size_t count, cap;        /* named nodes in slots; slots (a power of two, or 0) */
+  uint32_t *slots;
+};
+
+static _Thread_local size_t name_compares;
+
+size_t mn_graph_name_compares(void) { return name_compares; }
+
+/* FNV-1a. */
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+static void slot_put(uint32_t *slots, size_t cap, const char *name, size_t id) {
+  size_t i = (size_t)name_hash(name) & (cap - 1);
+  while (slots[i])
+    i = (i + 1) & (cap - 1);
+  slots[i] = (uint32_t)id + 1;
+}
+
+/* Room for one more name at most half full; false when out of memory. */
+static bool index_reserve(struct mn_name_index *x) {
+  if (2 * (x->count + 1) <= x->cap) return true;
+  size_t cap = x->cap ? 2 * x->cap : 64;
+  uint32_t *slots = calloc(cap, sizeof *slots);
+  if (!slots) return false;
+  for (size_t i = 0; i < x->cap; i++)
+    if (x->slots[i]) slot_put(slots, cap, x->nodes[x->slots[i] - 1].name, x->slots[i] - 1);
+  free(x->slots);
+  x->slots = slots;
+  x->cap = cap;
+  return true;
+}
+
+static void index_free(mn_graph *g) {
+  if (!g->names) return;
+  free(g->names->slots);
+  free(g->names);
+  g->names = NULL;
+}
+
+/* Brings g's index up to date (writing nothing when it already is); false when out of
+ * memory, with the index dropped, so that lookups scan instead. */
+static bool index_sync(mn_graph *g) {
+  struct mn_name_index *x = g->names;
+  if (x && x->nodes == g->nodes && x->indexed == g->num_nodes) return true;
+  if (!x && !(x = g->names = calloc(1, sizeof *x))) return false;
+  if (x->nodes != g->nodes || x->indexed > g->num_nodes) {
+    if (x->cap) memset(x->slots, 0, x->cap * sizeof *x->slots);
+    x->count = x->indexed = 0;
+    x->nodes = g->nodes;
+  }
+  for (; x->indexed < g->num_nodes; x->indexed++) {
+    const char *name = g->nodes[x->indexed].name;
+    if (!name) continue;
+    if (!index_reserve(x)) {
+      index_free(g);
+      return false;
+    }
+    slot_put(x->slots, x->cap, name, x->indexed);
+    x->count++;
+  }
+  return true;
+}
+
 void mn_graph_free(mn_graph *g) {
   if (!g) return;
   for (size_t i = 0; i < g->num_nodes; i++) {
@@ -94,6 +173,7 @@ void mn_graph_free(mn_graph *g) {
     free(g->nodes[i].data);
     free(g->nodes[i].fused);
   }
+  index_free(g);
   free(g->nodes);
   free(g->outputs);
   free(g);
@@ -163,6 +243,8 @@ mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_in
     size_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
     mn_node_rec *nodes = realloc(g->nodes, cap * sizeof *nodes);
     if (!nodes) return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: out of memory", mn_op_name(op));
+    /* realloc moved the nodes the index holds, not changed them. */
+    if (g->names && g->names->nodes == g->nodes) g->names->nodes = nodes;
     g->nodes = nodes;
     g->cap_nodes = cap;
   }
@@ -179,16 +261,37 @@ mn_node mn_graph_append(mn_graph *g, mn_op op, const mn_node *inputs, int num_in
     if (!n->name)
       return mn_graph_fail(g, MN_ERR_OUT_OF_MEMORY, "%s: out of memory", mn_op_name(op));
   }
-  return (mn_node)g->num_nodes++;
+  /* Nodes cut off by hand and appended again: index them anew. */
+  if (g->names && g->names->indexed > g->num_nodes) g->names->indexed = SIZE_MAX;
+  g->num_nodes++;
+  /* Indexed now, so that lookups on a built graph only read it (graphs are shared between
+   * threads as const). */
+  index_sync(g);
+  return (mn_node)(g->num_nodes - 1);
+}
+
+static bool leaf_is(const mn_node_rec *n, mn_op op, const char *name) {
+  name_compares++;
+  return n->op == op && n->name && strcmp(n->name, name) == 0;
 }
 
 mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name) {
   if (!g || !name) return MN_NO_NODE;
-  for (size_t i = 0; i < g->num_nodes; i++) {
-    const mn_node_rec *n = &g->nodes[i];
-    if (n->op == op && n->name && strcmp(n->name, name) == 0) return (mn_node)i;
+  /* The index is a cache of g's names, not part of its value. */
+  if (!index_sync((mn_graph *)g)) {
+    for (size_t i = 0; i < g->num_nodes; i++)
+      if (leaf_is(&g->nodes[i], op, name)) return (mn_node)i;
+    return MN_NO_NODE;
   }
-  return MN_NO_NODE;
+  const struct mn_name_index *x = g->names;
+  size_t found = SIZE_MAX;
+  if (!x->cap) return MN_NO_NODE;
+  /* Every node of this name is on the probe chain: the first one wins, as a scan would. */
+  for (size_t i = (size_t)name_hash(name) & (x->cap - 1); x->slots[i]; i = (i + 1) & (x->cap - 1)) {
+    size_t id = x->slots[i] - 1;
+    if (id < found && leaf_is(&g->nodes[id], op, name)) found = id;
+  }
+  return found == SIZE_MAX ? MN_NO_NODE : (mn_node)found;
 }
 
 bool mn_node_rec_copy(mn_node_rec *dst, const mn_node_rec *src) {

@@ -80,6 +80,9 @@ struct mn_graph {
   size_t num_outputs;
   mn_status status;
   char error[MN_ERROR_CAP];
+  /* mn_graph_find_leaf's hash of the named nodes; owned. A cache: NULL or out of date is
+   * fine (the next lookup rebuilds it), so code that fills nodes by hand needs no care. */
+  struct mn_name_index *names;
 };
 
 /* Appends a node (inputs, type and attrs copied; name copied when not NULL).
@@ -123,8 +126,17 @@ mn_graph *mn_graph_clone(const mn_graph *g);
 mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted);
 
 /* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
- * (MN_OP_INPUT or MN_OP_PARAMETER). */
+ * (MN_OP_INPUT or MN_OP_PARAMETER); with several matches, the first. A hash lookup: the index
+ * follows nodes appended (mn_graph_append) or written past the indexed ones, and a graph whose
+ * node array was replaced or shrunk is indexed again; a named node renamed in place after a
+ * lookup is the one change it does not see. A lookup on a graph whose nodes were written by
+ * hand may build the index, so concurrent first lookups need such a graph to be indexed first
+ * (one lookup). */
 mn_node mn_graph_find_leaf(const mn_graph *g, mn_op op, const char *name);
+
+/* Names mn_graph_find_leaf has compared on this thread so far: tests count them to prove
+ * that lookups do not scan the graph. */
+size_t mn_graph_name_compares(void);
 
 /* How many extra outputs (each read through an extra_output node) node n writes. */
 int mn_node_num_extra_outputs(const mn_node_rec *n);

@@ -419,7 +419,10 @@ typedef struct mn_model_config {
  * model_type other than "gpt2" and "llama", or an option these models do not implement
  * (GPT-2: activation_function other than gelu_new / gelu_pytorch_tanh, unscaled or per-layer
  * scaled attention, cross-attention; Llama: hidden_act other than silu, attention_bias,
- * mlp_bias, rope_scaling). Other keys are ignored. */
+ * mlp_bias, rope_scaling). Other keys are ignored. Limits, checked before anything is
+ * allocated (MN_ERR_FORMAT naming the key; mn_model_build gives MN_ERR_INVALID_ARGUMENT naming
+ * the field for a config filled by hand): at most 65536 layers, and at most 2^40 parameters
+ * (the weights alone would be 4 TiB in fp32). */
 MN_API mn_status mn_model_config_load(const char *config_json_path, mn_model_config *out);
 MN_API mn_status mn_model_config_parse(const char *json_text, mn_model_config *out);
 

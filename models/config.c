@@ -21,6 +21,18 @@
 /* Sizes must fit the builders' int arguments (heads, head_dim) and U32 token ids. */
 #define MAX_SIZE ((int64_t)INT32_MAX)
 
+/* The config's keys, as messages name them: config.json's for each family, and the struct's
+ * fields for a config filled by hand. */
+typedef struct key_names {
+  const char *vocab, *hidden, *layers, *inner;
+} key_names;
+
+static const key_names GPT2_KEYS = {"vocab_size", "n_embd", "n_layer", "n_inner"};
+static const key_names LLAMA_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers",
+                                     "intermediate_size"};
+static const key_names FIELD_NAMES = {"vocab_size", "hidden_size", "num_layers",
+                                      "intermediate_size"};
+
 typedef struct reader {
   const char *fn, *where; /* the public function, and the file (or "config") in messages */
   const cJSON *root;
@@ -190,6 +202,9 @@ static mn_status parse_llama(const reader *r, mn_model_config *c) {
   return check_rope_scaling(r);
 }
 
+static mn_status size_check(const char *fn, const char *where, const mn_model_config *c,
+                            const key_names *keys, mn_status status);
+
 static mn_status parse_root(const char *fn, const char *where, const cJSON *root,
                             mn_model_config *out) {
   reader r = {fn, where, root};
@@ -212,6 +227,9 @@ static mn_status parse_root(const char *fn, const char *where, const cJSON *root
     return mn_fail(MN_ERR_UNSUPPORTED,
                    "%s: %s: model_type \"%s\" is not supported (supported: \"gpt2\", \"llama\")",
                    fn, where, type->valuestring);
+  if (st != MN_OK) return st;
+  st = size_check(fn, where, &c, c.family == MN_MODEL_GPT2 ? &GPT2_KEYS : &LLAMA_KEYS,
+                  MN_ERR_FORMAT);
   if (st != MN_OK) return st;
   if ((st = mn_model_config_check(fn, &c)) != MN_OK) return st;
   *out = c;
@@ -261,6 +279,38 @@ mn_status mn_model_config_load(const char *config_json_path, mn_model_config *ou
   return st;
 }
 
+double mn_model_parameter_count(const mn_model_config *c) {
+  double v = (double)c->vocab_size, d = (double)c->hidden_size, i = (double)c->intermediate_size;
+  double head = c->tie_word_embeddings ? 0 : v * d, per_layer;
+  if (c->family == MN_MODEL_GPT2) {
+    /* ln_1, ln_2 (weight and bias); c_attn, c_proj, c_fc, mlp c_proj (weight and bias) */
+    per_layer = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * i + i) + (i * d + d);
+    return v * d + (double)c->max_positions * d + (double)c->num_layers * per_layer + 2 * d + head;
+  }
+  double q = (double)(c->num_heads * c->head_dim), kv = (double)(c->num_kv_heads * c->head_dim);
+  /* q, k, v, o; gate, up, down; the two norms */
+  per_layer = q * d + 2 * kv * d + d * q + 3 * i * d + 2 * d;
+  return v * d + (double)c->num_layers * per_layer + d + head;
+}
+
+/* Refused before anything is allocated: more layers than MN_MODEL_MAX_LAYERS, or more
+ * parameters than MN_MODEL_MAX_PARAMETERS (the sizes are named by `keys`). */
+static mn_status size_check(const char *fn, const char *where, const mn_model_config *c,
+                            const key_names *keys, mn_status status) {
+  if (c->num_layers > MN_MODEL_MAX_LAYERS)
+    return mn_fail(status, "%s: %s: \"%s\" is %lld, more than the limit of %d layers", fn, where,
+                   keys->layers, (long long)c->num_layers, MN_MODEL_MAX_LAYERS);
+  double n = mn_model_parameter_count(c);
+  if (n > (double)MN_MODEL_MAX_PARAMETERS)
+    return mn_fail(status,
+                   "%s: %s: %.3g parameters (\"%s\" %lld, \"%s\" %lld, \"%s\" %lld, \"%s\" "
+                   "%lld), more than the limit of 2^40 (%lld)",
+                   fn, where, n, keys->vocab, (long long)c->vocab_size, keys->hidden,
+                   (long long)c->hidden_size, keys->layers, (long long)c->num_layers, keys->inner,
+                   (long long)c->intermediate_size, (long long)MN_MODEL_MAX_PARAMETERS);
+  return MN_OK;
+}
+
 static mn_status bad_field(const char *fn, const char *field, long long v, const char *want) {
   return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: config %s is %lld, %s", fn, field, v, want);
 }
@@ -283,6 +333,8 @@ mn_status mn_model_config_check(const char *fn, const mn_model_config *c) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (sizes[i].v < 1 || sizes[i].v > MAX_SIZE)
       return bad_field(fn, sizes[i].name, (long long)sizes[i].v, "expected 1..2147483647");
+  mn_status st = size_check(fn, "config", c, &FIELD_NAMES, MN_ERR_INVALID_ARGUMENT);
+  if (st != MN_OK) return st;
   if (c->num_heads % c->num_kv_heads)
     return bad_field(fn, "num_heads", (long long)c->num_heads, "not a multiple of num_kv_heads");
   if (c->family == MN_MODEL_GPT2 &&

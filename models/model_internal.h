@@ -22,6 +22,16 @@
 mn_node mn_model_param(mn_graph *g, const char *prefix, const int64_t *shape, int rank,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* The limits that mn_model_config_load, mn_model_config_parse and mn_model_config_check
+ * enforce before anything is allocated (meganeura.h states them). The layer limit keeps
+ * graphs far below 2^32 nodes and their build time short; the parameter limit is the leaf
+ * builders' element limit, so that no size computed from a config overflows. */
+#define MN_MODEL_MAX_LAYERS     65536
+#define MN_MODEL_MAX_PARAMETERS ((int64_t)1 << 40)
+
+/* The parameters mn_model_build declares for c, counted in double (no overflow). */
+double mn_model_parameter_count(const mn_model_config *c);
+
 /* The sizes and options of a config, checked as mn_model_config_load checks the file's
  * values (a config may also be filled by hand): MN_ERR_INVALID_ARGUMENT naming the field. */
 mn_status mn_model_config_check(const char *fn, const mn_model_config *c);

@@ -7,14 +7,17 @@
  * before it writes any, so a file that does not fit changes nothing: MN_ERR_SHAPE for another
  * shape (never transposed or reshaped), MN_ERR_FORMAT for a dtype that is not F32, F16, BF16 or
  * F64 and for a bad index, MN_ERR_NOT_FOUND for a parameter a strict load does not find,
- * MN_ERR_IO for a file or shard that cannot be opened. On success mn_last_error() names the
- * tensors skipped because the graph has no parameter for them (GPT-2's attn.bias masks, a tied
- * lm_head) and, for non-strict loads, the parameters that kept their values; it is "" when
+ * MN_ERR_IO for a file or shard that cannot be opened, and MN_ERR_FORMAT naming the tensor for a
+ * NaN or infinity (also one that F64 overflows to) unless the caller allows them: a broken
+ * checkpoint would otherwise load and then train or sample garbage. On success mn_last_error()
+ * names the tensors skipped because the graph has no parameter for them (GPT-2's attn.bias masks, a
+ * tied lm_head) and, for non-strict loads, the parameters that kept their values; it is "" when
  * there are none. Parameters that the optimizer concatenated into a derived one
  * (optimizer/siblings.h, placed by the plan's table) are loaded and saved under their own names;
  * the derived name never appears in files or messages. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +201,24 @@ static mn_status match(const source *src, const mn_io_param *params, size_t np, 
   return MN_OK;
 }
 
+/* Reads every matched tensor, as f32, and refuses the first one holding a NaN or infinity. */
+static mn_status check_finite(const source *src, const mn_io_param *params, size_t np,
+                              const long *entry, float *stage) {
+  for (size_t i = 0; i < np; i++) {
+    if (entry[i] < 0) continue;
+    const mn_safetensors *file = src->files[src->entries[entry[i]].file];
+    mn_status st = mn_safetensors_read_f32(file, params[i].name, stage, params[i].numel);
+    if (st != MN_OK) return mn_io_rewrap(st, src->fn);
+    for (size_t k = 0; k < params[i].numel; k++)
+      if (!isfinite(stage[k]))
+        return mn_fail(MN_ERR_FORMAT,
+                       "%s: %s: tensor \"%s\" holds a non-finite value (%g at element %zu); "
+                       "nothing was loaded (MN_LOAD_ALLOW_NONFINITE loads it anyway)",
+                       src->fn, src->path, params[i].name, (double)stage[k], k);
+  }
+  return MN_OK;
+}
+
 static mn_status apply(const source *src, mn_session *s, const mn_io_param *params, size_t np,
                        const long *entry, float *stage) {
   for (size_t i = 0; i < np; i++) {
@@ -233,8 +254,8 @@ static mn_status report(const source *src, const mn_io_param *params, size_t np,
                  ns == 1 ? "tensor" : "tensors", mn_io_name_list_str(&skipped), kept);
 }
 
-mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict) {
-  const char *fn = "mn_session_load_safetensors";
+static mn_status load(const char *fn, mn_session *s, const char *path, unsigned flags) {
+  bool strict = flags & MN_LOAD_STRICT;
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
   source src = {.fn = fn, .path = path};
@@ -255,6 +276,8 @@ mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool stri
   }
   if (st == MN_OK && !(stage = malloc(mn_io_params_max_numel(params, np) * sizeof *stage)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", fn, path);
+  if (st == MN_OK && !(flags & MN_LOAD_ALLOW_NONFINITE))
+    st = check_finite(&src, params, np, entry, stage);
   if (st == MN_OK) st = apply(&src, s, params, np, entry, stage);
   if (st == MN_OK) st = report(&src, params, np, &missing);
   free(stage);
@@ -262,6 +285,18 @@ mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool stri
   free(params);
   source_free(&src);
   return st;
+}
+
+mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool strict) {
+  return load("mn_session_load_safetensors", s, path, strict ? MN_LOAD_STRICT : 0);
+}
+
+mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path, unsigned flags) {
+  const char *fn = "mn_session_load_safetensors_flags";
+  const unsigned known = MN_LOAD_STRICT | MN_LOAD_ALLOW_NONFINITE;
+  if (flags & ~known)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", fn, flags & ~known);
+  return load(fn, s, path, flags);
 }
 
 mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
