@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int read_file(const char *cmd, const char *path, unsigned char **out, size_t *n_out) {
   FILE *f = fopen(path, "rb");
@@ -11,8 +12,16 @@ static int read_file(const char *cmd, const char *path, unsigned char **out, siz
     fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, path, strerror(errno));
     return CLI_FAIL;
   }
+  /* fopen opens a folder too; its first read would fail with only "read error". */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    fprintf(stderr, "%s: cannot read '%s': it is a folder, not a file\n", cmd, path);
+    return CLI_FAIL;
+  }
   size_t cap = 1 << 16, n = 0;
   unsigned char *buf = malloc(cap);
+  errno = 0;
   while (buf) {
     if (n == cap) {
       unsigned char *nb = realloc(buf, cap * 2);
@@ -28,11 +37,12 @@ static int read_file(const char *cmd, const char *path, unsigned char **out, siz
     n += got;
     if (got == 0) break;
   }
-  int err = ferror(f);
+  int err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
   if (!buf || err) {
+    fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, path,
+            !buf ? "out of memory" : strerror(err));
     free(buf);
-    fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, path, buf ? "read error" : "out of memory");
     return CLI_FAIL;
   }
   *out = buf;

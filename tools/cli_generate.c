@@ -12,8 +12,11 @@ static const char USAGE[] =
     "usage: meganeura generate (--checkpoint FILE | --weights FILE.safetensors)\n"
     "         --config CONFIG.json --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
     "         [--greedy] [--seed S] [--seq T] [--tokenizer tokenizer.json]\n"
+    "         [--allow-nonfinite]\n"
     "Prints the prompt and N (default 200) sampled tokens: bytes, or with --tokenizer\n"
-    "decoded ids. The window is the config's positions (or --seq, default at most 1024).\n";
+    "decoded ids. The window is the config's positions (or --seq, default at most 1024).\n"
+    "--weights holding NaN or infinity are refused unless --allow-nonfinite; logits that\n"
+    "are not finite stop generation with an error.\n";
 
 enum {
   O_CKPT,
@@ -27,6 +30,7 @@ enum {
   O_SEED,
   O_SEQ,
   O_TOKENIZER,
+  O_ALLOW_NONFINITE,
   O_COUNT
 };
 
@@ -62,6 +66,13 @@ static uint32_t sample(const float *logits, long v, float temp, long top_k, uint
   return (uint32_t)best;
 }
 
+/* The index of the first NaN or infinity of x[0..n), or -1. */
+static long first_non_finite(const float *x, long n) {
+  for (long i = 0; i < n; i++)
+    if (!isfinite(x[i])) return i;
+  return -1;
+}
+
 static int emit(const mn_tokenizer *tok, uint32_t id) {
   if (!tok) return fputc((int)id, stdout) == EOF ? -1 : 0;
   char buf[256];
@@ -88,19 +99,27 @@ static int setup(cli_opt *o, gen *r, long seq, const char *prefix) {
     return cli_lib_fail(CMD, "cannot prepare the session");
   if (o[O_CKPT].seen && mn_session_load_checkpoint(r->s, o[O_CKPT].value) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --checkpoint");
-  if (o[O_WEIGHTS].seen && mn_session_load_safetensors(r->s, o[O_WEIGHTS].value, true) != MN_OK)
+  unsigned flags = MN_LOAD_STRICT | (o[O_ALLOW_NONFINITE].seen ? MN_LOAD_ALLOW_NONFINITE : 0);
+  if (o[O_WEIGHTS].seen &&
+      mn_session_load_safetensors_flags(r->s, o[O_WEIGHTS].value, flags) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --weights");
   return CLI_OK;
 }
 
 int cli_generate(int argc, char **argv) {
   cli_opt o[O_COUNT] = {
-      [O_CKPT] = {"--checkpoint", 1, NULL, 0},     [O_WEIGHTS] = {"--weights", 1, NULL, 0},
-      [O_CONFIG] = {"--config", 1, NULL, 0},       [O_PROMPT] = {"--prompt", 1, NULL, 0},
-      [O_TOKENS] = {"--tokens", 1, NULL, 0},       [O_TEMP] = {"--temperature", 1, NULL, 0},
-      [O_TOPK] = {"--top-k", 1, NULL, 0},          [O_GREEDY] = {"--greedy", 0, NULL, 0},
-      [O_SEED] = {"--seed", 1, NULL, 0},           [O_SEQ] = {"--seq", 1, NULL, 0},
+      [O_CKPT] = {"--checkpoint", 1, NULL, 0},
+      [O_WEIGHTS] = {"--weights", 1, NULL, 0},
+      [O_CONFIG] = {"--config", 1, NULL, 0},
+      [O_PROMPT] = {"--prompt", 1, NULL, 0},
+      [O_TOKENS] = {"--tokens", 1, NULL, 0},
+      [O_TEMP] = {"--temperature", 1, NULL, 0},
+      [O_TOPK] = {"--top-k", 1, NULL, 0},
+      [O_GREEDY] = {"--greedy", 0, NULL, 0},
+      [O_SEED] = {"--seed", 1, NULL, 0},
+      [O_SEQ] = {"--seq", 1, NULL, 0},
       [O_TOKENIZER] = {"--tokenizer", 1, NULL, 0},
+      [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
@@ -173,7 +192,18 @@ int cli_generate(int argc, char **argv) {
       rc = cli_lib_fail(CMD, "forward pass failed");
       break;
     }
-    uint32_t id = sample(r.logits + (len - 1) * (size_t)v, v, temp, top_k, &rng, r.scratch);
+    const float *row = r.logits + (len - 1) * (size_t)v;
+    /* NaN compares false everywhere, so sampling would pick token 0 (a NUL byte) forever. */
+    long bad = first_non_finite(row, v);
+    if (bad >= 0) {
+      fprintf(stderr,
+              "%s: the logits of token %ld are not finite (logit %ld is %g): the weights or "
+              "the config are broken\n",
+              CMD, t + 1, bad, (double)row[bad]);
+      rc = CLI_FAIL;
+      break;
+    }
+    uint32_t id = sample(row, v, temp, top_k, &rng, r.scratch);
     r.ctx[n_ctx++] = id;
     if (emit(r.tok, id)) {
       fprintf(stderr, "%s: cannot write token %u\n", CMD, id);
