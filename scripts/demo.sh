@@ -7,7 +7,8 @@
 #                                              machines without a package registry)
 #
 # Environment: MN_DEMO_BUILD_DIR (default build-demo), MN_DEMO_STEPS (default: 3000 on a
-# GPU, 500 on the CPU), MN_BACKEND (auto|cpu|cuda), MN_JOBS (default: nproc).
+# GPU, 500 on the CPU), MN_DEMO_CONFIG (default configs/tiny-gpt2.json), MN_BACKEND
+# (auto|cpu|cuda), MN_JOBS (default: nproc).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,10 +43,9 @@ cat README.md docs/*.md include/*.h host/*.c autodiff/*.c optimizer/*.c io/*.c m
   tools/*.c >"$corpus" 2>/dev/null
 say "corpus: $(wc -c <"$corpus") bytes of this repository's text (each byte is a token)"
 
-cat >"$out/config.json" <<'JSON'
-{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
- "n_positions": 64, "n_inner": 256}
-JSON
+# The tiny byte-level GPT-2 of configs/ (MN_DEMO_CONFIG=configs/tiny-llama.json: a Llama).
+config=${MN_DEMO_CONFIG:-configs/tiny-gpt2.json}
+cp "$config" "$out/config.json"
 
 # The backend the library picks (MN_BACKEND overrides); the CPU gets fewer steps.
 backend=$("$mn" bench --config "$out/config.json" --batch 1 --seq 8 --steps 1 | awk '{print $2}')
@@ -58,7 +58,8 @@ fi
 say "train on $backend: $steps steps of batch $batch x 64 bytes"
 "$mn" train --config "$out/config.json" --data "$corpus" --batch "$batch" --seq 64 \
   --steps "$steps" --lr "$lr" --warmup 30 --weight-decay 0.01 --grad-clip 1.0 --seed 1 \
-  --checkpoint-every "$steps" --out "$out" --metrics "$out/metrics.csv" --plot "$out/loss.svg"
+  --val-fraction 0.05 --eval-every $((steps >= 10 ? steps / 10 : 1)) --checkpoint-every "$steps" --keep-last 1 \
+  --out "$out" --metrics "$out/metrics.csv" --plot "$out/loss.svg"
 
 say "sample (temperature 0.8, top-k 40)"
 "$mn" generate --weights "$out/model.safetensors" --config "$out/config.json" \
@@ -67,6 +68,6 @@ echo
 
 say "done in $(($(date +%s) - start)) s"
 echo "  loss curve  $out/loss.svg"
-echo "  metrics     $out/metrics.csv (step,loss,lr,tokens_per_s)"
+echo "  metrics     $out/metrics.csv (step,loss,lr,tokens_per_s,val_loss,val_ppl)"
 echo "  weights     $out/model.safetensors (transformers GPT2LMHeadModel names)"
 echo "  checkpoint  $out/checkpoint-$(printf %06d "$steps").safetensors"

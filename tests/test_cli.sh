@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The meganeura command end to end: usage errors (exit 2), missing and bad files (exit 1),
-# a short byte-level training run (loss falls, metrics CSV, SVG curve, checkpoints),
-# resume, generate and bench. Usage: test_cli.sh PATH/TO/meganeura
+# outputs checked before the first step, a short byte-level training run (loss falls, metrics
+# CSV, SVG curves, checkpoints), held-out evaluation, the example configs, the README's
+# fine-tuning walk-through, generate and bench. Resume: test_cli_resume.sh.
+# Usage: test_cli.sh PATH/TO/meganeura
 set -uo pipefail
 mn=${1:?usage: test_cli.sh PATH/TO/meganeura}
 export MN_BACKEND=${MN_BACKEND:-cpu}
@@ -23,10 +25,8 @@ expect() {
   grep -qF -- "$msg" "$tmp/err" || fail "meganeura $*: stderr lacks '$msg': $(cat "$tmp/err")"
 }
 
-cfg=$tmp/config.json
-cat >"$cfg" <<'JSON'
-{"model_type": "gpt2", "vocab_size": 256, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 32}
-JSON
+configs=$(cd "$(dirname "${BASH_SOURCE[0]}")/../configs" && pwd)
+cfg=$configs/tiny-gpt2.json
 text=$tmp/text.txt
 for _ in $(seq 40); do echo "the quick brown fox jumps over the lazy dog. abc abc abc."; done >"$text"
 T=(--config "$cfg" --data "$text" --seq 16 --steps 20 --lr 1e-2)
@@ -67,7 +67,7 @@ if ! "$mn" train "${T[@]}" --batch 4 --warmup 2 --grad-clip 1 --checkpoint-every
   --metrics "$tmp/m.csv" --plot "$tmp/loss.svg" 2>"$tmp/train.log"; then
   fail "train: $(cat "$tmp/train.log")"
 fi
-[[ $(head -1 "$tmp/m.csv") == step,loss,lr,tokens_per_s ]] || fail "CSV header"
+[[ $(head -1 "$tmp/m.csv") == step,loss,lr,tokens_per_s,val_loss,val_ppl ]] || fail "CSV header"
 [[ $(($(wc -l <"$tmp/m.csv") - 1)) == 20 ]] || fail "CSV has $(($(wc -l <"$tmp/m.csv") - 1)) rows, not 20"
 awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/m.csv" ||
   fail "the loss did not fall: $(sed -n '2p;$p' "$tmp/m.csv" | tr '\n' ' ')"
@@ -83,12 +83,86 @@ for f in checkpoint-000010.safetensors checkpoint-000020.safetensors model.safet
   [[ -s $out/$f ]] || fail "missing $out/$f"
 done
 
-# ---- resume from step 10 continues the count: steps 11..20 only
-"$mn" train "${T[@]}" --batch 4 --out "$tmp/run2" --metrics "$tmp/m2.csv" \
-  --resume "$out/checkpoint-000010.safetensors" 2>"$tmp/resume.log" || fail "resume: $(cat "$tmp/resume.log")"
-[[ $(sed -n 2p "$tmp/m2.csv" | cut -d, -f1) == 11 && $(tail -1 "$tmp/m2.csv" | cut -d, -f1) == 20 ]] ||
-  fail "resume did not continue at step 11: $(cut -d, -f1 "$tmp/m2.csv" | tr '\n' ' ')"
-grep -q "steps 11..20" "$tmp/resume.log" || fail "resume log: $(cat "$tmp/resume.log")"
+# ---- outputs are checked before the first step; a failing plot is only a warning
+touch "$tmp/afile"
+for bad in "--plot $tmp/afile/loss.svg" "--metrics $tmp/afile/m.csv" "--out $tmp/afile/out"; do
+  # shellcheck disable=SC2086
+  expect 1 "cannot create" train "${T[@]}" --batch 2 --out "$tmp/early" $bad
+  grep -q "step 1/" "$tmp/err" && fail "$bad: trained before refusing: $(cat "$tmp/err")"
+  [[ -e $tmp/early/model.safetensors ]] && fail "$bad: wrote weights before refusing"
+done
+expect 1 "cannot write --plot '$tmp'" train "${T[@]}" --batch 2 --out "$tmp/early" --plot "$tmp"
+if [[ -w /dev/full ]]; then
+  "$mn" train "${T[@]}" --batch 2 --steps 2 --out "$tmp/full" --plot /dev/full 2>"$tmp/full.log" ||
+    fail "an unwritable plot lost the run: $(cat "$tmp/full.log")"
+  grep -q "warning: cannot write --plot '/dev/full'" "$tmp/full.log" || fail "no plot warning: $(cat "$tmp/full.log")"
+  [[ -s $tmp/full/model.safetensors ]] || fail "an unwritable plot lost the final weights"
+fi
+"$mn" train "${T[@]}" --batch 2 --steps 2 --out "$tmp/mk" --plot "$tmp/new/dir/loss.svg" \
+  --metrics "$tmp/new/m.csv" 2>"$tmp/mk.log" || fail "output folders not created: $(cat "$tmp/mk.log")"
+[[ -s $tmp/new/dir/loss.svg && -s $tmp/new/m.csv ]] || fail "plot or metrics missing in new folders"
+
+# ---- held-out evaluation: fixed windows, val_loss and perplexity, both curves, a final eval
+expect 2 "--eval-every needs --val-data or --val-fraction" train "${T[@]}" --batch 2 --eval-every 5
+expect 2 "--val-fraction must be below 1" train "${T[@]}" --batch 2 --val-fraction 1.5
+expect 2 "give --val-data or --val-fraction, not both" train "${T[@]}" --batch 2 --val-fraction 0.1 --val-data "$text"
+expect 1 "the validation data holds 4 tokens, fewer than --seq + 1 = 17" train "${T[@]}" --batch 2 --val-data "$tmp/tiny.txt"
+"$mn" train "${T[@]}" --batch 4 --steps 12 --val-fraction 0.2 --eval-every 5 --eval-batches 3 \
+  --out "$tmp/ev" --metrics "$tmp/ev.csv" --plot "$tmp/ev.svg" 2>"$tmp/ev.log" || fail "eval run: $(cat "$tmp/ev.log")"
+[[ $(awk -F, 'NR > 1 && $5 != "" {printf "%s ", $1}' "$tmp/ev.csv") == "5 10 12 " ]] ||
+  fail "eval steps: $(awk -F, 'NR > 1 && $5 != "" {printf "%s ", $1}' "$tmp/ev.csv")"
+awk -F, 'NR > 1 && $5 != "" {d = exp($5) / $6 - 1; if (d > 1e-4 || d < -1e-4) exit 1}' "$tmp/ev.csv" ||
+  fail "val_ppl is not exp(val_loss)"
+grep -q "step 10/12  loss [0-9.]*  val [0-9.]*  ppl [0-9.]*" "$tmp/ev.log" || fail "no val on the progress line: $(cat "$tmp/ev.log")"
+if [[ $(grep -c '<polyline' "$tmp/ev.svg") != 2 ]] || ! grep -q "held-out loss" "$tmp/ev.svg"; then
+  fail "the SVG lacks the held-out curve"
+fi
+# An lr far too small to move the weights: every eval sees the same windows, so the same loss.
+"$mn" train "${T[@]}" --batch 2 --steps 4 --lr 1e-12 --val-data "$text" --eval-every 1 \
+  --out "$tmp/same" --metrics "$tmp/same.csv" 2>"$tmp/same.log" || fail "fixed-window run: $(cat "$tmp/same.log")"
+[[ $(awk -F, 'NR > 1 {print $5}' "$tmp/same.csv" | sort -u | wc -l) == 1 ]] ||
+  fail "evals of the same weights differ: $(awk -F, 'NR > 1 {print $5}' "$tmp/same.csv" | tr '\n' ' ')"
+
+# ---- the example configs load (the data read fails after the config is read)
+for c in "$configs"/*.json; do
+  expect 1 "cannot read '$tmp/none.txt'" train --config "$c" --data "$tmp/none.txt" --batch 1 --seq 4 \
+    --steps 1 --lr 1e-3 --out "$tmp/cfgs"
+done
+
+# ---- the README's fine-tuning walk-through: an HF folder (config.json, model.safetensors,
+# tokenizer.json) fine-tuned with --init-from, --tokenizer and --val-data
+if command -v python3 >/dev/null 2>&1; then
+  hf=$tmp/hf
+  mkdir -p "$hf"
+  cp "$configs/tiny-llama.json" "$hf/config.json"
+  "$mn" train --config "$hf/config.json" --data "$text" --batch 2 --seq 16 --steps 3 --lr 1e-2 \
+    --out "$hf" 2>"$tmp/hf.log" || fail "tiny Llama: $(cat "$tmp/hf.log")"
+  # A byte-level BPE tokenizer.json with no merges: each byte's GPT-2 character is its token.
+  python3 - "$hf/tokenizer.json" <<'PY'
+import json, sys
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): b for b, c in zip(bs, cs)}
+json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+           "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "post_processor": None,
+           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
+PY
+  head -c 600 "$text" >"$tmp/val.txt"
+  "$mn" train --config "$hf/config.json" --init-from "$hf/model.safetensors" --tokenizer "$hf/tokenizer.json" \
+    --data "$text" --val-data "$tmp/val.txt" --eval-every 2 --batch 2 --seq 16 --steps 4 --lr 1e-3 \
+    --out "$tmp/ft" --metrics "$tmp/ft.csv" 2>"$tmp/ft.log" || fail "fine-tuning walk-through: $(cat "$tmp/ft.log")"
+  [[ $(awk -F, 'NR > 1 && $5 != "" {printf "%s ", $1}' "$tmp/ft.csv") == "2 4 " ]] ||
+    fail "fine-tuning evals: $(cat "$tmp/ft.csv")"
+  [[ -s $tmp/ft/model.safetensors ]] || fail "fine-tuning wrote no weights"
+fi
 
 # ---- generate: the prompt and exactly --tokens bytes
 "$mn" generate --weights "$out/model.safetensors" --config "$cfg" --prompt "the " --tokens 25 \

@@ -42,9 +42,25 @@ int cli_load_config(const char *cmd, const char *path, mn_model_config *cfg);
 uint64_t cli_rand(uint64_t *state);
 double cli_rand_unit(uint64_t *state);
 
-/* Loss curve: an SVG polyline with axes and labels. */
-int cli_write_svg(const char *path, const long *steps, const float *loss, size_t n,
-                  const char *title);
+/* Loss curves: an SVG with axes, labels, a legend and one polyline per series. */
+typedef struct cli_series {
+  const char *label, *color;
+  const long *steps;
+  const float *values;
+  size_t n;
+} cli_series;
+int cli_write_svg(const char *path, const cli_series *series, size_t num_series, const char *title);
+
+/* Outputs, checked before any work. Creates dir (and its parents), proves it writable with a
+ * probe file, and removes the command's own stale temporary files there (the safetensors
+ * writer's "<name>.safetensors.tmp.<pid>.<n>" of model.safetensors and checkpoint-N files,
+ * whose writing process is gone); nothing else is touched. */
+int cli_prepare_out_dir(const char *cmd, const char *dir);
+/* Creates the parent folder of an output file and proves the file can be opened for writing,
+ * without changing a file that exists. */
+int cli_check_output_file(const char *cmd, const char *option, const char *path);
+/* Keeps the newest `keep` checkpoint-N.safetensors files of dir (and their .step files). */
+int cli_keep_last(const char *cmd, const char *dir, long keep);
 
 int cli_train(int argc, char **argv);
 int cli_generate(int argc, char **argv);

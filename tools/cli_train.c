@@ -1,6 +1,8 @@
 /* meganeura train: AdamW on random windows of a token file, with a cosine schedule,
- * progress, metrics CSV, an SVG loss curve, checkpoints and resume. */
-#include "tools/cli.h"
+ * progress, metrics CSV, an SVG of the training and held-out loss, checkpoints and resume.
+ * Resume and checkpoint metadata live in cli_resume.c, evaluation in cli_eval.c, output
+ * checks in cli_outputs.c. */
+#include "tools/cli_train.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,13 +15,19 @@ static const char USAGE[] =
     "usage: meganeura train --config CONFIG.json --data FILE --batch B --seq T --steps N --lr LR\n"
     "         [--tokenizer tokenizer.json | --data-format text|u16|u32]\n"
     "         [--init-from FILE.safetensors] [--warmup W] [--weight-decay WD] [--grad-clip C]\n"
-    "         [--checkpoint-every K] [--out DIR] [--resume CKPT] [--seed S]\n"
+    "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
+    "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
     "to OUT/model.safetensors (OUT defaults to meganeura-out); checkpoints to\n"
-    "OUT/checkpoint-STEP.safetensors (with a .step file that --resume reads).\n";
+    "OUT/checkpoint-STEP.safetensors (--keep-last N keeps the newest N).\n"
+    "Held-out loss: the mean loss over N (default 8) fixed batches of windows of --val-data\n"
+    "(or of the last fraction F of --data, then not trained on), every K steps and at the end.\n"
+    "--resume CKPT continues a run bit for bit from its checkpoint alone: the model, the data,\n"
+    "the sampler and the options are recorded in it (options given must agree; --steps may\n"
+    "grow); the metrics CSV is cut back to the checkpoint's step.\n";
 
 enum {
   O_CONFIG,
@@ -35,23 +43,25 @@ enum {
   O_WD,
   O_CLIP,
   O_CKEVERY,
+  O_KEEP,
   O_OUT,
   O_RESUME,
   O_SEED,
   O_METRICS,
   O_PLOT,
+  O_VAL_DATA,
+  O_VAL_FRACTION,
+  O_EVAL_EVERY,
+  O_EVAL_BATCHES,
   O_COUNT
 };
 
-typedef struct train_args {
-  long batch, seq, steps, warmup, ck_every, seed;
-  float lr, wd, clip;
-} train_args;
+static const char CSV_HEADER[] = "step,loss,lr,tokens_per_s,val_loss,val_ppl\n";
 
 static float lr_at(const train_args *a, long step) {
-  if (step < a->warmup) return a->lr * (float)(step + 1) / (float)a->warmup;
-  double p =
-      (double)(step - a->warmup) / (double)(a->steps - a->warmup > 0 ? a->steps - a->warmup : 1);
+  long warmup = a->warmup < a->steps ? a->warmup : a->steps - 1;
+  if (step < warmup) return a->lr * (float)(step + 1) / (float)warmup;
+  double p = (double)(step - warmup) / (double)(a->steps - warmup > 0 ? a->steps - warmup : 1);
   if (p > 1) p = 1;
   return a->lr * (float)(0.1 + 0.9 * 0.5 * (1.0 + cos(3.14159265358979323846 * p)));
 }
@@ -65,42 +75,18 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-static long read_step_file(const char *ckpt) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s.step", ckpt);
-  FILE *f = fopen(path, "r");
-  long step = -1;
-  if (f) {
-    if (fscanf(f, "%ld", &step) != 1) step = -1;
-    fclose(f);
-  }
-  return step;
-}
-
-static int save_checkpoint(mn_session *s, const char *out, long step) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/checkpoint-%06ld.safetensors", out, step);
-  if (mn_session_save_checkpoint(s, path) != MN_OK)
-    return cli_lib_fail(CMD, "cannot save checkpoint");
-  char sp[4300];
-  snprintf(sp, sizeof sp, "%s.step", path);
-  FILE *f = fopen(sp, "w");
-  if (!f || fprintf(f, "%ld\n", step) < 0 || fclose(f) != 0) {
-    fprintf(stderr, "%s: cannot write '%s': %s\n", CMD, sp, strerror(errno));
-    return CLI_FAIL;
-  }
-  return CLI_OK;
-}
-
-static int check_args(cli_opt *o, train_args *a) {
+static int check_args(cli_opt *o, train_args *a, bool config_known) {
   if (cli_pos_long(CMD, &o[O_BATCH], &a->batch) || cli_pos_long(CMD, &o[O_SEQ], &a->seq) ||
       cli_pos_long(CMD, &o[O_STEPS], &a->steps) || cli_pos_float(CMD, &o[O_LR], &a->lr) ||
       cli_nonneg_long(CMD, &o[O_WARMUP], &a->warmup) || cli_nonneg_float(CMD, &o[O_WD], &a->wd) ||
       cli_pos_float(CMD, &o[O_CLIP], &a->clip) || cli_pos_long(CMD, &o[O_CKEVERY], &a->ck_every) ||
-      cli_nonneg_long(CMD, &o[O_SEED], &a->seed))
+      cli_pos_long(CMD, &o[O_KEEP], &a->keep_last) || cli_nonneg_long(CMD, &o[O_SEED], &a->seed) ||
+      cli_pos_float(CMD, &o[O_VAL_FRACTION], &a->val_fraction) ||
+      cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
+      cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches))
     return CLI_USAGE;
   const int req[] = {O_CONFIG, O_DATA, O_BATCH, O_SEQ, O_STEPS, O_LR};
-  for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+  for (size_t i = config_known ? 1 : 0; i < sizeof req / sizeof req[0]; i++)
     if (cli_require(CMD, &o[req[i]])) return CLI_USAGE;
   const char *fmt = o[O_FORMAT].value;
   if (fmt && strcmp(fmt, "text") && strcmp(fmt, "u16") && strcmp(fmt, "u32")) {
@@ -111,157 +97,295 @@ static int check_args(cli_opt *o, train_args *a) {
     fprintf(stderr, "%s: --tokenizer applies to text data only, not --data-format %s\n", CMD, fmt);
     return CLI_USAGE;
   }
-  if (o[O_RESUME].seen && o[O_INIT].seen) {
-    fprintf(stderr, "%s: --resume and --init-from cannot be used together\n", CMD);
+  if (a->val_fraction >= 1) {
+    fprintf(stderr, "%s: --val-fraction must be below 1, got '%s'\n", CMD, o[O_VAL_FRACTION].value);
     return CLI_USAGE;
   }
+  if (o[O_VAL_DATA].seen && o[O_VAL_FRACTION].seen) {
+    fprintf(stderr, "%s: give --val-data or --val-fraction, not both\n", CMD);
+    return CLI_USAGE;
+  }
+  if ((o[O_EVAL_EVERY].seen || o[O_EVAL_BATCHES].seen) && !o[O_VAL_DATA].seen &&
+      !o[O_VAL_FRACTION].seen) {
+    fprintf(stderr, "%s: %s needs --val-data or --val-fraction\n", CMD,
+            o[O_EVAL_EVERY].seen ? "--eval-every" : "--eval-batches");
+    return CLI_USAGE;
+  }
+  a->config = o[O_CONFIG].value;
+  a->data = o[O_DATA].value;
+  a->format = o[O_FORMAT].value;
+  a->tokenizer = o[O_TOKENIZER].value;
+  a->val_data = o[O_VAL_DATA].value;
+  a->init = o[O_INIT].value;
+  a->resume = o[O_RESUME].value;
+  a->metrics = o[O_METRICS].value;
+  a->plot = o[O_PLOT].value;
+  a->out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
   return CLI_OK;
 }
 
 typedef struct run {
   mn_model_config cfg;
   mn_tokenizer *tok;
-  uint32_t *data, *ids, *labels;
-  size_t n_data;
+  uint32_t *data, *val, *ids, *labels;
+  size_t n_data, n_val;
+  const char *prefix;
+  uint64_t data_hash, tokenizer_hash;
   mn_graph *g;
   mn_session *s;
-  long *steps_log;
-  float *loss_log;
+  cli_eval eval;
+  bool evaluating;
+  long *steps_log, *val_steps;
+  float *loss_log, *val_log;
+  size_t n_log, n_val_log;
   FILE *csv;
 } run;
 
 static void run_free(run *r) {
   mn_tokenizer_free(r->tok);
   free(r->data);
+  free(r->val);
   free(r->ids);
   free(r->labels);
+  cli_eval_free(&r->eval);
   mn_session_free(r->s);
   mn_graph_free(r->g);
   free(r->steps_log);
   free(r->loss_log);
+  free(r->val_steps);
+  free(r->val_log);
   if (r->csv) fclose(r->csv);
 }
 
-static int setup(cli_opt *o, const train_args *a, run *r, long *start) {
-  if (cli_load_config(CMD, o[O_CONFIG].value, &r->cfg)) return CLI_FAIL;
-  if (o[O_TOKENIZER].seen && mn_tokenizer_load(o[O_TOKENIZER].value, &r->tok) != MN_OK)
-    return cli_lib_fail(CMD, "cannot load tokenizer");
-  if (cli_load_tokens(CMD, o[O_DATA].value, o[O_FORMAT].value, r->tok, &r->data, &r->n_data))
-    return CLI_FAIL;
-  if (r->n_data < (size_t)a->seq + 1) {
-    fprintf(stderr, "%s: '%s' holds %zu tokens, fewer than --seq + 1 = %ld\n", CMD, o[O_DATA].value,
-            r->n_data, a->seq + 1);
+/* The identity of a tokenizer: FNV-1a of its file's bytes. */
+static int hash_file(const char *path, uint64_t *out) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "%s: cannot read '%s': %s\n", CMD, path, strerror(errno));
     return CLI_FAIL;
   }
-  for (size_t i = 0; i < r->n_data; i++)
-    if ((int64_t)r->data[i] >= r->cfg.vocab_size) {
+  uint64_t h = CLI_FNV_OFFSET;
+  unsigned char buf[1 << 14];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, f)) > 0;)
+    h = cli_fnv1a(h, buf, got);
+  fclose(f);
+  *out = h;
+  return CLI_OK;
+}
+
+static int check_vocab(const run *r, const uint32_t *ids, size_t n, const char *path) {
+  for (size_t i = 0; i < n; i++)
+    if ((int64_t)ids[i] >= r->cfg.vocab_size) {
       fprintf(stderr, "%s: token %u at position %zu of '%s' is outside the vocabulary (%lld)\n",
-              CMD, r->data[i], i, o[O_DATA].value, (long long)r->cfg.vocab_size);
+              CMD, ids[i], i, path, (long long)r->cfg.vocab_size);
       return CLI_FAIL;
     }
-  const char *prefix = NULL;
-  if (o[O_INIT].seen && mn_model_name_prefix(&r->cfg, o[O_INIT].value, &prefix) != MN_OK)
+  return CLI_OK;
+}
+
+static int load_data(const train_args *a, const resume_point *rp, run *r) {
+  if (a->tokenizer) {
+    if (hash_file(a->tokenizer, &r->tokenizer_hash)) return CLI_FAIL;
+    if (mn_tokenizer_load(a->tokenizer, &r->tok) != MN_OK)
+      return cli_lib_fail(CMD, "cannot load tokenizer");
+  }
+  if (rp->self_contained && r->tokenizer_hash != rp->tokenizer_hash) {
+    fprintf(stderr, "%s: --tokenizer '%s' is not the tokenizer the checkpoint was trained with\n",
+            CMD, a->tokenizer ? a->tokenizer : "(none)");
+    return CLI_FAIL;
+  }
+  if (cli_load_tokens(CMD, a->data, a->format, r->tok, &r->data, &r->n_data)) return CLI_FAIL;
+  r->data_hash = cli_fnv1a(CLI_FNV_OFFSET, r->data, r->n_data * sizeof *r->data);
+  if (rp->self_contained && r->data_hash != rp->data_hash) {
+    fprintf(stderr, "%s: --data '%s' is not the data the checkpoint was trained on\n", CMD,
+            a->data);
+    return CLI_FAIL;
+  }
+  if (check_vocab(r, r->data, r->n_data, a->data)) return CLI_FAIL;
+  if (a->val_data) {
+    if (cli_load_tokens(CMD, a->val_data, a->format, r->tok, &r->val, &r->n_val)) return CLI_FAIL;
+    if (check_vocab(r, r->val, r->n_val, a->val_data)) return CLI_FAIL;
+  } else if (a->val_fraction > 0) {
+    /* The tail of --data is held out: the sampler never draws windows from it. */
+    size_t held = (size_t)((double)r->n_data * a->val_fraction);
+    if (!(r->val = malloc((held ? held : 1) * sizeof *r->val)))
+      return fprintf(stderr, "%s: out of memory\n", CMD), CLI_FAIL;
+    memcpy(r->val, r->data + (r->n_data - held), held * sizeof *r->val);
+    r->n_val = held;
+    r->n_data -= held;
+  }
+  if (r->n_data < (size_t)a->seq + 1) {
+    fprintf(stderr, "%s: '%s' holds %zu training tokens, fewer than --seq + 1 = %ld\n", CMD,
+            a->data, r->n_data, a->seq + 1);
+    return CLI_FAIL;
+  }
+  return CLI_OK;
+}
+
+static int build(const train_args *a, const resume_point *rp, run *r) {
+  r->prefix = r->cfg.family == MN_MODEL_GPT2 ? "transformer." : "model.";
+  if (rp->self_contained) r->prefix = rp->name_prefix;
+  if (a->init && mn_model_name_prefix(&r->cfg, a->init, &r->prefix) != MN_OK)
     return cli_lib_fail(CMD, "cannot read --init-from");
-  if (mn_model_build(&r->cfg, a->batch, a->seq, prefix, &r->g) != MN_OK)
+  if (mn_model_build(&r->cfg, a->batch, a->seq, r->prefix, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
   if (mn_build_session(r->g, NULL, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_model_init_parameters(&r->cfg, r->g, r->s, (uint64_t)a->seed) != MN_OK)
     return cli_lib_fail(CMD, "cannot initialize the parameters");
-  if (o[O_INIT].seen && mn_session_load_safetensors(r->s, o[O_INIT].value, true) != MN_OK)
+  if (a->init && mn_session_load_safetensors(r->s, a->init, true) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --init-from");
-  *start = 0;
-  if (o[O_RESUME].seen) {
-    if (mn_session_load_checkpoint(r->s, o[O_RESUME].value) != MN_OK)
-      return cli_lib_fail(CMD, "cannot load --resume checkpoint");
-    long st = read_step_file(o[O_RESUME].value);
-    if (st < 0)
-      fprintf(stderr, "%s: no step count beside '%s'; counting from 0\n", CMD, o[O_RESUME].value);
-    *start = st < 0 ? 0 : st;
+  if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
+    return cli_lib_fail(CMD, "cannot load --resume checkpoint");
+  if (r->val) {
+    if (cli_eval_init(CMD, &r->eval, r->g, a->batch, a->seq, a->eval_batches, r->val, r->n_val))
+      return CLI_FAIL;
+    r->evaluating = true;
   }
   size_t bt = (size_t)(a->batch * a->seq), n = (size_t)a->steps + 1;
   r->ids = malloc(bt * sizeof *r->ids);
   r->labels = malloc(bt * sizeof *r->labels);
   r->steps_log = malloc(n * sizeof *r->steps_log);
   r->loss_log = malloc(n * sizeof *r->loss_log);
-  if (!r->ids || !r->labels || !r->steps_log || !r->loss_log) {
-    fprintf(stderr, "%s: out of memory\n", CMD);
-    return CLI_FAIL;
-  }
-  if (o[O_METRICS].seen) {
-    int append = *start > 0 && access(o[O_METRICS].value, F_OK) == 0;
-    r->csv = fopen(o[O_METRICS].value, append ? "a" : "w");
-    if (!r->csv) {
-      fprintf(stderr, "%s: cannot write '%s': %s\n", CMD, o[O_METRICS].value, strerror(errno));
-      return CLI_FAIL;
-    }
-    if (!append) fputs("step,loss,lr,tokens_per_s\n", r->csv);
-  }
+  r->val_steps = malloc(n * sizeof *r->val_steps);
+  r->val_log = malloc(n * sizeof *r->val_log);
+  if (!r->ids || !r->labels || !r->steps_log || !r->loss_log || !r->val_steps || !r->val_log)
+    return fprintf(stderr, "%s: out of memory\n", CMD), CLI_FAIL;
   return CLI_OK;
 }
 
-static int train_loop(cli_opt *o, const train_args *a, run *r, long start, const char *out) {
-  uint64_t rng = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + (uint64_t)start + 1;
+static int open_metrics(const train_args *a, long start, run *r) {
+  if (!a->metrics) return CLI_OK;
+  if (start > 0 && cli_metrics_cut(CMD, a->metrics, start, CSV_HEADER)) return CLI_FAIL;
+  bool append = start > 0 && access(a->metrics, F_OK) == 0;
+  r->csv = fopen(a->metrics, append ? "a" : "w");
+  if (!r->csv) {
+    fprintf(stderr, "%s: cannot write '%s': %s\n", CMD, a->metrics, strerror(errno));
+    return CLI_FAIL;
+  }
+  if (!append) fputs(CSV_HEADER, r->csv);
+  return CLI_OK;
+}
+
+static int save_final(const train_args *a, run *r) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/model.safetensors", a->out);
+  if (mn_session_save_safetensors(r->s, path) != MN_OK)
+    return cli_lib_fail(CMD, "cannot save the final weights");
+  fprintf(stderr, "%s: weights saved to %s\n", CMD, path);
+  return CLI_OK;
+}
+
+static void write_plot(const train_args *a, const run *r) {
+  char title[256];
+  snprintf(title, sizeof title, "loss (batch %ld, seq %ld, lr %g)", a->batch, a->seq,
+           (double)a->lr);
+  const cli_series series[] = {
+      {"training loss", "#1f77b4", r->steps_log, r->loss_log, r->n_log},
+      {"held-out loss", "#d62728", r->val_steps, r->val_log, r->n_val_log},
+  };
+  /* The weights are saved already: a plot that cannot be written costs only the plot. */
+  if (cli_write_svg(a->plot, series, r->evaluating ? 2 : 1, title))
+    fprintf(stderr, "%s: warning: cannot write --plot '%s': %s\n", CMD, a->plot, strerror(errno));
+}
+
+static void draw_batch(const train_args *a, run *r, uint64_t *rng) {
   size_t windows = r->n_data - (size_t)a->seq;
+  for (long b = 0; b < a->batch; b++) {
+    size_t off = (size_t)(cli_rand(rng) % windows);
+    memcpy(r->ids + b * a->seq, r->data + off, (size_t)a->seq * sizeof *r->ids);
+    memcpy(r->labels + b * a->seq, r->data + off + 1, (size_t)a->seq * sizeof *r->ids);
+  }
+}
+
+static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
   size_t bt = (size_t)(a->batch * a->seq);
   int tty = isatty(STDERR_FILENO);
   mn_session_stats stats;
   const char *backend = mn_session_get_stats(r->s, &stats) == MN_OK ? stats.backend : "?";
   fprintf(stderr, "%s: %s backend, %zu tokens of data, steps %ld..%ld\n", CMD, backend, r->n_data,
           start + 1, a->steps);
+  const ckpt_record rec = {a, &r->cfg, r->prefix, r->data_hash, r->tokenizer_hash};
   double t0 = cli_now();
   long done = 0;
-  size_t nlog = 0;
   for (long step = start; step < a->steps; step++) {
-    for (long b = 0; b < a->batch; b++) {
-      size_t off = (size_t)(cli_rand(&rng) % windows);
-      memcpy(r->ids + b * a->seq, r->data + off, (size_t)a->seq * sizeof *r->ids);
-      memcpy(r->labels + b * a->seq, r->data + off + 1, (size_t)a->seq * sizeof *r->ids);
-    }
+    draw_batch(a, r, &rng);
     float lr = lr_at(a, step);
     if (mn_session_set_input_u32(r->s, "input_ids", r->ids, bt) != MN_OK ||
         mn_session_set_input_u32(r->s, "labels", r->labels, bt) != MN_OK ||
         mn_session_set_adamw(r->s, lr, 0.9f, 0.95f, 1e-8f, a->wd) != MN_OK ||
-        (o[O_CLIP].seen && mn_session_set_grad_clip(r->s, a->clip) != MN_OK) ||
+        (a->clip > 0 && mn_session_set_grad_clip(r->s, a->clip) != MN_OK) ||
         mn_session_step(r->s) != MN_OK || mn_session_wait(r->s) != MN_OK)
       return cli_lib_fail(CMD, "training step failed");
     float loss = mn_session_read_loss(r->s);
     done++;
-    double el = cli_now() - t0, tps = (double)bt * (double)done / (el > 0 ? el : 1e-9);
-    r->steps_log[nlog] = step + 1;
-    r->loss_log[nlog++] = loss;
-    if (r->csv) fprintf(r->csv, "%ld,%.6f,%.6g,%.1f\n", step + 1, loss, lr, tps);
-    char eta[32];
-    fmt_eta(el / (double)done * (double)(a->steps - step - 1), eta, sizeof eta);
-    long every = a->steps / 20 > 0 ? a->steps / 20 : 1;
-    if (tty || (step + 1) % every == 0 || step + 1 == a->steps || step == start)
-      fprintf(stderr, "%sstep %ld/%ld  loss %.4f  lr %.3g  %.0f tok/s  ETA %s%s", tty ? "\r" : "",
-              step + 1, a->steps, loss, lr, tps, eta, tty ? "   " : "\n");
+    bool last = step + 1 == a->steps;
     if (!isfinite(loss)) {
       fprintf(stderr, "\n%s: the loss is not finite at step %ld; lower --lr\n", CMD, step + 1);
       return CLI_FAIL;
     }
-    if (a->ck_every && (step + 1) % a->ck_every == 0 && save_checkpoint(r->s, out, step + 1))
-      return CLI_FAIL;
-  }
-  if (tty) fputc('\n', stderr);
-  if (nlog)
-    fprintf(stderr, "%s: loss %.4f -> %.4f in %ld steps, %.1f s\n", CMD, r->loss_log[0],
-            r->loss_log[nlog - 1], done, cli_now() - t0);
-  if (o[O_PLOT].seen) {
-    char title[256];
-    snprintf(title, sizeof title, "training loss (batch %ld, seq %ld, lr %g)", a->batch, a->seq,
-             (double)a->lr);
-    if (cli_write_svg(o[O_PLOT].value, r->steps_log, r->loss_log, nlog, title)) {
-      fprintf(stderr, "%s: cannot write '%s': %s\n", CMD, o[O_PLOT].value, strerror(errno));
-      return CLI_FAIL;
+    if (last && save_final(a, r)) return CLI_FAIL;
+    double el = cli_now() - t0, tps = (double)bt * (double)done / (el > 0 ? el : 1e-9);
+    r->steps_log[r->n_log] = step + 1;
+    r->loss_log[r->n_log++] = loss;
+    char val[64] = "", cols[64] = ",";
+    if (r->evaluating && (last || (a->eval_every && (step + 1) % a->eval_every == 0))) {
+      float vl = 0;
+      if (cli_eval_run(CMD, &r->eval, r->s, &vl)) return CLI_FAIL;
+      r->val_steps[r->n_val_log] = step + 1;
+      r->val_log[r->n_val_log++] = vl;
+      snprintf(val, sizeof val, "  val %.4f  ppl %.2f", vl, exp(vl));
+      snprintf(cols, sizeof cols, "%.6f,%.6g", vl, exp(vl));
+    }
+    if (r->csv) fprintf(r->csv, "%ld,%.6f,%.6g,%.1f,%s\n", step + 1, loss, lr, tps, cols);
+    char eta[32];
+    fmt_eta(el / (double)done * (double)(a->steps - step - 1), eta, sizeof eta);
+    long every = a->steps / 20 > 0 ? a->steps / 20 : 1;
+    if (tty || (step + 1) % every == 0 || last || step == start || *val)
+      fprintf(stderr, "%sstep %ld/%ld  loss %.4f%s  lr %.3g  %.0f tok/s  ETA %s%s", tty ? "\r" : "",
+              step + 1, a->steps, loss, val, lr, tps, eta, tty ? "   " : "\n");
+    if (a->ck_every && (step + 1) % a->ck_every == 0) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/checkpoint-%06ld.safetensors", a->out, step + 1);
+      if (cli_save_checkpoint(CMD, r->s, path, &rec, step + 1, rng)) return CLI_FAIL;
+      if (a->keep_last && cli_keep_last(CMD, a->out, a->keep_last)) return CLI_FAIL;
     }
   }
-  char path[4200];
-  snprintf(path, sizeof path, "%s/model.safetensors", out);
-  if (mn_session_save_safetensors(r->s, path) != MN_OK)
-    return cli_lib_fail(CMD, "cannot save the final weights");
-  fprintf(stderr, "%s: weights saved to %s\n", CMD, path);
+  if (tty) fputc('\n', stderr);
+  fprintf(stderr, "%s: loss %.4f -> %.4f in %ld steps, %.1f s\n", CMD, r->loss_log[0],
+          r->loss_log[r->n_log - 1], done, cli_now() - t0);
+  if (r->csv && fflush(r->csv) != 0)
+    fprintf(stderr, "%s: warning: cannot write --metrics '%s': %s\n", CMD, a->metrics,
+            strerror(errno));
+  if (a->plot) write_plot(a, r);
+  return CLI_OK;
+}
+
+/* Everything that can be refused is refused here, before any output is touched. */
+static int prepare(cli_opt *o, train_args *a, resume_point *rp, mn_safetensors **ck, run *r) {
+  if (o[O_RESUME].seen && o[O_INIT].seen) {
+    fprintf(stderr, "%s: --resume and --init-from cannot be used together\n", CMD);
+    return CLI_USAGE;
+  }
+  if (o[O_RESUME].seen) {
+    int rc = cli_resume_read(CMD, o[O_RESUME].value, o, O_COUNT, rp, ck);
+    if (rc) return rc;
+  }
+  if (check_args(o, a, rp->has_config)) return CLI_USAGE;
+  if (a->resume && a->steps <= rp->step) {
+    fprintf(stderr, "%s: --steps %ld is at or below the checkpoint's step %ld: nothing to train\n",
+            CMD, a->steps, rp->step);
+    return CLI_USAGE;
+  }
+  if (a->config) {
+    if (cli_load_config(CMD, a->config, &r->cfg)) return CLI_FAIL;
+    if (cli_resume_check_config(CMD, rp, &r->cfg)) return CLI_FAIL;
+  } else {
+    r->cfg = rp->cfg;
+  }
+  if (cli_prepare_out_dir(CMD, a->out)) return CLI_FAIL;
+  if (a->metrics && cli_check_output_file(CMD, "--metrics", a->metrics)) return CLI_FAIL;
+  if (a->plot && cli_check_output_file(CMD, "--plot", a->plot)) return CLI_FAIL;
   return CLI_OK;
 }
 
@@ -280,29 +404,34 @@ int cli_train(int argc, char **argv) {
       [O_WD] = {"--weight-decay", 1, NULL, 0},
       [O_CLIP] = {"--grad-clip", 1, NULL, 0},
       [O_CKEVERY] = {"--checkpoint-every", 1, NULL, 0},
+      [O_KEEP] = {"--keep-last", 1, NULL, 0},
       [O_OUT] = {"--out", 1, NULL, 0},
       [O_RESUME] = {"--resume", 1, NULL, 0},
       [O_SEED] = {"--seed", 1, NULL, 0},
       [O_METRICS] = {"--metrics", 1, NULL, 0},
       [O_PLOT] = {"--plot", 1, NULL, 0},
+      [O_VAL_DATA] = {"--val-data", 1, NULL, 0},
+      [O_VAL_FRACTION] = {"--val-fraction", 1, NULL, 0},
+      [O_EVAL_EVERY] = {"--eval-every", 1, NULL, 0},
+      [O_EVAL_BATCHES] = {"--eval-batches", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
-  train_args a = {.warmup = 0, .seed = 0, .wd = 0.01f};
-  if (check_args(o, &a)) return CLI_USAGE;
-  if (a.warmup >= a.steps) a.warmup = a.steps - 1;
-  const char *out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
-  if (cli_mkdir_p(out) != 0) {
-    fprintf(stderr, "%s: cannot create --out directory '%s': %s\n", CMD, out, strerror(errno));
-    return CLI_FAIL;
-  }
+  train_args a = {.warmup = 0, .seed = 0, .wd = 0.01f, .eval_batches = 8};
+  resume_point rp = {0};
+  mn_safetensors *ck = NULL;
   run r = {0};
-  long start = 0;
-  rc = setup(o, &a, &r, &start);
-  if (!rc && start >= a.steps)
-    fprintf(stderr, "%s: the checkpoint is at step %ld, nothing left of --steps %ld\n", CMD, start,
-            a.steps);
-  if (!rc) rc = train_loop(o, &a, &r, start, out);
+  rc = prepare(o, &a, &rp, &ck, &r);
+  if (!rc) rc = load_data(&a, &rp, &r);
+  if (!rc) rc = build(&a, &rp, &r);
+  long start = a.resume ? rp.step : 0;
+  if (!rc) rc = open_metrics(&a, start, &r);
+  /* A checkpoint of this command holds the sampler's state; older ones seeded it from the
+   * step, which is why their resumed runs drew other batches. */
+  uint64_t rng = rp.self_contained ? rp.sampler_rng
+                                   : (uint64_t)a.seed * 0x9E3779B97F4A7C15ull + (uint64_t)start + 1;
+  if (!rc) rc = train_loop(&a, &r, start, rng);
   run_free(&r);
+  mn_safetensors_close(ck);
   return rc;
 }

@@ -1,0 +1,98 @@
+/* meganeura train's held-out loss: the mean loss over a fixed set of windows of the
+ * validation tokens (the same windows at every eval, spread evenly over the tokens), computed
+ * by an inference session of the training graph built once.
+ *
+ * Each eval copies the training session's parameters into the inference session (read_param,
+ * set_parameter): cheap next to a training step on the CPU. On CUDA this is a device-to-host-
+ * to-device round trip per parameter; sharing without a copy would need a library call that
+ * builds an inference session over another session's parameter buffers (the plan's parameter
+ * buffers bound to the training session's allocations, and the inference graph captured
+ * against them), which the public API does not offer yet. */
+#include "tools/cli_train.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void cli_eval_free(cli_eval *e) {
+  mn_session_free(e->s);
+  free(e->offsets);
+  free(e->ids);
+  free(e->labels);
+  free(e->params);
+  free(e->stage);
+  *e = (cli_eval){0};
+}
+
+static int collect_params(const char *cmd, cli_eval *e) {
+  size_t nodes = mn_graph_num_nodes(e->g), largest = 1;
+  e->params = malloc((nodes ? nodes : 1) * sizeof *e->params);
+  if (!e->params) return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
+  for (mn_node id = 0; id < nodes; id++) {
+    mn_node_info info;
+    if (mn_graph_node(e->g, id, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
+    size_t numel = (size_t)mn_tensor_type_numel(&info.type);
+    e->params[e->num_params++] = (struct cli_eval_param){info.name, numel};
+    if (numel > largest) largest = numel;
+  }
+  e->stage = malloc(largest * sizeof *e->stage);
+  if (!e->stage) return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
+  return CLI_OK;
+}
+
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, long batch, long seq,
+                  long batches, const uint32_t *tokens, size_t n) {
+  *e = (cli_eval){.g = g, .tokens = tokens, .batch = batch, .seq = seq};
+  if (n < (size_t)seq + 1) {
+    fprintf(stderr, "%s: the validation data holds %zu tokens, fewer than --seq + 1 = %ld\n", cmd,
+            n, seq + 1);
+    return CLI_FAIL;
+  }
+  size_t last = n - (size_t)seq - 1; /* the last window's start */
+  e->num_windows = (size_t)batches * (size_t)batch;
+  e->offsets = malloc(e->num_windows * sizeof *e->offsets);
+  e->ids = malloc((size_t)(batch * seq) * sizeof *e->ids);
+  e->labels = malloc((size_t)(batch * seq) * sizeof *e->labels);
+  if (!e->offsets || !e->ids || !e->labels)
+    return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
+  for (size_t i = 0; i < e->num_windows; i++)
+    e->offsets[i] =
+        e->num_windows > 1
+            ? (size_t)((unsigned long long)i * last / (unsigned long long)(e->num_windows - 1))
+            : 0;
+  if (mn_build_inference_session(g, NULL, &e->s) != MN_OK)
+    return cli_lib_fail(cmd, "cannot build the evaluation session");
+  if (mn_model_prepare_session(g, e->s) != MN_OK)
+    return cli_lib_fail(cmd, "cannot prepare the evaluation session");
+  return collect_params(cmd, e);
+}
+
+static int copy_weights(const char *cmd, cli_eval *e, mn_session *train) {
+  for (size_t i = 0; i < e->num_params; i++) {
+    const struct cli_eval_param *p = &e->params[i];
+    if (mn_session_read_param(train, p->name, e->stage, p->numel) != MN_OK ||
+        mn_session_set_parameter(e->s, p->name, e->stage, p->numel) != MN_OK)
+      return cli_lib_fail(cmd, "cannot copy the weights into the evaluation session");
+  }
+  return CLI_OK;
+}
+
+int cli_eval_run(const char *cmd, cli_eval *e, mn_session *train, float *loss) {
+  if (copy_weights(cmd, e, train)) return CLI_FAIL;
+  size_t bt = (size_t)(e->batch * e->seq), seq = (size_t)e->seq;
+  double total = 0;
+  size_t batches = e->num_windows / (size_t)e->batch;
+  for (size_t b = 0; b < batches; b++) {
+    for (size_t r = 0; r < (size_t)e->batch; r++) {
+      size_t off = e->offsets[b * (size_t)e->batch + r];
+      memcpy(e->ids + r * seq, e->tokens + off, seq * sizeof *e->ids);
+      memcpy(e->labels + r * seq, e->tokens + off + 1, seq * sizeof *e->labels);
+    }
+    if (mn_session_set_input_u32(e->s, "input_ids", e->ids, bt) != MN_OK ||
+        mn_session_set_input_u32(e->s, "labels", e->labels, bt) != MN_OK ||
+        mn_session_step(e->s) != MN_OK || mn_session_wait(e->s) != MN_OK)
+      return cli_lib_fail(cmd, "evaluation step failed");
+    total += mn_session_read_loss(e->s);
+  }
+  *loss = (float)(total / (double)batches);
+  return CLI_OK;
+}

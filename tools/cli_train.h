@@ -1,0 +1,78 @@
+/* meganeura train: what its parts (options, resume, evaluation, outputs) share. */
+#ifndef MN_CLI_TRAIN_H
+#define MN_CLI_TRAIN_H
+
+#include "tools/cli.h"
+
+#include <stdbool.h>
+
+/* The options of a run, paths included, after defaults and the checkpoint's values. */
+typedef struct train_args {
+  const char *config, *data, *format, *tokenizer, *val_data, *init, *out, *resume, *metrics, *plot;
+  long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last;
+  float lr, wd, clip, val_fraction;
+} train_args;
+
+/* What --resume restores beyond the session: where the run stood and what it was. */
+typedef struct resume_point {
+  long step;
+  uint64_t sampler_rng;
+  bool self_contained; /* a checkpoint of this command with its train.* metadata */
+  bool has_config;
+  mn_model_config cfg;
+  char name_prefix[64];    /* the parameter-name prefix the run's graph was built with */
+  uint64_t data_hash;      /* FNV-1a of the training tokens */
+  uint64_t tokenizer_hash; /* FNV-1a of the tokenizer.json bytes; 0: no tokenizer */
+} resume_point;
+
+/* The checkpoint's metadata key of an option ("--lr" -> "train.lr"); NULL for options that
+ * do not shape the trajectory. */
+const char *cli_resume_key(const char *option);
+
+/* Reads --resume's checkpoint: the step (train.step; else the deprecated CKPT.step side file;
+ * else the library's step counter), and when present the sampler state, config and the
+ * recorded options. Recorded options the user did not give are filled in (their values
+ * point into *st_out, which the caller closes after the run); given ones must be equal. */
+int cli_resume_read(const char *cmd, const char *path, cli_opt *opts, size_t n, resume_point *rp,
+                    mn_safetensors **st_out);
+/* Refuses a --config that differs from the checkpoint's, naming the first differing key. */
+int cli_resume_check_config(const char *cmd, const resume_point *rp, const mn_model_config *cfg);
+
+/* The train.* entries of a checkpoint; saved with mn_session_save_checkpoint_with. */
+typedef struct ckpt_record {
+  const train_args *a;
+  const mn_model_config *cfg;
+  const char *name_prefix;
+  uint64_t data_hash, tokenizer_hash;
+} ckpt_record;
+int cli_save_checkpoint(const char *cmd, mn_session *s, const char *path, const ckpt_record *rec,
+                        long step, uint64_t sampler_rng);
+
+/* Rewrites the metrics CSV with its header and only the rows at or before `step`. */
+int cli_metrics_cut(const char *cmd, const char *path, long step, const char *header);
+
+uint64_t cli_fnv1a(uint64_t h, const void *data, size_t n);
+#define CLI_FNV_OFFSET 0xcbf29ce484222325ull
+
+/* Held-out loss: a fixed set of windows of the validation tokens, evaluated through an
+ * inference session of the training graph that takes the training session's weights. */
+typedef struct cli_eval {
+  mn_session *s;
+  const mn_graph *g;
+  const uint32_t *tokens;
+  size_t *offsets, num_windows;
+  uint32_t *ids, *labels;
+  struct cli_eval_param {
+    const char *name;
+    size_t numel;
+  } * params;
+  size_t num_params;
+  float *stage;
+  long batch, seq;
+} cli_eval;
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, long batch, long seq,
+                  long batches, const uint32_t *tokens, size_t n);
+int cli_eval_run(const char *cmd, cli_eval *e, mn_session *train, float *loss);
+void cli_eval_free(cli_eval *e);
+
+#endif
