@@ -102,8 +102,13 @@ int cli_check_output_file(const char *cmd, const char *option, const char *path)
   return CLI_OK;
 }
 
+typedef struct checkpoint_file {
+  long step;
+  char *name;
+} checkpoint_file;
+
 static int by_step(const void *a, const void *b) {
-  long x = *(const long *)a, y = *(const long *)b;
+  long x = ((const checkpoint_file *)a)->step, y = ((const checkpoint_file *)b)->step;
   return (x > y) - (x < y);
 }
 
@@ -113,28 +118,32 @@ int cli_keep_last(const char *cmd, const char *dir, long keep) {
     fprintf(stderr, "%s: cannot list '%s': %s\n", cmd, dir, strerror(errno));
     return CLI_FAIL;
   }
-  long *steps = NULL;
+  checkpoint_file *files = NULL;
   size_t n = 0, cap = 0;
   for (struct dirent *ent; (ent = readdir(d));) {
     long st = checkpoint_step(ent->d_name, "");
     if (st < 0) continue;
     if (n == cap) {
-      long *grown = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *steps);
+      checkpoint_file *grown = realloc(files, (cap = cap ? 2 * cap : 16) * sizeof *files);
       if (!grown) break;
-      steps = grown;
+      files = grown;
     }
-    steps[n++] = st;
+    if ((files[n].name = strdup(ent->d_name))) files[n++].step = st;
   }
   closedir(d);
-  qsort(steps, n, sizeof *steps, by_step);
-  for (size_t i = 0; i + (size_t)keep < n; i++) {
-    char path[4300];
-    snprintf(path, sizeof path, "%s/checkpoint-%06ld.safetensors", dir, steps[i]);
-    if (unlink(path) != 0 && errno != ENOENT)
-      fprintf(stderr, "%s: warning: cannot remove '%s': %s\n", cmd, path, strerror(errno));
-    strcat(path, ".step");
-    unlink(path);
+  if (n) qsort(files, n, sizeof *files, by_step);
+  for (size_t i = 0; i < n; i++) {
+    if (i + (size_t)keep < n) {
+      char path[4400];
+      snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+      if (unlink(path) != 0 && errno != ENOENT)
+        fprintf(stderr, "%s: warning: cannot remove '%s': %s\n", cmd, path, strerror(errno));
+      /* the side file of checkpoints from before the step went into the metadata */
+      strncat(path, ".step", sizeof path - strlen(path) - 1);
+      unlink(path);
+    }
+    free(files[i].name);
   }
-  free(steps);
+  free(files);
   return CLI_OK;
 }
