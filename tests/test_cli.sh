@@ -158,10 +158,15 @@ PY
   head -c 600 "$text" >"$tmp/val.txt"
   "$mn" train --config "$hf/config.json" --init-from "$hf/model.safetensors" --tokenizer "$hf/tokenizer.json" \
     --data "$text" --val-data "$tmp/val.txt" --eval-every 2 --batch 2 --seq 16 --steps 4 --lr 1e-3 \
-    --out "$tmp/ft" --metrics "$tmp/ft.csv" 2>"$tmp/ft.log" || fail "fine-tuning walk-through: $(cat "$tmp/ft.log")"
+    --checkpoint-every 2 --out "$tmp/ft" --metrics "$tmp/ft.csv" 2>"$tmp/ft.log" ||
+    fail "fine-tuning walk-through: $(cat "$tmp/ft.log")"
   [[ $(awk -F, 'NR > 1 && $5 != "" {printf "%s ", $1}' "$tmp/ft.csv") == "2 4 " ]] ||
     fail "fine-tuning evals: $(cat "$tmp/ft.csv")"
   [[ -s $tmp/ft/model.safetensors ]] || fail "fine-tuning wrote no weights"
+  # The checkpoint records the tokenizer's identity: another tokenizer file is refused.
+  { cat "$hf/tokenizer.json"; echo; } >"$tmp/tokenizer2.json"
+  expect 1 "--tokenizer '$tmp/tokenizer2.json' is not the tokenizer the checkpoint was trained with" \
+    train --resume "$tmp/ft/checkpoint-000002.safetensors" --tokenizer "$tmp/tokenizer2.json"
 fi
 
 # ---- generate: the prompt and exactly --tokens bytes
