@@ -7,50 +7,22 @@
  * without the checksum the file only has to be well-formed, not the lowering of the graph).
  *
  * Seeds (fuzz/corpus/plan_cache/) come from this file built with -DMN_FUZZ_WRITE_SEEDS and run
- * with a folder argument: the cache of the graph below, and a few damaged variants. */
+ * with a folder argument: the cache of the graph of fuzz/plan_cache_graph.h, and a few damaged
+ * variants. scripts/fuzz.sh writes them afresh before every run, so that a change of the cache
+ * format or key cannot leave the fuzzer on stale seeds that stop at the header; the checked-in
+ * ones are checked by tests/test_fuzz_seeds.c. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz/plan_cache_graph.h"
 #include "io/plan_cache.h"
-#include "session/session.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check(int ok) {
   if (!ok) __builtin_trap();
-}
-
-/* Leaves of every kind, a user constant, an unused parameter, enough ops (matmul, norm,
- * activations, a loss) for the lowered graph to hold several backward ops, and two sibling
- * products of x, which the options below concatenate into a derived parameter (so that the
- * seeds hold a table of sources). */
-static mn_graph *user_graph(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(4, 3));
-  mn_node y = mn_input(g, "y", MN_SHAPE(4, 2));
-  mn_node w = mn_parameter(g, "w", MN_SHAPE(3, 2));
-  mn_node b = mn_parameter(g, "b", MN_SHAPE(2));
-  mn_node nw = mn_parameter(g, "norm.weight", MN_SHAPE(2));
-  mn_parameter(g, "unused", MN_SHAPE(5));
-  float shift[2] = {0.5f, -1.0f};
-  mn_node c = mn_constant(g, shift, MN_SHAPE(2));
-  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w), b));
-  mn_node q = mn_matmul_bt(g, x, mn_parameter(g, "q.weight", MN_SHAPE(2, 3)));
-  mn_node k = mn_matmul_bt(g, x, mn_parameter(g, "k.weight", MN_SHAPE(2, 3)));
-  h = mn_add(g, h, mn_mul(g, q, k));
-  h = mn_rms_norm(g, mn_scale(g, mn_bias_add(g, h, c), 0.5f), nw, 1e-5f);
-  mn_node loss = mn_mse_loss(g, mn_tanh(g, h), y);
-  mn_set_outputs(g, &loss, 1);
-  return g;
-}
-
-static mn_session_options options(void) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CPU;
-  o.siblings = MN_SIBLINGS_ALWAYS;
-  return o;
 }
 
 /* What mn_plan_build and the backends take for granted of a plan read from a cache. */
@@ -88,8 +60,8 @@ static void check_plan(const mn_plan *p, const mn_graph *user) {
 static mn_graph *fuzz_user;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (!fuzz_user) fuzz_user = user_graph(); /* kept for the whole run */
-  mn_session_options o = options();
+  if (!fuzz_user) fuzz_user = mn_fuzz_plan_cache_graph(); /* kept for the whole run */
+  mn_session_options o = mn_fuzz_plan_cache_options();
   for (unsigned flags = 0; flags <= MN_PLAN_CACHE_VERIFY_CHECKSUM; flags++) {
     mn_plan *plan = NULL;
     char why[256];
@@ -121,8 +93,8 @@ static void write_seed(const char *dir, const char *name, const char *text, size
 
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
-  mn_graph *g = user_graph();
-  mn_session_options o = options();
+  mn_graph *g = mn_fuzz_plan_cache_graph();
+  mn_session_options o = mn_fuzz_plan_cache_options();
   mn_plan *plan = NULL;
   char *json = NULL;
   if (mn_lower_training("seeds", g, &o, &plan) != MN_OK ||
@@ -130,11 +102,11 @@ int main(int argc, char **argv) {
     return 1;
   size_t n = strlen(json);
   write_seed(argv[1], "valid.json", json, n);
-  write_seed(argv[1], "truncated.json", json, n / 2);
+  write_seed(argv[1], "bad_truncated.json", json, n / 2);
   char *stale = strdup(json);
   strstr(stale, "\"key\":\"")[7] ^= 1;
-  write_seed(argv[1], "stale_key.json", stale, n);
-  write_seed(argv[1], "not_a_cache.json", "{\"format\":\"other\"}", 18);
+  write_seed(argv[1], "bad_stale_key.json", stale, n);
+  write_seed(argv[1], "bad_not_a_cache.json", "{\"format\":\"other\"}", 18);
   free(stale);
   free(json);
   mn_plan_free(plan);

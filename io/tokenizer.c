@@ -59,6 +59,24 @@ static mn_status read_file(const char *path, char **data, size_t *len) {
   return MN_OK;
 }
 
+mn_status mn_tok_parse(const char *json, size_t len, const char *label, mn_tokenizer **out) {
+  *out = NULL;
+  mn_tokenizer *t = calloc(1, sizeof *t);
+  if (!t || !(t->label = strdup(label))) {
+    free(t);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", label);
+  }
+  mn_status st = mn_tok_load_json(t, json, len);
+  if (st == MN_OK && (!mn_tok_build_added_sets(t) || !mn_tok_build_id_tables(t)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", label);
+  if (st != MN_OK) {
+    mn_tokenizer_free(t);
+    return st;
+  }
+  *out = t;
+  return MN_OK;
+}
+
 mn_status mn_tokenizer_load(const char *path, mn_tokenizer **out) {
   if (!path || !out)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_tokenizer_load: path %s, out %s: NULL",
@@ -68,22 +86,9 @@ mn_status mn_tokenizer_load(const char *path, mn_tokenizer **out) {
   size_t len = 0;
   mn_status st = read_file(path, &json, &len);
   if (st != MN_OK) return st;
-  mn_tokenizer *t = calloc(1, sizeof *t);
-  if (!t || !(t->label = strdup(path))) {
-    free(t);
-    free(json);
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", path);
-  }
-  st = mn_tok_load_json(t, json, len);
+  st = mn_tok_parse(json, len, path, out);
   free(json);
-  if (st == MN_OK && (!mn_tok_build_added_sets(t) || !mn_tok_build_id_tables(t)))
-    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", path);
-  if (st != MN_OK) {
-    mn_tokenizer_free(t);
-    return st;
-  }
-  *out = t;
-  return MN_OK;
+  return st;
 }
 
 size_t mn_tokenizer_vocab_size(const mn_tokenizer *t) { return t ? t->num_ids : 0; }

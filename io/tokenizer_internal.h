@@ -187,5 +187,9 @@ mn_status mn_tok_load_json(mn_tokenizer *t, const char *json, size_t len);
 bool mn_tok_build_added_sets(mn_tokenizer *t);
 /* The id -> token table and each id's decoded bytes (tokenizer_decode.c). */
 bool mn_tok_build_id_tables(mn_tokenizer *t);
+/* mn_tokenizer_load from the text instead of a file (json[len] being a NUL): the tokenizer or
+ * the load's error, with `label` where messages name the file. For the fuzz target and the
+ * test of its seeds. */
+mn_status mn_tok_parse(const char *json, size_t len, const char *label, mn_tokenizer **out);
 
 #endif

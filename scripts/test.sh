@@ -3,7 +3,8 @@
 # configures, builds and runs every test; then builds the CPU code again with
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs the tests once more.
 #
-# Last, each libFuzzer target runs briefly (MN_FUZZ_SECONDS, default 30; 0 skips).
+# Last, each libFuzzer target runs briefly (MN_FUZZ_SECONDS, default 30; 0 skips), and its
+# final coverage (edges, features, corpus size) is printed in the summary.
 #
 # Environment: MN_BUILD_DIR (default build), MN_ASAN_BUILD_DIR (default build-asan),
 # MN_SKIP_ASAN=1 to stop after the first pass, MN_JOBS (default: nproc).
@@ -98,6 +99,7 @@ fi
 
 # ---------------------------------------------------------------- pass 3: fuzzing, briefly
 fuzz_status=skipped
+fuzz_cov=()
 if [[ $fuzz_seconds != 0 ]]; then
   fuzz_status=0
   mkdir -p build-fuzz
@@ -106,7 +108,11 @@ if [[ $fuzz_seconds != 0 ]]; then
     say "fuzz $t for ${fuzz_seconds} s"
     scripts/fuzz.sh "$t" "$fuzz_seconds" </dev/null >"build-fuzz/$t.log" 2>&1 ||
       { fuzz_status=1; tail -n 40 "build-fuzz/$t.log"; }
-    grep -E "^(Done|#[0-9]+ +DONE)" "build-fuzz/$t.log" | tail -n 1 || true
+    # libFuzzer's final coverage, so that a drop (seeds gone stale, a reader refusing
+    # everything) shows next to the previous run's.
+    cov=$(sed -n "s/^== $t: \(cov .*\)/\1/p" "build-fuzz/$t.log" | tail -n 1)
+    echo "$t: ${cov:-no coverage line}"
+    fuzz_cov+=("$(printf '%-20s %s' "$t" "${cov:-no coverage line}")")
   done
 fi
 
@@ -136,6 +142,7 @@ case $fuzz_status in
 skipped) printf '  %-12s skipped (MN_FUZZ_SECONDS=0)\n' fuzz ;;
 *) printf '  %-12s FAILED  (logs: build-fuzz/*.log)\n' fuzz ;;
 esac
+for line in ${fuzz_cov[@]+"${fuzz_cov[@]}"}; do printf '      %s\n' "$line"; done
 if [[ $main_status == 0 && ($asan_status == 0 || $asan_status == skipped) &&
       ($fuzz_status == 0 || $fuzz_status == skipped) ]]; then
   exit 0
