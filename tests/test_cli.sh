@@ -67,7 +67,8 @@ if ! "$mn" train "${T[@]}" --batch 4 --warmup 2 --grad-clip 1 --checkpoint-every
   --metrics "$tmp/m.csv" --plot "$tmp/loss.svg" 2>"$tmp/train.log"; then
   fail "train: $(cat "$tmp/train.log")"
 fi
-[[ $(head -1 "$tmp/m.csv") == step,loss,lr,tokens_per_s,val_loss,val_ppl ]] || fail "CSV header"
+[[ $(head -1 "$tmp/m.csv") == step,loss,lr,tokens_per_s,val_loss,val_ppl,precision ]] || fail "CSV header"
+awk -F, 'NR > 1 && $7 != "f32" {exit 1}' "$tmp/m.csv" || fail "the CSV does not record precision f32"
 [[ $(($(wc -l <"$tmp/m.csv") - 1)) == 20 ]] || fail "CSV has $(($(wc -l <"$tmp/m.csv") - 1)) rows, not 20"
 awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/m.csv" ||
   fail "the loss did not fall: $(sed -n '2p;$p' "$tmp/m.csv" | tr '\n' ' ')"
@@ -101,6 +102,18 @@ fi
 "$mn" train "${T[@]}" --batch 2 --steps 2 --out "$tmp/mk" --plot "$tmp/new/dir/loss.svg" \
   --metrics "$tmp/new/m.csv" 2>"$tmp/mk.log" || fail "output folders not created: $(cat "$tmp/mk.log")"
 [[ -s $tmp/new/dir/loss.svg && -s $tmp/new/m.csv ]] || fail "plot or metrics missing in new folders"
+
+# ---- --precision: bf16 mixed precision trains (CPU backend), the CSV records it, a resume
+# keeps it, and an unknown name is a usage error
+expect 2 "meganeura train: --precision must be f32, tf32, bf16 or f16, got 'fp8'" train "${T[@]}" --batch 2 --precision fp8
+if ! "$mn" train "${T[@]}" --batch 4 --warmup 2 --checkpoint-every 10 --out "$tmp/bf16" \
+  --metrics "$tmp/bf16.csv" --precision bf16 2>"$tmp/bf16.log"; then
+  fail "train --precision bf16: $(cat "$tmp/bf16.log")"
+fi
+awk -F, 'NR > 1 && $7 != "bf16" {exit 1}' "$tmp/bf16.csv" || fail "the CSV does not record bf16"
+awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/bf16.csv" ||
+  fail "bf16: the loss did not fall: $(sed -n '2p;$p' "$tmp/bf16.csv" | tr '\n' ' ')"
+expect 2 "--precision f32 differs from the checkpoint's bf16" train --resume "$tmp/bf16/checkpoint-000010.safetensors" --precision f32
 
 # ---- held-out evaluation: fixed windows, val_loss and perplexity, both curves, a final eval
 expect 2 "--eval-every needs --val-data or --val-fraction" train "${T[@]}" --batch 2 --eval-every 5
@@ -180,6 +193,13 @@ fi
 # ---- bench prints a step time and a token rate
 "$mn" bench --config "$cfg" --batch 2 --seq 16 --steps 3 >"$tmp/bench.txt" 2>&1 || fail "bench: $(cat "$tmp/bench.txt")"
 grep -Eq 'median [0-9.]+ ms/step, [0-9]+ tokens/s' "$tmp/bench.txt" || fail "bench output: $(cat "$tmp/bench.txt")"
+"$mn" bench --config "$cfg" --batch 2 --seq 16 --steps 2 --precision bf16 >"$tmp/bench16.txt" 2>&1 ||
+  fail "bench --precision bf16: $(cat "$tmp/bench16.txt")"
+"$mn" generate --weights "$out/model.safetensors" --config "$cfg" --prompt "the " --tokens 5 \
+  --precision bf16 >"$tmp/gen16.txt" 2>"$tmp/gen16.err" || fail "generate --precision bf16: $(cat "$tmp/gen16.err")"
+[[ $(wc -c <"$tmp/gen16.txt") == 9 ]] || fail "generate --precision bf16 printed $(wc -c <"$tmp/gen16.txt") bytes"
+expect 2 "meganeura generate: --precision must be f32, tf32, bf16 or f16, got 'x'" generate --config "$cfg" --prompt hi --weights x --precision x
+expect 2 "meganeura bench: --precision must be f32, tf32, bf16 or f16, got 'x'" bench --config "$cfg" --batch 1 --seq 4 --precision x
 
 # ---- bad input: --data that is a folder; NaN weights refused at load naming the tensor
 # (--allow-nonfinite loads them), and non-finite logits then stop generate with an error

@@ -27,6 +27,9 @@ int cli_pos_long(const char *cmd, const cli_opt *o, long *out);
 int cli_nonneg_long(const char *cmd, const cli_opt *o, long *out);
 int cli_pos_float(const char *cmd, const cli_opt *o, float *out);
 int cli_nonneg_float(const char *cmd, const cli_opt *o, float *out);
+/* --precision f32|tf32|bf16|f16 into *out (tf32: f32 with TF32 matmuls; bf16 and f16 are
+ * mixed precision, docs/precision.md); an unset option keeps *out. */
+int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out);
 /* Prints "CMD: what: <mn_last_error()>" and returns CLI_FAIL. */
 int cli_lib_fail(const char *cmd, const char *what);
 double cli_now(void);

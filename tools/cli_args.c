@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -159,3 +160,23 @@ uint64_t cli_rand(uint64_t *state) {
 }
 
 double cli_rand_unit(uint64_t *state) { return (double)(cli_rand(state) >> 11) * 0x1.0p-53; }
+
+int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out) {
+  if (!o->seen) return CLI_OK;
+  static const struct {
+    const char *name;
+    mn_precision precision;
+    bool tf32;
+  } names[] = {{"f32", MN_PRECISION_F32, false},
+               {"tf32", MN_PRECISION_F32, true},
+               {"bf16", MN_PRECISION_BF16, false},
+               {"f16", MN_PRECISION_F16, false}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(o->value, names[i].name) == 0) {
+      out->precision = names[i].precision;
+      out->allow_tf32 = names[i].tf32;
+      return CLI_OK;
+    }
+  fprintf(stderr, "%s: %s must be f32, tf32, bf16 or f16, got '%s'\n", cmd, o->name, o->value);
+  return CLI_USAGE;
+}

@@ -7,10 +7,11 @@
 static const char *const CMD = "meganeura bench";
 static const char USAGE[] =
     "usage: meganeura bench --config CONFIG.json --batch B --seq T [--steps N]\n"
+    "         [--precision f32|tf32|bf16|f16]\n"
     "Times N (default 10) AdamW training steps on random tokens after 2 warm-up steps and\n"
     "prints the median step time and tokens/s. MN_BACKEND=cpu|cuda picks the backend.\n";
 
-enum { O_CONFIG, O_BATCH, O_SEQ, O_STEPS, O_COUNT };
+enum { O_CONFIG, O_BATCH, O_SEQ, O_STEPS, O_PRECISION, O_COUNT };
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -23,13 +24,16 @@ int cli_bench(int argc, char **argv) {
       [O_BATCH] = {"--batch", 1, NULL, 0},
       [O_SEQ] = {"--seq", 1, NULL, 0},
       [O_STEPS] = {"--steps", 1, NULL, 0},
+      [O_PRECISION] = {"--precision", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   long batch = 0, seq = 0, steps = 10;
-  if (cli_pos_long(CMD, &o[O_BATCH], &batch) || cli_pos_long(CMD, &o[O_SEQ], &seq) ||
-      cli_pos_long(CMD, &o[O_STEPS], &steps) || cli_require(CMD, &o[O_CONFIG]) ||
-      cli_require(CMD, &o[O_BATCH]) || cli_require(CMD, &o[O_SEQ]))
+  mn_session_options options = mn_session_options_default();
+  if (cli_precision(CMD, &o[O_PRECISION], &options) || cli_pos_long(CMD, &o[O_BATCH], &batch) ||
+      cli_pos_long(CMD, &o[O_SEQ], &seq) || cli_pos_long(CMD, &o[O_STEPS], &steps) ||
+      cli_require(CMD, &o[O_CONFIG]) || cli_require(CMD, &o[O_BATCH]) ||
+      cli_require(CMD, &o[O_SEQ]))
     return CLI_USAGE;
   mn_model_config cfg;
   if (cli_load_config(CMD, o[O_CONFIG].value, &cfg)) return CLI_FAIL;
@@ -43,7 +47,7 @@ int cli_bench(int argc, char **argv) {
     rc = CLI_FAIL;
   } else if (mn_model_build(&cfg, batch, seq, NULL, &g) != MN_OK) {
     rc = cli_lib_fail(CMD, "cannot build the model");
-  } else if (mn_build_session(g, NULL, &s) != MN_OK) {
+  } else if (mn_build_session(g, &options, &s) != MN_OK) {
     rc = cli_lib_fail(CMD, "cannot build the session");
   } else if (mn_model_init_parameters(&cfg, g, s, 1) != MN_OK ||
              mn_session_set_adamw(s, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f) != MN_OK) {

@@ -39,8 +39,9 @@ static int collect_params(const char *cmd, cli_eval *e) {
   return CLI_OK;
 }
 
-int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, long batch, long seq,
-                  long batches, const uint32_t *tokens, size_t n) {
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g,
+                  const mn_session_options *options, long batch, long seq, long batches,
+                  const uint32_t *tokens, size_t n) {
   *e = (cli_eval){.g = g, .tokens = tokens, .batch = batch, .seq = seq};
   if (n < (size_t)seq + 1) {
     fprintf(stderr, "%s: the validation data holds %zu tokens, fewer than --seq + 1 = %ld\n", cmd,
@@ -59,7 +60,7 @@ int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, long batch, l
         e->num_windows > 1
             ? (size_t)((unsigned long long)i * last / (unsigned long long)(e->num_windows - 1))
             : 0;
-  if (mn_build_inference_session(g, NULL, &e->s) != MN_OK)
+  if (mn_build_inference_session(g, options, &e->s) != MN_OK)
     return cli_lib_fail(cmd, "cannot build the evaluation session");
   if (mn_model_prepare_session(g, e->s) != MN_OK)
     return cli_lib_fail(cmd, "cannot prepare the evaluation session");

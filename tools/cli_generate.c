@@ -12,7 +12,7 @@ static const char USAGE[] =
     "usage: meganeura generate (--checkpoint FILE | --weights FILE.safetensors)\n"
     "         --config CONFIG.json --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
     "         [--greedy] [--seed S] [--seq T] [--tokenizer tokenizer.json]\n"
-    "         [--allow-nonfinite]\n"
+    "         [--allow-nonfinite] [--precision f32|tf32|bf16|f16]\n"
     "Prints the prompt and N (default 200) sampled tokens: bytes, or with --tokenizer\n"
     "decoded ids. The window is the config's positions (or --seq, default at most 1024).\n"
     "--weights holding NaN or infinity are refused unless --allow-nonfinite; logits that\n"
@@ -31,6 +31,7 @@ enum {
   O_SEQ,
   O_TOKENIZER,
   O_ALLOW_NONFINITE,
+  O_PRECISION,
   O_COUNT
 };
 
@@ -91,9 +92,11 @@ typedef struct gen {
 } gen;
 
 static int setup(cli_opt *o, gen *r, long seq, const char *prefix) {
+  mn_session_options options = mn_session_options_default();
+  if (cli_precision(CMD, &o[O_PRECISION], &options)) return CLI_USAGE;
   if (mn_model_build(&r->cfg, 1, seq, prefix, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
-  if (mn_build_inference_session(r->g, NULL, &r->s) != MN_OK)
+  if (mn_build_inference_session(r->g, &options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_model_prepare_session(r->g, r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot prepare the session");
@@ -120,6 +123,7 @@ int cli_generate(int argc, char **argv) {
       [O_SEQ] = {"--seq", 1, NULL, 0},
       [O_TOKENIZER] = {"--tokenizer", 1, NULL, 0},
       [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
+      [O_PRECISION] = {"--precision", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
@@ -128,7 +132,8 @@ int cli_generate(int argc, char **argv) {
   if (cli_pos_long(CMD, &o[O_TOKENS], &n_tokens) || cli_nonneg_float(CMD, &o[O_TEMP], &temp) ||
       cli_nonneg_long(CMD, &o[O_TOPK], &top_k) || cli_nonneg_long(CMD, &o[O_SEED], &seed) ||
       cli_pos_long(CMD, &o[O_SEQ], &seq) || cli_require(CMD, &o[O_CONFIG]) ||
-      cli_require(CMD, &o[O_PROMPT]))
+      cli_require(CMD, &o[O_PROMPT]) ||
+      cli_precision(CMD, &o[O_PRECISION], &(mn_session_options){0}))
     return CLI_USAGE;
   if (o[O_CKPT].seen == o[O_WEIGHTS].seen) {
     fprintf(stderr, "%s: give exactly one of --checkpoint and --weights\n", CMD);

@@ -45,6 +45,7 @@ static const recorded_option recorded[] = {
     {"--out", "train.out", DEFAULT_ONLY, PATH, ARG(out), false},
     {"--metrics", "train.metrics", DEFAULT_ONLY, PATH, ARG(metrics), false},
     {"--plot", "train.plot", DEFAULT_ONLY, PATH, ARG(plot), false},
+    {"--precision", "train.precision", SAME_TEXT, PATH, ARG(precision), false},
 };
 #define NUM_RECORDED (sizeof recorded / sizeof recorded[0])
 

@@ -17,7 +17,7 @@ static const char USAGE[] =
     "         [--init-from FILE.safetensors] [--warmup W] [--weight-decay WD] [--grad-clip C]\n"
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
-    "         [--metrics FILE.csv] [--plot FILE.svg]\n"
+    "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -27,7 +27,9 @@ static const char USAGE[] =
     "(or of the last fraction F of --data, then not trained on), every K steps and at the end.\n"
     "--resume CKPT continues a run bit for bit from its checkpoint alone: the model, the data,\n"
     "the sampler and the options are recorded in it (options given must agree; --steps may\n"
-    "grow); the metrics CSV is cut back to the checkpoint's step.\n";
+    "grow); the metrics CSV is cut back to the checkpoint's step.\n"
+    "--precision: f32 (the default), tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed\n"
+    "precision (fp32 master weights; bf16 and f16 run on the CPU backend so far).\n";
 
 enum {
   O_CONFIG,
@@ -53,10 +55,11 @@ enum {
   O_VAL_FRACTION,
   O_EVAL_EVERY,
   O_EVAL_BATCHES,
+  O_PRECISION,
   O_COUNT
 };
 
-static const char CSV_HEADER[] = "step,loss,lr,tokens_per_s,val_loss,val_ppl\n";
+static const char CSV_HEADER[] = "step,loss,lr,tokens_per_s,val_loss,val_ppl,precision\n";
 
 static float lr_at(const train_args *a, long step) {
   long warmup = a->warmup < a->steps ? a->warmup : a->steps - 1;
@@ -83,7 +86,8 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
       cli_pos_long(CMD, &o[O_KEEP], &a->keep_last) || cli_nonneg_long(CMD, &o[O_SEED], &a->seed) ||
       cli_pos_float(CMD, &o[O_VAL_FRACTION], &a->val_fraction) ||
       cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
-      cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches))
+      cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches) ||
+      cli_precision(CMD, &o[O_PRECISION], &a->options))
     return CLI_USAGE;
   const int req[] = {O_CONFIG, O_DATA, O_BATCH, O_SEQ, O_STEPS, O_LR};
   for (size_t i = config_known ? 1 : 0; i < sizeof req / sizeof req[0]; i++)
@@ -121,6 +125,7 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
   a->metrics = o[O_METRICS].value;
   a->plot = o[O_PLOT].value;
   a->out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
+  a->precision = o[O_PRECISION].seen ? o[O_PRECISION].value : "f32";
   return CLI_OK;
 }
 
@@ -229,7 +234,7 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot read --init-from");
   if (mn_model_build(&r->cfg, a->batch, a->seq, r->prefix, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
-  if (mn_build_session(r->g, NULL, &r->s) != MN_OK)
+  if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_model_init_parameters(&r->cfg, r->g, r->s, (uint64_t)a->seed) != MN_OK)
     return cli_lib_fail(CMD, "cannot initialize the parameters");
@@ -238,7 +243,8 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
   if (r->val) {
-    if (cli_eval_init(CMD, &r->eval, r->g, a->batch, a->seq, a->eval_batches, r->val, r->n_val))
+    if (cli_eval_init(CMD, &r->eval, r->g, &a->options, a->batch, a->seq, a->eval_batches, r->val,
+                      r->n_val))
       return CLI_FAIL;
     r->evaluating = true;
   }
@@ -337,7 +343,8 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
       snprintf(val, sizeof val, "  val %.4f  ppl %.2f", vl, exp(vl));
       snprintf(cols, sizeof cols, "%.6f,%.6g", vl, exp(vl));
     }
-    if (r->csv) fprintf(r->csv, "%ld,%.6f,%.6g,%.1f,%s\n", step + 1, loss, lr, tps, cols);
+    if (r->csv)
+      fprintf(r->csv, "%ld,%.6f,%.6g,%.1f,%s,%s\n", step + 1, loss, lr, tps, cols, a->precision);
     char eta[32];
     fmt_eta(el / (double)done * (double)(a->steps - step - 1), eta, sizeof eta);
     long every = a->steps / 20 > 0 ? a->steps / 20 : 1;
@@ -414,10 +421,15 @@ int cli_train(int argc, char **argv) {
       [O_VAL_FRACTION] = {"--val-fraction", 1, NULL, 0},
       [O_EVAL_EVERY] = {"--eval-every", 1, NULL, 0},
       [O_EVAL_BATCHES] = {"--eval-batches", 1, NULL, 0},
+      [O_PRECISION] = {"--precision", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
-  train_args a = {.warmup = 0, .seed = 0, .wd = 0.01f, .eval_batches = 8};
+  train_args a = {.warmup = 0,
+                  .seed = 0,
+                  .wd = 0.01f,
+                  .eval_batches = 8,
+                  .options = mn_session_options_default()};
   resume_point rp = {0};
   mn_safetensors *ck = NULL;
   run r = {0};

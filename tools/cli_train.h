@@ -9,6 +9,8 @@
 /* The options of a run, paths included, after defaults and the checkpoint's values. */
 typedef struct train_args {
   const char *config, *data, *format, *tokenizer, *val_data, *init, *out, *resume, *metrics, *plot;
+  const char *precision;      /* --precision as given, "f32" by default */
+  mn_session_options options; /* of the training and evaluation sessions */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last;
   float lr, wd, clip, val_fraction;
 } train_args;
@@ -70,8 +72,9 @@ typedef struct cli_eval {
   float *stage;
   long batch, seq;
 } cli_eval;
-int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, long batch, long seq,
-                  long batches, const uint32_t *tokens, size_t n);
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g,
+                  const mn_session_options *options, long batch, long seq, long batches,
+                  const uint32_t *tokens, size_t n);
 int cli_eval_run(const char *cmd, cli_eval *e, mn_session *train, float *loss);
 void cli_eval_free(cli_eval *e);
 
