@@ -113,6 +113,10 @@ if [ "$lm" = 1 ]; then
         python3 "$root/benchmarks/torch_lm.py" $model $args 2>&1 | tee -a "$logs/bench.log" ||
           echo "BENCH-FAILED torch_lm.py $model $args" | tee -a "$logs/bench.log"
       done
+      # The bar: what fast users run (nanoGPT-style GPT-2, a plain Llama), TF32 and bf16
+      # autocast, eager and torch.compile.
+      python3 "$root/benchmarks/torch_nanogpt.py" $model 2>&1 | tee -a "$logs/bench.log" ||
+        echo "BENCH-FAILED torch_nanogpt.py $model" | tee -a "$logs/bench.log"
     fi
   done
 fi

@@ -24,7 +24,7 @@ def main(ctest_log, bench_log):
         bench_lines = []
     lm = {}
     for line in bench_lines:
-        if line.startswith("BENCH lm_") or line.startswith("BENCH torch_lm_"):
+        if line.startswith(("BENCH lm_", "BENCH torch_lm_", "BENCH torch_nanogpt_")):
             lm[line.split()[1]] = fields(line)
         elif line.startswith("BENCH "):
             name = line.split()[1]
@@ -32,6 +32,7 @@ def main(ctest_log, bench_log):
         elif line.startswith("BENCH-FAILED") or line.startswith("HF-PARITY"):
             print(line.strip())
     lm_table(lm)
+    bar_table(lm)
     if not ours and not torch:
         return
     # "_noopt" rows (the optimizer off) go in their own columns beside the optimized row.
@@ -63,6 +64,18 @@ def lm_table(lm):
               f"{f.get('step_ms', '-'):>10} {disp:>11} "
               f"{e.get('step_ms', '-'):>11} {e.get('peak_mib', '-'):>6} "
               f"{c.get('step_ms', '-'):>13} {c.get('peak_mib', '-'):>6}")
+
+
+def bar_table(lm):
+    """The PyTorch bar (benchmarks/torch_nanogpt.py): ms per step and peak MiB per model,
+    precision and mode."""
+    rows = sorted(k[len("torch_nanogpt_"):] for k in lm if k.startswith("torch_nanogpt_"))
+    if not rows:
+        return
+    print(f"{'nanoGPT-style PyTorch':28} {'ms':>9} {'MiB':>7}")
+    for row in rows:
+        r = lm["torch_nanogpt_" + row]
+        print(f"{row:28} {r.get('step_ms', '-'):>9} {r.get('peak_mib', '-'):>7}")
 
 
 if __name__ == "__main__":
