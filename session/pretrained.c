@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,43 @@
 #include "session/session_params.h"
 
 #define MAX_INDEX_BYTES ((size_t)64 << 20)
+
+/* ---------------------------------------------------------------- names -> indices
+ *
+ * A 1,000-layer checkpoint has ~10,000 tensors, and looking each parameter up by a scan made
+ * loading quadratic. Open addressing over index + 1 (0: empty); equal names share a probe
+ * chain in insertion order, so a lookup finds the first of them, as a scan would. */
+typedef struct name_index {
+  const char **names; /* borrowed */
+  size_t *slots, cap;
+} name_index;
+
+static size_t name_slot(const char *s, size_t cap) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return (size_t)h & (cap - 1);
+}
+
+static bool name_index_build(name_index *x, const char **names, size_t n) {
+  x->names = names;
+  for (x->cap = 16; x->cap < 2 * n;)
+    x->cap *= 2;
+  if (!(x->slots = calloc(x->cap, sizeof *x->slots))) return false;
+  for (size_t i = 0; i < n; i++) {
+    size_t at = name_slot(names[i], x->cap);
+    while (x->slots[at])
+      at = (at + 1) & (x->cap - 1);
+    x->slots[at] = i + 1;
+  }
+  return true;
+}
+
+static long name_index_find(const name_index *x, const char *name) {
+  for (size_t at = name_slot(name, x->cap); x->slots[at]; at = (at + 1) & (x->cap - 1))
+    if (strcmp(x->names[x->slots[at] - 1], name) == 0) return (long)(x->slots[at] - 1);
+  return -1;
+}
 
 /* A tensor of the source and the open file that holds it. */
 typedef struct source_entry {
@@ -42,7 +80,9 @@ typedef struct source {
   size_t num_files;
   source_entry *entries; /* in file order (single file) or weight_map order (sharded) */
   size_t num_entries;
-  cJSON *index; /* keeps the weight_map's names alive */
+  cJSON *index;       /* keeps the weight_map's names alive */
+  const char **names; /* entries[i].name, for by_name */
+  name_index by_name;
 } source;
 
 static void source_free(source *src) {
@@ -51,6 +91,8 @@ static void source_free(source *src) {
   free(src->files);
   free(src->shards);
   free(src->entries);
+  free(src->names);
+  free(src->by_name.slots);
   cJSON_Delete(src->index);
 }
 
@@ -160,10 +202,20 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* The index of the source's tensor names (src->names and src->by_name). */
+static mn_status index_entries(source *src) {
+  size_t n = src->num_entries;
+  if (!(src->names = malloc((n ? n : 1) * sizeof *src->names)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  for (size_t i = 0; i < n; i++)
+    src->names[i] = src->entries[i].name;
+  if (!name_index_build(&src->by_name, src->names, n))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  return MN_OK;
+}
+
 static long find_entry(const source *src, const char *name) {
-  for (size_t i = 0; i < src->num_entries; i++)
-    if (strcmp(src->entries[i].name, name) == 0) return (long)i;
-  return -1;
+  return name_index_find(&src->by_name, name);
 }
 
 static bool convertible(const char *dtype) {
@@ -235,10 +287,20 @@ static mn_status apply(const source *src, mn_session *s, const mn_io_param *para
 static mn_status report(const source *src, const mn_io_param *params, size_t np,
                         mn_io_name_list *missing) {
   mn_io_name_list skipped = {0};
+  const char **names = malloc((np ? np : 1) * sizeof *names);
+  name_index param_names = {0};
+  for (size_t i = 0; names && i < np; i++)
+    names[i] = params[i].name;
+  if (!names || !name_index_build(&param_names, names, np)) {
+    free(names);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", src->fn);
+  }
   for (size_t i = 0; i < src->num_entries; i++)
-    if (mn_io_param_index(params, np, src->entries[i].name) < 0 &&
+    if (name_index_find(&param_names, src->entries[i].name) < 0 &&
         find_entry(src, src->entries[i].name) == (long)i) /* a name listed twice counts once */
       mn_io_name_list_add(&skipped, src->entries[i].name);
+  free(param_names.slots);
+  free(names);
   size_t ns = skipped.count + skipped.dropped, nm = missing->count + missing->dropped;
   if (!ns && !nm) {
     mn_set_last_error("");
@@ -265,6 +327,7 @@ static mn_status load(const char *fn, mn_session *s, const char *path, unsigned 
   float *stage = NULL;
   mn_io_name_list missing = {0};
   mn_status st = ends_with(path, ".json") ? open_index(&src) : open_single(&src);
+  if (st == MN_OK) st = index_entries(&src);
   if (st == MN_OK) st = mn_io_params(fn, s, &params, &np);
   if (st == MN_OK && !(entry = malloc((np ? np : 1) * sizeof *entry)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
