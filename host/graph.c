@@ -127,8 +127,15 @@ static bool index_reserve(struct mn_name_index *x) {
   size_t cap = x->cap ? 2 * x->cap : 64;
   uint32_t *slots = calloc(cap, sizeof *slots);
   if (!slots) return false;
-  for (size_t i = 0; i < x->cap; i++)
-    if (x->slots[i]) slot_put(slots, cap, x->nodes[x->slots[i] - 1].name, x->slots[i] - 1);
+  for (size_t i = 0; i < x->cap; i++) {
+    if (!x->slots[i]) continue;
+    /* A name cleared by hand since it was indexed leaves the index. */
+    const char *name = x->nodes[x->slots[i] - 1].name;
+    if (name)
+      slot_put(slots, cap, name, x->slots[i] - 1);
+    else
+      x->count--;
+  }
   free(x->slots);
   x->slots = slots;
   x->cap = cap;

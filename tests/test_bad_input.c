@@ -128,6 +128,16 @@ Test(bad_input, lookup_follows_nodes_written_by_hand) {
   cr_assert_eq(mn_graph_find_leaf(g, MN_OP_PARAMETER, "a"), MN_NO_NODE);
   mn_parameter(g, "c", MN_SHAPE(1));
   cr_assert_eq(mn_graph_find_leaf(g, MN_OP_PARAMETER, "c"), 2);
+  /* A name cleared by hand, then enough names appended to grow the index: it is dropped. */
+  free(g->nodes[1].name);
+  g->nodes[1].name = NULL;
+  char name[32];
+  for (int i = 0; i < 100; i++) {
+    snprintf(name, sizeof name, "grow.%d", i);
+    cr_assert_eq(mn_parameter(g, name, MN_SHAPE(1)), (mn_node)(3 + i), "%s", mn_graph_error(g));
+  }
+  cr_assert_eq(mn_graph_find_leaf(g, MN_OP_PARAMETER, "b"), MN_NO_NODE);
+  cr_assert_eq(mn_graph_find_leaf(g, MN_OP_PARAMETER, "grow.99"), 102);
   mn_graph *copy = mn_graph_clone(g);
   cr_assert_eq(mn_graph_find_leaf(copy, MN_OP_PARAMETER, "c"), 2);
   cr_assert_eq(mn_graph_find_leaf(copy, MN_OP_INPUT, "a"), 0);
