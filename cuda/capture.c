@@ -43,15 +43,20 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   float *params = (float *)(st->arena + p->update_params_offset);
   float *grads = (float *)(st->arena + p->update_grads_offset);
   size_t n = p->update_bytes / sizeof(float);
-  if (key & 2u) {
-    mn_ptrs io = {{grads, st->norm_partials, &st->misc->error}};
-    const unsigned grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
-    mn_status rc = launch(st, (uint32_t)st->opt_sumsq, grid, 256, 0, &io);
-    if (rc != MN_OK) return rc;
-  }
   size_t blocks = (n + 255) / 256;
   if (blocks > 4096) blocks = 4096;
   const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
+  if (key & 8u) {
+    mn_ptrs io = {{grads, st->accum, &st->misc->scalars, &st->misc->error}};
+    mn_status rc = launch(st, (uint32_t)st->opt_accumulate, grid, 256, 0, &io);
+    if (rc != MN_OK) return rc;
+  }
+  if (key & 2u) {
+    mn_ptrs io = {{grads, st->norm_partials, &st->misc->error, &st->misc->scalars}};
+    const unsigned norm_grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
+    mn_status rc = launch(st, (uint32_t)st->opt_sumsq, norm_grid, 256, 0, &io);
+    if (rc != MN_OK) return rc;
+  }
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
   mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
                  &st->misc->error}};

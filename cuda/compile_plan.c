@@ -10,8 +10,8 @@ mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf
   mn_cu_program prog;
   mn_status st = mn_cu_program_build(p, allow_tf32, &prog);
   if (st != MN_OK) return st;
-  int sumsq, update;
-  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update);
+  int sumsq, update, accumulate;
+  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate);
   if (st != MN_OK) {
     mn_cu_program_free(&prog);
     return st;

@@ -184,6 +184,7 @@ static void cuda_destroy(mn_session *s) {
   cudaFree(st->misc);
   cudaFree(st->norm_partials);
   cudaFree(st->adam);
+  cudaFree(st->accum);
   cudaFree(st->workspace);
   cudaFreeHost(st->host_scalars);
   cudaFreeHost(st->host_readback);
@@ -213,7 +214,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
   if (rc == MN_OK)
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
-                                     &st->opt_update);
+                                     &st->opt_update, &st->opt_accumulate);
   mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
   mn_nvtx_push("meganeura: compile kernels");
@@ -294,12 +295,17 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
 }
 
 /* Which graph is needed: the update kernels exist only for an optimizer, clipping only
- * when enabled, and Adam moments only once allocated. */
+ * when enabled, Adam moments only once allocated, the gradient sum only when accumulating. */
 static unsigned capture_key(const mn_session *s) {
   bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
   bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
   return (update ? 1u : 0u) | (update && s->optim.max_grad_norm > 0 ? 2u : 0u) |
-         (update && adam ? 4u : 0u);
+         (update && adam ? 4u : 0u) | (update && s->grad_accum > 1 ? 8u : 0u);
+}
+
+static mn_status ensure_accum(cuda_state *st, const mn_session *s) {
+  if (s->grad_accum <= 1 || st->accum || !s->training || s->plan->update_bytes == 0) return MN_OK;
+  return mn_cu_check(cudaMalloc((void **)&st->accum, s->plan->update_bytes), "the gradient sum");
 }
 
 static mn_status ensure_adam(cuda_state *st, const mn_session *s) {
@@ -317,7 +323,7 @@ _Static_assert((int)MN_OPTIM_NONE == MN_DEV_OPTIM_NONE && (int)MN_OPTIM_SGD == M
                    (int)MN_OPTIM_ADAMW == MN_DEV_OPTIM_ADAMW,
                "mn_optimizer_kind and mn_dev_optim_kind differ");
 
-static void fill_scalars(const mn_session *s, uint64_t step, mn_dev_scalars *out) {
+static void fill_scalars(const mn_session *s, uint64_t step, bool apply, mn_dev_scalars *out) {
   const mn_optimizer_config *o = &s->optim;
   *out = (mn_dev_scalars){.lr = o->lr,
                           .beta1 = o->beta1,
@@ -328,7 +334,10 @@ static void fill_scalars(const mn_session *s, uint64_t step, mn_dev_scalars *out
                           .step = (uint32_t)step,
                           .kind = (uint32_t)o->kind,
                           .bias_correction1 = 1.0 - pow(o->beta1, (double)step),
-                          .bias_correction2 = 1.0 - pow(o->beta2, (double)step)};
+                          .bias_correction2 = 1.0 - pow(o->beta2, (double)step),
+                          .accum_first = s->accum_index == 0,
+                          .accum_apply = apply,
+                          .accum_k = (float)(s->grad_accum > 1 ? s->grad_accum : 1)};
 }
 
 static mn_status cuda_step(mn_session *s) {
@@ -336,7 +345,10 @@ static mn_status cuda_step(mn_session *s) {
   bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
   mn_status rc = use_device(st);
   if (rc == MN_OK) rc = ensure_adam(st, s);
+  if (rc == MN_OK) rc = ensure_accum(st, s);
   if (rc != MN_OK) return rc;
+  /* The decision to update is a scalar the graph copies in: no capture per accumulation step. */
+  bool apply = mn_session_accumulation_step(s);
   unsigned key = capture_key(s);
   if (!st->captured || st->captured_key != key) {
     mn_nvtx_push("meganeura: capture step graph");
@@ -348,7 +360,7 @@ static mn_status cuda_step(mn_session *s) {
   mn_nvtx_push("meganeura: step");
   rc = wait_inputs_consumed(st);
   if (rc == MN_OK) {
-    fill_scalars(s, s->step_count + (update ? 1 : 0), st->host_scalars);
+    fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
     rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
   }
   mn_nvtx_pop();
@@ -356,7 +368,8 @@ static mn_status cuda_step(mn_session *s) {
   st->launches++;
   st->submissions++;
   st->in_flight = true;
-  if (update) s->step_count++;
+  if (update && apply) s->step_count++;
+  if (update) mn_session_accumulation_advance(s, apply);
   return MN_OK;
 }
 

@@ -41,6 +41,7 @@ typedef struct cuda_state {
   mn_cu_device_misc *misc; /* device: scalars and the error record */
   double *norm_partials;   /* device: one per norm block */
   float *adam;             /* device: m then v, 2 * update_bytes; NULL until Adam is used */
+  float *accum;            /* device: the gradient sum, update_bytes; NULL until accumulating */
   void *workspace;         /* cuBLASLt */
   size_t workspace_bytes;
   cublasLtHandle_t lt;
@@ -57,7 +58,7 @@ typedef struct cuda_state {
   mn_cu_program prog;
   cudaLibrary_t library;
   cudaKernel_t *kernels;
-  int opt_sumsq, opt_update; /* kernel indices, -1 for inference */
+  int opt_sumsq, opt_update, opt_accumulate; /* kernel indices, -1 for inference */
 
   cudaGraphExec_t exec;
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */

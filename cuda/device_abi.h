@@ -39,6 +39,11 @@ typedef struct mn_dev_scalars {
   unsigned int step;                         /* optimizer steps including this one */
   unsigned int kind;                         /* an mn_dev_optim_kind */
   double bias_correction1, bias_correction2; /* 1 - beta^step, computed on the host */
+  /* Gradient accumulation over accum_k steps (mn_opt_accumulate): accum_first starts a new sum,
+   * accum_apply is set on the step that updates (always, without accumulation). */
+  unsigned int accum_first, accum_apply;
+  float accum_k;
+  unsigned int accum_pad;
 } mn_dev_scalars;
 
 /* The first runtime failure since the last mn_session_wait (an index out of range).
@@ -95,7 +100,7 @@ MN_ABI_ASSERT(sizeof(float) == 4 && MN_ABI_ALIGNOF(float) == 4, "32-bit float");
 MN_ABI_ASSERT(sizeof(long long) == 8 && MN_ABI_ALIGNOF(long long) == 8, "64-bit long long");
 MN_ABI_ASSERT(sizeof(double) == 8 && MN_ABI_ALIGNOF(double) == 8, "64-bit double");
 MN_ABI_ASSERT(sizeof(mn_ptrs) == 8 * MN_DEV_MAX_ARGS, "mn_ptrs: the pointers, no padding");
-MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 48, "mn_dev_scalars: no padding");
+MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 64, "mn_dev_scalars: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_error) == 40, "mn_dev_error: no padding");
 
 #endif

@@ -154,14 +154,15 @@ mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *
 }
 
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
-                                      int *sumsq, int *update) {
-  *sumsq = *update = -1;
+                                      int *sumsq, int *update, int *accumulate) {
+  *sumsq = *update = *accumulate = -1;
   if (!training || p->update_bytes == 0) return MN_OK;
   mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
   long long n = (long long)(p->update_bytes / sizeof(float));
   *sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
   *update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
-  if (*sumsq < 0 || *update < 0)
+  *accumulate = mn_cu_kernel(&c, 256, "mn_opt_accumulate<%lldLL>", n);
+  if (*sumsq < 0 || *update < 0 || *accumulate < 0)
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   return MN_OK;
 }

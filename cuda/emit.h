@@ -185,9 +185,9 @@ extern const mn_cu_lower_fn mn_cu_lowerers[MN_OP_COUNT];
 mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out);
 void mn_cu_program_free(mn_cu_program *prog);
 /* Declares the optimizer kernels (kernels/optimizer.cuh) of a training plan that has
- * parameters to update; sets *sumsq and *update to their indices, or -1. */
+ * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
-                                      int *sumsq, int *update);
+                                      int *sumsq, int *update, int *accumulate);
 
 #define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, the generated templates,

@@ -49,7 +49,20 @@ struct mn_session {
   uint64_t step_count;   /* completed optimizer steps (Adam bias correction) */
   uint64_t steps;        /* mn_session_step calls that submitted work */
   mn_loss_scaler scaler; /* F16 training plans (plan->loss_scale); host/storage.h */
+  /* Gradient accumulation (mn_session_set_grad_accumulation): the steps per update, and how
+   * many steps of the current round have run. */
+  unsigned grad_accum, accum_index;
 };
+
+/* Whether the step about to run applies an update: always without accumulation, else on the
+ * last step of each round of grad_accum. */
+static inline bool mn_session_accumulation_step(const mn_session *s) {
+  return s->grad_accum <= 1 || s->accum_index + 1 >= s->grad_accum;
+}
+/* Moves the round on after a step that had an optimizer to run. */
+static inline void mn_session_accumulation_advance(mn_session *s, bool applied) {
+  s->accum_index = applied ? 0 : s->accum_index + 1;
+}
 
 /* The reference backend in host/reference/. */
 extern const mn_backend_ops mn_cpu_backend;

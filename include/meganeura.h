@@ -246,6 +246,14 @@ MN_API mn_status mn_session_set_adam(mn_session *s, float lr, float beta1, float
 MN_API mn_status mn_session_set_adamw(mn_session *s, float lr, float beta1, float beta2, float eps,
                                       float weight_decay);
 MN_API mn_status mn_session_set_grad_clip(mn_session *s, float max_global_norm);
+/* Gradient accumulation: with k > 1 each step adds its gradients to a running sum and every
+ * k-th step applies one update with their mean (clipping, when set, clips that mean), so k
+ * steps of batch B update as one step of batch k*B does; the steps in between leave the
+ * parameters and optimizer state alone. k = 1, the default, updates every step; setting k
+ * starts a new round (a partial sum is dropped). read_grad gives the last step's gradient, or
+ * after an updating step the mean it applied. On CUDA it stays one graph launch per step.
+ * MN_ERR_INVALID_ARGUMENT for k < 1, MN_ERR_STATE for an inference session. */
+MN_API mn_status mn_session_set_grad_accumulation(mn_session *s, int k);
 
 MN_API mn_status mn_session_step(mn_session *s);
 MN_API mn_status mn_session_wait(mn_session *s);
@@ -306,8 +314,7 @@ MN_API mn_status mn_session_load_safetensors(mn_session *s, const char *path, bo
  * MN_LOAD_ALLOW_NONFINITE is given (for inspecting a broken checkpoint). Unknown flags:
  * MN_ERR_INVALID_ARGUMENT. */
 typedef enum mn_load_flags { MN_LOAD_STRICT = 1, MN_LOAD_ALLOW_NONFINITE = 2 } mn_load_flags;
-MN_API mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path,
-                                                   unsigned flags);
+MN_API mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path, unsigned flags);
 MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);
 
 typedef struct mn_safetensors mn_safetensors;

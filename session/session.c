@@ -113,6 +113,7 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   s->training = training;
   s->backend = backend;
   s->scaler = mn_loss_scaler_new();
+  s->grad_accum = 1;
   if ((st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
     free(s);

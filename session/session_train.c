@@ -192,6 +192,17 @@ mn_status mn_session_set_adamw(mn_session *s, float lr, float beta1, float beta2
                          weight_decay);
 }
 
+mn_status mn_session_set_grad_accumulation(mn_session *s, int k) {
+  const char *fn = "mn_session_set_grad_accumulation";
+  mn_status st = check_training(fn, s);
+  if (st == MN_OK && k < 1)
+    st = mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: k = %d, expected at least 1", fn, k);
+  if (st != MN_OK) return st;
+  s->grad_accum = (unsigned)k;
+  s->accum_index = 0;
+  return MN_OK;
+}
+
 mn_status mn_session_set_grad_clip(mn_session *s, float max_global_norm) {
   const char *fn = "mn_session_set_grad_clip";
   mn_status st = check_training(fn, s);

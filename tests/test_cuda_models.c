@@ -91,10 +91,21 @@ static void adamw_clip(mn_session *s) {
   cr_assert_eq(mn_session_set_adamw(s, 3e-3f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
   cr_assert_eq(mn_session_set_grad_clip(s, 0.5f), MN_OK);
 }
+/* Three steps per update: the sum, the mean and the gated update run inside the step graph. */
+static void adamw_clip_accumulate(mn_session *s) {
+  adamw_clip(s);
+  cr_assert_eq(mn_session_set_grad_accumulation(s, 3), MN_OK);
+}
 
 Test(cuda_models, mlp_sgd_matches_the_reference_for_20_steps) {
   mn_graph *g = mlp();
   compare_training(g, sgd, feed_mlp, 1e-5);
+  mn_graph_free(g);
+}
+
+Test(cuda_models, mlp_adamw_with_clipping_and_gradient_accumulation_matches_the_reference) {
+  mn_graph *g = mlp();
+  compare_training(g, adamw_clip_accumulate, feed_mlp, 1e-5);
   mn_graph_free(g);
 }
 

@@ -3,11 +3,33 @@
 // updates them all. Arithmetic is done in double, as the reference backend does, so the
 // two backends agree to the last bit or nearly.
 
-// Per-block partial sums of squared gradients, for global-norm clipping.
+// Gradient accumulation: io = grads, the running sum, scalars, the error record. Each step
+// adds its gradients to the sum (the first of a round starts it); the updating step replaces
+// the gradients by the mean, which clipping and the update then read. Float arithmetic in the
+// order the reference backend uses, so both agree bit for bit.
+template <long long N> __device__ void mn_opt_accumulate(const mn_ptrs &io) {
+  float *g = mn_arg<float>(io, 0);
+  float *sum = mn_arg<float>(io, 1);
+  const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 2);
+  if (mn_arg<const mn_dev_error>(io, 3)->what) return;
+  const bool first = sc->accum_first != 0u, apply = sc->accum_apply != 0u;
+  const float k = sc->accum_k;
+  MN_FOR_EACH(i, N) {
+    const float a = first ? g[i] : sum[i] + g[i];
+    if (apply)
+      g[i] = a / k;
+    else
+      sum[i] = a;
+  }
+}
+
+// Per-block partial sums of squared gradients, for global-norm clipping; io = grads,
+// partials, the error record, scalars (nothing on a step that only accumulates).
 template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io) {
   const float *g = mn_arg<const float>(io, 0);
   double *partials = mn_arg<double>(io, 1);
   if (mn_arg<const mn_dev_error>(io, 2)->what) return;
+  if (!mn_arg<const mn_dev_scalars>(io, 3)->accum_apply) return;
   __shared__ double shared[32];
   double acc = 0.0;
   MN_FOR_EACH(i, N) {
@@ -28,6 +50,7 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
   const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 4);
   const double *partials = mn_arg<const double>(io, 5);
   mn_dev_error *err = mn_arg<mn_dev_error>(io, 6);
+  if (!sc->accum_apply) return;
   if (err->what) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && err->skipped_step == 0u)
       err->skipped_step = sc->step;

@@ -18,6 +18,7 @@ typedef struct cpu_state {
    * that the products read, as the CUDA backend reads the weights' low-precision copy. */
   float *operand[2];
   size_t operand_cap[2];
+  float *accum;             /* gradient accumulation: the running sum, update_bytes */
   float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
   mn_status pending;        /* failure of the last step, reported by wait */
   char pending_error[1024];
@@ -98,6 +99,7 @@ static void cpu_destroy(mn_session *s) {
   cpu_state *st = s->backend_state;
   if (!st) return;
   free_adam_state(s->plan, st);
+  free(st->accum);
   free(st->operand[0]);
   free(st->operand[1]);
   free(st->arena);
@@ -171,6 +173,28 @@ static bool unscale_gradients(mn_session *s) {
   return mn_loss_scaler_record(&s->scaler, finite);
 }
 
+/* Gradient accumulation over the flat gradient vector, in the float arithmetic of
+ * mn_opt_accumulate (cuda/kernels/optimizer.cuh): the first step of a round starts the sum,
+ * later ones add to it, and the updating step replaces the gradients by sum / k. */
+static mn_status accumulate(mn_session *s, bool apply) {
+  cpu_state *st = s->backend_state;
+  const mn_plan *p = s->plan;
+  size_t n = p->update_bytes / sizeof(float);
+  if (!st->accum && !(st->accum = malloc((n ? n : 1) * sizeof(float))))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_session_step: cannot allocate the gradient sum");
+  float *g = (float *)(st->arena + p->update_grads_offset);
+  bool first = s->accum_index == 0;
+  float k = (float)s->grad_accum;
+  for (size_t i = 0; i < n; i++) {
+    float a = first ? g[i] : st->accum[i] + g[i];
+    if (apply)
+      g[i] = a / k;
+    else
+      st->accum[i] = a;
+  }
+  return MN_OK;
+}
+
 static mn_status cpu_step(mn_session *s) {
   cpu_state *st = s->backend_state;
   const mn_plan *p = s->plan;
@@ -205,6 +229,13 @@ static mn_status cpu_step(mn_session *s) {
   }
   if (p->loss_scale != MN_NO_NODE && !unscale_gradients(s)) return MN_OK;
   if (!s->training || s->optim.kind == MN_OPTIM_NONE) return MN_OK;
+  bool apply = mn_session_accumulation_step(s);
+  if (s->grad_accum > 1) {
+    mn_status rc = accumulate(s, apply);
+    if (rc != MN_OK) return rc;
+  }
+  mn_session_accumulation_advance(s, apply);
+  if (!apply) return MN_OK;
   bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
   if (adam) {
     mn_status rc = ensure_adam_state(p, st);
