@@ -115,6 +115,17 @@ awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/bf16.csv" ||
   fail "bf16: the loss did not fall: $(sed -n '2p;$p' "$tmp/bf16.csv" | tr '\n' ' ')"
 expect 2 "--precision f32 differs from the checkpoint's bf16" train --resume "$tmp/bf16/checkpoint-000010.safetensors" --precision f32
 
+# ---- --grad-accum: K batches per update; a resume keeps K; bad values are usage errors
+expect 2 "meganeura train: --grad-accum must be a positive integer, got '0'" train "${T[@]}" --batch 2 --grad-accum 0
+if ! "$mn" train "${T[@]}" --batch 2 --grad-accum 2 --checkpoint-every 10 --out "$tmp/accum" \
+  --metrics "$tmp/accum.csv" 2>"$tmp/accum.log"; then
+  fail "train --grad-accum 2: $(cat "$tmp/accum.log")"
+fi
+[[ $(($(wc -l <"$tmp/accum.csv") - 1)) == 20 ]] || fail "--grad-accum 2: $(($(wc -l <"$tmp/accum.csv") - 1)) CSV rows, not 20"
+awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/accum.csv" ||
+  fail "--grad-accum: the loss did not fall: $(sed -n '2p;$p' "$tmp/accum.csv" | tr '\n' ' ')"
+expect 2 "--grad-accum 3 differs from the checkpoint's 2" train --resume "$tmp/accum/checkpoint-000010.safetensors" --grad-accum 3
+
 # ---- held-out evaluation: fixed windows, val_loss and perplexity, both curves, a final eval
 expect 2 "--eval-every needs --val-data or --val-fraction" train "${T[@]}" --batch 2 --eval-every 5
 expect 2 "--val-fraction must be below 1" train "${T[@]}" --batch 2 --val-fraction 1.5

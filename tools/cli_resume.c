@@ -46,6 +46,7 @@ static const recorded_option recorded[] = {
     {"--metrics", "train.metrics", DEFAULT_ONLY, PATH, ARG(metrics), false},
     {"--plot", "train.plot", DEFAULT_ONLY, PATH, ARG(plot), false},
     {"--precision", "train.precision", SAME_TEXT, PATH, ARG(precision), false},
+    {"--grad-accum", "train.grad_accum", SAME_NUMBER, LONG, ARG(grad_accum), false},
 };
 #define NUM_RECORDED (sizeof recorded / sizeof recorded[0])
 

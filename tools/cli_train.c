@@ -18,6 +18,7 @@ static const char USAGE[] =
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
+    "         [--grad-accum K]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -29,7 +30,9 @@ static const char USAGE[] =
     "the sampler and the options are recorded in it (options given must agree; --steps may\n"
     "grow); the metrics CSV is cut back to the checkpoint's step.\n"
     "--precision: f32 (the default), tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed\n"
-    "precision (fp32 master weights; bf16 and f16 run on the CPU backend so far).\n";
+    "precision (fp32 master weights; bf16 and f16 run on the CPU backend so far).\n"
+    "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
+    "its update, as one step of batch K*B would (a step's loss is their mean).\n";
 
 enum {
   O_CONFIG,
@@ -56,6 +59,7 @@ enum {
   O_EVAL_EVERY,
   O_EVAL_BATCHES,
   O_PRECISION,
+  O_GRAD_ACCUM,
   O_COUNT
 };
 
@@ -87,8 +91,13 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
       cli_pos_float(CMD, &o[O_VAL_FRACTION], &a->val_fraction) ||
       cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
       cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches) ||
-      cli_precision(CMD, &o[O_PRECISION], &a->options))
+      cli_precision(CMD, &o[O_PRECISION], &a->options) ||
+      cli_pos_long(CMD, &o[O_GRAD_ACCUM], &a->grad_accum))
     return CLI_USAGE;
+  if (a->grad_accum > 1024) {
+    fprintf(stderr, "%s: --grad-accum must be at most 1024, got %ld\n", CMD, a->grad_accum);
+    return CLI_USAGE;
+  }
   const int req[] = {O_CONFIG, O_DATA, O_BATCH, O_SEQ, O_STEPS, O_LR};
   for (size_t i = config_known ? 1 : 0; i < sizeof req / sizeof req[0]; i++)
     if (cli_require(CMD, &o[req[i]])) return CLI_USAGE;
@@ -236,6 +245,8 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot build the model");
   if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
+  if (mn_session_set_grad_accumulation(r->s, (int)a->grad_accum) != MN_OK)
+    return cli_lib_fail(CMD, "cannot set --grad-accum");
   if (mn_model_init_parameters(&r->cfg, r->g, r->s, (uint64_t)a->seed) != MN_OK)
     return cli_lib_fail(CMD, "cannot initialize the parameters");
   if (a->init && mn_session_load_safetensors(r->s, a->init, true) != MN_OK)
@@ -315,15 +326,18 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
   double t0 = cli_now();
   long done = 0;
   for (long step = start; step < a->steps; step++) {
-    draw_batch(a, r, &rng);
-    float lr = lr_at(a, step);
-    if (mn_session_set_input_u32(r->s, "input_ids", r->ids, bt) != MN_OK ||
-        mn_session_set_input_u32(r->s, "labels", r->labels, bt) != MN_OK ||
-        mn_session_set_adamw(r->s, lr, 0.9f, 0.95f, 1e-8f, a->wd) != MN_OK ||
-        (a->clip > 0 && mn_session_set_grad_clip(r->s, a->clip) != MN_OK) ||
-        mn_session_step(r->s) != MN_OK || mn_session_wait(r->s) != MN_OK)
-      return cli_lib_fail(CMD, "training step failed");
-    float loss = mn_session_read_loss(r->s);
+    float lr = lr_at(a, step), loss = 0;
+    /* One step is grad_accum batches; the session updates on the last (the mean loss shows). */
+    for (long micro = 0; micro < a->grad_accum; micro++) {
+      draw_batch(a, r, &rng);
+      if (mn_session_set_input_u32(r->s, "input_ids", r->ids, bt) != MN_OK ||
+          mn_session_set_input_u32(r->s, "labels", r->labels, bt) != MN_OK ||
+          mn_session_set_adamw(r->s, lr, 0.9f, 0.95f, 1e-8f, a->wd) != MN_OK ||
+          (a->clip > 0 && mn_session_set_grad_clip(r->s, a->clip) != MN_OK) ||
+          mn_session_step(r->s) != MN_OK || mn_session_wait(r->s) != MN_OK)
+        return cli_lib_fail(CMD, "training step failed");
+      loss += mn_session_read_loss(r->s) / (float)a->grad_accum;
+    }
     done++;
     bool last = step + 1 == a->steps;
     if (!isfinite(loss)) {
@@ -331,7 +345,8 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
       return CLI_FAIL;
     }
     if (last && save_final(a, r)) return CLI_FAIL;
-    double el = cli_now() - t0, tps = (double)bt * (double)done / (el > 0 ? el : 1e-9);
+    double el = cli_now() - t0,
+           tps = (double)bt * (double)a->grad_accum * (double)done / (el > 0 ? el : 1e-9);
     r->steps_log[r->n_log] = step + 1;
     r->loss_log[r->n_log++] = loss;
     char val[64] = "", cols[64] = ",";
@@ -422,10 +437,12 @@ int cli_train(int argc, char **argv) {
       [O_EVAL_EVERY] = {"--eval-every", 1, NULL, 0},
       [O_EVAL_BATCHES] = {"--eval-batches", 1, NULL, 0},
       [O_PRECISION] = {"--precision", 1, NULL, 0},
+      [O_GRAD_ACCUM] = {"--grad-accum", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   train_args a = {.warmup = 0,
+                  .grad_accum = 1,
                   .seed = 0,
                   .wd = 0.01f,
                   .eval_batches = 8,
