@@ -29,9 +29,19 @@ mn_status mn_cu_check(cudaError_t e, const char *what) {
   return mn_fail(s, "cuda backend: %s: %s", what, cudaGetErrorString(e));
 }
 
+/* A buffer's device memory: the session's arena, or another session's for a shared parameter. */
+static unsigned char *buffer_addr(const cuda_state *st, const mn_session *s, uint32_t buffer) {
+  void *shared = mn_session_shared_buffer(s, buffer);
+  return shared ? shared : st->arena + s->plan->buffers[buffer].offset;
+}
+
+static void *cuda_buffer_address(const mn_session *s, uint32_t buffer) {
+  return buffer_addr(s->backend_state, s, buffer);
+}
+
 void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
   switch (a.kind) {
-  case MN_CU_ARG_NODE: return st->arena + mn_plan_buffer_of(s->plan, a.node)->offset + a.offset;
+  case MN_CU_ARG_NODE: return buffer_addr(st, s, s->plan->node_buffer[a.node]) + a.offset;
   case MN_CU_ARG_SCRATCH: return st->scratch + a.offset;
   case MN_CU_ARG_ERROR: return &st->misc->error;
   case MN_CU_ARG_SCALARS: return &st->misc->scalars;
@@ -266,7 +276,7 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
     return MN_OK;
   }
   /* Parameters and caches: ordered after any step in flight on the session's stream. */
-  void *dst = st->arena + s->plan->buffers[buffer].offset;
+  void *dst = buffer_addr(st, s, buffer);
   mn_status rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
                              "copying to the device");
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
@@ -289,9 +299,8 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
     memcpy(dst, st->host_staging + sg->host_offset, bytes);
     return MN_OK;
   }
-  return mn_cu_check(
-      cudaMemcpy(dst, st->arena + s->plan->buffers[buffer].offset, bytes, cudaMemcpyDeviceToHost),
-      "copying from the device");
+  return mn_cu_check(cudaMemcpy(dst, buffer_addr(st, s, buffer), bytes, cudaMemcpyDeviceToHost),
+                     "copying from the device");
 }
 
 /* Which graph is needed: the update kernels exist only for an optimizer, clipping only
@@ -525,4 +534,5 @@ const mn_backend_ops mn_cuda_backend = {.name = "cuda",
                                         .wait = cuda_wait,
                                         .read_optim_state = cuda_read_optim_state,
                                         .write_optim_state = cuda_write_optim_state,
-                                        .stats = cuda_stats};
+                                        .stats = cuda_stats,
+                                        .buffer_address = cuda_buffer_address};

@@ -24,6 +24,9 @@ typedef struct mn_backend_ops {
   mn_status (*write_optim_state)(mn_session *s, size_t slot, int which, const float *src, size_t n);
   /* Fills the backend's part of the statistics (optional). */
   void (*stats)(const mn_session *s, mn_session_stats *out);
+  /* Where buffer lives in the backend's memory (a device pointer on CUDA), for a session that
+   * reads it in place (mn_build_inference_session_shared). */
+  void *(*buffer_address)(const mn_session *s, uint32_t buffer);
 } mn_backend_ops;
 
 typedef enum mn_optimizer_kind {
@@ -52,7 +55,15 @@ struct mn_session {
   /* Gradient accumulation (mn_session_set_grad_accumulation): the steps per update, and how
    * many steps of the current round have run. */
   unsigned grad_accum, accum_index;
+  /* Per buffer: where a parameter shared with another session lives in that session's memory
+   * (its buffer_address), else NULL; NULL as a whole when nothing is shared. */
+  void **shared;
 };
+
+/* The backend memory of a buffer that lives in another session, or NULL. */
+static inline void *mn_session_shared_buffer(const mn_session *s, uint32_t buffer) {
+  return s->shared ? s->shared[buffer] : NULL;
+}
 
 /* Whether the step about to run applies an update: always without accumulation, else on the
  * last step of each round of grad_accum. */

@@ -227,6 +227,16 @@ MN_API mn_status mn_build_session(const mn_graph *g, const mn_session_options *o
                                   mn_session **out);
 MN_API mn_status mn_build_inference_session(const mn_graph *g, const mn_session_options *opts,
                                             mn_session **out);
+/* An inference session of g that reads its parameters where `owner` (a session of any graph
+ * with parameters of the same names and types) keeps them: it sees every update of the owner
+ * with no copy and, on CUDA, no new capture, e.g. for evaluating held-out loss during
+ * training. It runs on the owner's backend and device; writing a parameter through it writes
+ * the owner's. Step it only while the owner has no step in flight (after mn_session_wait),
+ * and free it before the owner. MN_ERR_NOT_FOUND or MN_ERR_SHAPE name a parameter the owner
+ * lacks or holds in another shape. */
+MN_API mn_status mn_build_inference_session_shared(const mn_graph *g,
+                                                   const mn_session_options *opts,
+                                                   mn_session *owner, mn_session **out);
 MN_API mn_status mn_build_session_cached(const mn_graph *g, const char *cache_path,
                                          const mn_session_options *opts, mn_session **out);
 MN_API mn_status mn_build_session_with_report(const mn_graph *g, const mn_session_options *opts,

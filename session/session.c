@@ -90,6 +90,11 @@ mn_status mn_session_check_buildable(const char *fn, const mn_graph *g,
 /* Creates a session around an already lowered plan (taking ownership of it). */
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
                             bool training, mn_session **out) {
+  return mn_session_create_sharing(fn, plan, opts, training, NULL, out);
+}
+
+mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_session_options *opts,
+                                    bool training, mn_session *owner, mn_session **out) {
   mn_session_options o = opts ? *opts : mn_session_options_default();
   const mn_backend_ops *backend = NULL;
   mn_status st = resolve_backend(fn, &o, &backend);
@@ -114,8 +119,10 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   s->backend = backend;
   s->scaler = mn_loss_scaler_new();
   s->grad_accum = 1;
-  if ((st = backend->create(s)) != MN_OK) {
+  if (owner) st = mn_session_share_parameters(fn, s, owner);
+  if (st != MN_OK || (st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
+    free(s->shared);
     free(s);
     return st;
   }
@@ -155,6 +162,7 @@ void mn_session_free(mn_session *s) {
   if (!s) return;
   if (s->backend) s->backend->destroy(s);
   mn_plan_free(s->plan);
+  free(s->shared);
   free(s);
 }
 

@@ -22,6 +22,14 @@ mn_status mn_lower_training(const char *fn, const mn_graph *g, const mn_session_
 mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_session_options *o,
                                    mn_plan **out, mn_optimize_report *report);
 
+/* mn_session_create for a session that reads its parameters in place in owner's memory
+ * (mn_build_inference_session_shared; NULL: none). */
+mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_session_options *opts,
+                                    bool training, mn_session *owner, mn_session **out);
+/* Fills s->shared: every parameter of s's plan, by the name users call it, in owner's memory;
+ * MN_ERR_NOT_FOUND or MN_ERR_SHAPE naming a parameter owner lacks or holds in another type. */
+mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session *owner);
+
 /* Creates a session around a lowered plan, taking ownership of the plan even on
  * failure; `fn` names the public builder in messages. The plan's table of derived parameters
  * (plan->layout) tells the session where the user's parameters lie in them. */

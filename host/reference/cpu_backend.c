@@ -24,9 +24,15 @@ typedef struct cpu_state {
   char pending_error[1024];
 } cpu_state;
 
-static unsigned char *buffer_ptr(mn_session *s, uint32_t buffer) {
-  cpu_state *st = s->backend_state;
+static unsigned char *buffer_ptr(const mn_session *s, uint32_t buffer) {
+  void *shared = mn_session_shared_buffer(s, buffer);
+  if (shared) return shared;
+  const cpu_state *st = s->backend_state;
   return st->arena + s->plan->buffers[buffer].offset;
+}
+
+static void *cpu_buffer_address(const mn_session *s, uint32_t buffer) {
+  return buffer_ptr(s, buffer);
 }
 
 /* Fills computed buffers with NaN (F32) or all-ones (U32) so that a kernel that leaves
@@ -290,4 +296,5 @@ const mn_backend_ops mn_cpu_backend = {
     .wait = cpu_wait,
     .read_optim_state = cpu_read_optim_state,
     .write_optim_state = cpu_write_optim_state,
+    .buffer_address = cpu_buffer_address,
 };

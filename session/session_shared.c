@@ -1,0 +1,50 @@
+/* Inference sessions that read a training session's parameters in place: an evaluation or a
+ * sampler that always sees the current weights, with no copy and no re-capture per use. */
+#include <stdlib.h>
+
+#include "host/error.h"
+#include "session/session.h"
+
+mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session *owner) {
+  const mn_plan *p = s->plan;
+  if (!owner->backend->buffer_address)
+    return mn_fail(MN_ERR_UNSUPPORTED, "%s: the %s backend cannot share its memory", fn,
+                   owner->backend->name);
+  if (!(s->shared = calloc(p->num_buffers ? p->num_buffers : 1, sizeof *s->shared)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    if (p->buffers[b].role != MN_BUF_PARAMETER) continue;
+    const mn_node_rec *n = &p->graph->nodes[p->buffers[b].node];
+    size_t numel = (size_t)mn_tensor_type_numel(&n->type);
+    mn_param_view v;
+    /* The data pointer is only checked for NULL: nothing is read. */
+    mn_status st = mn_session_find_param(fn, owner, n->name, n, numel, &v);
+    if (st != MN_OK) return st;
+    if (!mn_type_same_shape(v.type, &n->type)) {
+      char want[96], have[96];
+      return mn_fail(MN_ERR_SHAPE, "%s: \"%s\" is %s here but %s in the owner", fn, n->name,
+                     mn_shape_str(&n->type, want, sizeof want),
+                     mn_shape_str(v.type, have, sizeof have));
+    }
+    unsigned char *base = owner->backend->buffer_address(owner, owner->plan->node_buffer[v.node]);
+    s->shared[b] = base + v.offset * sizeof(float);
+  }
+  return MN_OK;
+}
+
+mn_status mn_build_inference_session_shared(const mn_graph *g, const mn_session_options *opts,
+                                            mn_session *owner, mn_session **out) {
+  const char *fn = "mn_build_inference_session_shared";
+  mn_status st = mn_session_check_buildable(fn, g, opts, out);
+  if (st != MN_OK) return st;
+  if (!owner) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: owner is NULL", fn);
+  mn_session_options o = opts ? *opts : mn_session_options_default();
+  /* The owner's backend and device; no derived parameters, so each parameter is one range of
+   * the owner's memory. */
+  o.backend = owner->backend == &mn_cpu_backend ? MN_BACKEND_CPU : MN_BACKEND_CUDA;
+  o.device = owner->options.device;
+  o.siblings = MN_SIBLINGS_NEVER;
+  mn_plan *plan = NULL;
+  if ((st = mn_lower_inference(fn, g, &o, &plan)) != MN_OK) return st;
+  return mn_session_create_sharing(fn, plan, &o, false, owner, out);
+}
