@@ -1,13 +1,8 @@
 /* meganeura train's held-out loss: the mean loss over a fixed set of windows of the
  * validation tokens (the same windows at every eval, spread evenly over the tokens), computed
- * by an inference session of the training graph built once.
- *
- * Each eval copies the training session's parameters into the inference session (read_param,
- * set_parameter): cheap next to a training step on the CPU. On CUDA this is a device-to-host-
- * to-device round trip per parameter; sharing without a copy would need a library call that
- * builds an inference session over another session's parameter buffers (the plan's parameter
- * buffers bound to the training session's allocations, and the inference graph captured
- * against them), which the public API does not offer yet. */
+ * by an inference session of the training graph built once, which reads the training
+ * session's parameters in place (mn_build_inference_session_shared): no copy per eval, and on
+ * CUDA no new capture. */
 #include "tools/cli_train.h"
 
 #include <stdlib.h>
@@ -18,28 +13,10 @@ void cli_eval_free(cli_eval *e) {
   free(e->offsets);
   free(e->ids);
   free(e->labels);
-  free(e->params);
-  free(e->stage);
   *e = (cli_eval){0};
 }
 
-static int collect_params(const char *cmd, cli_eval *e) {
-  size_t nodes = mn_graph_num_nodes(e->g), largest = 1;
-  e->params = malloc((nodes ? nodes : 1) * sizeof *e->params);
-  if (!e->params) return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
-  for (mn_node id = 0; id < nodes; id++) {
-    mn_node_info info;
-    if (mn_graph_node(e->g, id, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
-    size_t numel = (size_t)mn_tensor_type_numel(&info.type);
-    e->params[e->num_params++] = (struct cli_eval_param){info.name, numel};
-    if (numel > largest) largest = numel;
-  }
-  e->stage = malloc(largest * sizeof *e->stage);
-  if (!e->stage) return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
-  return CLI_OK;
-}
-
-int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g,
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *train,
                   const mn_session_options *options, long batch, long seq, long batches,
                   const uint32_t *tokens, size_t n) {
   *e = (cli_eval){.g = g, .tokens = tokens, .batch = batch, .seq = seq};
@@ -60,25 +37,14 @@ int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g,
         e->num_windows > 1
             ? (size_t)((unsigned long long)i * last / (unsigned long long)(e->num_windows - 1))
             : 0;
-  if (mn_build_inference_session(g, options, &e->s) != MN_OK)
+  if (mn_build_inference_session_shared(g, options, train, &e->s) != MN_OK)
     return cli_lib_fail(cmd, "cannot build the evaluation session");
   if (mn_model_prepare_session(g, e->s) != MN_OK)
     return cli_lib_fail(cmd, "cannot prepare the evaluation session");
-  return collect_params(cmd, e);
-}
-
-static int copy_weights(const char *cmd, cli_eval *e, mn_session *train) {
-  for (size_t i = 0; i < e->num_params; i++) {
-    const struct cli_eval_param *p = &e->params[i];
-    if (mn_session_read_param(train, p->name, e->stage, p->numel) != MN_OK ||
-        mn_session_set_parameter(e->s, p->name, e->stage, p->numel) != MN_OK)
-      return cli_lib_fail(cmd, "cannot copy the weights into the evaluation session");
-  }
   return CLI_OK;
 }
 
-int cli_eval_run(const char *cmd, cli_eval *e, mn_session *train, float *loss) {
-  if (copy_weights(cmd, e, train)) return CLI_FAIL;
+int cli_eval_run(const char *cmd, cli_eval *e, float *loss) {
   size_t bt = (size_t)(e->batch * e->seq), seq = (size_t)e->seq;
   double total = 0;
   size_t batches = e->num_windows / (size_t)e->batch;

@@ -254,8 +254,8 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
   if (r->val) {
-    if (cli_eval_init(CMD, &r->eval, r->g, &a->options, a->batch, a->seq, a->eval_batches, r->val,
-                      r->n_val))
+    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq, a->eval_batches,
+                      r->val, r->n_val))
       return CLI_FAIL;
     r->evaluating = true;
   }
@@ -352,7 +352,7 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
     char val[64] = "", cols[64] = ",";
     if (r->evaluating && (last || (a->eval_every && (step + 1) % a->eval_every == 0))) {
       float vl = 0;
-      if (cli_eval_run(CMD, &r->eval, r->s, &vl)) return CLI_FAIL;
+      if (cli_eval_run(CMD, &r->eval, &vl)) return CLI_FAIL;
       r->val_steps[r->n_val_log] = step + 1;
       r->val_log[r->n_val_log++] = vl;
       snprintf(val, sizeof val, "  val %.4f  ppl %.2f", vl, exp(vl));

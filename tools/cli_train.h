@@ -57,25 +57,20 @@ uint64_t cli_fnv1a(uint64_t h, const void *data, size_t n);
 #define CLI_FNV_OFFSET 0xcbf29ce484222325ull
 
 /* Held-out loss: a fixed set of windows of the validation tokens, evaluated through an
- * inference session of the training graph that takes the training session's weights. */
+ * inference session of the training graph that reads the training session's weights in place
+ * (run it after the training step's wait). */
 typedef struct cli_eval {
   mn_session *s;
   const mn_graph *g;
   const uint32_t *tokens;
   size_t *offsets, num_windows;
   uint32_t *ids, *labels;
-  struct cli_eval_param {
-    const char *name;
-    size_t numel;
-  } * params;
-  size_t num_params;
-  float *stage;
   long batch, seq;
 } cli_eval;
-int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g,
+int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *train,
                   const mn_session_options *options, long batch, long seq, long batches,
                   const uint32_t *tokens, size_t n);
-int cli_eval_run(const char *cmd, cli_eval *e, mn_session *train, float *loss);
+int cli_eval_run(const char *cmd, cli_eval *e, float *loss);
 void cli_eval_free(cli_eval *e);
 
 #endif
