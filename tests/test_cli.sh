@@ -225,6 +225,10 @@ grep -qF "tensor \"" "$tmp/err" || fail "the NaN refusal does not name the tenso
 expect 1 "meganeura generate: the logits of token 1 are not finite" \
   generate --weights "$nan" --config "$cfg" --prompt "the " --tokens 5 --allow-nonfinite
 [[ $(tr -d '\000' <"$tmp/out" | wc -c) == $(wc -c <"$tmp/out") ]] || fail "generate printed NUL bytes"
+expect 1 "holds a non-finite value" train "${T[@]}" --batch 2 --steps 1 --init-from "$nan" --out "$tmp/nan-run"
+"$mn" train "${T[@]}" --batch 2 --steps 1 --init-from "$nan" --allow-nonfinite --out "$tmp/nan-run" \
+  >/dev/null 2>"$tmp/nan-train.err"
+grep -q "holds a non-finite value" "$tmp/nan-train.err" && fail "train --allow-nonfinite still refused the weights"
 
 if ((fails)); then
   echo "$fails check(s) failed" >&2

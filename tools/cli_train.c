@@ -18,7 +18,7 @@ static const char USAGE[] =
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
-    "         [--grad-accum K]\n"
+    "         [--grad-accum K] [--allow-nonfinite]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -32,7 +32,8 @@ static const char USAGE[] =
     "--precision: f32 (the default), tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed\n"
     "precision (fp32 master weights; bf16 and f16 run on the CPU backend so far).\n"
     "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
-    "its update, as one step of batch K*B would (a step's loss is their mean).\n";
+    "its update, as one step of batch K*B would (a step's loss is their mean).\n"
+    "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n";
 
 enum {
   O_CONFIG,
@@ -60,6 +61,7 @@ enum {
   O_EVAL_BATCHES,
   O_PRECISION,
   O_GRAD_ACCUM,
+  O_ALLOW_NONFINITE,
   O_COUNT
 };
 
@@ -135,6 +137,7 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
   a->plot = o[O_PLOT].value;
   a->out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
   a->precision = o[O_PRECISION].seen ? o[O_PRECISION].value : "f32";
+  a->allow_nonfinite = o[O_ALLOW_NONFINITE].seen;
   return CLI_OK;
 }
 
@@ -249,7 +252,8 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot set --grad-accum");
   if (mn_model_init_parameters(&r->cfg, r->g, r->s, (uint64_t)a->seed) != MN_OK)
     return cli_lib_fail(CMD, "cannot initialize the parameters");
-  if (a->init && mn_session_load_safetensors(r->s, a->init, true) != MN_OK)
+  unsigned load = MN_LOAD_STRICT | (a->allow_nonfinite ? MN_LOAD_ALLOW_NONFINITE : 0);
+  if (a->init && mn_session_load_safetensors_flags(r->s, a->init, load) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --init-from");
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
@@ -438,6 +442,7 @@ int cli_train(int argc, char **argv) {
       [O_EVAL_BATCHES] = {"--eval-batches", 1, NULL, 0},
       [O_PRECISION] = {"--precision", 1, NULL, 0},
       [O_GRAD_ACCUM] = {"--grad-accum", 1, NULL, 0},
+      [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;

@@ -11,6 +11,7 @@ typedef struct train_args {
   const char *config, *data, *format, *tokenizer, *val_data, *init, *out, *resume, *metrics, *plot;
   const char *precision;      /* --precision as given, "f32" by default */
   mn_session_options options; /* of the training and evaluation sessions */
+  bool allow_nonfinite;       /* --init-from may hold NaN or infinity */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last, grad_accum;
   float lr, wd, clip, val_fraction;
 } train_args;
