@@ -4,15 +4,24 @@
 # short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
-#                            [--tests REGEX] [--no-ctest] [--lm]
+#                            [--tests REGEX] [--no-ctest] [--lm] [--sanitize]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
-#   --tests REGEX      run only the ctest tests matching REGEX
+#   --tests REGEX      run only the ctest tests matching REGEX (and, with --sanitize, only
+#                      the GPU suites whose names match it)
 #   --no-ctest         build and benchmark only
 #   --lm               also HF parity (scripts/hf_parity.py) and the language-model steps
 #                      (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside transformers' models in
 #                      PyTorch eager and torch.compile (minutes)
+#   --sanitize         also run every GPU suite (build/tests/test_cuda_*) under NVIDIA
+#                      compute-sanitizer, memcheck then racecheck, after the other parts; a
+#                      finding fails the script. Slow suites run a representative subset of
+#                      small-shape tests (a Criterion --filter each, listed in sanitize_filter
+#                      below); about 8 minutes on an H100. compute-sanitizer is looked for on
+#                      PATH, then in $CUDA_HOME/bin and /usr/local/cuda/bin. Logs:
+#                      LOG_DIR/sanitize-SUITE-TOOL.log; a table (suite, tool, tests, errors)
+#                      comes last. For the sanitizer alone: --sanitize --no-bench --no-ctest.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +31,9 @@ debs=""
 bench=1
 lm=0
 run_ctest=1
+sanitize=0
 filter=()
+suites=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --offline) debs=$(cd "$2" && pwd); shift 2 ;;
@@ -31,8 +42,9 @@ while [ $# -gt 0 ]; do
     --no-bench) bench=0; shift ;;
     --lm) lm=1; shift ;;
     --no-ctest) run_ctest=0; shift ;;
-    --tests) filter=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
+    --sanitize) sanitize=1; shift ;;
+    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +53,22 @@ mkdir -p "$logs"
 jobs=$(nproc 2>/dev/null || echo 4)
 
 step() { printf '\n== %s\n' "$*"; }
+
+# compute-sanitizer: PATH first, then the toolkit's bin folders. Looked for before the build,
+# so that a missing one stops the run at once.
+sanitizer=""
+if [ "$sanitize" = 1 ]; then
+  for c in "$(command -v compute-sanitizer 2>/dev/null || true)" \
+    "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer; do
+    if [ -n "$c" ] && [ -x "$c" ]; then sanitizer=$c; break; fi
+  done
+  if [ -z "$sanitizer" ]; then
+    echo "gpu-test.sh: --sanitize needs NVIDIA compute-sanitizer, which is not on PATH nor in" \
+      "${CUDA_HOME:+$CUDA_HOME/bin or }/usr/local/cuda/bin; install the CUDA toolkit's" \
+      "cuda-sanitizer package or set CUDA_HOME" >&2
+    exit 1
+  fi
+fi
 
 have_deps() {
   [ -f /usr/include/criterion/criterion.h ] && [ -f /usr/include/cjson/cJSON.h ]
@@ -133,7 +161,144 @@ if [ "$run_ctest" = 1 ]; then
   set -e
 fi
 
+# ---- compute-sanitizer over the GPU suites (--sanitize)
+# Each suite runs once per tool as `compute-sanitizer --tool T ... SUITE --jobs 1 --filter F`.
+# The kernels come from NVRTC with -lineinfo (cuda/jit.c), so findings name source lines.
+# Options: --error-exitcode makes a finding the exit status (86, apart from a failing test);
+# --check-exit-code no leaves a failing test to Criterion (reported as such, not as a
+# finding); --target-processes all follows Criterion's worker processes, where the tests
+# run (the parent never touches CUDA, hence --require-cuda-init no); --report-api-errors no:
+# the tests provoke CUDA API errors on purpose (out of memory) and the library checks every
+# call's status itself. racecheck (shared-memory hazards) looks at our kernels only (mn_kN,
+# from NVRTC): cuBLASLt's are NVIDIA's, and the slowest to instrument; memcheck checks all,
+# cuBLASLt's included, where a wrong leading dimension of ours would show.
+# MN_SANITIZER_ARGS adds options (say --leak-check full) to every run.
+sanitize_rc=0
+: >"$logs/sanitize.log"
+
+# The Criterion --filter of each suite under the sanitizers (memcheck slows kernels 10-50x
+# and adds a few seconds per test process): the small-shape tests that reach every kernel
+# family, leaving out compile-only tests (no kernel runs), the large shapes (GPT-2 vocabulary
+# and projections, long caches; the same kernels as the small ones) and the tests that
+# assert on device-wide free memory, which the sanitizer's own allocations move.
+sanitize_filter() {
+  case "$1" in
+    test_cuda_attention) # causal GQA, MQA with head_dim 6, cross with odd head_dim, hd128;
+      # cached attention across a split, odd head_dim, and the kv_len error path
+      echo 'cuda_attention/@(@(causal_gqa_9_over_3_rank3|causal_mqa_hd6|cross_hd37_rank2|causal_hd128_rank3)_@(forward|backward)_matches_cpu|cached_@(kv_len_129|hd37|kv_len_zero_fails_the_step))' ;;
+    test_cuda_epilogue) # all but the host-only lowering test and the [2,64,1024] projections
+      echo 'cuda_epilogue/!(lowering_offers_each_epilogue_with_its_fallback|matmul_bias_act_projection_shape)' ;;
+    test_cuda_lifecycle) # not the 100x build (device-memory bounds; 100 instrumented loads)
+      echo 'cuda_lifecycle/sessions_side_by_side_*' ;;
+    test_cuda_math) # not the GPT-2 projection shapes
+      echo 'cuda_math/@(mlp_training_graph|matmul_padded_row_pitch|matmul_at|matmul_bt|add_mul_div|bias_add_broadcast_add|swiglu|expand_scalar|fan_out)' ;;
+    test_cuda_models) # the MLP with AdamW and clipping, two transformer blocks, resume
+      echo 'cuda_models/@(mlp_adamw_with_clipping_*|transformer_blocks_adamw_*|checkpoint_resume_*)' ;;
+    test_cuda_optimize) echo 'cuda_optimize/*' ;;
+    test_cuda_reduce) # not the GPT-2 batch row sums; the label range error path included
+      echo 'cuda_reduce/@(sum_all_mean_all|softmax|log_softmax|softmax_large_logits|cross_entropy|sparse_cross_entropy|classifier_training_graph|sum_rows_shapes|label_out_of_range_training)' ;;
+    test_cuda_runtime) # the stepping and profiling tests (the others compile only, or
+      # assert on device-wide free memory)
+      echo 'cuda_runtime/@(every_step_is_one_graph_launch_*|profile_step_times_*)' ;;
+    test_cuda_transformer) # odd and degenerate norms, RoPE, embedding, the index error
+      # paths, the KV cache and a decoder block; not the GPT-2 vocabulary or wide rows
+      echo 'cuda_transformer/@(norms_odd_widths|norms_degenerate_shapes|norm_weight_shared|rope_odd_shapes|embedding_odd_widths_and_repeats|embedding_index_out_of_range|scatter_add_index_out_of_range|cache_write_steps|cache_write_chained|llama_block_training)' ;;
+    test_cuda_vision) # strided and 1x1 convs, the chunked im2col, group norm (odd, vec4,
+      # one large group), upsample, and the two blocks (concat, split, add_per_channel)
+      echo 'cuda_vision/@(conv_3x3_s2_p1_backward|conv_1x1_s2_p1_backward|conv_chunked_over_images|group_norm_4_groups_odd_backward|group_norm_4_groups_vec4_backward|group_norm_large_group_forward|upsample_odd_backward|conv_block_training|down_block_training)_matches_cpu' ;;
+    *) echo '!(*_compiles*)' ;; # a new suite: everything but compile-only tests
+  esac
+}
+
+# Seconds for one suite under one tool (the run is stopped past it and counts as failed).
+sanitize_limit() {
+  case "$1" in
+    test_cuda_models | test_cuda_attention | test_cuda_vision) echo 150 ;;
+    *) echo 90 ;;
+  esac
+}
+
+sanitize_rows=()
+sanitize_suite() { # EXE TOOL
+  local exe=$1 tool=$2 name flt limit log rc t0 secs errors tests result
+  name=$(basename "$exe")
+  flt=$(sanitize_filter "$name")
+  limit=$(sanitize_limit "$name")
+  log="$logs/sanitize-$name-$tool.log"
+  local args=(--tool "$tool" --error-exitcode 86 --check-exit-code no --require-cuda-init no
+    --target-processes all --report-api-errors no --print-limit 20)
+  [ "$tool" = racecheck ] && args+=(--kernel-name kns=mn_k)
+  # shellcheck disable=SC2206
+  args+=(${MN_SANITIZER_ARGS:-})
+  printf '%s %s (filter %s, limit %ss)\n' "$name" "$tool" "$flt" "$limit" | tee -a "$logs/sanitize.log"
+  t0=$(date +%s)
+  set +e
+  timeout -k 10 "$limit" "$sanitizer" "${args[@]}" "$exe" --jobs 1 --filter "$flt" >"$log" 2>&1
+  rc=$?
+  set -e
+  secs=$(($(date +%s) - t0))
+  # Summed over the summary lines (one per process that ran CUDA): memcheck's "ERROR
+  # SUMMARY: N errors", racecheck's "RACECHECK SUMMARY: H hazards displayed (N errors, W
+  # warnings)" where it prints one.
+  local pat='ERROR SUMMARY: [0-9]+ error' field=3 warnings=0
+  if [ "$tool" = racecheck ] && grep -q 'RACECHECK SUMMARY' "$log"; then
+    pat='RACECHECK SUMMARY: .*\([0-9]+ errors?, [0-9]+ warning'
+    field=0
+    warnings=$({ grep -oE "$pat" "$log" || true; } | awk '{n += $(NF - 1)} END {print n + 0}')
+  fi
+  errors=$({ grep -oE "$pat" "$log" || true; } |
+    awk -v f="$field" '{if (f == 0) {sub(/.*\(/, ""); n += $1} else n += $f} END {print n + 0}')
+  tests=$({ grep -oE 'Synthesis: Tested: [0-9]+' "$log" || true; } | awk '{t = $3} END {print t}')
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    result="TIMEOUT after ${limit}s"
+  elif [ "$errors" -gt 0 ] || [ "$rc" = 86 ]; then
+    result="FINDINGS"
+  elif [ "$rc" != 0 ]; then
+    result="FAILED (exit $rc)"
+  elif ! grep -qE '(ERROR|RACECHECK) SUMMARY' "$log"; then
+    result="NO SANITIZER SUMMARY" # it never ran the tests (see the log)
+  elif [ "${tests:-0}" = 0 ]; then
+    result="NO TEST RAN" # every test skipped: no usable device under the sanitizer?
+  elif [ "$warnings" -gt 0 ]; then
+    result="ok ($warnings racecheck warnings)"
+  else
+    result="ok"
+  fi
+  [ "${result%% *}" = ok ] || {
+    sanitize_rc=1
+    grep -E '^========= (Invalid|Error|Race|.*hazard)|Program hit|\[(FAIL|----)\]' "$log" |
+      head -n 20 | tee -a "$logs/sanitize.log" || true
+  }
+  sanitize_rows+=("$(printf '%-22s %-10s %5s %6s %5ss  %s' "$name" "$tool" "${tests:-?}" \
+    "$errors" "$secs" "$result")")
+}
+
+if [ "$sanitize" = 1 ]; then
+  step "compute-sanitizer: memcheck and racecheck over the GPU suites ($("$sanitizer" --version | grep -i version | head -n1))"
+  export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
+  exes=()
+  for exe in "$build"/tests/test_cuda_*; do
+    [ -x "$exe" ] || continue
+    if [ -n "$suites" ] && ! basename "$exe" | grep -qE -- "$suites"; then continue; fi
+    exes+=("$exe")
+  done
+  [ "${#exes[@]}" -gt 0 ] || { echo "no GPU suite in $build/tests matches" >&2; sanitize_rc=1; }
+  sanitize_t0=$(date +%s)
+  for tool in memcheck racecheck; do
+    for exe in "${exes[@]+"${exes[@]}"}"; do sanitize_suite "$exe" "$tool"; done
+  done
+  sanitize_secs=$(($(date +%s) - sanitize_t0))
+fi
+
 step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
   grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
-exit "$test_rc"
+if [ "$sanitize" = 1 ]; then
+  {
+    printf '\ncompute-sanitizer (%ss in all; logs %s/sanitize-*.log)\n' "$sanitize_secs" "$logs"
+    printf '%-22s %-10s %5s %6s %6s  %s\n' suite tool tests errors time result
+    printf '%s\n' "${sanitize_rows[@]+"${sanitize_rows[@]}"}"
+  } | tee -a "$logs/sanitize.log"
+fi
+[ "$test_rc" != 0 ] && exit "$test_rc"
+exit "$sanitize_rc"

@@ -71,14 +71,6 @@ static float step(mn_session *s, uint64_t seed) {
   return loss;
 }
 
-/* Builds a session, takes one step and frees it; returns the step's loss. */
-static float build_step_free(const mn_graph *g) {
-  mn_session *s = build(g);
-  float loss = step(s, 1);
-  mn_session_free(s);
-  return loss;
-}
-
 /* Identical sessions of identical data give the same loss; a bound well above the
  * ordering noise of a reduction, well below what a wrong buffer would give. */
 static void assert_same_loss(float got, float want, const char *what) {
@@ -87,6 +79,14 @@ static void assert_same_loss(float got, float want, const char *what) {
 }
 
 #ifdef MN_WITH_CUDA
+/* Builds a session, takes one step and frees it; returns the step's loss. */
+static float build_step_free(const mn_graph *g) {
+  mn_session *s = build(g);
+  float loss = step(s, 1);
+  mn_session_free(s);
+  return loss;
+}
+
 static size_t free_device_bytes(void) {
   size_t free_b = 0, total = 0;
   cr_assert_eq(cudaMemGetInfo(&free_b, &total), cudaSuccess);
