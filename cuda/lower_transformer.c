@@ -180,16 +180,17 @@ mn_status mn_cu_lower_EMBEDDING(const mn_cu_op_ctx *c) {
   return mn_cu_launch(c, kid, grid_for(ni * d / vec, 256), 1, 1, 0, 4, args);
 }
 
-/* Inputs (indices U32 [..], src [.., D]) -> [num_rows, D]: zeros, then atomic adds. */
+/* Inputs (indices U32 [..], src [.., D]) -> [num_rows, D]: each of about 256 blocks owns a
+ * range of rows and sums its entries in index order, so the result repeats bit for bit. */
+#define SCATTER_BLOCKS 256
 mn_status mn_cu_lower_SCATTER_ADD(const mn_cu_op_ctx *c) {
   int64_t ni = mn_tensor_type_numel(mn_cu_in_type(c, 0)), rows = c->node->attrs.num_rows;
   int64_t d = last_dim(&c->node->type);
-  mn_status st = mn_cu_memset_zero(c, mn_cu_out(c), mn_tensor_type_bytes(&c->node->type));
-  if (st != MN_OK) return st;
-  int kid = mn_cu_kernel(c, 256, "mn_emb_scatter_add<%lld, %lld, %lld, %uu>", (long long)ni,
-                         (long long)d, (long long)rows, (unsigned)c->id);
+  int64_t rpb = (rows + SCATTER_BLOCKS - 1) / SCATTER_BLOCKS;
+  int kid = mn_cu_kernel(c, 256, "mn_emb_scatter_add<%lld, %lld, %lld, %lld, %uu>", (long long)ni,
+                         (long long)d, (long long)rows, (long long)rpb, (unsigned)c->id);
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_out(c), mn_cu_error_arg()};
-  return mn_cu_launch(c, kid, grid_for(ni * d, 256), 1, 1, 0, 4, args);
+  return mn_cu_launch(c, kid, (unsigned)((rows + rpb - 1) / rpb), 1, 1, 0, 4, args);
 }
 
 /* Inputs (new_kv [1, D], cache [rows, D], kv_pos U32 [1]); the node's buffer is the

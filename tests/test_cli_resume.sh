@@ -4,6 +4,7 @@
 # metrics CSV without duplicated rows); what a resumed run must refuse (--steps at or below the
 # checkpoint's step, another config naming the key, other options, other data); old
 # checkpoints with a .step side file; --keep-last; stale temporary files removed at start-up.
+# With MN_BACKEND=cuda the same on the GPU (exit 77, skipped, when no CUDA device is usable).
 # Usage: test_cli_resume.sh PATH/TO/meganeura
 set -uo pipefail
 mn=$(cd "$(dirname "${1:?usage: test_cli_resume.sh PATH/TO/meganeura}")" && pwd)/$(basename "$1")
@@ -30,6 +31,11 @@ trajectory() { cut -d, -f1,2,3,5,6 "$1"; }
 
 for _ in $(seq 40); do echo "the quick brown fox jumps over the lazy dog. abc abc abc."; done >text.txt
 cp "$configs/tiny-gpt2.json" config.json
+if [[ $MN_BACKEND == cuda ]] &&
+  ! "$mn" bench --config config.json --batch 1 --seq 4 --steps 1 >/dev/null 2>cuda.err; then
+  echo "no CUDA device: $(cat cuda.err)"
+  exit 77
+fi
 T=(--config config.json --data text.txt --batch 4 --seq 16 --lr 1e-2 --warmup 3 --grad-clip 1
   --seed 7 --val-fraction 0.2 --eval-every 4)
 

@@ -28,23 +28,50 @@ __device__ void mn_emb_gather(const mn_ptrs &io) {
   }
 }
 
-// out[idx[i], :] += src[i, :] into an output of ROWS rows of D floats that the launch
-// before this one zeroed; a bad index skips its row. Float atomicAdd makes the order of
-// the additions into a row, and so its last bits, vary from run to run: accepted for
-// this op (the embedding gradient), whose sort-free deterministic alternatives cost far
-// more than the gather it differentiates. p[0] indices, p[1] src, p[2] out, p[3] error.
-template <long long NI, long long D, long long ROWS, unsigned NODE>
+// out[idx[i], :] += src[i, :] (the embedding gradient) into an output of ROWS rows of D floats,
+// deterministically: block b owns rows [b * RPB, (b + 1) * RPB), zeroes them, and scans every
+// index in order, adding the entries that hit its rows one after another, so each output
+// element is one thread's sum in index order and a run repeats to the last bit (no atomics).
+// The scan costs each block NI index reads, which RPB (about ROWS / 256) keeps near 256 NI in
+// all. A bad index skips its entry; block 0 reports it. Launch 256 threads, ceil(ROWS / RPB)
+// blocks. p[0] indices, p[1] src, p[2] out, p[3] error.
+template <long long NI, long long D, long long ROWS, long long RPB, unsigned NODE>
 __device__ void mn_emb_scatter_add(const mn_ptrs &io) {
+  constexpr int BLOCK = 256;
   const unsigned int *idx = mn_arg<const unsigned int>(io, 0);
   const float *src = mn_arg<const float>(io, 1);
   float *out = mn_arg<float>(io, 2);
-  MN_FOR_EACH(e, NI * D) {
-    const long long i = e / D, j = e - i * D;
-    const unsigned int r = idx[i];
-    if ((long long)r < ROWS)
-      atomicAdd(out + (long long)r * D + j, src[e]);
-    else if (j == 0)
+  const long long r0 = (long long)blockIdx.x * RPB, r1 = r0 + RPB < ROWS ? r0 + RPB : ROWS;
+  for (long long r = r0; r < r1; r++)
+    for (long long j = threadIdx.x; j < D; j += BLOCK)
+      out[r * D + j] = 0.0f;
+  __shared__ int hits[BLOCK];
+  __shared__ int warp_hits[BLOCK / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (long long base = 0; base < NI; base += BLOCK) {
+    const long long i = base + threadIdx.x;
+    const unsigned int r = i < NI ? idx[i] : 0u;
+    if (i < NI && (long long)r >= ROWS && blockIdx.x == 0)
       mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_INDEX, NODE, r, i, ROWS);
+    const bool mine = i < NI && (long long)r >= r0 && (long long)r < r1;
+    // The block's hits in index order: warps in order, lanes in order within a warp.
+    const unsigned mask = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) warp_hits[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < BLOCK / 32; w++) {
+      before += w < warp ? warp_hits[w] : 0;
+      total += warp_hits[w];
+    }
+    if (mine) hits[before + __popc(mask & ((1u << lane) - 1u))] = (int)threadIdx.x;
+    __syncthreads();
+    for (int h = 0; h < total; h++) {
+      const long long e = base + hits[h];
+      const long long row = idx[e];
+      for (long long j = threadIdx.x; j < D; j += BLOCK)
+        out[row * D + j] += src[e * D + j];
+    }
+    __syncthreads();
   }
 }
 
