@@ -3,14 +3,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static size_t leaf_numel(const mn_gc_leaf *l) {
+size_t mn_gc_leaf_numel(const mn_gc_leaf *l) {
   size_t n = 1;
   for (int i = 0; i < l->rank; i++)
     n *= (size_t)l->shape[i];
   return n;
 }
 
-static float draw(mn_rng *r, const mn_gc_leaf *l) {
+float mn_gc_leaf_draw(mn_rng *r, const mn_gc_leaf *l) {
   for (;;) {
     float v = l->lo + (l->hi - l->lo) * (float)mn_rng_uniform(r);
     if (fabsf(v) >= l->min_abs) return v;
@@ -40,7 +40,7 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
   char pname[16][64];
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     if (l->u32) {
       nodes[i] = mn_input_u32(g, l->name, l->shape, l->rank);
       continue;
@@ -49,7 +49,7 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
     float *c = malloc(n * sizeof *c), *p = malloc(n * sizeof *p);
     for (size_t k = 0; k < n; k++) {
       c[k] = 0.5f + (float)mn_rng_uniform(&rng);
-      p[k] = draw(&rng, l) / c[k];
+      p[k] = mn_gc_leaf_draw(&rng, l) / c[k];
     }
     snprintf(pname[i], sizeof pname[i], "%s", l->name);
     mn_node pn = mn_parameter(g, pname[i], l->shape, l->rank);
@@ -75,7 +75,7 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
   cr_assert_eq(mn_build_session(g, &so, &s), MN_OK, "%s: build: %s", what, mn_last_error());
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     if (l->u32) {
       uint32_t *u = malloc(n * sizeof *u);
       for (size_t k = 0; k < n; k++)
@@ -93,7 +93,7 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
   float *analytic[16] = {0};
   for (int i = 0; i < num_leaves; i++) {
     if (leaves[i].u32) continue;
-    size_t n = leaf_numel(&leaves[i]);
+    size_t n = mn_gc_leaf_numel(&leaves[i]);
     analytic[i] = malloc(n * sizeof *analytic[i]);
     cr_assert_eq(mn_session_read_grad(s, leaves[i].name, analytic[i], n), MN_OK, "%s",
                  mn_last_error());
@@ -103,7 +103,7 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
     if (l->u32) continue;
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     float *ad = analytic[i], *p = params[i];
     size_t probes = n < o.max_probes ? n : o.max_probes, stride = n / probes;
     double num = 0, den = 0, worst_d = -1;

@@ -32,6 +32,11 @@ typedef struct mn_gc_options {
   size_t max_probes; /* elements probed per leaf (default: all, up to 64) */
 } mn_gc_options;
 
+/* The element count of a leaf, and one value drawn for it (uniform in [lo, hi], redrawn
+ * while closer than min_abs to 0); shared with the precision checks. */
+size_t mn_gc_leaf_numel(const mn_gc_leaf *l);
+float mn_gc_leaf_draw(mn_rng *r, const mn_gc_leaf *l);
+
 /* Runs the check and fails the Criterion test on a mismatch, naming the leaf, its
  * worst element and the relative error. Returns the worst relative error seen. */
 double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, mn_gc_build build,

@@ -29,20 +29,6 @@ static const char *precision_name(mn_precision prec) {
   return prec == MN_PRECISION_BF16 ? "bf16" : prec == MN_PRECISION_F16 ? "f16" : "f32";
 }
 
-static size_t leaf_numel(const mn_gc_leaf *l) {
-  size_t n = 1;
-  for (int i = 0; i < l->rank; i++)
-    n *= (size_t)l->shape[i];
-  return n;
-}
-
-static float draw(mn_rng *r, const mn_gc_leaf *l) {
-  for (;;) {
-    float v = l->lo + (l->hi - l->lo) * (float)mn_rng_uniform(r);
-    if (fabsf(v) >= l->min_abs) return v;
-  }
-}
-
 /* The data both sessions get: each F32 leaf's parameter, each U32 leaf's values. */
 typedef struct leaf_data {
   float *param[MAX_LEAVES];
@@ -67,7 +53,7 @@ static step_values run_session(const char *what, const mn_graph *g, mn_precision
                precision_name(prec), mn_last_error());
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     mn_status st = l->u32 ? mn_session_set_input_u32(s, l->name, data->u32[i], n)
                           : mn_session_set_parameter(s, l->name, data->param[i], n);
     cr_assert_eq(st, MN_OK, "%s (%s): leaf \"%s\": %s", what, precision_name(prec), l->name,
@@ -91,7 +77,7 @@ static step_values run_session(const char *what, const mn_graph *g, mn_precision
   cr_assert_eq(mn_session_read_output_by_index(s, 1, v.y, ny), MN_OK, "%s", mn_last_error());
   for (int i = 0; i < num_leaves; i++) {
     if (leaves[i].u32) continue;
-    size_t n = leaf_numel(&leaves[i]);
+    size_t n = mn_gc_leaf_numel(&leaves[i]);
     v.grad[i] = malloc(n * sizeof(float));
     cr_assert_eq(mn_session_read_grad(s, leaves[i].name, v.grad[i], n), MN_OK, "%s (%s): %s", what,
                  precision_name(prec), mn_last_error());
@@ -142,7 +128,7 @@ static void compare(const char *what, mn_precision prec, const char *plan, const
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
     if (l->u32) continue;
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     err = mn_test_rel_err(low->grad[i], ref->grad[i], n) / u;
     if (differs) *differs |= !bitwise_equal(low->grad[i], ref->grad[i], n);
     if (err > res->backward) res->backward = err;
@@ -172,7 +158,7 @@ mn_pc_result mn_precision_check(const char *what, mn_precision prec, const mn_gc
   leaf_data data = {0};
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
-    size_t n = leaf_numel(l);
+    size_t n = mn_gc_leaf_numel(l);
     if (l->u32) {
       nodes[i] = mn_input_u32(g, l->name, l->shape, l->rank);
       data.u32[i] = malloc(n * sizeof(uint32_t));
@@ -185,7 +171,7 @@ mn_pc_result mn_precision_check(const char *what, mn_precision prec, const mn_gc
     data.param[i] = malloc(n * sizeof(float));
     for (size_t k = 0; k < n; k++) {
       c[k] = 0.5f + (float)mn_rng_uniform(&rng);
-      data.param[i][k] = draw(&rng, l) / c[k];
+      data.param[i][k] = mn_gc_leaf_draw(&rng, l) / c[k];
     }
     mn_node p = mn_parameter(g, l->name, l->shape, l->rank);
     nodes[i] = mn_mul(g, p, mn_constant(g, c, l->shape, l->rank));
