@@ -7,11 +7,10 @@ usage: python3 benchmarks/torch_lm.py gpt2|smollm2 [--tf32] [--mode eager,compil
                                       [--batch B] [--seq T] [--steps N]
 """
 import argparse
-import statistics
-import time
 
 import torch
 import transformers
+from torch_timing import time_steps
 
 
 def model_for(name):
@@ -47,23 +46,7 @@ def run(name, mode, tf32, batch, seq, steps):
         opt.step()
         return loss
 
-    t0 = time.perf_counter()
-    for _ in range(3):
-        loss = step()
-    torch.cuda.synchronize()
-    warm_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(steps):
-        start.record()
-        loss = step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    ms = statistics.median(times)
-    peak = torch.cuda.max_memory_allocated() / 2**20
+    ms, warm_s, peak, loss = time_steps(step, steps)
     print(f"BENCH torch_lm_{name}{'_tf32' if tf32 else ''}_{mode} step_ms={ms:.3f} "
           f"tokens_per_s={batch * seq / (ms * 1e-3):.0f} peak_mib={peak:.0f} "
           f"warmup_s={warm_s:.1f} loss={loss.item():.4f}", flush=True)

@@ -12,12 +12,11 @@ usage: python3 benchmarks/torch_nanogpt.py gpt2|smollm2 [--precision tf32,bf16]
 import argparse
 import contextlib
 import math
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_timing import time_steps
 
 
 class GPT2Block(nn.Module):
@@ -147,23 +146,7 @@ def run(name, mode, precision, batch, seq, steps):
         opt.step()
         return loss
 
-    t0 = time.perf_counter()
-    for _ in range(3):
-        loss = step()
-    torch.cuda.synchronize()
-    warm_s = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(steps):
-        start.record()
-        loss = step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    ms = statistics.median(times)
-    peak = torch.cuda.max_memory_allocated() / 2**20
+    ms, warm_s, peak, loss = time_steps(step, steps)
     assert math.isfinite(loss.item())
     print(f"BENCH torch_nanogpt_{name}_{precision}_{mode} step_ms={ms:.3f} "
           f"tokens_per_s={batch * seq / (ms * 1e-3):.0f} peak_mib={peak:.0f} "
