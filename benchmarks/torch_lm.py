@@ -10,7 +10,7 @@ import argparse
 
 import torch
 import transformers
-from torch_timing import time_steps
+from torch_timing import print_bench, time_steps
 
 
 def model_for(name):
@@ -47,9 +47,8 @@ def run(name, mode, tf32, batch, seq, steps):
         return loss
 
     ms, warm_s, peak, loss = time_steps(step, steps)
-    print(f"BENCH torch_lm_{name}{'_tf32' if tf32 else ''}_{mode} step_ms={ms:.3f} "
-          f"tokens_per_s={batch * seq / (ms * 1e-3):.0f} peak_mib={peak:.0f} "
-          f"warmup_s={warm_s:.1f} loss={loss.item():.4f}", flush=True)
+    print_bench(f"torch_lm_{name}{'_tf32' if tf32 else ''}_{mode}", batch * seq, ms, warm_s, peak,
+                loss)
     del model, opt, fwd
     torch.cuda.empty_cache()
 

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch_timing import time_steps
+from torch_timing import print_bench, time_steps
 
 
 class GPT2Block(nn.Module):
@@ -148,9 +148,7 @@ def run(name, mode, precision, batch, seq, steps):
 
     ms, warm_s, peak, loss = time_steps(step, steps)
     assert math.isfinite(loss.item())
-    print(f"BENCH torch_nanogpt_{name}_{precision}_{mode} step_ms={ms:.3f} "
-          f"tokens_per_s={batch * seq / (ms * 1e-3):.0f} peak_mib={peak:.0f} "
-          f"warmup_s={warm_s:.1f} loss={loss.item():.4f}", flush=True)
+    print_bench(f"torch_nanogpt_{name}_{precision}_{mode}", batch * seq, ms, warm_s, peak, loss)
     del model, opt, fwd
     torch.cuda.empty_cache()
 

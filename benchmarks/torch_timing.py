@@ -26,3 +26,9 @@ def time_steps(step, steps, warmup=3):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return statistics.median(times), warm_s, torch.cuda.max_memory_allocated() / 2**20, loss
+
+
+def print_bench(name, tokens, ms, warm_s, peak, loss):
+    """The BENCH line scripts/gpu_summary.py reads."""
+    print(f"BENCH {name} step_ms={ms:.3f} tokens_per_s={tokens / (ms * 1e-3):.0f} "
+          f"peak_mib={peak:.0f} warmup_s={warm_s:.1f} loss={loss.item():.4f}", flush=True)
