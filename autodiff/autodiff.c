@@ -98,8 +98,11 @@ mn_status mn_autodiff_scaled(const char *fn, const mn_graph *fwd, const char *sc
   if ((st = mark_needs_grad(fn, &c, rules)) != MN_OK) goto done;
 
   float one = 1.0f;
-  mn_node seed =
-      scale_input ? mn_input(c.g, scale_input, MN_SHAPE(1)) : mn_constant(c.g, &one, MN_SHAPE(1));
+  /* The loss-scale input is the library's own leaf, which the public builders refuse. */
+  mn_tensor_type scalar = mn_type_make(MN_F32, MN_SHAPE(1));
+  mn_node seed = scale_input
+                     ? mn_graph_append(c.g, MN_OP_INPUT, NULL, 0, &scalar, NULL, scale_input)
+                     : mn_constant(c.g, &one, MN_SHAPE(1));
   mn_ad_accumulate(&c, loss, seed);
   for (size_t i = fwd->num_nodes; i-- > 0 && c.g->status == MN_OK;) {
     if (c.grad[i] == MN_NO_NODE || fwd->nodes[i].op == MN_OP_PARAMETER) continue;

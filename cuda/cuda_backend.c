@@ -415,6 +415,9 @@ static mn_status cuda_wait(mn_session *s) {
                  (long long)e->limit);
   /* The failed step and those after it updated nothing; count as the reference does. */
   if (e->skipped_step > 0) s->step_count = e->skipped_step - 1;
+  /* The failed step added nothing to the gradient sum: the accumulation round starts again, so
+   * the next step overwrites the sum instead of adding to a stale one. */
+  s->accum_index = 0;
   memset(e, 0, sizeof *e);
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", mn_last_error());

@@ -37,6 +37,12 @@ static mn_node named_leaf(mn_graph *g, const char *fn, mn_op op, mn_dtype dt, co
   if (!mn_graph_check_inputs(g, fn, NULL, 0)) return MN_NO_NODE;
   if (!name || !*name)
     return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: name is %s", fn, name ? "empty" : "NULL");
+  /* The library names its own leaves (the loss scale, derived parameters) with a leading '#'. */
+  if (name[0] == '#')
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: name \"%s\" starts with '#', which the library keeps for its own "
+                         "leaves",
+                         fn, name);
   if (!check_shape(g, fn, name, shape, rank)) return MN_NO_NODE;
   mn_node prior = mn_graph_find_leaf(g, MN_OP_INPUT, name);
   if (prior == MN_NO_NODE) prior = mn_graph_find_leaf(g, MN_OP_PARAMETER, name);

@@ -74,7 +74,8 @@ MN_API void mn_graph_free(mn_graph *g);
 MN_API mn_status mn_graph_status(const mn_graph *g);
 MN_API const char *mn_graph_error(const mn_graph *g);
 
-/* leaves */
+/* leaves: names are non-empty and unique among inputs and parameters; a name starting with
+ * '#' is the library's (its own leaves use such names) and is refused. */
 MN_API mn_node mn_input(mn_graph *g, const char *name, const int64_t *shape, int rank);
 MN_API mn_node mn_input_u32(mn_graph *g, const char *name, const int64_t *shape, int rank);
 MN_API mn_node mn_parameter(mn_graph *g, const char *name, const int64_t *shape, int rank);
@@ -231,8 +232,9 @@ MN_API mn_status mn_build_inference_session(const mn_graph *g, const mn_session_
  * with parameters of the same names and types) keeps them: it sees every update of the owner
  * with no copy and, on CUDA, no new capture, e.g. for evaluating held-out loss during
  * training. It runs on the owner's backend and device; writing a parameter through it writes
- * the owner's. Step it only while the owner has no step in flight (after mn_session_wait),
- * and free it before the owner. MN_ERR_NOT_FOUND or MN_ERR_SHAPE name a parameter the owner
+ * the owner's. The two take turns: step, read or write it only while the owner has no step in
+ * flight (after mn_session_wait), and step the owner only after waiting for it; free it before
+ * the owner. MN_ERR_NOT_FOUND or MN_ERR_SHAPE name a parameter the owner
  * lacks or holds in another shape. */
 MN_API mn_status mn_build_inference_session_shared(const mn_graph *g,
                                                    const mn_session_options *opts,

@@ -143,8 +143,9 @@ static mn_status gather(const char *fn, mn_session *s, const mn_io_param *params
 
 /* The keys the library writes; callers' entries may not reuse them. */
 static bool library_key(const char *key) {
-  static const char *const own[] = {"checkpoint_format", "checkpoint_version", "library_version",
-                                    "optimizer", "step"};
+  static const char *const own[] = {
+      "checkpoint_format", "checkpoint_version", "library_version", "optimizer", "step",
+      "loss_scaler"};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (strcmp(key, own[i]) == 0) return true;
   for (size_t i = 0; i < NUM_FLOAT_FIELDS; i++)
@@ -183,7 +184,10 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
   bool moments = s->training && adam_family(c.kind);
 
   enum { OWN = 5 + NUM_FLOAT_FIELDS };
-  mn_st_meta *meta = malloc((OWN + n_extra) * sizeof *meta);
+  /* F16 training: the loss scaler, so that a resumed run skips the steps the first one would. */
+  bool scaler = s->training && s->plan->loss_scale != MN_NO_NODE;
+  size_t own = OWN + (scaler ? 1 : 0);
+  mn_st_meta *meta = malloc((own + n_extra) * sizeof *meta);
   if (!meta) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   mn_io_param *params = NULL;
   size_t np = 0, nt = 0;
@@ -202,10 +206,16 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
     snprintf(values[i], sizeof values[i], "%.9g", (double)*field_of(&c, &float_fields[i]));
     meta[5 + i] = (mn_st_meta){float_fields[i].key, values[i]};
   }
+  char scaler_value[64];
+  if (scaler) {
+    snprintf(scaler_value, sizeof scaler_value, "%.9g %u %llu", (double)s->scaler.scale,
+             s->scaler.good_steps, (unsigned long long)s->scaler.skipped);
+    meta[OWN] = (mn_st_meta){"loss_scaler", scaler_value};
+  }
   for (size_t i = 0; i < n_extra; i++)
-    meta[OWN + i] = (mn_st_meta){extra[i].key, extra[i].value};
+    meta[own + i] = (mn_st_meta){extra[i].key, extra[i].value};
   if (st == MN_OK) {
-    st = mn_safetensors_write(path, b.tensors, nt, meta, OWN + n_extra);
+    st = mn_safetensors_write(path, b.tensors, nt, meta, own + n_extra);
     if (st != MN_OK) st = mn_io_rewrap(st, fn);
   }
   save_buffers_free(&b);
@@ -230,6 +240,8 @@ typedef struct ck_file {
   mn_safetensors *st;
   mn_optimizer_config optim;
   unsigned long long step;
+  bool has_scaler; /* "loss_scaler": scale, good steps, skipped steps (F16 training) */
+  mn_loss_scaler scaler;
 } ck_file;
 
 static mn_status bad_meta(const ck_file *f, const char *key, const char *value, const char *want) {
@@ -273,6 +285,18 @@ static mn_status read_metadata(ck_file *f) {
   if (step && step[0] >= '0' && step[0] <= '9') f->step = strtoull(step, &end, 10);
   if (!step || !end || *end || errno == ERANGE)
     return bad_meta(f, "step", step, "a non-negative integer");
+  const char *scaler = mn_safetensors_metadata(f->st, "loss_scaler");
+  if (scaler) {
+    float scale;
+    unsigned good;
+    unsigned long long skipped;
+    int used = 0;
+    if (sscanf(scaler, "%f %u %llu%n", &scale, &good, &skipped, &used) != 3 ||
+        scaler[used] != '\0' || !isfinite(scale) || !(scale > 0) || good >= MN_LOSS_SCALE_INTERVAL)
+      return bad_meta(f, "loss_scaler", scaler, "\"SCALE GOOD_STEPS SKIPPED\"");
+    f->has_scaler = true;
+    f->scaler = (mn_loss_scaler){.scale = scale, .good_steps = good, .skipped = skipped};
+  }
   return MN_OK;
 }
 
@@ -365,6 +389,9 @@ static mn_status apply(ck_file *f, mn_session *s, const mn_io_param *params, siz
   if (s->training) {
     s->optim = f->optim;
     s->step_count = f->step;
+    /* A partial gradient sum of this session's past is not the checkpoint's: start a round. */
+    s->accum_index = 0;
+    if (f->has_scaler && s->plan->loss_scale != MN_NO_NODE) s->scaler = f->scaler;
   }
   return MN_OK;
 }

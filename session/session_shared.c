@@ -1,5 +1,6 @@
 /* Inference sessions that read a training session's parameters in place: an evaluation or a
  * sampler that always sees the current weights, with no copy and no re-capture per use. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "host/error.h"
@@ -27,7 +28,15 @@ mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session 
                      mn_shape_str(v.type, have, sizeof have));
     }
     unsigned char *base = owner->backend->buffer_address(owner, owner->plan->node_buffer[v.node]);
-    s->shared[b] = base + v.offset * sizeof(float);
+    unsigned char *at = base + v.offset * sizeof(float);
+    /* Kernels read whole buffers with vector loads from 256-byte aligned starts; a slice of a
+     * derived parameter that starts elsewhere cannot stand in for a buffer. */
+    if ((uintptr_t)at % 256 != 0)
+      return mn_fail(MN_ERR_UNSUPPORTED,
+                     "%s: \"%s\" lies at an unaligned place inside the owner's %s; build the "
+                     "owner with siblings MN_SIBLINGS_NEVER to share it",
+                     fn, n->name, owner->plan->graph->nodes[v.node].name);
+    s->shared[b] = at;
   }
   return MN_OK;
 }

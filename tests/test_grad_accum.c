@@ -8,6 +8,7 @@
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 enum { K = 4, MICRO = 3, IN = 5, HID = 16, OUT = 3 };
 
@@ -128,4 +129,30 @@ Test(grad_accum, bad_arguments_change_nothing) {
   mn_session_free(inf);
   mn_session_free(s);
   mn_graph_free(g);
+}
+
+/* Loading a checkpoint starts a new round: a partial sum from before the load is dropped. */
+Test(grad_accum, loading_a_checkpoint_starts_a_new_round) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_grad_accum");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp(MICRO);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
+  mn_rng w = mn_rng_new(3);
+  mn_test_init_normal(g, &s, 1, &w, 0.5f, false);
+  configure(s, SGD);
+  cr_assert_eq(mn_session_save_checkpoint(s, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_set_grad_accumulation(s, 2), MN_OK);
+  feed(s, 0, 0, MICRO);
+  run(s); /* half a round */
+  cr_assert_eq(mn_session_load_checkpoint(s, path), MN_OK, "%s", mn_last_error());
+  float *before = mn_test_read_params(g, s);
+  run(s); /* the first step of a new round: no update */
+  float *after = mn_test_read_params(g, s);
+  cr_expect(memcmp(before, after, mn_test_param_count(g) * sizeof(float)) == 0,
+            "the step after loading applied a stale partial sum");
+  free(before);
+  free(after);
+  mn_session_free(s);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
 }

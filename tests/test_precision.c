@@ -413,3 +413,45 @@ Test(precision, an_f16_plan_goes_through_the_plan_cache) {
   mn_plan_free(p);
   mn_graph_free(g);
 }
+
+/* The loss-scale input is the library's: a user leaf may not take its name (or any name the
+ * library keeps, starting with '#'), so an F32 session is never scaled by accident. */
+Test(precision, names_the_library_keeps_are_refused) {
+  mn_graph *g = mn_graph_new();
+  cr_expect_eq(mn_input(g, "#loss_scale", MN_SHAPE(1)), MN_NO_NODE);
+  cr_expect_eq(mn_graph_status(g), MN_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(mn_graph_error(g), "starts with '#'") != NULL, "%s", mn_graph_error(g));
+  mn_graph_free(g);
+  g = mn_graph_new();
+  cr_expect_eq(mn_parameter(g, "#siblings(a,b)", MN_SHAPE(2)), MN_NO_NODE);
+  mn_graph_free(g);
+}
+
+/* An F16 run resumed from its checkpoint keeps the loss scale it had reached, so it skips the
+ * steps the run that did not stop would skip. */
+Test(precision, an_f16_checkpoint_keeps_the_loss_scale) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_precision");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp();
+  mn_session *a = build(g, MN_PRECISION_F16, true), *b = build(g, MN_PRECISION_F16, true);
+  mn_session *both[2] = {a, b};
+  fill_mlp_data(both, 2, g);
+  float t_big[16 * 4];
+  for (int i = 0; i < 16 * 4; i++)
+    t_big[i] = 3000.0f;
+  cr_assert_eq(mn_session_set_input(a, "t", t_big, 16 * 4), MN_OK);
+  cr_assert_eq(mn_session_set_learning_rate(a, 1e-9f), MN_OK);
+  for (int i = 0; i < 3; i++)
+    step_loss(a);
+  mn_session_stats sa = stats_of(a);
+  cr_assert_lt(sa.loss_scale, 65536.0f, "the scale never fell");
+  cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
+  mn_session_stats sb = stats_of(b);
+  cr_expect_eq(sb.loss_scale, sa.loss_scale);
+  cr_expect_eq(sb.skipped_steps, sa.skipped_steps);
+  mn_session_free(a);
+  mn_session_free(b);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
+}

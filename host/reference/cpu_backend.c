@@ -226,6 +226,8 @@ static mn_status cpu_step(mn_session *s) {
     if (rc == MN_OK) store_low_precision(s, id, node);
     if (rc != MN_OK) {
       /* Keep the first failure until wait reports it; later steps do not overwrite. */
+      /* A failed step contributes nothing: the accumulation round starts again, as on CUDA. */
+      s->accum_index = 0;
       if (st->pending == MN_OK) {
         st->pending = rc;
         snprintf(st->pending_error, sizeof st->pending_error, "mn_session_wait: %s", msg);
