@@ -4,7 +4,8 @@
  * Prints one BENCH line with the median step time, tokens/s and the device memory the
  * session holds; benchmarks/torch_lm.py times the same steps with transformers' models.
  *
- * usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] [--seq T] [--steps N]
+ * usage: bench_lm_step gpt2|smollm2 [--tf32] [--precision f32|tf32|bf16|f16] [--no-optimize]
+ *        [--batch B] [--seq T] [--steps N]
  *        [--profile]
  * --no-optimize turns the graph optimizer off (the row is named with "_noopt");
  * --siblings-always concatenates sibling products whatever the cost model says ("_sib");
@@ -30,8 +31,10 @@ static size_t device_used_bytes(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "gpt2") && strcmp(argv[1], "smollm2"))) {
-    fprintf(stderr, "usage: bench_lm_step gpt2|smollm2 [--tf32] [--no-optimize] [--batch B] "
-                    "[--seq T] [--steps N] [--profile] [--siblings-always]\n");
+    fprintf(
+        stderr,
+        "usage: bench_lm_step gpt2|smollm2 [--tf32] [--precision P] [--no-optimize] [--batch B] "
+        "[--seq T] [--steps N] [--profile] [--siblings-always]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
@@ -41,7 +44,17 @@ int main(int argc, char **argv) {
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--tf32") == 0)
       o.allow_tf32 = true;
-    else if (strcmp(argv[i], "--no-optimize") == 0)
+    else if (i + 1 < argc && strcmp(argv[i], "--precision") == 0) {
+      const char *p = argv[++i];
+      o.allow_tf32 = strcmp(p, "tf32") == 0;
+      o.precision = strcmp(p, "bf16") == 0  ? MN_PRECISION_BF16
+                    : strcmp(p, "f16") == 0 ? MN_PRECISION_F16
+                                            : MN_PRECISION_F32;
+      if (strcmp(p, "f32") && strcmp(p, "tf32") && strcmp(p, "bf16") && strcmp(p, "f16")) {
+        fprintf(stderr, "bench_lm_step: --precision must be f32, tf32, bf16 or f16\n");
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--no-optimize") == 0)
       o.optimize = false;
     else if (strcmp(argv[i], "--siblings-always") == 0)
       o.siblings = MN_SIBLINGS_ALWAYS;
@@ -94,9 +107,14 @@ int main(int argc, char **argv) {
   printf("BENCH lm_%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",
-         argv[1], o.allow_tf32 ? "_tf32" : "", o.optimize ? "" : "_noopt",
-         o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend, batch, seq, step_ms,
-         (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
+         argv[1],
+         o.precision == MN_PRECISION_BF16  ? "_bf16"
+         : o.precision == MN_PRECISION_F16 ? "_f16"
+         : o.allow_tf32                    ? "_tf32"
+                                           : "",
+         o.optimize ? "" : "_noopt", o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend,
+         batch, seq, step_ms, (double)bt / (step_ms * 1e-3),
+         mn_plan_num_dispatches(mn_session_plan(s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
          (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,
          mn_session_read_loss(s));
