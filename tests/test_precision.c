@@ -8,6 +8,7 @@
 #include "host/pointwise.h"
 #include "host/storage.h"
 #include "io/plan_cache.h"
+#include "io/safetensors.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
@@ -452,6 +453,59 @@ Test(precision, an_f16_checkpoint_keeps_the_loss_scale) {
   cr_expect_eq(sb.skipped_steps, sa.skipped_steps);
   mn_session_free(a);
   mn_session_free(b);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
+}
+
+/* Weights files are fp32 or converted exactly: a bf16 file (as HF checkpoints come) loads into
+ * a bf16 session bit for bit, and an fp32 checkpoint loads into a session of any precision. */
+Test(precision, weights_load_exactly_into_any_precision) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_precision");
+  const char *bf16_path = mn_tmp_path(&t, "bf16.safetensors");
+  static const char *const names[] = {"w1", "b1", "w2", "b2"};
+  static const int64_t shapes[][2] = {{8, 32}, {32, 0}, {32, 4}, {4, 0}};
+  enum { MAX = 8 * 32 };
+  float want[4][MAX];
+  uint16_t bits[4][MAX];
+  mn_st_tensor tensors[4];
+  mn_rng r = mn_rng_new(77);
+  for (int k = 0; k < 4; k++) {
+    size_t n = (size_t)shapes[k][0] * (size_t)(shapes[k][1] ? shapes[k][1] : 1);
+    for (size_t i = 0; i < n; i++) {
+      float v = mn_storage_round(MN_BF16, (float)mn_rng_normal(&r));
+      uint32_t u;
+      memcpy(&u, &v, sizeof u);
+      want[k][i] = v;
+      bits[k][i] = (uint16_t)(u >> 16);
+    }
+    tensors[k] = (mn_st_tensor){.name = names[k],
+                                .dtype = "BF16",
+                                .rank = shapes[k][1] ? 2 : 1,
+                                .shape = {shapes[k][0], shapes[k][1]},
+                                .data = bits[k],
+                                .bytes = n * sizeof(uint16_t)};
+  }
+  cr_assert_eq(mn_safetensors_write(bf16_path, tensors, 4, NULL, 0), MN_OK, "%s", mn_last_error());
+  mn_graph *g = mlp();
+  mn_session *low = build(g, MN_PRECISION_BF16, true);
+  cr_assert_eq(mn_session_load_safetensors(low, bf16_path, true), MN_OK, "%s", mn_last_error());
+  float got[MAX];
+  for (int k = 0; k < 4; k++) {
+    size_t n = (size_t)shapes[k][0] * (size_t)(shapes[k][1] ? shapes[k][1] : 1);
+    cr_assert_eq(mn_session_read_param(low, names[k], got, n), MN_OK);
+    cr_expect(memcmp(got, want[k], n * sizeof(float)) == 0, "%s changed on loading", names[k]);
+  }
+  /* An fp32 checkpoint of an fp32 run into the bf16 session: the master weights are exact. */
+  const char *ck = mn_tmp_path(&t, "ck.safetensors");
+  mn_session *f32 = build(g, MN_PRECISION_F32, true);
+  fill_mlp_data(&f32, 1, g);
+  cr_assert_eq(mn_session_set_learning_rate(f32, 1e-2f), MN_OK);
+  step_loss(f32);
+  cr_assert_eq(mn_session_save_checkpoint(f32, ck), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_load_checkpoint(low, ck), MN_OK, "%s", mn_last_error());
+  mn_test_assert_same_params(g, low, f32, 0, "after loading an fp32 checkpoint into bf16");
+  mn_session_free(low);
+  mn_session_free(f32);
   mn_graph_free(g);
   mn_tmp_dir_remove(&t);
 }
