@@ -6,12 +6,6 @@
 #include "host/plan.h"
 #include "tests/support/gradcheck.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-
 typedef enum att_kind { CAUSAL, FULL, CROSS } att_kind;
 
 typedef struct att_case {
@@ -116,7 +110,7 @@ static mn_node build_self(mn_graph *g, const mn_node *x, void *u) {
   return attend(g, u, x[0], x[0], x[0]);
 }
 Test(grad_attention, self_attention_sums_roles) {
-  mn_gc_leaf l[] = {LEAF("x", QKV_LO, QKV_HI, 4, 8)};
+  mn_gc_leaf l[] = {MN_GC_LEAF("x", QKV_LO, QKV_HI, 4, 8)};
   att_case causal = {CAUSAL, 2, 2, 4}, full = {FULL, 2, 2, 4};
   mn_gradcheck("causal self", l, 1, build_self, &causal, &gc_opts);
   mn_gradcheck("full self", l, 1, build_self, &full, &gc_opts);

@@ -4,12 +4,6 @@
 #include "tests/support/gradcheck.h"
 #include "tests/support/models.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-
 static mn_node mlp(mn_graph *g, const mn_node *x, void *u) {
   (void)u;
   mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x[0], x[1]), x[2]));
@@ -18,9 +12,9 @@ static mn_node mlp(mn_graph *g, const mn_node *x, void *u) {
 }
 
 Test(grad_models, mlp) {
-  mn_gc_leaf l[] = {LEAF("x", -1, 1, 5, 6), LEAF("w1", -0.5f, 0.5f, 6, 7),
-                    LEAF("b1", -0.1f, 0.1f, 7), LEAF("w2", -0.5f, 0.5f, 7, 3),
-                    LEAF("b2", -0.1f, 0.1f, 3)};
+  mn_gc_leaf l[] = {MN_GC_LEAF("x", -1, 1, 5, 6), MN_GC_LEAF("w1", -0.5f, 0.5f, 6, 7),
+                    MN_GC_LEAF("b1", -0.1f, 0.1f, 7), MN_GC_LEAF("w2", -0.5f, 0.5f, 7, 3),
+                    MN_GC_LEAF("b2", -0.1f, 0.1f, 3)};
   mn_gradcheck("mlp", l, 5, mlp, NULL, NULL);
 }
 
@@ -42,18 +36,18 @@ static mn_node block(mn_graph *g, const mn_node *x, void *u) {
 static void check_block(const char *what, int64_t batch, int64_t t) {
   int64_t d = block_cfg.d_model, q = block_cfg.num_heads * block_cfg.head_dim,
           kv = block_cfg.num_kv_heads * block_cfg.head_dim, ff = block_cfg.d_ff;
-  mn_gc_leaf x =
-      batch ? (mn_gc_leaf)LEAF("x", -1, 1, batch, t, d) : (mn_gc_leaf)LEAF("x", -1, 1, t, d);
+  mn_gc_leaf x = batch ? (mn_gc_leaf)MN_GC_LEAF("x", -1, 1, batch, t, d)
+                       : (mn_gc_leaf)MN_GC_LEAF("x", -1, 1, t, d);
   mn_gc_leaf l[] = {x,
-                    LEAF("ln1", 0.5f, 1.5f, d),
-                    LEAF("wq", -0.4f, 0.4f, q, d),
-                    LEAF("wk", -0.4f, 0.4f, kv, d),
-                    LEAF("wv", -0.4f, 0.4f, kv, d),
-                    LEAF("wo", -0.4f, 0.4f, d, q),
-                    LEAF("ln2", 0.5f, 1.5f, d),
-                    LEAF("wgate", -0.4f, 0.4f, ff, d),
-                    LEAF("wup", -0.4f, 0.4f, ff, d),
-                    LEAF("wdown", -0.4f, 0.4f, d, ff)};
+                    MN_GC_LEAF("ln1", 0.5f, 1.5f, d),
+                    MN_GC_LEAF("wq", -0.4f, 0.4f, q, d),
+                    MN_GC_LEAF("wk", -0.4f, 0.4f, kv, d),
+                    MN_GC_LEAF("wv", -0.4f, 0.4f, kv, d),
+                    MN_GC_LEAF("wo", -0.4f, 0.4f, d, q),
+                    MN_GC_LEAF("ln2", 0.5f, 1.5f, d),
+                    MN_GC_LEAF("wgate", -0.4f, 0.4f, ff, d),
+                    MN_GC_LEAF("wup", -0.4f, 0.4f, ff, d),
+                    MN_GC_LEAF("wdown", -0.4f, 0.4f, d, ff)};
   mn_gc_options o = {.max_probes = 24};
   mn_gradcheck(what, l, 10, block, NULL, &o);
 }

@@ -7,17 +7,6 @@
 #include "host/reference/ref_kernels.h"
 #include "tests/support/gradcheck.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-#define LABELS(nm, below_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .u32 = true, .below = below_                                           \
-  }
-
 /* MSE is quadratic and L1 linear in each element away from the kink, so their central
  * differences have no truncation error and a larger step only shrinks the float32
  * rounding of the loss (about 6e-8 / 2h per probe) relative to the small per-element
@@ -46,24 +35,24 @@ static mn_node build_log_softmax(mn_graph *g, const mn_node *x, void *u) {
 }
 
 Test(grad_reduce, softmax) {
-  mn_gc_leaf a[] = {LEAF("x", -3, 3, 3, 7)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("x", -3, 3, 3, 7)};
   mn_gradcheck("softmax [3,7]", a, 1, build_softmax, NULL, &smooth_fd);
-  mn_gc_leaf b[] = {LEAF("x", -3, 3, 2, 3, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("x", -3, 3, 2, 3, 5)};
   mn_gradcheck("softmax [2,3,5]", b, 1, build_softmax, NULL, &smooth_fd);
-  mn_gc_leaf c[] = {LEAF("x", -3, 3, 4, 1)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("x", -3, 3, 4, 1)};
   mn_gradcheck("softmax [4,1]", c, 1, build_softmax, NULL, &smooth_fd);
-  mn_gc_leaf d[] = {LEAF("x", -3, 3, 2, 33)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("x", -3, 3, 2, 33)};
   mn_gradcheck("softmax [2,33]", d, 1, build_softmax, NULL, &smooth_fd);
 }
 
 Test(grad_reduce, log_softmax) {
-  mn_gc_leaf a[] = {LEAF("x", -3, 3, 3, 7)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("x", -3, 3, 3, 7)};
   mn_gradcheck("log_softmax [3,7]", a, 1, build_log_softmax, NULL, &smooth_fd);
-  mn_gc_leaf b[] = {LEAF("x", -3, 3, 2, 3, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("x", -3, 3, 2, 3, 5)};
   mn_gradcheck("log_softmax [2,3,5]", b, 1, build_log_softmax, NULL, &smooth_fd);
-  mn_gc_leaf c[] = {LEAF("x", -3, 3, 4, 1)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("x", -3, 3, 4, 1)};
   mn_gradcheck("log_softmax [4,1]", c, 1, build_log_softmax, NULL, &smooth_fd);
-  mn_gc_leaf d[] = {LEAF("x", -3, 3, 2, 33)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("x", -3, 3, 2, 33)};
   mn_gradcheck("log_softmax [2,33]", d, 1, build_log_softmax, NULL, &smooth_fd);
 }
 
@@ -73,7 +62,7 @@ static mn_node build_softmax_chain(mn_graph *g, const mn_node *x, void *u) {
   return mn_log_softmax(g, mn_softmax(g, x[0]));
 }
 Test(grad_reduce, softmax_chain) {
-  mn_gc_leaf a[] = {LEAF("x", -2, 2, 3, 6)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("x", -2, 2, 3, 6)};
   mn_gradcheck("log_softmax(softmax) [3,6]", a, 1, build_softmax_chain, NULL, &smooth_fd);
 }
 
@@ -90,13 +79,13 @@ static mn_node build_loss(mn_graph *g, const mn_node *x, void *u) {
  * general form softmax * sum_c t - t. */
 Test(grad_reduce, cross_entropy) {
   loss_fn f = mn_cross_entropy_loss;
-  mn_gc_leaf a[] = {LEAF("logits", -3, 3, 4, 37), LEAF("t", 0, 1, 4, 37)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("logits", -3, 3, 4, 37), MN_GC_LEAF("t", 0, 1, 4, 37)};
   mn_gradcheck("cross_entropy [4,37]", a, 2, build_loss, &f, &smooth_fd);
-  mn_gc_leaf b[] = {LEAF("logits", -3, 3, 5, 1), LEAF("t", 0, 1, 5, 1)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("logits", -3, 3, 5, 1), MN_GC_LEAF("t", 0, 1, 5, 1)};
   mn_gradcheck("cross_entropy [5,1]", b, 2, build_loss, &f, &smooth_fd);
-  mn_gc_leaf c[] = {LEAF("logits", -3, 3, 2, 3, 5), LEAF("t", 0, 1, 2, 3, 5)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("logits", -3, 3, 2, 3, 5), MN_GC_LEAF("t", 0, 1, 2, 3, 5)};
   mn_gradcheck("cross_entropy [2,3,5]", c, 2, build_loss, &f, &smooth_fd);
-  mn_gc_leaf d[] = {LEAF("logits", -3, 3, 6), LEAF("t", 0, 1, 6)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("logits", -3, 3, 6), MN_GC_LEAF("t", 0, 1, 6)};
   mn_gradcheck("cross_entropy [6]", d, 2, build_loss, &f, &smooth_fd);
 }
 
@@ -108,7 +97,7 @@ static mn_node build_ce_shared(mn_graph *g, const mn_node *x, void *u) {
   return mn_add(g, loss, mn_scale(g, mn_sum_all(g, mn_softmax(g, x[0])), 0.5f));
 }
 Test(grad_reduce, cross_entropy_shared_inputs) {
-  mn_gc_leaf a[] = {LEAF("logits", -2, 2, 3, 9), LEAF("z", -2, 2, 3, 9)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("logits", -2, 2, 3, 9), MN_GC_LEAF("z", -2, 2, 3, 9)};
   mn_gradcheck("cross_entropy(logits, softmax(z)) + sum(softmax(logits))", a, 2, build_ce_shared,
                NULL, &smooth_fd);
 }
@@ -118,13 +107,13 @@ static mn_node build_sparse(mn_graph *g, const mn_node *x, void *u) {
   return mn_scale(g, mn_sparse_cross_entropy_loss(g, x[0], x[1]), 0.7f);
 }
 Test(grad_reduce, sparse_cross_entropy) {
-  mn_gc_leaf a[] = {LEAF("logits", -3, 3, 4, 37), LABELS("labels", 37, 4)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("logits", -3, 3, 4, 37), MN_GC_LABELS("labels", 37, 4)};
   mn_gradcheck("sparse_cross_entropy [4,37]", a, 2, build_sparse, NULL, &smooth_fd);
-  mn_gc_leaf b[] = {LEAF("logits", -3, 3, 5, 1), LABELS("labels", 1, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("logits", -3, 3, 5, 1), MN_GC_LABELS("labels", 1, 5)};
   mn_gradcheck("sparse_cross_entropy [5,1]", b, 2, build_sparse, NULL, &smooth_fd);
-  mn_gc_leaf c[] = {LEAF("logits", -3, 3, 2, 3, 5), LABELS("labels", 5, 2, 3)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("logits", -3, 3, 2, 3, 5), MN_GC_LABELS("labels", 5, 2, 3)};
   mn_gradcheck("sparse_cross_entropy [2,3,5]", c, 2, build_sparse, NULL, &smooth_fd);
-  mn_gc_leaf d[] = {LEAF("logits", -3, 3, 6), LABELS("labels", 6, 1)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("logits", -3, 3, 6), MN_GC_LABELS("labels", 6, 1)};
   mn_gradcheck("sparse_cross_entropy [6]", d, 2, build_sparse, NULL, &smooth_fd);
 }
 
@@ -132,13 +121,13 @@ Test(grad_reduce, sparse_cross_entropy) {
  * blowing up, where the finite difference would be dominated by truncation error. */
 Test(grad_reduce, bce) {
   loss_fn f = mn_bce_loss;
-  mn_gc_leaf a[] = {LEAF("p", 0.1f, 0.9f, 3, 7), LEAF("t", 0, 1, 3, 7)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("p", 0.1f, 0.9f, 3, 7), MN_GC_LEAF("t", 0, 1, 3, 7)};
   mn_gradcheck("bce [3,7]", a, 2, build_loss, &f, NULL);
-  mn_gc_leaf b[] = {LEAF("p", 0.1f, 0.9f, 2, 3, 5), LEAF("t", 0, 1, 2, 3, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("p", 0.1f, 0.9f, 2, 3, 5), MN_GC_LEAF("t", 0, 1, 2, 3, 5)};
   mn_gradcheck("bce [2,3,5]", b, 2, build_loss, &f, NULL);
   /* A single element: p and t from disjoint ranges keep both partial derivatives away
    * from 0, where a relative error is meaningless. */
-  mn_gc_leaf c[] = {LEAF("p", 0.6f, 0.9f, 1), LEAF("t", 0, 0.4f, 1)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("p", 0.6f, 0.9f, 1), MN_GC_LEAF("t", 0, 0.4f, 1)};
   mn_gradcheck("bce [1]", c, 2, build_loss, &f, NULL);
 }
 
@@ -149,32 +138,32 @@ static mn_node build_bce_sigmoid(mn_graph *g, const mn_node *x, void *u) {
   return mn_bce_loss(g, mn_sigmoid(g, x[0]), x[1]);
 }
 Test(grad_reduce, bce_of_sigmoid) {
-  mn_gc_leaf a[] = {LEAF("z", -2, 2, 4, 9), LEAF("t", 0, 1, 4, 9)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("z", -2, 2, 4, 9), MN_GC_LEAF("t", 0, 1, 4, 9)};
   mn_gradcheck("bce(sigmoid) [4,9]", a, 2, build_bce_sigmoid, NULL, &smooth_fd);
 }
 
 Test(grad_reduce, mse) {
   loss_fn f = mn_mse_loss;
-  mn_gc_leaf a[] = {LEAF("p", -1, 1, 3, 7), LEAF("t", -1, 1, 3, 7)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("p", -1, 1, 3, 7), MN_GC_LEAF("t", -1, 1, 3, 7)};
   mn_gradcheck("mse [3,7]", a, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf b[] = {LEAF("p", -1, 1, 2, 3, 5), LEAF("t", -1, 1, 2, 3, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("p", -1, 1, 2, 3, 5), MN_GC_LEAF("t", -1, 1, 2, 3, 5)};
   mn_gradcheck("mse [2,3,5]", b, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf c[] = {LEAF("p", -1, 1, 1), LEAF("t", -1, 1, 1)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("p", -1, 1, 1), MN_GC_LEAF("t", -1, 1, 1)};
   mn_gradcheck("mse [1]", c, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf d[] = {LEAF("p", -1, 1, 33), LEAF("t", -1, 1, 33)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("p", -1, 1, 33), MN_GC_LEAF("t", -1, 1, 33)};
   mn_gradcheck("mse [33]", d, 2, build_loss, &f, &exact_fd);
 }
 
 /* p and t from disjoint ranges: |p - t| >= 1, far from the kink even after a step. */
 Test(grad_reduce, l1) {
   loss_fn f = mn_l1_loss;
-  mn_gc_leaf a[] = {LEAF("p", 0.5f, 1, 3, 7), LEAF("t", -1, -0.5f, 3, 7)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("p", 0.5f, 1, 3, 7), MN_GC_LEAF("t", -1, -0.5f, 3, 7)};
   mn_gradcheck("l1 [3,7]", a, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf b[] = {LEAF("p", -1, -0.5f, 2, 3, 5), LEAF("t", 0.5f, 1, 2, 3, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("p", -1, -0.5f, 2, 3, 5), MN_GC_LEAF("t", 0.5f, 1, 2, 3, 5)};
   mn_gradcheck("l1 [2,3,5] (p < t)", b, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf c[] = {LEAF("p", 0.5f, 1, 1), LEAF("t", -1, -0.5f, 1)};
+  mn_gc_leaf c[] = {MN_GC_LEAF("p", 0.5f, 1, 1), MN_GC_LEAF("t", -1, -0.5f, 1)};
   mn_gradcheck("l1 [1]", c, 2, build_loss, &f, &exact_fd);
-  mn_gc_leaf d[] = {LEAF("p", 0.5f, 1, 33), LEAF("t", -1, -0.5f, 33)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("p", 0.5f, 1, 33), MN_GC_LEAF("t", -1, -0.5f, 33)};
   mn_gradcheck("l1 [33]", d, 2, build_loss, &f, &exact_fd);
 }
 

@@ -6,17 +6,6 @@
 
 #include "autodiff/autodiff.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-#define U32_LEAF(nm, values, ...)                                                                  \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .u32 = true, .fixed_u32 = values                                       \
-  }
-
 /* ---------------------------------------------------------------- swiglu */
 
 static mn_node build_swiglu(mn_graph *g, const mn_node *x, void *u) {
@@ -24,9 +13,9 @@ static mn_node build_swiglu(mn_graph *g, const mn_node *x, void *u) {
   return mn_swiglu(g, x[0], x[1]);
 }
 Test(grad_transformer, swiglu) {
-  mn_gc_leaf l3[] = {LEAF("gate", -3, 3, 2, 3, 5), LEAF("up", -1, 1, 2, 3, 5)};
+  mn_gc_leaf l3[] = {MN_GC_LEAF("gate", -3, 3, 2, 3, 5), MN_GC_LEAF("up", -1, 1, 2, 3, 5)};
   mn_gradcheck("swiglu [2,3,5]", l3, 2, build_swiglu, NULL, NULL);
-  mn_gc_leaf l1[] = {LEAF("gate", -3, 3, 1, 33), LEAF("up", -1, 1, 1, 33)};
+  mn_gc_leaf l1[] = {MN_GC_LEAF("gate", -3, 3, 1, 33), MN_GC_LEAF("up", -1, 1, 1, 33)};
   mn_gradcheck("swiglu [1,33]", l1, 2, build_swiglu, NULL, NULL);
 }
 
@@ -41,31 +30,35 @@ static mn_node build_layer_norm(mn_graph *g, const mn_node *x, void *u) {
 
 Test(grad_transformer, rms_norm) {
   float eps = 1e-5f;
-  mn_gc_leaf a[] = {LEAF("x", -2, 2, 3, 8), LEAF("w", -1.5f, 1.5f, 8)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("x", -2, 2, 3, 8), MN_GC_LEAF("w", -1.5f, 1.5f, 8)};
   mn_gradcheck("rms_norm [3,8]", a, 2, build_rms_norm, &eps, NULL);
-  mn_gc_leaf b[] = {LEAF("x", -2, 2, 2, 3, 5), LEAF("w", -1.5f, 1.5f, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("x", -2, 2, 2, 3, 5), MN_GC_LEAF("w", -1.5f, 1.5f, 5)};
   mn_gradcheck("rms_norm [2,3,5]", b, 2, build_rms_norm, &eps, NULL);
-  mn_gc_leaf d[] = {LEAF("x", -2, 2, 2, 37), LEAF("w", -1.5f, 1.5f, 37)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("x", -2, 2, 2, 37), MN_GC_LEAF("w", -1.5f, 1.5f, 37)};
   mn_gradcheck("rms_norm [2,37]", d, 2, build_rms_norm, &eps, NULL);
   /* One feature: y = x w / sqrt(x^2 + eps), whose x-derivative w eps / (x^2 + eps)^1.5 is
    * ~eps; with eps 1e-5 it would drown in the finite differences' float rounding, so a
    * large eps keeps the x gradient of the order of 1. */
   float big = 0.5f;
-  mn_gc_leaf e[] = {LEAF("x", -2, 2, 4, 1), LEAF("w", -1.5f, 1.5f, 1)};
+  mn_gc_leaf e[] = {MN_GC_LEAF("x", -2, 2, 4, 1), MN_GC_LEAF("w", -1.5f, 1.5f, 1)};
   mn_gradcheck("rms_norm [4,1]", e, 2, build_rms_norm, &big, NULL);
 }
 
 Test(grad_transformer, layer_norm) {
   float eps = 1e-5f;
-  mn_gc_leaf a[] = {LEAF("x", -2, 2, 3, 8), LEAF("w", -1.5f, 1.5f, 8), LEAF("b", -1, 1, 8)};
+  mn_gc_leaf a[] = {MN_GC_LEAF("x", -2, 2, 3, 8), MN_GC_LEAF("w", -1.5f, 1.5f, 8),
+                    MN_GC_LEAF("b", -1, 1, 8)};
   mn_gradcheck("layer_norm [3,8]", a, 3, build_layer_norm, &eps, NULL);
-  mn_gc_leaf b[] = {LEAF("x", -2, 2, 2, 3, 5), LEAF("w", -1.5f, 1.5f, 5), LEAF("b", -1, 1, 5)};
+  mn_gc_leaf b[] = {MN_GC_LEAF("x", -2, 2, 2, 3, 5), MN_GC_LEAF("w", -1.5f, 1.5f, 5),
+                    MN_GC_LEAF("b", -1, 1, 5)};
   mn_gradcheck("layer_norm [2,3,5]", b, 3, build_layer_norm, &eps, NULL);
-  mn_gc_leaf d[] = {LEAF("x", -2, 2, 2, 37), LEAF("w", -1.5f, 1.5f, 37), LEAF("b", -1, 1, 37)};
+  mn_gc_leaf d[] = {MN_GC_LEAF("x", -2, 2, 2, 37), MN_GC_LEAF("w", -1.5f, 1.5f, 37),
+                    MN_GC_LEAF("b", -1, 1, 37)};
   mn_gradcheck("layer_norm [2,37]", d, 3, build_layer_norm, &eps, NULL);
   /* One feature: x_hat is exactly 0, so y = b and the x and w gradients are exactly 0
    * (the check then compares absolute errors). */
-  mn_gc_leaf e[] = {LEAF("x", -2, 2, 4, 1), LEAF("w", -1.5f, 1.5f, 1), LEAF("b", -1, 1, 1)};
+  mn_gc_leaf e[] = {MN_GC_LEAF("x", -2, 2, 4, 1), MN_GC_LEAF("w", -1.5f, 1.5f, 1),
+                    MN_GC_LEAF("b", -1, 1, 1)};
   mn_gradcheck("layer_norm [4,1]", e, 3, build_layer_norm, &eps, NULL);
 }
 
@@ -90,17 +83,17 @@ Test(grad_transformer, rope) {
       rope_case rc = {head_dims[h], offsets[o]};
       int64_t d = 3 * rc.head_dim; /* three heads */
       char what[64];
-      mn_gc_leaf r2[] = {LEAF("x", -1, 1, 5, d)};
+      mn_gc_leaf r2[] = {MN_GC_LEAF("x", -1, 1, 5, d)};
       snprintf(what, sizeof what, "rope [5,%lld] hd %d offset %d", (long long)d, rc.head_dim,
                rc.offset);
       mn_gradcheck(what, r2, 1, build_rope, &rc, NULL);
-      mn_gc_leaf r3[] = {LEAF("x", -1, 1, 2, 3, d)};
+      mn_gc_leaf r3[] = {MN_GC_LEAF("x", -1, 1, 2, 3, d)};
       snprintf(what, sizeof what, "rope [2,3,%lld] hd %d offset %d", (long long)d, rc.head_dim,
                rc.offset);
       mn_gradcheck(what, r3, 1, build_rope, &rc, NULL);
     }
   rope_case one = {4, 3};
-  mn_gc_leaf t1[] = {LEAF("x", -1, 1, 1, 4)};
+  mn_gc_leaf t1[] = {MN_GC_LEAF("x", -1, 1, 1, 4)};
   mn_gradcheck("rope [1,4] offset 3", t1, 1, build_rope, &one, NULL);
 }
 
@@ -110,9 +103,9 @@ Test(grad_transformer, rope_dynamic_offset) {
   for (int h = 0; h < 2; h++) {
     int hd = head_dims[h];
     int64_t d = 3 * hd;
-    mn_gc_leaf r2[] = {LEAF("x", -1, 1, 5, d), U32_LEAF("offset", seven, 1)};
+    mn_gc_leaf r2[] = {MN_GC_LEAF("x", -1, 1, 5, d), MN_GC_U32_LEAF("offset", seven, 1)};
     mn_gradcheck("rope_dynamic rank 2", r2, 2, build_rope_dynamic, &hd, NULL);
-    mn_gc_leaf r3[] = {LEAF("x", -1, 1, 2, 3, d), U32_LEAF("offset", seven, 1)};
+    mn_gc_leaf r3[] = {MN_GC_LEAF("x", -1, 1, 2, 3, d), MN_GC_U32_LEAF("offset", seven, 1)};
     mn_gradcheck("rope_dynamic rank 3", r3, 2, build_rope_dynamic, &hd, NULL);
   }
 }
@@ -132,21 +125,21 @@ static mn_node build_scatter_add(mn_graph *g, const mn_node *x, void *u) {
 static const uint32_t repeated[] = {1, 3, 1, 0};
 
 Test(grad_transformer, embedding) {
-  mn_gc_leaf a[] = {U32_LEAF("idx", repeated, 4), LEAF("table", -1, 1, 5, 3)};
+  mn_gc_leaf a[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("table", -1, 1, 5, 3)};
   mn_gradcheck("embedding [4] of [5,3]", a, 2, build_embedding, NULL, NULL);
-  mn_gc_leaf b[] = {U32_LEAF("idx", repeated, 2, 2), LEAF("table", -1, 1, 5, 33)};
+  mn_gc_leaf b[] = {MN_GC_U32_LEAF("idx", repeated, 2, 2), MN_GC_LEAF("table", -1, 1, 5, 33)};
   mn_gradcheck("embedding [2,2] of [5,33]", b, 2, build_embedding, NULL, NULL);
-  mn_gc_leaf e[] = {U32_LEAF("idx", repeated, 4), LEAF("table", -1, 1, 4, 1)};
+  mn_gc_leaf e[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("table", -1, 1, 4, 1)};
   mn_gradcheck("embedding [4] of [4,1]", e, 2, build_embedding, NULL, NULL);
 }
 
 Test(grad_transformer, scatter_add) {
   int64_t rows = 5;
-  mn_gc_leaf a[] = {U32_LEAF("idx", repeated, 4), LEAF("src", -1, 1, 4, 3)};
+  mn_gc_leaf a[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("src", -1, 1, 4, 3)};
   mn_gradcheck("scatter_add [4,3] -> [5,3]", a, 2, build_scatter_add, &rows, NULL);
-  mn_gc_leaf b[] = {U32_LEAF("idx", repeated, 2, 2), LEAF("src", -1, 1, 2, 2, 33)};
+  mn_gc_leaf b[] = {MN_GC_U32_LEAF("idx", repeated, 2, 2), MN_GC_LEAF("src", -1, 1, 2, 2, 33)};
   mn_gradcheck("scatter_add [2,2,33] -> [5,33]", b, 2, build_scatter_add, &rows, NULL);
-  mn_gc_leaf e[] = {U32_LEAF("idx", repeated, 4), LEAF("src", -1, 1, 4, 1)};
+  mn_gc_leaf e[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("src", -1, 1, 4, 1)};
   mn_gradcheck("scatter_add [4,1] -> [5,1]", e, 2, build_scatter_add, &rows, NULL);
 }
 

@@ -4,12 +4,6 @@
 
 #include "tests/support/gradcheck.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-
 /* A fixed random constant built inside the expression, so that only the other operands
  * are parameters and the rules' "is this input wanted" branches are exercised. */
 static mn_node random_constant(mn_graph *g, const int64_t *shape, int rank, uint64_t seed) {
@@ -48,7 +42,8 @@ static void check_conv(conv_case cc) {
   char what[96];
   snprintf(what, sizeof what, "conv2d %lldx%lld k%lldx%lld s%d p%d which %d", (long long)cc.h,
            (long long)cc.w, (long long)cc.kh, (long long)cc.kw, cc.stride, cc.padding, cc.which);
-  mn_gc_leaf x = LEAF("x", -1, 1, 2, 2, cc.h, cc.w), k = LEAF("k", -1, 1, 3, 2, cc.kh, cc.kw);
+  mn_gc_leaf x = MN_GC_LEAF("x", -1, 1, 2, 2, cc.h, cc.w),
+             k = MN_GC_LEAF("k", -1, 1, 3, 2, cc.kh, cc.kw);
   mn_gc_leaf both[2] = {x, k};
   if (cc.which == BOTH) mn_gradcheck(what, both, 2, build_conv, &cc, NULL);
   if (cc.which == X_ONLY) mn_gradcheck(what, &x, 1, build_conv, &cc, NULL);
@@ -140,8 +135,8 @@ static void check_group_norm(int64_t n, int64_t ch, int64_t h, int64_t w, gn_cas
   char what[96];
   snprintf(what, sizeof what, "group_norm [%lld,%lld,%lld,%lld] groups %d which %d", (long long)n,
            (long long)ch, (long long)h, (long long)w, gc.groups, gc.which);
-  mn_gc_leaf l[3] = {LEAF("x", -1, 1, n, ch, h, w), LEAF("w", 0.5f, 1.5f, ch),
-                     LEAF("b", -1, 1, ch)};
+  mn_gc_leaf l[3] = {MN_GC_LEAF("x", -1, 1, n, ch, h, w), MN_GC_LEAF("w", 0.5f, 1.5f, ch),
+                     MN_GC_LEAF("b", -1, 1, ch)};
   mn_gradcheck(what, l, gc.which == X_ONLY ? 1 : 3, build_group_norm, &gc, NULL);
 }
 
@@ -162,9 +157,9 @@ static mn_node build_concat(mn_graph *g, const mn_node *x, void *u) {
   return mn_concat(g, x[0], x[1]);
 }
 Test(grad_vision, concat) {
-  mn_gc_leaf l1[] = {LEAF("a", -1, 1, 2, 3, 3, 2), LEAF("b", -1, 1, 2, 2, 3, 2)};
+  mn_gc_leaf l1[] = {MN_GC_LEAF("a", -1, 1, 2, 3, 3, 2), MN_GC_LEAF("b", -1, 1, 2, 2, 3, 2)};
   mn_gradcheck("concat", l1, 2, build_concat, NULL, NULL);
-  mn_gc_leaf l2[] = {LEAF("a", -1, 1, 1, 1, 1, 5), LEAF("b", -1, 1, 1, 4, 1, 5)};
+  mn_gc_leaf l2[] = {MN_GC_LEAF("a", -1, 1, 1, 1, 1, 5), MN_GC_LEAF("b", -1, 1, 1, 4, 1, 5)};
   mn_gradcheck("concat unit dims", l2, 2, build_concat, NULL, NULL);
 }
 
@@ -174,7 +169,7 @@ static mn_node build_concat_self(mn_graph *g, const mn_node *x, void *u) {
   return mn_concat(g, x[0], x[0]);
 }
 Test(grad_vision, concat_same_input_twice) {
-  mn_gc_leaf l[] = {LEAF("x", -1, 1, 2, 3, 2, 3)};
+  mn_gc_leaf l[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 2, 3)};
   mn_gradcheck("concat(x, x)", l, 1, build_concat_self, NULL, NULL);
 }
 
@@ -185,8 +180,8 @@ static mn_node build_split_b(mn_graph *g, const mn_node *x, void *u) {
   return mn_split_b(g, x[0], *(const int *)u);
 }
 Test(grad_vision, split) {
-  mn_gc_leaf l5[] = {LEAF("x", -1, 1, 2, 5, 3, 2)};
-  mn_gc_leaf l2[] = {LEAF("x", -1, 1, 1, 2, 1, 1)};
+  mn_gc_leaf l5[] = {MN_GC_LEAF("x", -1, 1, 2, 5, 3, 2)};
+  mn_gc_leaf l2[] = {MN_GC_LEAF("x", -1, 1, 1, 2, 1, 1)};
   for (int ca = 1; ca <= 4; ca++) {
     mn_gradcheck("split_a", l5, 1, build_split_a, &ca, NULL);
     mn_gradcheck("split_b", l5, 1, build_split_b, &ca, NULL);
@@ -203,7 +198,7 @@ static mn_node build_split_both(mn_graph *g, const mn_node *x, void *u) {
   return mn_concat(g, mn_silu(g, b), mn_scale(g, a, 3.0f));
 }
 Test(grad_vision, split_both_halves) {
-  mn_gc_leaf l[] = {LEAF("x", -1, 1, 2, 5, 3, 3)};
+  mn_gc_leaf l[] = {MN_GC_LEAF("x", -1, 1, 2, 5, 3, 3)};
   mn_gradcheck("split_a + split_b", l, 1, build_split_both, NULL, NULL);
 }
 
@@ -212,11 +207,11 @@ static mn_node build_upsample(mn_graph *g, const mn_node *x, void *u) {
   return mn_upsample_2x(g, x[0]);
 }
 Test(grad_vision, upsample_2x) {
-  mn_gc_leaf l1[] = {LEAF("x", -1, 1, 2, 3, 3, 2)};
+  mn_gc_leaf l1[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 3, 2)};
   mn_gradcheck("upsample_2x", l1, 1, build_upsample, NULL, NULL);
-  mn_gc_leaf l2[] = {LEAF("x", -1, 1, 1, 1, 1, 1)};
+  mn_gc_leaf l2[] = {MN_GC_LEAF("x", -1, 1, 1, 1, 1, 1)};
   mn_gradcheck("upsample_2x unit", l2, 1, build_upsample, NULL, NULL);
-  mn_gc_leaf l3[] = {LEAF("x", -1, 1, 1, 2, 1, 5)};
+  mn_gc_leaf l3[] = {MN_GC_LEAF("x", -1, 1, 1, 2, 1, 5)};
   mn_gradcheck("upsample_2x 1x5", l3, 1, build_upsample, NULL, NULL);
 }
 
@@ -225,11 +220,11 @@ static mn_node build_add_per_channel(mn_graph *g, const mn_node *x, void *u) {
   return mn_add_per_channel(g, x[0], x[1]);
 }
 Test(grad_vision, add_per_channel) {
-  mn_gc_leaf l1[] = {LEAF("x", -1, 1, 2, 3, 3, 5), LEAF("b", -1, 1, 3)};
+  mn_gc_leaf l1[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 3, 5), MN_GC_LEAF("b", -1, 1, 3)};
   mn_gradcheck("add_per_channel", l1, 2, build_add_per_channel, NULL, NULL);
-  mn_gc_leaf l2[] = {LEAF("x", -1, 1, 1, 1, 1, 1), LEAF("b", -1, 1, 1)};
+  mn_gc_leaf l2[] = {MN_GC_LEAF("x", -1, 1, 1, 1, 1, 1), MN_GC_LEAF("b", -1, 1, 1)};
   mn_gradcheck("add_per_channel unit", l2, 2, build_add_per_channel, NULL, NULL);
-  mn_gc_leaf l3[] = {LEAF("x", -1, 1, 3, 2, 1, 4), LEAF("b", -1, 1, 2)};
+  mn_gc_leaf l3[] = {MN_GC_LEAF("x", -1, 1, 3, 2, 1, 4), MN_GC_LEAF("b", -1, 1, 2)};
   mn_gradcheck("add_per_channel H=1", l3, 2, build_add_per_channel, NULL, NULL);
 }
 
@@ -248,10 +243,10 @@ static mn_node build_block(mn_graph *g, const mn_node *x, void *u) {
 }
 Test(grad_vision, conv_block) {
   mn_gc_leaf l[] = {
-      LEAF("x", -1, 1, 2, 2, 5, 3),        LEAF("k1", -0.5f, 0.5f, 4, 2, 3, 3),
-      LEAF("gn_w", 0.5f, 1.5f, 4),         LEAF("gn_b", -1, 1, 4),
-      LEAF("skip", -1, 1, 2, 3, 10, 6),    LEAF("bias", -1, 1, 4),
-      LEAF("k2", -0.5f, 0.5f, 2, 7, 3, 2),
+      MN_GC_LEAF("x", -1, 1, 2, 2, 5, 3),        MN_GC_LEAF("k1", -0.5f, 0.5f, 4, 2, 3, 3),
+      MN_GC_LEAF("gn_w", 0.5f, 1.5f, 4),         MN_GC_LEAF("gn_b", -1, 1, 4),
+      MN_GC_LEAF("skip", -1, 1, 2, 3, 10, 6),    MN_GC_LEAF("bias", -1, 1, 4),
+      MN_GC_LEAF("k2", -0.5f, 0.5f, 2, 7, 3, 2),
   };
   mn_gc_options o = {.max_probes = 24};
   mn_gradcheck("conv block", l, 7, build_block, NULL, &o);

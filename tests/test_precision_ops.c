@@ -19,22 +19,6 @@
  * every value equal to fp32's). */
 #include "tests/support/precision_check.h"
 
-#define LEAF(nm, lo_, hi_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
-  }
-#define U32_LEAF(nm, values, ...)                                                                  \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .u32 = true, .fixed_u32 = values                                       \
-  }
-#define LABELS(nm, below_, ...)                                                                    \
-  {                                                                                                \
-    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
-    .shape = {__VA_ARGS__}, .u32 = true, .below = below_                                           \
-  }
-
 /* R from [0.5, 1.5]: reductions of the upstream gradient sum terms of one sign. */
 #define POSITIVE_R .r_lo = 0.5f, .r_hi = 1.5f
 
@@ -70,14 +54,16 @@ static void check_binary(const char *what, binary_fn f, mn_gc_leaf a, mn_gc_leaf
  * store bound each element (3); the gradients are products of the same kind. K = 8. */
 Test(precision_ops, matrix_products) {
   mn_pc_options o = {.forward = 3, .backward = 3, POSITIVE_R};
-  check_binary("matmul [3,8]x[8,5]", mn_matmul, (mn_gc_leaf)LEAF("a", 0.5f, 1.5f, 3, 8),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 8, 5), o);
-  check_binary("matmul [2,3,8]x[8,4]", mn_matmul, (mn_gc_leaf)LEAF("a", 0.5f, 1.5f, 2, 3, 8),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 8, 4), o);
-  check_binary("matmul_at [8,3]^T[8,5]", mn_matmul_at, (mn_gc_leaf)LEAF("a", 0.5f, 1.5f, 8, 3),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 8, 5), o);
-  check_binary("matmul_bt [2,3,8][5,8]^T", mn_matmul_bt, (mn_gc_leaf)LEAF("a", 0.5f, 1.5f, 2, 3, 8),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 5, 8), o);
+  check_binary("matmul [3,8]x[8,5]", mn_matmul, (mn_gc_leaf)MN_GC_LEAF("a", 0.5f, 1.5f, 3, 8),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 8, 5), o);
+  check_binary("matmul [2,3,8]x[8,4]", mn_matmul, (mn_gc_leaf)MN_GC_LEAF("a", 0.5f, 1.5f, 2, 3, 8),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 8, 4), o);
+  check_binary("matmul_at [8,3]^T[8,5]", mn_matmul_at,
+               (mn_gc_leaf)MN_GC_LEAF("a", 0.5f, 1.5f, 8, 3),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 8, 5), o);
+  check_binary("matmul_bt [2,3,8][5,8]^T", mn_matmul_bt,
+               (mn_gc_leaf)MN_GC_LEAF("a", 0.5f, 1.5f, 2, 3, 8),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 5, 8), o);
 }
 
 /* ---- element-wise binary ------------------------------------------------------------------ */
@@ -85,28 +71,31 @@ Test(precision_ops, matrix_products) {
 Test(precision_ops, add_mul_div) {
   /* add: operands of one sign, so |da| + |db| = |a + b|: two roundings read, one stored. The
    * gradient is dy itself: round(R). */
-  check_binary("add", mn_add, (mn_gc_leaf)LEAF("a", 0.5f, 1.5f, 2, 3, 5),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 2, 3, 5),
+  check_binary("add", mn_add, (mn_gc_leaf)MN_GC_LEAF("a", 0.5f, 1.5f, 2, 3, 5),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 2, 3, 5),
                (mn_pc_options){.forward = 2, .backward = 1});
   /* mul: relative errors of factors add: a, b, store (3); da = dy b likewise (3). */
-  check_binary("mul", mn_mul, (mn_gc_leaf)LEAF("a", -1, 1, 33), (mn_gc_leaf)LEAF("b", -1, 1, 33),
+  check_binary("mul", mn_mul, (mn_gc_leaf)MN_GC_LEAF("a", -1, 1, 33),
+               (mn_gc_leaf)MN_GC_LEAF("b", -1, 1, 33),
                (mn_pc_options){.forward = 3, .backward = 3});
   /* div: y = a / b (3); da = dy / b (3); db = -(dy / b) y: the stored dy / b (3), the stored y
    * (3) and the store (1) = 7. */
-  check_binary("div", mn_div, (mn_gc_leaf)LEAF("a", -1, 1, 4, 3),
-               (mn_gc_leaf)LEAF("b", 0.5f, 2, 4, 3), (mn_pc_options){.forward = 3, .backward = 7});
+  check_binary("div", mn_div, (mn_gc_leaf)MN_GC_LEAF("a", -1, 1, 4, 3),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 2, 4, 3),
+               (mn_pc_options){.forward = 3, .backward = 7});
 }
 
 /* x + a row of one sign: forward as add (2); the row's gradient sums dy over rows, of one sign
  * with a positive R: the roundings of dy and the store (2). */
 Test(precision_ops, row_and_channel_broadcasts) {
   mn_pc_options o = {.forward = 2, .backward = 2, POSITIVE_R};
-  check_binary("bias_add", mn_bias_add, (mn_gc_leaf)LEAF("x", 0.5f, 1.5f, 2, 3, 5),
-               (mn_gc_leaf)LEAF("bias", 0.5f, 1.5f, 5), o);
-  check_binary("broadcast_add", mn_broadcast_add, (mn_gc_leaf)LEAF("x", 0.5f, 1.5f, 7, 5),
-               (mn_gc_leaf)LEAF("row", 0.5f, 1.5f, 1, 5), o);
-  check_binary("add_per_channel", mn_add_per_channel, (mn_gc_leaf)LEAF("x", 0.5f, 1.5f, 2, 3, 3, 5),
-               (mn_gc_leaf)LEAF("b", 0.5f, 1.5f, 3), o);
+  check_binary("bias_add", mn_bias_add, (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 1.5f, 2, 3, 5),
+               (mn_gc_leaf)MN_GC_LEAF("bias", 0.5f, 1.5f, 5), o);
+  check_binary("broadcast_add", mn_broadcast_add, (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 1.5f, 7, 5),
+               (mn_gc_leaf)MN_GC_LEAF("row", 0.5f, 1.5f, 1, 5), o);
+  check_binary("add_per_channel", mn_add_per_channel,
+               (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 1.5f, 2, 3, 3, 5),
+               (mn_gc_leaf)MN_GC_LEAF("b", 0.5f, 1.5f, 3), o);
 }
 
 /* ---- element-wise unary ------------------------------------------------------------------- */
@@ -117,39 +106,39 @@ Test(precision_ops, element_wise_unary) {
   /* Exact in fp32 on a rounded input: relu, abs and neg store it unchanged (1); their
    * gradients are +-dy or 0 (1). Rounding keeps signs, so the masks agree. */
   mn_pc_options exact = {.forward = 1, .backward = 1};
-  check_unary("relu", mn_relu, (mn_gc_leaf)LEAF("x", -2, 2, 5, 7), exact);
-  check_unary("abs", mn_abs, (mn_gc_leaf)LEAF("x", -2, 2, 35), exact);
-  check_unary("neg", mn_neg, (mn_gc_leaf)LEAF("x", -1, 1, 3, 4), exact);
+  check_unary("relu", mn_relu, (mn_gc_leaf)MN_GC_LEAF("x", -2, 2, 5, 7), exact);
+  check_unary("abs", mn_abs, (mn_gc_leaf)MN_GC_LEAF("x", -2, 2, 35), exact);
+  check_unary("neg", mn_neg, (mn_gc_leaf)MN_GC_LEAF("x", -1, 1, 3, 4), exact);
   /* scale by -3: the input and the store (2), dy and the store (2). */
-  check_unary("scale", scale_by_m3, (mn_gc_leaf)LEAF("x", -1, 1, 2, 3, 4),
+  check_unary("scale", scale_by_m3, (mn_gc_leaf)MN_GC_LEAF("x", -1, 1, 2, 3, 4),
               (mn_pc_options){.forward = 2, .backward = 2});
   /* sigmoid on [-1, 1]: condition |x (1 - y)| <= 0.73 (2); the gradient dy y (1 - y) reads
    * the stored y (1.73 u), whose relative error reaches y (1 - y) amplified by
    * |1 - 2y| / (1 - y) <= 1.7 for y in [0.27, 0.73] (2.95), plus dy and the store: 5. On
    * [-4, 4] that factor is 50 (1 - y ~ 0.02 held in 8 bits) and the bound would test nothing. */
-  check_unary("sigmoid", mn_sigmoid, (mn_gc_leaf)LEAF("x", -1, 1, 2, 17),
+  check_unary("sigmoid", mn_sigmoid, (mn_gc_leaf)MN_GC_LEAF("x", -1, 1, 2, 17),
               (mn_pc_options){.forward = 2, .backward = 5});
   /* tanh on [-0.75, 0.75]: condition <= 1 (2); 1 - y^2 amplifies y's error by
    * 2y^2 / (1 - y^2) <= 1.35 (2.7), plus dy and the store: 5. */
-  check_unary("tanh", mn_tanh, (mn_gc_leaf)LEAF("x", -0.75f, 0.75f, 33),
+  check_unary("tanh", mn_tanh, (mn_gc_leaf)MN_GC_LEAF("x", -0.75f, 0.75f, 33),
               (mn_pc_options){.forward = 2, .backward = 5});
   /* log on [2, 4]: condition 1 / |log x| <= 1.45 (2.5), away from the zero at 1; dx = dy / x
    * (3). */
-  check_unary("log", mn_log, (mn_gc_leaf)LEAF("x", 2, 4, 12),
+  check_unary("log", mn_log, (mn_gc_leaf)MN_GC_LEAF("x", 2, 4, 12),
               (mn_pc_options){.forward = 2.5, .backward = 3});
   /* exp on [-2, 1]: condition |x| <= 2 (3); dx = dy y with the stored y (3) + dy + store: 5. */
-  check_unary("exp", mn_exp, (mn_gc_leaf)LEAF("x", -2, 1, 12),
+  check_unary("exp", mn_exp, (mn_gc_leaf)MN_GC_LEAF("x", -2, 1, 12),
               (mn_pc_options){.forward = 3, .backward = 5});
   /* recip on [0.5, 2]: condition 1 (2); dx = -dy (y y): y y is 2 + 2 + 1, then dy and the
    * store: 7. */
-  check_unary("recip", mn_recip, (mn_gc_leaf)LEAF("x", 0.5f, 2, 12),
+  check_unary("recip", mn_recip, (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 2, 12),
               (mn_pc_options){.forward = 2, .backward = 7});
   /* silu and gelu on [-0.25, 2]: their conditions 1 + x (1 - s(x)) and 1 + x phi / Phi stay
    * below 1.3 (2.5), and the derivatives stay away from their zeros near -1.28 and -0.75, where
    * |x f'' / f'| would grow without bound; it is <= 0.62 here, plus dy and the store: 3. */
-  check_unary("silu", mn_silu, (mn_gc_leaf)LEAF("x", -0.25f, 2, 3, 11),
+  check_unary("silu", mn_silu, (mn_gc_leaf)MN_GC_LEAF("x", -0.25f, 2, 3, 11),
               (mn_pc_options){.forward = 2.5, .backward = 3});
-  check_unary("gelu", mn_gelu, (mn_gc_leaf)LEAF("x", -0.25f, 2, 3, 11),
+  check_unary("gelu", mn_gelu, (mn_gc_leaf)MN_GC_LEAF("x", -0.25f, 2, 3, 11),
               (mn_pc_options){.forward = 2.5, .backward = 3});
 }
 
@@ -159,8 +148,8 @@ Test(precision_ops, element_wise_unary) {
  * element); every element's gradient is R (or R / n) rounded once. */
 Test(precision_ops, sum_and_mean) {
   mn_pc_options o = {.forward = 1, .backward = 1};
-  check_unary("sum_all", mn_sum_all, (mn_gc_leaf)LEAF("x", 0.5f, 1.5f, 2, 3, 5), o);
-  check_unary("mean_all", mn_mean_all, (mn_gc_leaf)LEAF("x", 0.5f, 1.5f, 2, 3, 5), o);
+  check_unary("sum_all", mn_sum_all, (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 1.5f, 2, 3, 5), o);
+  check_unary("mean_all", mn_mean_all, (mn_gc_leaf)MN_GC_LEAF("x", 0.5f, 1.5f, 2, 3, 5), o);
 }
 
 /* ---- softmax family and losses ------------------------------------------------------------ */
@@ -183,7 +172,7 @@ static mn_node build_log_softmax(mn_graph *g, const mn_node *x, void *u) {
  * y's absolute error (2 + |y| <= 4.1: 6.1 u relative), and sum(dy) (1): dy and the store (2)
  * plus rho (6.1 + 1) = 16.5. */
 Test(precision_ops, softmax_and_log_softmax) {
-  mn_gc_leaf x[] = {LEAF("x", -1, 1, 3, 8)};
+  mn_gc_leaf x[] = {MN_GC_LEAF("x", -1, 1, 3, 8)};
   check("softmax [3,8]", x, 1, build_softmax, NULL, (mn_pc_options){.forward = 3, .backward = 14});
   check("log_softmax [3,8]", x, 1, build_log_softmax, NULL,
         (mn_pc_options){.forward = 4.5, .backward = 16.5});
@@ -215,15 +204,15 @@ static mn_node build_sparse(mn_graph *g, const mn_node *x, void *u) {
  *     its gradient sign dy / n is rounded once (1). */
 Test(precision_ops, losses) {
   binary_fn ce = mn_cross_entropy_loss, bce = mn_bce_loss, mse = mn_mse_loss, l1 = mn_l1_loss;
-  mn_gc_leaf ce_l[] = {LEAF("logits", -1, 1, 4, 8), LEAF("t", 0, 1, 4, 8)};
+  mn_gc_leaf ce_l[] = {MN_GC_LEAF("logits", -1, 1, 4, 8), MN_GC_LEAF("t", 0, 1, 4, 8)};
   check("cross_entropy [4,8]", ce_l, 2, build_loss, &ce,
         (mn_pc_options){.forward = 4.5, .backward = 7});
-  mn_gc_leaf sp_l[] = {LEAF("logits", -1, 1, 4, 8), LABELS("labels", 8, 4)};
+  mn_gc_leaf sp_l[] = {MN_GC_LEAF("logits", -1, 1, 4, 8), MN_GC_LABELS("labels", 8, 4)};
   check("sparse_cross_entropy [4,8]", sp_l, 2, build_sparse, NULL,
         (mn_pc_options){.forward = 3.5, .backward = 6.5});
-  mn_gc_leaf bce_l[] = {LEAF("p", 0.7f, 0.8f, 3, 7), LEAF("t", 0, 0.2f, 3, 7)};
+  mn_gc_leaf bce_l[] = {MN_GC_LEAF("p", 0.7f, 0.8f, 3, 7), MN_GC_LEAF("t", 0, 0.2f, 3, 7)};
   check("bce [3,7]", bce_l, 2, build_loss, &bce, (mn_pc_options){.forward = 5.5, .backward = 8});
-  mn_gc_leaf diff_l[] = {LEAF("p", 0.5f, 1, 3, 7), LEAF("t", -1, -0.5f, 3, 7)};
+  mn_gc_leaf diff_l[] = {MN_GC_LEAF("p", 0.5f, 1, 3, 7), MN_GC_LEAF("t", -1, -0.5f, 3, 7)};
   check("mse [3,7]", diff_l, 2, build_loss, &mse, (mn_pc_options){.forward = 2, .backward = 2});
   check("l1 [3,7]", diff_l, 2, build_loss, &l1, (mn_pc_options){.forward = 1, .backward = 1});
 }
@@ -264,21 +253,21 @@ static mn_node build_rope_dynamic(mn_graph *g, const mn_node *x, void *u) {
  * rounding and the store bound it norm-wise (2), and its gradient (the inverse rotation of
  * dy: 2), although single elements a cos - b sin may cancel. */
 Test(precision_ops, swiglu_norms_rope) {
-  mn_gc_leaf sw[] = {LEAF("gate", -0.25f, 2, 3, 11), LEAF("up", -1, 1, 3, 11)};
+  mn_gc_leaf sw[] = {MN_GC_LEAF("gate", -0.25f, 2, 3, 11), MN_GC_LEAF("up", -1, 1, 3, 11)};
   check("swiglu [3,11]", sw, 2, build_swiglu, NULL,
         (mn_pc_options){.forward = 3.5, .backward = 4.5});
-  mn_gc_leaf rms[] = {LEAF("x", -2, 2, 3, 16), LEAF("w", 0.5f, 1.5f, 16)};
+  mn_gc_leaf rms[] = {MN_GC_LEAF("x", -2, 2, 3, 16), MN_GC_LEAF("w", 0.5f, 1.5f, 16)};
   check("rms_norm [3,16]", rms, 2, build_rms_norm, NULL,
         (mn_pc_options){.forward = 4, .backward = 14});
-  mn_gc_leaf ln[] = {LEAF("x", -2, 2, 3, 16), LEAF("w", 0.5f, 1.5f, 16),
-                     LEAF("b", -0.2f, 0.2f, 16)};
+  mn_gc_leaf ln[] = {MN_GC_LEAF("x", -2, 2, 3, 16), MN_GC_LEAF("w", 0.5f, 1.5f, 16),
+                     MN_GC_LEAF("b", -0.2f, 0.2f, 16)};
   check("layer_norm [3,16]", ln, 3, build_layer_norm, NULL,
         (mn_pc_options){.forward = 5, .backward = 15});
   static const uint32_t seven[] = {7};
-  mn_gc_leaf rope[] = {LEAF("x", -1, 1, 2, 3, 24)};
+  mn_gc_leaf rope[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 24)};
   check("rope [2,3,24] hd 8 offset 5", rope, 1, build_rope, NULL,
         (mn_pc_options){.forward = 2, .backward = 2});
-  mn_gc_leaf rope_d[] = {LEAF("x", -1, 1, 5, 24), U32_LEAF("offset", seven, 1)};
+  mn_gc_leaf rope_d[] = {MN_GC_LEAF("x", -1, 1, 5, 24), MN_GC_U32_LEAF("offset", seven, 1)};
   check("rope_dynamic_offset [5,24] hd 8", rope_d, 2, build_rope_dynamic, NULL,
         (mn_pc_options){.forward = 2, .backward = 2});
 }
@@ -302,10 +291,10 @@ static mn_node build_attention(mn_graph *g, const mn_node *x, void *u) {
  * plus rho (P 2 + dP 2 + D 4 + k or q 1) = 19. With q, k from [-1, 1] the scores' error is 4u,
  * P's 8u, and the bound would be 40 u (16% in bf16): nothing. */
 Test(precision_ops, attention) {
-  mn_gc_leaf self[] = {LEAF("q", -0.5f, 0.5f, 5, 16), LEAF("k", -0.5f, 0.5f, 5, 8),
-                       LEAF("v", 0.5f, 1.5f, 5, 8)};
-  mn_gc_leaf cross[] = {LEAF("q", -0.5f, 0.5f, 5, 16), LEAF("k", -0.5f, 0.5f, 3, 8),
-                        LEAF("v", 0.5f, 1.5f, 3, 8)};
+  mn_gc_leaf self[] = {MN_GC_LEAF("q", -0.5f, 0.5f, 5, 16), MN_GC_LEAF("k", -0.5f, 0.5f, 5, 8),
+                       MN_GC_LEAF("v", 0.5f, 1.5f, 5, 8)};
+  mn_gc_leaf cross[] = {MN_GC_LEAF("q", -0.5f, 0.5f, 5, 16), MN_GC_LEAF("k", -0.5f, 0.5f, 3, 8),
+                        MN_GC_LEAF("v", 0.5f, 1.5f, 3, 8)};
   mn_pc_options o = {.forward = 4, .backward = 19, POSITIVE_R};
   att_kind causal = CAUSAL, full = FULL, cr = CROSS;
   check("causal_attention", self, 3, build_attention, &causal, o);
@@ -327,10 +316,10 @@ static mn_node build_scatter_add(mn_graph *g, const mn_node *x, void *u) {
  * (2); scatter_add sums rounded rows and stores (2), its gradient gathers dy (1). */
 Test(precision_ops, embedding_and_scatter_add) {
   static const uint32_t repeated[] = {1, 3, 1, 0};
-  mn_gc_leaf emb[] = {U32_LEAF("idx", repeated, 4), LEAF("table", 0.5f, 1.5f, 5, 6)};
+  mn_gc_leaf emb[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("table", 0.5f, 1.5f, 5, 6)};
   check("embedding [4] of [5,6]", emb, 2, build_embedding, NULL,
         (mn_pc_options){.forward = 1, .backward = 2, POSITIVE_R});
-  mn_gc_leaf sc[] = {U32_LEAF("idx", repeated, 4), LEAF("src", 0.5f, 1.5f, 4, 6)};
+  mn_gc_leaf sc[] = {MN_GC_U32_LEAF("idx", repeated, 4), MN_GC_LEAF("src", 0.5f, 1.5f, 4, 6)};
   check("scatter_add [4,6] into 5 rows", sc, 2, build_scatter_add, NULL,
         (mn_pc_options){.forward = 2, .backward = 1, POSITIVE_R});
 }
@@ -349,13 +338,14 @@ static mn_node build_group_norm(mn_graph *g, const mn_node *x, void *u) {
 /* conv2d is a product (3, 3 with positive operands and R, as matmul); group_norm is
  * layer_norm over each group of channels (5, 15). */
 Test(precision_ops, conv2d_and_group_norm) {
-  mn_gc_leaf conv[] = {LEAF("x", 0.5f, 1.5f, 2, 2, 5, 4), LEAF("k", 0.5f, 1.5f, 3, 2, 3, 3)};
+  mn_gc_leaf conv[] = {MN_GC_LEAF("x", 0.5f, 1.5f, 2, 2, 5, 4),
+                       MN_GC_LEAF("k", 0.5f, 1.5f, 3, 2, 3, 3)};
   int s1p1[2] = {1, 1}, s2p0[2] = {2, 0};
   mn_pc_options o = {.forward = 3, .backward = 3, POSITIVE_R};
   check("conv2d 5x4 k3x3 s1 p1", conv, 2, build_conv, s1p1, o);
   check("conv2d 5x4 k3x3 s2 p0", conv, 2, build_conv, s2p0, o);
-  mn_gc_leaf gn[] = {LEAF("x", -2, 2, 2, 4, 3, 3), LEAF("w", 0.5f, 1.5f, 4),
-                     LEAF("b", -0.2f, 0.2f, 4)};
+  mn_gc_leaf gn[] = {MN_GC_LEAF("x", -2, 2, 2, 4, 3, 3), MN_GC_LEAF("w", 0.5f, 1.5f, 4),
+                     MN_GC_LEAF("b", -0.2f, 0.2f, 4)};
   check("group_norm [2,4,3,3] groups 2", gn, 3, build_group_norm, NULL,
         (mn_pc_options){.forward = 5, .backward = 15});
 }
@@ -385,14 +375,14 @@ static mn_node build_upsample(mn_graph *g, const mn_node *x, void *u) {
  * gradient sums four values of dy, of one sign with a positive R, and stores the sum (2). */
 Test(precision_ops, layout) {
   mn_pc_options copy = {.forward = 1, .backward = 1};
-  mn_gc_leaf cat[] = {LEAF("a", -1, 1, 2, 3, 3, 2), LEAF("b", -1, 1, 2, 2, 3, 2)};
+  mn_gc_leaf cat[] = {MN_GC_LEAF("a", -1, 1, 2, 3, 3, 2), MN_GC_LEAF("b", -1, 1, 2, 2, 3, 2)};
   check("concat", cat, 2, build_concat, NULL, copy);
-  mn_gc_leaf x[] = {LEAF("x", -1, 1, 2, 5, 3, 2)};
+  mn_gc_leaf x[] = {MN_GC_LEAF("x", -1, 1, 2, 5, 3, 2)};
   check("split_a", x, 1, build_split_a, NULL, copy);
   check("split_b", x, 1, build_split_b, NULL, copy);
-  mn_gc_leaf wide[] = {LEAF("x", -1, 1, 2, 3, 9)};
+  mn_gc_leaf wide[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 9)};
   check("slice_last", wide, 1, build_slice_last, NULL, copy);
-  mn_gc_leaf up[] = {LEAF("x", -1, 1, 2, 3, 3, 2)};
+  mn_gc_leaf up[] = {MN_GC_LEAF("x", -1, 1, 2, 3, 3, 2)};
   check("upsample_2x", up, 1, build_upsample, NULL,
         (mn_pc_options){.forward = 1, .backward = 2, POSITIVE_R});
 }

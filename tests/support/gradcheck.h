@@ -21,6 +21,24 @@ typedef struct mn_gc_leaf {
   const uint32_t *fixed_u32; /* U32: exact values instead of random ones */
 } mn_gc_leaf;
 
+/* Leaf specs by shape: an F32 leaf drawn from [lo, hi], a U32 leaf with fixed values, and U32
+ * labels drawn from [0, below). */
+#define MN_GC_LEAF(nm, lo_, hi_, ...)                                                              \
+  {                                                                                                \
+    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
+    .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                                                   \
+  }
+#define MN_GC_U32_LEAF(nm, values, ...)                                                            \
+  {                                                                                                \
+    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
+    .shape = {__VA_ARGS__}, .u32 = true, .fixed_u32 = values                                       \
+  }
+#define MN_GC_LABELS(nm, below_, ...)                                                              \
+  {                                                                                                \
+    .name = nm, .rank = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                 \
+    .shape = {__VA_ARGS__}, .u32 = true, .below = below_                                           \
+  }
+
 /* Builds the expression under test from the leaves' nodes (in leaf order); returns
  * its output node. */
 typedef mn_node (*mn_gc_build)(mn_graph *g, const mn_node *leaves, void *user);
