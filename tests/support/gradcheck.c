@@ -17,6 +17,43 @@ float mn_gc_leaf_draw(mn_rng *r, const mn_gc_leaf *l) {
   }
 }
 
+mn_graph *mn_gc_graph(const char *what, const mn_gc_leaf *leaves, int num_leaves, mn_gc_build build,
+                      void *user, mn_rng *rng, float r_lo, float r_hi, float **params, mn_node *y,
+                      mn_node *loss) {
+  mn_graph *g = mn_graph_new();
+  mn_node nodes[16];
+  cr_assert(num_leaves <= 16);
+  for (int i = 0; i < num_leaves; i++) {
+    const mn_gc_leaf *l = &leaves[i];
+    size_t n = mn_gc_leaf_numel(l);
+    params[i] = NULL;
+    if (l->u32) {
+      nodes[i] = mn_input_u32(g, l->name, l->shape, l->rank);
+      continue;
+    }
+    /* x = p * c with c in [0.5, 1.5]: the op sees a computed tensor. */
+    float *c = malloc(n * sizeof *c), *p = malloc(n * sizeof *p);
+    for (size_t k = 0; k < n; k++) {
+      c[k] = 0.5f + (float)mn_rng_uniform(rng);
+      p[k] = mn_gc_leaf_draw(rng, l) / c[k];
+    }
+    nodes[i] = mn_mul(g, mn_parameter(g, l->name, l->shape, l->rank),
+                      mn_constant(g, c, l->shape, l->rank));
+    params[i] = p;
+    free(c);
+  }
+  *y = build(g, nodes, user);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s: building: %s", what, mn_graph_error(g));
+  mn_node_info info;
+  cr_assert_eq(mn_graph_node(g, *y, &info), MN_OK);
+  size_t ny = (size_t)mn_tensor_type_numel(&info.type);
+  float *r = malloc(ny * sizeof *r);
+  mn_rng_fill(rng, r, ny, r_lo, r_hi);
+  *loss = mn_sum_all(g, mn_mul(g, *y, mn_constant(g, r, info.type.shape, info.type.rank)));
+  free(r);
+  return g;
+}
+
 static float run_loss(mn_session *s) {
   cr_assert_eq(mn_session_step(s), MN_OK, "step: %s", mn_last_error());
   cr_assert_eq(mn_session_wait(s), MN_OK, "wait: %s", mn_last_error());
@@ -33,39 +70,11 @@ double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, 
     if (opts->max_probes) o.max_probes = opts->max_probes;
   }
   mn_rng rng = mn_rng_new(o.seed);
-  mn_graph *g = mn_graph_new();
-  mn_node nodes[16];
-  float *params[16] = {0};
   cr_assert(num_leaves <= 16);
-  char pname[16][64];
-  for (int i = 0; i < num_leaves; i++) {
-    const mn_gc_leaf *l = &leaves[i];
-    size_t n = mn_gc_leaf_numel(l);
-    if (l->u32) {
-      nodes[i] = mn_input_u32(g, l->name, l->shape, l->rank);
-      continue;
-    }
-    /* x = p * c with c in [0.5, 1.5]: the op sees a computed tensor. */
-    float *c = malloc(n * sizeof *c), *p = malloc(n * sizeof *p);
-    for (size_t k = 0; k < n; k++) {
-      c[k] = 0.5f + (float)mn_rng_uniform(&rng);
-      p[k] = mn_gc_leaf_draw(&rng, l) / c[k];
-    }
-    snprintf(pname[i], sizeof pname[i], "%s", l->name);
-    mn_node pn = mn_parameter(g, pname[i], l->shape, l->rank);
-    nodes[i] = mn_mul(g, pn, mn_constant(g, c, l->shape, l->rank));
-    params[i] = p;
-    free(c);
-  }
-  mn_node y = build(g, nodes, user);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s: building: %s", what, mn_graph_error(g));
-  mn_node_info info;
-  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK);
-  size_t ny = (size_t)mn_tensor_type_numel(&info.type);
-  float *r = malloc(ny * sizeof *r);
-  mn_rng_fill(&rng, r, ny, -1.0f, 1.0f);
-  mn_node loss = mn_sum_all(g, mn_mul(g, y, mn_constant(g, r, info.type.shape, info.type.rank)));
-  free(r);
+  float *params[16] = {0};
+  mn_node y, loss;
+  mn_graph *g =
+      mn_gc_graph(what, leaves, num_leaves, build, user, &rng, -1.0f, 1.0f, params, &y, &loss);
   mn_set_outputs(g, &loss, 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s: loss: %s", what, mn_graph_error(g));
 

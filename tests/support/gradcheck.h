@@ -55,6 +55,14 @@ typedef struct mn_gc_options {
 size_t mn_gc_leaf_numel(const mn_gc_leaf *l);
 float mn_gc_leaf_draw(mn_rng *r, const mn_gc_leaf *l);
 
+/* The graph of a check: each F32 leaf is a parameter times a constant in [0.5, 1.5] (so the
+ * op reads a computed tensor), each U32 leaf an input; y = build(...) and loss = sum(y * R)
+ * with R uniform in [r_lo, r_hi]; no outputs are set. params[i] gets the parameter values
+ * (malloc'd; NULL for U32 leaves). Draws from rng in leaf order, then R. */
+mn_graph *mn_gc_graph(const char *what, const mn_gc_leaf *leaves, int num_leaves, mn_gc_build build,
+                      void *user, mn_rng *rng, float r_lo, float r_hi, float **params, mn_node *y,
+                      mn_node *loss);
+
 /* Runs the check and fails the Criterion test on a mismatch, naming the leaf, its
  * worst element and the relative error. Returns the worst relative error seen. */
 double mn_gradcheck(const char *what, const mn_gc_leaf *leaves, int num_leaves, mn_gc_build build,

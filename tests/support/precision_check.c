@@ -153,39 +153,21 @@ mn_pc_result mn_precision_check(const char *what, mn_precision prec, const mn_gc
 
   /* The graph of gradcheck: x = p * c with c in [0.5, 1.5], loss = sum(y * R); y is also an
    * output, so it is stored (not kept in a fused group's registers) and read back. */
-  mn_graph *g = mn_graph_new();
-  mn_node nodes[MAX_LEAVES];
+  mn_node y, loss;
   leaf_data data = {0};
+  mn_graph *g =
+      mn_gc_graph(what, leaves, num_leaves, build, user, &rng, r_lo, r_hi, data.param, &y, &loss);
   for (int i = 0; i < num_leaves; i++) {
     const mn_gc_leaf *l = &leaves[i];
+    if (!l->u32) continue;
     size_t n = mn_gc_leaf_numel(l);
-    if (l->u32) {
-      nodes[i] = mn_input_u32(g, l->name, l->shape, l->rank);
-      data.u32[i] = malloc(n * sizeof(uint32_t));
-      for (size_t k = 0; k < n; k++)
-        data.u32[i][k] =
-            l->fixed_u32 ? l->fixed_u32[k] : (uint32_t)(mn_rng_uniform(&rng) * l->below);
-      continue;
-    }
-    float *c = malloc(n * sizeof *c);
-    data.param[i] = malloc(n * sizeof(float));
-    for (size_t k = 0; k < n; k++) {
-      c[k] = 0.5f + (float)mn_rng_uniform(&rng);
-      data.param[i][k] = mn_gc_leaf_draw(&rng, l) / c[k];
-    }
-    mn_node p = mn_parameter(g, l->name, l->shape, l->rank);
-    nodes[i] = mn_mul(g, p, mn_constant(g, c, l->shape, l->rank));
-    free(c);
+    data.u32[i] = malloc(n * sizeof(uint32_t));
+    for (size_t k = 0; k < n; k++)
+      data.u32[i][k] = l->fixed_u32 ? l->fixed_u32[k] : (uint32_t)(mn_rng_uniform(&rng) * l->below);
   }
-  mn_node y = build(g, nodes, user);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s: building: %s", what, mn_graph_error(g));
   mn_node_info info;
   cr_assert_eq(mn_graph_node(g, y, &info), MN_OK);
   size_t ny = (size_t)mn_tensor_type_numel(&info.type);
-  float *r = malloc(ny * sizeof *r);
-  mn_rng_fill(&rng, r, ny, r_lo, r_hi);
-  mn_node loss = mn_sum_all(g, mn_mul(g, y, mn_constant(g, r, info.type.shape, info.type.rank)));
-  free(r);
   mn_set_outputs(g, (mn_node[]){loss, y}, 2);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s: loss: %s", what, mn_graph_error(g));
   /* The storage table keeps losses and single-element values fp32; any other output is
