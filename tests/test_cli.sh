@@ -9,21 +9,7 @@ mn=${1:?usage: test_cli.sh PATH/TO/meganeura}
 export MN_BACKEND=${MN_BACKEND:-cpu}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() {
-  echo "FAIL: $*" >&2
-  fails=$((fails + 1))
-}
-
-# expect CODE MESSAGE-FRAGMENT ARGS...: exit code and a stderr line containing the fragment.
-expect() {
-  local code=$1 msg=$2
-  shift 2
-  "$mn" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [[ $rc == "$code" ]] || fail "meganeura $* exited $rc, not $code: $(cat "$tmp/err")"
-  grep -qF -- "$msg" "$tmp/err" || fail "meganeura $*: stderr lacks '$msg': $(cat "$tmp/err")"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh"
 
 configs=$(cd "$(dirname "${BASH_SOURCE[0]}")/../configs" && pwd)
 cfg=$configs/tiny-gpt2.json

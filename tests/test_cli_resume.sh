@@ -12,20 +12,8 @@ export MN_BACKEND=${MN_BACKEND:-cpu}
 configs=$(cd "$(dirname "${BASH_SOURCE[0]}")/../configs" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh"
 cd "$tmp" || exit 1
-fails=0
-fail() {
-  echo "FAIL: $*" >&2
-  fails=$((fails + 1))
-}
-expect() {
-  local code=$1 msg=$2
-  shift 2
-  "$mn" "$@" >out 2>err
-  local rc=$?
-  [[ $rc == "$code" ]] || fail "meganeura $* exited $rc, not $code: $(cat err)"
-  grep -qF -- "$msg" err || fail "meganeura $*: stderr lacks '$msg': $(cat err)"
-}
 # The CSV without its wall-clock column.
 trajectory() { cut -d, -f1,2,3,5,6 "$1"; }
 
