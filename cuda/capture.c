@@ -59,7 +59,7 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   }
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
   mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
-                 &st->misc->error}};
+                 &st->misc->error, st->shadow}};
   return launch(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/cuda_state.h"
 #include "cuda/nvtx.h"
 #include "host/error.h"
+#include "host/storage.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -41,7 +42,11 @@ static void *cuda_buffer_address(const mn_session *s, uint32_t buffer) {
 
 void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
   switch (a.kind) {
-  case MN_CU_ARG_NODE: return buffer_addr(st, s, s->plan->node_buffer[a.node]) + a.offset;
+  case MN_CU_ARG_NODE:
+    return buffer_addr(st, s, s->plan->node_buffer[a.node]) + mn_cu_stored_offset(s->plan, a);
+  case MN_CU_ARG_SHADOW:
+    return st->shadow + st->shadow_at[s->plan->node_buffer[a.node]] + mn_cu_stored_offset(s->plan, a);
+  case MN_CU_ARG_STAGE: return st->stage + a.offset;
   case MN_CU_ARG_SCRATCH: return st->scratch + a.offset;
   case MN_CU_ARG_ERROR: return &st->misc->error;
   case MN_CU_ARG_SCALARS: return &st->misc->scalars;
@@ -196,6 +201,7 @@ static void cuda_destroy(mn_session *s) {
   cudaFree(st->adam);
   cudaFree(st->accum);
   cudaFree(st->workspace);
+  mn_cu_low_free(st);
   cudaFreeHost(st->host_scalars);
   cudaFreeHost(st->host_readback);
   cudaFreeHost(st->host_staging);
@@ -219,12 +225,15 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK)
     rc = mn_cu_check(cudaEventCreateWithFlags(&st->inputs_consumed, cudaEventDisableTiming),
                      "an event");
+  /* Values stored in 2 bytes take 2 bytes of the arena. */
+  if (rc == MN_OK && mn_cu_low_storage(s->plan) != MN_DEV_F32) rc = mn_plan_store_narrow(s->plan);
   double tl = now_ms();
   mn_nvtx_push("meganeura: lower");
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
   if (rc == MN_OK)
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
                                      &st->opt_update, &st->opt_accumulate);
+  if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
   mn_nvtx_push("meganeura: compile kernels");
@@ -232,6 +241,7 @@ static mn_status cuda_create(mn_session *s) {
   mn_nvtx_pop();
   mn_nvtx_push("meganeura: allocate");
   if (rc == MN_OK) rc = allocate(st, s);
+  if (rc == MN_OK) rc = mn_cu_low_allocate(st, s);
   if (rc == MN_OK) rc = plan_staging(st, s->plan);
   if (rc == MN_OK) rc = upload_constants(st, s);
   mn_nvtx_pop();
@@ -277,6 +287,10 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   }
   /* Parameters and caches: ordered after any step in flight on the session's stream. */
   void *dst = buffer_addr(st, s, buffer);
+  const mn_buffer_desc *d = &s->plan->buffers[buffer];
+  if (d->role == MN_BUF_PARAMETER) st->shadow_dirty = true;
+  if (d->storage == MN_BF16 || d->storage == MN_F16)
+    return mn_cu_low_write(st, d->storage, dst, src, bytes / sizeof(float));
   mn_status rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
                              "copying to the device");
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
@@ -299,6 +313,9 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
     memcpy(dst, st->host_staging + sg->host_offset, bytes);
     return MN_OK;
   }
+  const mn_buffer_desc *d = &s->plan->buffers[buffer];
+  if (d->storage == MN_BF16 || d->storage == MN_F16)
+    return mn_cu_low_read(st, d->storage, buffer_addr(st, s, buffer), dst, bytes / sizeof(float));
   return mn_cu_check(cudaMemcpy(dst, buffer_addr(st, s, buffer), bytes, cudaMemcpyDeviceToHost),
                      "copying from the device");
 }
@@ -367,7 +384,8 @@ static mn_status cuda_step(mn_session *s) {
     st->captures++;
   }
   mn_nvtx_push("meganeura: step");
-  rc = wait_inputs_consumed(st);
+  rc = mn_cu_low_refresh(st, s);
+  if (rc == MN_OK) rc = wait_inputs_consumed(st);
   if (rc == MN_OK) {
     fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
     rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");

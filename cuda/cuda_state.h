@@ -55,6 +55,15 @@ typedef struct cuda_state {
   mn_cu_staged *staged;
   size_t num_staged;
 
+  /* Low-precision sessions (low_precision.c): the weights' low-precision copy, laid out as
+   * the update block (shadow_at[buffer]: byte offset, SIZE_MAX for a non-parameter), the
+   * kernel that refreshes each parameter's copy, and the staging of rounded product
+   * operands. */
+  unsigned char *shadow, *stage;
+  size_t *shadow_at;
+  int *shadow_kernel;
+  bool shadow_dirty; /* a parameter was written since its copy was refreshed */
+
   mn_cu_program prog;
   cudaLibrary_t library;
   cudaKernel_t *kernels;
@@ -79,6 +88,21 @@ typedef struct cuda_state {
 mn_status mn_cu_check(cudaError_t e, const char *what);
 
 void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a);
+
+/* Low-precision sessions (low_precision.c). Declares the kernels that round each parameter
+ * into its copy (before compiling); allocates the copies and the staging region; refreshes
+ * the copies on the stream when a parameter was written (every step for a session that
+ * shares another's parameters, which may have changed them); and converts between a
+ * buffer's stored values and the floats the API speaks. */
+mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s);
+mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s);
+mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s);
+void mn_cu_low_free(cuda_state *st);
+/* Copies between host floats and a device buffer that stores `storage` (an mn_dtype). */
+mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const float *src,
+                          size_t count);
+mn_status mn_cu_low_read(cuda_state *st, mn_dtype storage, const void *src, float *dst,
+                         size_t count);
 
 /* cuBLASLt: plans for every MATMUL command, chosen at build time; enqueue. */
 mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);

@@ -24,6 +24,15 @@ typedef struct mn_ptrs {
   void *p[MN_DEV_MAX_ARGS];
 } mn_ptrs;
 
+/* How a kernel argument stores its values (host/storage.h): two bits per argument of a launch
+ * form the storage mask that the kernel template reads through mn_io (kernels/common.cuh). */
+enum mn_dev_storage {
+  MN_DEV_F32 = 0,
+  MN_DEV_BF16 = 1,
+  MN_DEV_F16 = 2,
+};
+#define MN_DEV_STORAGE_BITS 2
+
 /* mn_dev_scalars.kind: which update mn_opt_update (kernels/optimizer.cuh) applies. */
 enum mn_dev_optim_kind {
   MN_DEV_OPTIM_NONE = 0,

@@ -39,6 +39,35 @@ mn_status mn_cu_oom(const mn_cu_op_ctx *c) {
                  c->id, mn_op_name(c->node->op));
 }
 
+int mn_cu_low_storage(const mn_plan *p) {
+  switch (p->precision) {
+  case MN_PRECISION_BF16: return MN_DEV_BF16;
+  case MN_PRECISION_F16: return MN_DEV_F16;
+  default: return MN_DEV_F32;
+  }
+}
+
+int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a) {
+  switch (a.kind) {
+  case MN_CU_ARG_NODE:
+    switch (mn_plan_buffer_of(p, a.node)->storage) {
+    case MN_BF16: return MN_DEV_BF16;
+    case MN_F16: return MN_DEV_F16;
+    default: return MN_DEV_F32;
+    }
+  case MN_CU_ARG_SHADOW:
+  case MN_CU_ARG_STAGE: return mn_cu_low_storage(p);
+  default: return MN_DEV_F32;
+  }
+}
+
+size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a) {
+  if (a.kind == MN_CU_ARG_SHADOW) return a.offset / 2;
+  if (a.kind != MN_CU_ARG_NODE || mn_cu_arg_storage(p, a) == MN_DEV_F32) return a.offset;
+  return a.offset / 2;
+}
+
+
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
   char call[512];
   va_list ap;
@@ -55,6 +84,24 @@ int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
   char *copy = strdup(call);
   if (!copy) return -1;
   prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){.call = copy, .block = block};
+  return (int)prog->num_kernels++;
+}
+
+int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
+  const mn_cu_kernel_desc *kd = &prog->kernels[k];
+  if (kd->storage == storage) return k;
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    if (prog->kernels[i].block == kd->block && prog->kernels[i].storage == storage &&
+        strcmp(prog->kernels[i].call, kd->call) == 0)
+      return (int)i;
+  if (!grow((void **)&prog->kernels, &prog->cap_kernels, prog->num_kernels + 1,
+            sizeof *prog->kernels))
+    return -1;
+  kd = &prog->kernels[k];
+  char *copy = strdup(kd->call);
+  if (!copy) return -1;
+  prog->kernels[prog->num_kernels] =
+      (mn_cu_kernel_desc){.call = copy, .block = kd->block, .storage = storage};
   return (int)prog->num_kernels++;
 }
 
@@ -91,6 +138,10 @@ mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, u
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "cuda backend: bad launch for node %u (%s): %d arguments, grid %ux%ux%u", c->id,
                    mn_op_name(c->node->op), nargs, gx, gy, gz);
+  unsigned storage = 0;
+  for (int i = 0; i < nargs; i++)
+    storage |= (unsigned)mn_cu_arg_storage(c->plan, args[i]) << (MN_DEV_STORAGE_BITS * i);
+  if ((k = mn_cu_instance(c->prog, k, storage)) < 0) return mn_cu_oom(c);
   mn_cu_cmd *cmd = append(c, MN_CU_CMD_LAUNCH);
   if (!cmd) return mn_cu_oom(c);
   cmd->kernel = (uint32_t)k;
@@ -104,12 +155,54 @@ mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, u
   return MN_OK;
 }
 
+/* n values from src into dst, converted between their storage types. */
+static mn_status convert(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, int64_t n) {
+  int k = mn_cu_kernel(c, 256, "mn_convert<%lldLL>", (long long)n);
+  unsigned blocks = mn_cu_blocks((n + 3) / 4, 256);
+  mn_cu_arg args[2] = {dst, src};
+  return mn_cu_launch(c, k, blocks < 4096 ? blocks : 4096, 1, 1, 0, 2, args);
+}
+
+/* A product operand in a low-precision session: a parameter is read through its
+ * low-precision copy; any other fp32 value (an input, scratch) is rounded into the staging
+ * region at byte *stage first. rows x cols with pitch ld (0: dense), `batch` of them. */
+static mn_status low_operand(const mn_cu_op_ctx *c, mn_cu_arg *a, int64_t rows, int64_t cols,
+                             int64_t ld, int64_t batch, int64_t stride, size_t *stage) {
+  if (mn_cu_arg_storage(c->plan, *a) != MN_DEV_F32) return MN_OK;
+  if (a->kind == MN_CU_ARG_NODE && mn_plan_buffer_of(c->plan, a->node)->role == MN_BUF_PARAMETER) {
+    a->kind = MN_CU_ARG_SHADOW;
+    return MN_OK;
+  }
+  int64_t extent = (batch > 1 ? (batch - 1) * stride : 0) + (rows - 1) * (ld ? ld : cols) + cols;
+  mn_cu_arg staged = {.kind = MN_CU_ARG_STAGE, .offset = *stage};
+  mn_status st = convert(c, staged, *a, extent);
+  *a = staged;
+  *stage += ((size_t)extent * 2 + 255) / 256 * 256;
+  if (*stage > c->prog->stage_bytes) c->prog->stage_bytes = *stage;
+  return st;
+}
+
 mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
+  mn_cu_matmul_desc mm = *d;
+  if (mm.batch < 1) mm.batch = 1;
+  if (mn_cu_low_storage(c->plan) != MN_DEV_F32) {
+    size_t stage = 0;
+    mn_status st = low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k,
+                               mm.lda, mm.batch, mm.stride_a, &stage);
+    if (st == MN_OK)
+      st = low_operand(c, &mm.b, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb,
+                       mm.batch, mm.stride_b, &stage);
+    if (st != MN_OK) return st;
+  }
   mn_cu_cmd *cmd = append(c, MN_CU_CMD_MATMUL);
   if (!cmd) return mn_cu_oom(c);
-  cmd->mm = *d;
-  if (cmd->mm.batch < 1) cmd->mm.batch = 1;
+  cmd->mm = mm;
   return MN_OK;
+}
+
+/* bytes of fp32 values as dst stores them. */
+static size_t stored_bytes(const mn_cu_op_ctx *c, mn_cu_arg dst, size_t bytes) {
+  return mn_cu_arg_storage(c->plan, dst) == MN_DEV_F32 ? bytes : bytes / 2;
 }
 
 mn_status mn_cu_memset_zero(const mn_cu_op_ctx *c, mn_cu_arg dst, size_t bytes) {
@@ -117,11 +210,14 @@ mn_status mn_cu_memset_zero(const mn_cu_op_ctx *c, mn_cu_arg dst, size_t bytes) 
   if (!cmd) return mn_cu_oom(c);
   cmd->args[0] = dst;
   cmd->num_args = 1;
-  cmd->bytes = bytes;
+  cmd->bytes = stored_bytes(c, dst, bytes);
   return MN_OK;
 }
 
 mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t bytes) {
+  if (mn_cu_arg_storage(c->plan, dst) != mn_cu_arg_storage(c->plan, src))
+    return convert(c, dst, src, (int64_t)(bytes / sizeof(float)));
+  bytes = stored_bytes(c, dst, bytes);
   mn_cu_cmd *cmd = append(c, MN_CU_CMD_COPY);
   if (!cmd) return mn_cu_oom(c);
   cmd->args[0] = dst;
@@ -161,6 +257,8 @@ mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, boo
   long long n = (long long)(p->update_bytes / sizeof(float));
   *sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
   *update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
+  if (*update >= 0 && mn_cu_low_storage(p) != MN_DEV_F32)
+    *update = mn_cu_instance(prog, *update, (unsigned)mn_cu_low_storage(p) << (MN_DEV_STORAGE_BITS * 7));
   *accumulate = mn_cu_kernel(&c, 256, "mn_opt_accumulate<%lldLL>", n);
   if (*sumsq < 0 || *update < 0 || *accumulate < 0)
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
@@ -211,8 +309,10 @@ char *mn_cu_program_source(const mn_cu_program *prog) {
   sb_append(&b, "// ---- instances\n");
   for (size_t i = 0; i < prog->num_kernels; i++)
     sb_append(
-        &b, "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { %s(io); }\n",
-        prog->kernels[i].block, i, prog->kernels[i].call);
+        &b,
+        "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { "
+        "%s(mn_io<0x%xu>{io}); }\n",
+        prog->kernels[i].block, i, prog->kernels[i].call, prog->kernels[i].storage);
   if (b.failed) {
     free(b.s);
     return NULL;

@@ -35,8 +35,15 @@ typedef enum mn_cu_arg_kind {
   MN_CU_ARG_SCRATCH, /* the session scratch region, plus a byte offset */
   MN_CU_ARG_ERROR,   /* the device error record (mn_dev_error in device_abi.h) */
   MN_CU_ARG_SCALARS, /* the per-step scalars (mn_dev_scalars in device_abi.h) */
+  /* Low-precision sessions: the low-precision copy of a parameter node that matrix products
+   * read (kept by the optimizer), and the staging region where an fp32 product operand is
+   * rounded before the product reads it; both plus a byte offset. */
+  MN_CU_ARG_SHADOW,
+  MN_CU_ARG_STAGE,
 } mn_cu_arg_kind;
 
+/* offset counts bytes of the node's dtype: for a node stored in bf16 / fp16 the backend
+ * halves it, so lowering code computes offsets as if every float value were fp32. */
 typedef struct mn_cu_arg {
   mn_cu_arg_kind kind;
   mn_node node;
@@ -104,8 +111,9 @@ typedef struct mn_cu_cmd {
 } mn_cu_cmd;
 
 typedef struct mn_cu_kernel_desc {
-  char *call;     /* e.g. "mn_softmax_fwd<64, 1000>" */
-  unsigned block; /* threads per block (1-D), also its __launch_bounds__ */
+  char *call;       /* e.g. "mn_softmax_fwd<64, 1000>" */
+  unsigned block;   /* threads per block (1-D), also its __launch_bounds__ */
+  unsigned storage; /* the storage mask of its arguments (mn_dev_storage, 2 bits each) */
 } mn_cu_kernel_desc;
 
 /* The lowered program of a plan. */
@@ -117,6 +125,7 @@ typedef struct mn_cu_program {
   char **generated; /* kernel templates generated while lowering (mn_cu_kernel_generated) */
   size_t num_generated, cap_generated;
   size_t scratch_bytes; /* largest scratch any dispatch asked for */
+  size_t stage_bytes;   /* largest staging of rounded product operands */
 } mn_cu_program;
 
 /* What a lowering function sees. */
@@ -136,6 +145,9 @@ typedef mn_status (*mn_cu_lower_fn)(const mn_cu_op_ctx *c);
  * returns mn_cu_oom(c)). */
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The instance of kernel k's call compiled for storage mask `storage` (2 bits per argument,
+ * an mn_dev_storage), declared on first use; -1 when out of memory. */
+int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage);
 /* Declares an instance of generated code. `code` defines one kernel template named by
  * the macro MN_GEN, e.g. "template <long long N> __device__ void MN_GEN(const mn_ptrs &io)
  * {..}"; each distinct text joins the translation unit once, as mn_gen<j>, after the
@@ -143,7 +155,9 @@ int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
  * e.g. targs "<4096LL>". Returns the kernel index, or -1 when out of memory. */
 int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,
                            const char *targs);
-/* Appends a launch of kernel `k` on a 1-D or 3-D grid; MN_OK or out of memory. */
+/* Appends a launch of kernel `k` on a 1-D or 3-D grid; MN_OK or out of memory. The instance
+ * launched is k's call compiled for the storage of `args` (mn_cu_arg_storage): a low-precision
+ * session gets bf16 / fp16 instances of the same templates without the lowering asking. */
 mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, unsigned gz,
                        size_t smem, int nargs, const mn_cu_arg *args);
 mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d);
@@ -153,6 +167,13 @@ mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t
  * order); returns the argument for offset 0 of it. */
 mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes);
 mn_status mn_cu_oom(const mn_cu_op_ctx *c);
+
+/* How argument a stores float values: an mn_dev_storage. */
+int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a);
+/* The byte offset of a into its buffer as stored (offset halved for a low-precision node). */
+size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a);
+/* The storage of the plan's low-precision values (MN_DEV_F32 in an fp32 session). */
+int mn_cu_low_storage(const mn_plan *p);
 
 static inline mn_cu_arg mn_cu_node_arg(mn_node n) {
   return (mn_cu_arg){.kind = MN_CU_ARG_NODE, .node = n, .offset = 0};

@@ -22,9 +22,9 @@ static mn_status lt_check(cublasStatus_t s, const char *what) {
 }
 
 /* A row-major [rows, cols] matrix seen column-major: cols x rows with leading dim cols. */
-static mn_status make_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t cols, int64_t batch,
-                             int64_t stride, int64_t pitch) {
-  mn_status rc = lt_check(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, (uint64_t)cols, (uint64_t)rows,
+static mn_status make_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows,
+                             int64_t cols, int64_t batch, int64_t stride, int64_t pitch) {
+  mn_status rc = lt_check(cublasLtMatrixLayoutCreate(l, type, (uint64_t)cols, (uint64_t)rows,
                                                      pitch ? pitch : cols),
                           "layout");
   if (rc != MN_OK || batch <= 1) return rc;
@@ -150,11 +150,27 @@ static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_c
                  (long long)d->k);
 }
 
+/* The element type of an operand as stored, and its size. */
+static cudaDataType_t data_type(const mn_session *s, mn_cu_arg a) {
+  switch (mn_cu_arg_storage(s->plan, a)) {
+  case MN_DEV_BF16: return CUDA_R_16BF;
+  case MN_DEV_F16: return CUDA_R_16F;
+  default: return CUDA_R_32F;
+  }
+}
+static uintptr_t elem_size(const mn_session *s, mn_cu_arg a) {
+  return mn_cu_arg_storage(s->plan, a) == MN_DEV_F32 ? 4 : 2;
+}
+
+/* Operands in bf16 / fp16 (a low-precision session) multiply on tensor cores and accumulate
+ * in fp32; fp32 operands do so in TF32 only when allowed. */
 static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                              mn_cu_matmul_plan *mp) {
   const mn_cu_matmul_desc *d = &cmd->mm;
-  cublasComputeType_t compute =
-      s->options.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cudaDataType_t ta = data_type(s, d->a), tb = data_type(s, d->b), tc = data_type(s, d->c);
+  cublasComputeType_t compute = s->options.allow_tf32 && ta == CUDA_R_32F
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
   mn_status rc = lt_check(cublasLtMatmulDescCreate(&mp->desc, compute, CUDA_R_32F), "descriptor");
   /* Operand 1 of cuBLASLt is our B, operand 2 our A. */
   cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -169,12 +185,12 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
         "transpose");
   /* Stored shapes, row-major: B is [k,n] or [n,k]; A is [m,k] or [k,m]; C is [m,n]. */
   if (rc == MN_OK)
-    rc = make_layout(&mp->b, d->trans_b ? d->n : d->k, d->trans_b ? d->k : d->n, d->batch,
+    rc = make_layout(&mp->b, tb, d->trans_b ? d->n : d->k, d->trans_b ? d->k : d->n, d->batch,
                      d->stride_b, d->ldb);
   if (rc == MN_OK)
-    rc = make_layout(&mp->a, d->trans_a ? d->k : d->m, d->trans_a ? d->m : d->k, d->batch,
+    rc = make_layout(&mp->a, ta, d->trans_a ? d->k : d->m, d->trans_a ? d->m : d->k, d->batch,
                      d->stride_a, d->lda);
-  if (rc == MN_OK) rc = make_layout(&mp->c, d->m, d->n, d->batch, d->stride_c, d->ldc);
+  if (rc == MN_OK) rc = make_layout(&mp->c, tc, d->m, d->n, d->batch, d->stride_c, d->ldc);
   if (rc != MN_OK) return rc;
 
   cublasLtMatmulPreference_t pref;
@@ -186,11 +202,11 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
   /* Every batch's matrix must be as aligned as promised, not only the first. */
   uintptr_t batched = d->batch > 1;
   uint32_t align_b = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->b) |
-                                  (batched * (uintptr_t)d->stride_b * sizeof(float))),
+                                  (batched * (uintptr_t)d->stride_b * elem_size(s, d->b))),
            align_a = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->a) |
-                                  (batched * (uintptr_t)d->stride_a * sizeof(float))),
+                                  (batched * (uintptr_t)d->stride_a * elem_size(s, d->a))),
            align_c = alignment_of((uintptr_t)mn_cu_resolve(st, s, d->c) |
-                                  (batched * (uintptr_t)d->stride_c * sizeof(float)));
+                                  (batched * (uintptr_t)d->stride_c * elem_size(s, d->c)));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
                                        sizeof align_b);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,

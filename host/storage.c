@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "host/error.h"
+#include "host/memplan.h"
 
 mn_dtype mn_precision_storage(mn_precision prec) {
   switch (prec) {
@@ -136,6 +137,44 @@ static bool stays_f32(const mn_plan *p, mn_node id, const bool *weight_grad) {
   if (role != MN_BUF_ACTIVATION && role != MN_BUF_OUTPUT) return true;
   return n->type.dtype != MN_F32 || (mn_op_flags(n->op) & MN_OPF_LOSS) ||
          mn_tensor_type_numel(&n->type) == 1 || weight_grad[id];
+}
+
+uint16_t mn_storage_bits(mn_dtype dt, float x) {
+  float r = mn_storage_round(dt, x);
+  uint32_t u;
+  memcpy(&u, &r, sizeof u);
+  if (dt == MN_BF16) return (uint16_t)(u >> 16);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  if (isnan(r)) return (uint16_t)(sign | 0x7e00u);
+  float a = fabsf(r);
+  if (isinf(a)) return (uint16_t)(sign | 0x7c00u);
+  if (a < 0x1p-14f) return (uint16_t)(sign | (uint16_t)(a * 0x1p24f));
+  int e;
+  float m = frexpf(a, &e); /* a = m 2^e, m in [0.5, 1): biased exponent e - 1 + 15 */
+  return (uint16_t)(sign | (uint16_t)((e + 14) << 10) | ((uint16_t)ldexpf(m, 11) & 0x3ffu));
+}
+
+float mn_storage_value(mn_dtype dt, uint16_t bits) {
+  if (dt == MN_BF16) {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  float sign = bits & 0x8000u ? -1.0f : 1.0f;
+  int e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+  if (e == 0) return sign * ldexpf((float)m, -24);
+  if (e == 31) return m ? NAN : sign * INFINITY;
+  return sign * ldexpf((float)(m | 0x400), e - 25);
+}
+
+mn_status mn_plan_store_narrow(mn_plan *p) {
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    mn_buffer_desc *d = &p->buffers[b];
+    if (d->storage == MN_BF16 || d->storage == MN_F16)
+      d->bytes = (size_t)mn_tensor_type_numel(&p->graph->nodes[d->node].type) * 2;
+  }
+  return mn_memplan_layout(p, MN_LAYOUT_PLANNED);
 }
 
 mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec) {

@@ -27,10 +27,18 @@ mn_dtype mn_precision_storage(mn_precision prec);
 float mn_storage_round(mn_dtype dt, float x);
 void mn_storage_round_n(mn_dtype dt, float *x, size_t n);
 
+/* The 16 bits of bf16 / fp16 that x rounds to, and the value of such bits. */
+uint16_t mn_storage_bits(mn_dtype dt, float x);
+float mn_storage_value(mn_dtype dt, uint16_t bits);
+
 /* Chooses the storage of every buffer of p for prec (p->buffers[i].storage) and records prec
  * in p->precision; F32 stores every value as its node's dtype. MN_ERR_OUT_OF_MEMORY is the
  * only failure. */
 mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec);
+
+/* For a backend that stores low-precision values in 2 bytes (CUDA): sizes every such buffer
+ * by its storage and plans the arena again. */
+mn_status mn_plan_store_narrow(mn_plan *p);
 
 /* Whether input k of an op is a matrix-product operand, which a low-precision session reads in
  * low precision. */

@@ -7,6 +7,139 @@ template <typename T> __device__ __forceinline__ T *mn_arg(const mn_ptrs &io, in
   return static_cast<T *>(io.p[i]);
 }
 
+// ---- Storage: a float argument may hold bf16 or fp16 values (host/storage.h).
+//
+// The emitter wraps a launch's pointers in mn_io<SM>, where SM holds MN_DEV_STORAGE_BITS per
+// argument (an mn_dev_storage). A kernel template takes `const IO &io` and gets its float
+// arguments with mn_out<I>(io) / mn_in<I>(io): a plain float pointer for fp32 storage, so an
+// fp32 kernel is the same code it always was, or a pointer-like view that converts each
+// element as it is read (exactly) and written (rounded to nearest even). Arithmetic stays
+// float: only loads and stores change.
+template <unsigned SM> struct mn_io : mn_ptrs {
+  static constexpr unsigned storage_mask = SM;
+};
+template <class IO, int I> struct mn_io_storage {
+  static constexpr int value =
+      (int)((IO::storage_mask >> (MN_DEV_STORAGE_BITS * I)) & ((1u << MN_DEV_STORAGE_BITS) - 1u));
+};
+template <int I> struct mn_io_storage<mn_ptrs, I> {
+  static constexpr int value = MN_DEV_F32;
+};
+
+template <int S> __device__ __forceinline__ float mn_lp_load(unsigned short h) {
+  if constexpr (S == MN_DEV_BF16) {
+    return __uint_as_float((unsigned)h << 16);
+  } else {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+}
+template <int S> __device__ __forceinline__ unsigned short mn_lp_round(float v) {
+  unsigned short h;
+  if constexpr (S == MN_DEV_BF16)
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+}
+// Two values rounded into one 32-bit word, lo in the low half (one instruction for bf16).
+template <int S> __device__ __forceinline__ unsigned mn_lp_round2(float lo, float hi) {
+  unsigned r;
+  if constexpr (S == MN_DEV_BF16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// One stored low-precision element, read and assigned as a float.
+template <int S> struct mn_lp_ref {
+  unsigned short *p;
+  __device__ __forceinline__ operator float() const { return mn_lp_load<S>(*p); }
+  __device__ __forceinline__ mn_lp_ref &operator=(float v) {
+    *p = mn_lp_round<S>(v);
+    return *this;
+  }
+  __device__ __forceinline__ mn_lp_ref &operator=(const mn_lp_ref &o) { return *this = (float)o; }
+  __device__ __forceinline__ mn_lp_ref &operator+=(float v) { return *this = (float)*this + v; }
+  __device__ __forceinline__ mn_lp_ref &operator-=(float v) { return *this = (float)*this - v; }
+  __device__ __forceinline__ mn_lp_ref &operator*=(float v) { return *this = (float)*this * v; }
+};
+
+// A pointer to low-precision elements; C: read-only.
+template <int S, bool C> struct mn_lp_ptr {
+  unsigned short *p;
+  __device__ __forceinline__ auto operator[](long long i) const {
+    if constexpr (C)
+      return mn_lp_load<S>(p[i]);
+    else
+      return mn_lp_ref<S>{p + i};
+  }
+  __device__ __forceinline__ auto operator*() const { return (*this)[0]; }
+  __device__ __forceinline__ mn_lp_ptr operator+(long long i) const { return {p + i}; }
+  __device__ __forceinline__ mn_lp_ptr operator-(long long i) const { return {p - i}; }
+  __device__ __forceinline__ mn_lp_ptr &operator+=(long long i) {
+    p += i;
+    return *this;
+  }
+  __device__ __forceinline__ mn_lp_ptr &operator-=(long long i) {
+    p -= i;
+    return *this;
+  }
+  __device__ __forceinline__ operator mn_lp_ptr<S, true>() const { return {p}; }
+  __device__ __forceinline__ explicit operator bool() const { return p != nullptr; }
+};
+
+template <int S, bool C> struct mn_fptr_sel {
+  using type = mn_lp_ptr<S, C>;
+};
+template <> struct mn_fptr_sel<MN_DEV_F32, false> {
+  using type = float *;
+};
+template <> struct mn_fptr_sel<MN_DEV_F32, true> {
+  using type = const float *;
+};
+// The pointer type of float values stored as S: float * for fp32.
+template <int S> using mn_fptr = typename mn_fptr_sel<S, false>::type;
+template <int S> using mn_cfptr = typename mn_fptr_sel<S, true>::type;
+
+// A typed view of a raw pointer to values stored as S.
+template <int S, bool C> __device__ __forceinline__ auto mn_fptr_of(void *p) {
+  if constexpr (S != MN_DEV_F32)
+    return mn_lp_ptr<S, C>{static_cast<unsigned short *>(p)};
+  else if constexpr (C)
+    return static_cast<const float *>(p);
+  else
+    return static_cast<float *>(p);
+}
+
+// Float argument I of a launch, writable (mn_out) or read-only (mn_in).
+template <int I, class IO> __device__ __forceinline__ auto mn_out(const IO &io) {
+  return mn_fptr_of<mn_io_storage<IO, I>::value, false>(io.p[I]);
+}
+template <int I, class IO> __device__ __forceinline__ auto mn_in(const IO &io) {
+  return mn_fptr_of<mn_io_storage<IO, I>::value, true>(io.p[I]);
+}
+
+// Four consecutive elements 4q .. 4q+3 (16-byte aligned for fp32, 8-byte for low precision).
+__device__ __forceinline__ float4 mn_ld4(const float *p, long long q) {
+  return reinterpret_cast<const float4 *>(p)[q];
+}
+template <int S, bool C> __device__ __forceinline__ float4 mn_ld4(mn_lp_ptr<S, C> p, long long q) {
+  const uint2 w = reinterpret_cast<const uint2 *>(p.p)[q];
+  return make_float4(mn_lp_load<S>((unsigned short)(w.x & 0xffffu)),
+                     mn_lp_load<S>((unsigned short)(w.x >> 16)),
+                     mn_lp_load<S>((unsigned short)(w.y & 0xffffu)),
+                     mn_lp_load<S>((unsigned short)(w.y >> 16)));
+}
+__device__ __forceinline__ void mn_st4(float *p, long long q, float4 v) {
+  reinterpret_cast<float4 *>(p)[q] = v;
+}
+template <int S> __device__ __forceinline__ void mn_st4(mn_lp_ptr<S, false> p, long long q, float4 v) {
+  reinterpret_cast<uint2 *>(p.p)[q] = make_uint2(mn_lp_round2<S>(v.x, v.y), mn_lp_round2<S>(v.z, v.w));
+}
+
 // Records a failure unless one is recorded already: the first one is reported.
 __device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, unsigned int node,
                                           long long value, long long position, long long limit) {
@@ -91,6 +224,33 @@ template <int VEC> __device__ __forceinline__ void mn_st_vec(float *p, const flo
     *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
   else
     *p = v[0];
+}
+
+// The same for low-precision storage: VEC elements of 2 bytes (an aligned 2-, 4- or 8-byte access).
+template <int VEC, int S, bool C>
+__device__ __forceinline__ void mn_ld_vec(mn_lp_ptr<S, C> p, float *v) {
+  if constexpr (VEC == 4) {
+    const float4 t = mn_ld4(p, 0);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  } else if constexpr (VEC == 2) {
+    const unsigned w = *reinterpret_cast<const unsigned *>(p.p);
+    v[0] = mn_lp_load<S>((unsigned short)(w & 0xffffu));
+    v[1] = mn_lp_load<S>((unsigned short)(w >> 16));
+  } else {
+    v[0] = p[0];
+  }
+}
+
+template <int VEC, int S> __device__ __forceinline__ void mn_st_vec(mn_lp_ptr<S, false> p, const float *v) {
+  if constexpr (VEC == 4)
+    mn_st4(p, 0, make_float4(v[0], v[1], v[2], v[3]));
+  else if constexpr (VEC == 2)
+    *reinterpret_cast<unsigned *>(p.p) = mn_lp_round2<S>(v[0], v[1]);
+  else
+    p[0] = v[0];
 }
 
 // Grid-stride loop over [0, n) for 1-D launches.

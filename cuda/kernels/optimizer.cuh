@@ -41,8 +41,11 @@ template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io
 }
 
 // io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping),
-// the error record: after a failed kernel (NaN rows) nothing is updated.
-template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(const mn_ptrs &io) {
+// the error record: after a failed kernel (NaN rows) nothing is updated. In a low-precision
+// session io.p[7] is the weights' low-precision copy, written in the same pass.
+template <int BLOCK, long long N, int PARTIALS, class IO> __device__ void mn_opt_update(const IO &io) {
+  constexpr bool LOW = mn_io_storage<IO, 7>::value != MN_DEV_F32;
+  auto lw = mn_out<7>(io);
   float *w = mn_arg<float>(io, 0);
   float *g = mn_arg<float>(io, 1);
   float *m = mn_arg<float>(io, 2);
@@ -74,7 +77,9 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
     MN_FOR_EACH(i, N) {
       float gi = clip ? (float)(g[i] * coef) : g[i];
       if (clip) g[i] = gi;
-      w[i] = (float)(w[i] - lr * gi);
+      const float nw = (float)(w[i] - lr * gi);
+      w[i] = nw;
+      if constexpr (LOW) lw[i] = nw;
     }
     return;
   }
@@ -91,6 +96,8 @@ template <int BLOCK, long long N, int PARTIALS> __device__ void mn_opt_update(co
     m[i] = mf;
     v[i] = vf;
     double denom = sqrt((double)vf) / bc2_sqrt + eps;
-    w[i] = (float)(w[i] * decay - step_size * mf / denom);
+    const float nw = (float)(w[i] * decay - step_size * mf / denom);
+    w[i] = nw;
+    if constexpr (LOW) lw[i] = nw;
   }
 }

@@ -64,3 +64,12 @@ template <long long N, long long NCOL> __device__ void mn_pw_add_row(const mn_pt
     MN_FOR_EACH(i, N) { out[i] = x[i] + row[i % NCOL]; }
   }
 }
+
+// out[i] = in[i] between storage types (fp32 to bf16 / fp16 rounds to nearest even).
+template <long long N, class IO> __device__ void mn_convert(const IO &io) {
+  auto out = mn_out<0>(io);
+  auto in = mn_in<1>(io);
+  constexpr long long NQ = N / 4;
+  MN_FOR_EACH(q, NQ) { mn_st4(out, q, mn_ld4(in, q)); }
+  MN_FOR_EACH(i, N - NQ * 4) { out[NQ * 4 + i] = in[NQ * 4 + i]; }
+}

@@ -1,0 +1,127 @@
+/* The CUDA side of mixed precision (host/storage.h, docs/precision.md) that is not a kernel:
+ * the weights' low-precision copy that matrix products read, the staging region for other
+ * fp32 product operands, and host conversions of buffers stored in 2 bytes.
+ *
+ * The copy of the parameters that have a gradient lies as the update block does (byte
+ * offset / 2), so the optimizer writes it in the same pass as the fp32 master weights; the
+ * other parameters follow. Outside the optimizer a parameter changes only when the host
+ * writes it, so a write marks the copies stale and the next step refreshes them before it
+ * launches the graph. A session that reads another session's parameters cannot see when
+ * they change and refreshes every step. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_state.h"
+#include "host/error.h"
+#include "host/storage.h"
+#include "session/session.h"
+
+static bool low(const mn_session *s) { return mn_cu_low_storage(s->plan) != MN_DEV_F32; }
+
+mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
+  const mn_plan *p = s->plan;
+  if (!low(s)) return MN_OK;
+  st->shadow_kernel = malloc((p->num_buffers ? p->num_buffers : 1) * sizeof *st->shadow_kernel);
+  if (!st->shadow_kernel) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .node = p->graph->nodes};
+  unsigned storage = (unsigned)mn_cu_low_storage(p);
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    st->shadow_kernel[b] = -1;
+    if (p->buffers[b].role != MN_BUF_PARAMETER) continue;
+    long long n = mn_tensor_type_numel(&p->graph->nodes[p->buffers[b].node].type);
+    int k = mn_cu_kernel(&c, 256, "mn_convert<%lldLL>", n);
+    if (k >= 0) k = mn_cu_instance(&st->prog, k, storage);
+    if (k < 0) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+    st->shadow_kernel[b] = k;
+  }
+  return MN_OK;
+}
+
+mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {
+  const mn_plan *p = s->plan;
+  if (!low(s)) return MN_OK;
+  st->shadow_at = malloc((p->num_buffers ? p->num_buffers : 1) * sizeof *st->shadow_at);
+  if (!st->shadow_at) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  size_t end = p->update_bytes / 2;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    st->shadow_at[b] = SIZE_MAX;
+    if (d->role != MN_BUF_PARAMETER) continue;
+    size_t half = (d->bytes / 2 + 255) / 256 * 256;
+    bool in_block = d->offset >= p->update_params_offset &&
+                    d->offset < p->update_params_offset + p->update_bytes;
+    if (in_block) {
+      st->shadow_at[b] = (d->offset - p->update_params_offset) / 2;
+    } else {
+      st->shadow_at[b] = end;
+      end += half;
+    }
+  }
+  mn_status rc = mn_cu_check(cudaMalloc((void **)&st->shadow, end ? end : 256),
+                             "the weights' low-precision copy");
+  if (rc == MN_OK && st->prog.stage_bytes)
+    rc = mn_cu_check(cudaMalloc((void **)&st->stage, st->prog.stage_bytes),
+                     "staging for product operands");
+  st->shadow_dirty = true;
+  return rc;
+}
+
+mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
+  const mn_plan *p = s->plan;
+  if (!low(s) || (!st->shadow_dirty && !s->shared)) return MN_OK;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    if (st->shadow_kernel[b] < 0) continue;
+    long long n = mn_tensor_type_numel(&p->graph->nodes[p->buffers[b].node].type);
+    mn_cu_arg dst = {.kind = MN_CU_ARG_SHADOW, .node = p->buffers[b].node};
+    mn_ptrs io = {{mn_cu_resolve(st, s, dst),
+                   mn_cu_resolve(st, s, mn_cu_node_arg(p->buffers[b].node))}};
+    long long blocks = ((n + 3) / 4 + 255) / 256;
+    dim3 grid = {(unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), 1, 1},
+         block = {256, 1, 1};
+    void *args[] = {&io};
+    mn_status rc = mn_cu_check(cudaLaunchKernel((const void *)st->kernels[st->shadow_kernel[b]],
+                                                grid, block, args, 0, st->stream),
+                               "refreshing the weights' low-precision copy");
+    if (rc != MN_OK) return rc;
+  }
+  st->shadow_dirty = false;
+  return MN_OK;
+}
+
+void mn_cu_low_free(cuda_state *st) {
+  cudaFree(st->shadow);
+  cudaFree(st->stage);
+  free(st->shadow_at);
+  free(st->shadow_kernel);
+  st->shadow = st->stage = NULL;
+  st->shadow_at = NULL;
+  st->shadow_kernel = NULL;
+}
+
+mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const float *src,
+                          size_t count) {
+  uint16_t *bits = malloc((count ? count : 1) * sizeof *bits);
+  if (!bits) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  for (size_t i = 0; i < count; i++)
+    bits[i] = mn_storage_bits(storage, src[i]);
+  mn_status rc = mn_cu_check(
+      cudaMemcpyAsync(dst, bits, count * sizeof *bits, cudaMemcpyHostToDevice, st->stream),
+      "copying to the device");
+  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+  free(bits);
+  return rc;
+}
+
+mn_status mn_cu_low_read(cuda_state *st, mn_dtype storage, const void *src, float *dst,
+                         size_t count) {
+  (void)st;
+  uint16_t *bits = malloc((count ? count : 1) * sizeof *bits);
+  if (!bits) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  mn_status rc = mn_cu_check(cudaMemcpy(bits, src, count * sizeof *bits, cudaMemcpyDeviceToHost),
+                             "copying from the device");
+  for (size_t i = 0; rc == MN_OK && i < count; i++)
+    dst[i] = mn_storage_value(storage, bits[i]);
+  free(bits);
+  return rc;
+}
