@@ -165,33 +165,38 @@ static mn_status convert(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, in
 
 /* A product operand in a low-precision session: a parameter is read through its
  * low-precision copy; any other fp32 value (an input, scratch) is rounded into the staging
- * region at byte *stage first. rows x cols with pitch ld (0: dense), `batch` of them. */
+ * region first. rows x cols with pitch ld (0: dense), `batch` of them. */
 static mn_status low_operand(const mn_cu_op_ctx *c, mn_cu_arg *a, int64_t rows, int64_t cols,
-                             int64_t ld, int64_t batch, int64_t stride, size_t *stage) {
+                             int64_t ld, int64_t batch, int64_t stride) {
   if (mn_cu_arg_storage(c->plan, *a) != MN_DEV_F32) return MN_OK;
   if (a->kind == MN_CU_ARG_NODE && mn_plan_buffer_of(c->plan, a->node)->role == MN_BUF_PARAMETER) {
     a->kind = MN_CU_ARG_SHADOW;
     return MN_OK;
   }
   int64_t extent = (batch > 1 ? (batch - 1) * stride : 0) + (rows - 1) * (ld ? ld : cols) + cols;
-  mn_cu_arg staged = {.kind = MN_CU_ARG_STAGE, .offset = *stage};
+  mn_cu_arg staged = mn_cu_stage(c, (size_t)extent * 2);
   mn_status st = convert(c, staged, *a, extent);
   *a = staged;
-  *stage += ((size_t)extent * 2 + 255) / 256 * 256;
-  if (*stage > c->prog->stage_bytes) c->prog->stage_bytes = *stage;
   return st;
+}
+
+mn_cu_arg mn_cu_stage(const mn_cu_op_ctx *c, size_t bytes) {
+  mn_cu_program *prog = c->prog;
+  mn_cu_arg a = {.kind = MN_CU_ARG_STAGE, .offset = prog->stage_cursor};
+  prog->stage_cursor += (bytes + 255) / 256 * 256;
+  if (prog->stage_cursor > prog->stage_bytes) prog->stage_bytes = prog->stage_cursor;
+  return a;
 }
 
 mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   mn_cu_matmul_desc mm = *d;
   if (mm.batch < 1) mm.batch = 1;
   if (mn_cu_low_storage(c->plan) != MN_DEV_F32) {
-    size_t stage = 0;
     mn_status st = low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k,
-                               mm.lda, mm.batch, mm.stride_a, &stage);
+                               mm.lda, mm.batch, mm.stride_a);
     if (st == MN_OK)
       st = low_operand(c, &mm.b, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb,
-                       mm.batch, mm.stride_b, &stage);
+                       mm.batch, mm.stride_b);
     if (st != MN_OK) return st;
   }
   mn_cu_cmd *cmd = append(c, MN_CU_CMD_MATMUL);
@@ -240,6 +245,7 @@ mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *
     const mn_node_rec *node = &p->graph->nodes[id];
     mn_cu_op_ctx c = {
         .prog = out, .plan = p, .g = p->graph, .id = id, .node = node, .allow_tf32 = allow_tf32};
+    out->stage_cursor = 0;
     mn_status st = mn_cu_lowerers[node->op](&c);
     if (st != MN_OK) {
       mn_cu_program_free(out);

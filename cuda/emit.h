@@ -126,6 +126,7 @@ typedef struct mn_cu_program {
   size_t num_generated, cap_generated;
   size_t scratch_bytes; /* largest scratch any dispatch asked for */
   size_t stage_bytes;   /* largest staging of rounded product operands */
+  size_t stage_cursor;  /* staging taken by the dispatch being lowered */
 } mn_cu_program;
 
 /* What a lowering function sees. */
@@ -167,6 +168,9 @@ mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t
  * order); returns the argument for offset 0 of it. */
 mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes);
 mn_status mn_cu_oom(const mn_cu_op_ctx *c);
+/* In a low-precision session: `bytes` of the staging region (stored in the session's low
+ * precision, like the values a product reads), for this dispatch only. */
+mn_cu_arg mn_cu_stage(const mn_cu_op_ctx *c, size_t bytes);
 
 /* How argument a stores float values: an mn_dev_storage. */
 int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a);

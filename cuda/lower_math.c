@@ -64,7 +64,10 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
   /* A is stored [k, m] here. */
   pad_plan pa = {k, m, (m + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH};
   if (!trans_a || !wants_pad(m, flops)) return mn_cu_matmul(c, &d);
-  mn_cu_arg padded = mn_cu_scratch(c, (size_t)pa.rows * (size_t)pa.pitch * sizeof(float));
+  /* A low-precision session pads straight into the low-precision staging the product reads. */
+  size_t cells = (size_t)pa.rows * (size_t)pa.pitch;
+  mn_cu_arg padded = mn_cu_low_storage(c->plan) != MN_DEV_F32 ? mn_cu_stage(c, cells * 2)
+                                                               : mn_cu_scratch(c, cells * sizeof(float));
   mn_status st = copy_rows(c, &pa, d.a, padded);
   d.a = padded;
   d.lda = pa.pitch;

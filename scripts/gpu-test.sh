@@ -132,7 +132,7 @@ if [ "$lm" = 1 ]; then
   fi
   step "language-model steps"
   for model in gpt2 smollm2; do
-    for flag in "" "--tf32" "--tf32 --no-optimize"; do
+    for flag in "" "--tf32" "--tf32 --no-optimize" "--precision bf16"; do
       "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
         echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
     done
