@@ -45,7 +45,8 @@ void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
   case MN_CU_ARG_NODE:
     return buffer_addr(st, s, s->plan->node_buffer[a.node]) + mn_cu_stored_offset(s->plan, a);
   case MN_CU_ARG_SHADOW:
-    return st->shadow + st->shadow_at[s->plan->node_buffer[a.node]] + mn_cu_stored_offset(s->plan, a);
+    return st->shadow + st->shadow_at[s->plan->node_buffer[a.node]] +
+           mn_cu_stored_offset(s->plan, a);
   case MN_CU_ARG_STAGE: return st->stage + a.offset;
   case MN_CU_ARG_SCRATCH: return st->scratch + a.offset;
   case MN_CU_ARG_ERROR: return &st->misc->error;

@@ -67,7 +67,6 @@ size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a) {
   return a.offset / 2;
 }
 
-
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
   char call[512];
   va_list ap;
@@ -192,8 +191,8 @@ mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   mn_cu_matmul_desc mm = *d;
   if (mm.batch < 1) mm.batch = 1;
   if (mn_cu_low_storage(c->plan) != MN_DEV_F32) {
-    mn_status st = low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k,
-                               mm.lda, mm.batch, mm.stride_a);
+    mn_status st = low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k, mm.lda,
+                               mm.batch, mm.stride_a);
     if (st == MN_OK)
       st = low_operand(c, &mm.b, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb,
                        mm.batch, mm.stride_b);
@@ -264,7 +263,8 @@ mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, boo
   *sumsq = mn_cu_kernel(&c, 256, "mn_opt_sumsq<256, %lldLL>", n);
   *update = mn_cu_kernel(&c, 256, "mn_opt_update<256, %lldLL, %d>", n, MN_CU_NORM_BLOCKS);
   if (*update >= 0 && mn_cu_low_storage(p) != MN_DEV_F32)
-    *update = mn_cu_instance(prog, *update, (unsigned)mn_cu_low_storage(p) << (MN_DEV_STORAGE_BITS * 7));
+    *update =
+        mn_cu_instance(prog, *update, (unsigned)mn_cu_low_storage(p) << (MN_DEV_STORAGE_BITS * 7));
   *accumulate = mn_cu_kernel(&c, 256, "mn_opt_accumulate<%lldLL>", n);
   if (*sumsq < 0 || *update < 0 || *accumulate < 0)
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
@@ -314,11 +314,10 @@ char *mn_cu_program_source(const mn_cu_program *prog) {
               prog->generated[i]);
   sb_append(&b, "// ---- instances\n");
   for (size_t i = 0; i < prog->num_kernels; i++)
-    sb_append(
-        &b,
-        "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { "
-        "%s(mn_io<0x%xu>{io}); }\n",
-        prog->kernels[i].block, i, prog->kernels[i].call, prog->kernels[i].storage);
+    sb_append(&b,
+              "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { "
+              "%s(mn_io<0x%xu>{io}); }\n",
+              prog->kernels[i].block, i, prog->kernels[i].call, prog->kernels[i].storage);
   if (b.failed) {
     free(b.s);
     return NULL;

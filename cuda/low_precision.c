@@ -74,10 +74,13 @@ mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
     if (st->shadow_kernel[b] < 0) continue;
     long long n = mn_tensor_type_numel(&p->graph->nodes[p->buffers[b].node].type);
     mn_cu_arg dst = {.kind = MN_CU_ARG_SHADOW, .node = p->buffers[b].node};
-    mn_ptrs io = {{mn_cu_resolve(st, s, dst),
-                   mn_cu_resolve(st, s, mn_cu_node_arg(p->buffers[b].node))}};
+    mn_ptrs io = {
+        {mn_cu_resolve(st, s, dst), mn_cu_resolve(st, s, mn_cu_node_arg(p->buffers[b].node))}};
     long long blocks = ((n + 3) / 4 + 255) / 256;
-    dim3 grid = {(unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), 1, 1},
+    dim3 grid = {(unsigned)(blocks < 1      ? 1
+                            : blocks > 4096 ? 4096
+                                            : blocks),
+                 1, 1},
          block = {256, 1, 1};
     void *args[] = {&io};
     mn_status rc = mn_cu_check(cudaLaunchKernel((const void *)st->kernels[st->shadow_kernel[b]],

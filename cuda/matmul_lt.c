@@ -24,9 +24,9 @@ static mn_status lt_check(cublasStatus_t s, const char *what) {
 /* A row-major [rows, cols] matrix seen column-major: cols x rows with leading dim cols. */
 static mn_status make_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows,
                              int64_t cols, int64_t batch, int64_t stride, int64_t pitch) {
-  mn_status rc = lt_check(cublasLtMatrixLayoutCreate(l, type, (uint64_t)cols, (uint64_t)rows,
-                                                     pitch ? pitch : cols),
-                          "layout");
+  mn_status rc = lt_check(
+      cublasLtMatrixLayoutCreate(l, type, (uint64_t)cols, (uint64_t)rows, pitch ? pitch : cols),
+      "layout");
   if (rc != MN_OK || batch <= 1) return rc;
   int32_t count = (int32_t)batch;
   rc = lt_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
@@ -168,9 +168,8 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
                              mn_cu_matmul_plan *mp) {
   const mn_cu_matmul_desc *d = &cmd->mm;
   cudaDataType_t ta = data_type(s, d->a), tb = data_type(s, d->b), tc = data_type(s, d->c);
-  cublasComputeType_t compute = s->options.allow_tf32 && ta == CUDA_R_32F
-                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                    : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t compute =
+      s->options.allow_tf32 && ta == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   mn_status rc = lt_check(cublasLtMatmulDescCreate(&mp->desc, compute, CUDA_R_32F), "descriptor");
   /* Operand 1 of cuBLASLt is our B, operand 2 our A. */
   cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;

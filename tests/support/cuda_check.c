@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "host/graph.h"
+#include "host/storage.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
 #ifdef MN_WITH_CUDA
@@ -24,24 +25,42 @@ void mn_test_require_cuda_device(void) {
   cr_skip_test("no CUDA device");
 }
 
-void mn_test_assert_compiles(const mn_graph *g, bool training) {
+void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_precision precision) {
 #ifdef MN_WITH_CUDA
   mn_session_options o = mn_session_options_default();
+  o.precision = precision;
   mn_plan *plan = NULL;
   mn_status st =
       training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
   cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
+  st = mn_plan_set_precision(plan, precision);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   mn_cu_binary bin;
   st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
   mn_plan_free(plan);
-  cr_assert_eq(st, MN_OK, "kernels do not compile: %s", mn_last_error());
+  cr_assert_eq(st, MN_OK, "%s kernels do not compile: %s", mn_test_precision_name(precision),
+               mn_last_error());
   cr_assert_gt(bin.size, 0u, "empty cubin");
   mn_cu_binary_free(&bin);
 #else
   (void)g;
   (void)training;
+  (void)precision;
   cr_skip_test("built without the CUDA backend");
 #endif
+}
+
+const char *mn_test_precision_name(mn_precision p) {
+  switch (p) {
+  case MN_PRECISION_BF16: return "bf16";
+  case MN_PRECISION_F16: return "f16";
+  default: return "f32";
+  }
+}
+
+void mn_test_assert_compiles(const mn_graph *g, bool training) {
+  mn_test_assert_compiles_precision(g, training, MN_PRECISION_F32);
+  mn_test_assert_compiles_precision(g, training, MN_PRECISION_BF16);
 }
 
 static const mn_test_range *range_of(const mn_test_range *ranges, const char *name) {
@@ -50,10 +69,12 @@ static const mn_test_range *range_of(const mn_test_range *ranges, const char *na
   return NULL;
 }
 
-static mn_session *build(const mn_graph *g, bool training, mn_backend backend, bool tf32) {
+static mn_session *build(const mn_graph *g, bool training, mn_backend backend, bool tf32,
+                         mn_precision precision) {
   mn_session_options o = mn_session_options_default();
   o.backend = backend;
   o.allow_tf32 = tf32;
+  o.precision = precision;
   mn_session *s = NULL;
   mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
   cr_assert_eq(st, MN_OK, "building the %s session failed: %s",
@@ -91,23 +112,26 @@ static void feed_both(const mn_graph *g, mn_session *cpu, mn_session *gpu,
   }
 }
 
-static double compare(const char *what, const float *got, const float *want, size_t n, double tol) {
+static double compare(const char *what, const float *got, const float *want, size_t n, double tol,
+                      mn_precision precision) {
   double err = mn_test_rel_err(got, want, n);
   size_t worst = 0;
   for (size_t k = 1; k < n; k++)
     if (!(fabsf(got[k] - want[k]) <= fabsf(got[worst] - want[worst]))) worst = k;
-  cr_assert(err <= tol, "%s: relative error %.3g > %.3g (element %zu: cuda %.9g, cpu %.9g)", what,
-            err, tol, worst, n ? (double)got[worst] : 0.0, n ? (double)want[worst] : 0.0);
+  cr_assert(err <= tol, "%s %s: relative error %.3g > %.3g (element %zu: cuda %.9g, cpu %.9g)",
+            mn_test_precision_name(precision), what, err, tol, worst, n ? (double)got[worst] : 0.0,
+            n ? (double)want[worst] : 0.0);
   return err;
 }
 
 static double compare_backends(const mn_graph *g, bool training, double tol,
-                               const mn_test_range *ranges, uint64_t seed, bool tf32) {
+                               const mn_test_range *ranges, uint64_t seed, bool tf32,
+                               mn_precision precision) {
   mn_test_require_cuda_device();
   double worst = 0;
 #ifdef MN_WITH_CUDA
-  mn_session *cpu = build(g, training, MN_BACKEND_CPU, false);
-  mn_session *gpu = build(g, training, MN_BACKEND_CUDA, tf32);
+  mn_session *cpu = build(g, training, MN_BACKEND_CPU, false, precision);
+  mn_session *gpu = build(g, training, MN_BACKEND_CUDA, tf32, precision);
   mn_rng rng = mn_rng_new(seed);
   feed_both(g, cpu, gpu, ranges, &rng);
   cr_assert_eq(mn_cuda_poison(gpu), MN_OK, "%s", mn_last_error());
@@ -123,7 +147,7 @@ static double compare_backends(const mn_graph *g, bool training, double tol,
     cr_assert_eq(mn_session_read_output_by_index(cpu, i, b, count), MN_OK, "%s", mn_last_error());
     char what[96];
     snprintf(what, sizeof what, "output %zu (%s)", i, mn_op_name(n->op));
-    double e = compare(what, a, b, count, tol);
+    double e = compare(what, a, b, count, tol, precision);
     worst = e > worst ? e : worst;
     free(a);
     free(b);
@@ -137,7 +161,7 @@ static double compare_backends(const mn_graph *g, bool training, double tol,
     cr_assert_eq(mn_session_read_grad(cpu, n->name, b, count), MN_OK, "%s", mn_last_error());
     char what[160];
     snprintf(what, sizeof what, "gradient of %s", n->name);
-    double e = compare(what, a, b, count, tol);
+    double e = compare(what, a, b, count, tol, precision);
     worst = e > worst ? e : worst;
     free(a);
     free(b);
@@ -145,20 +169,25 @@ static double compare_backends(const mn_graph *g, bool training, double tol,
   mn_session_free(cpu);
   mn_session_free(gpu);
 #else
-  (void)g, (void)training, (void)tol, (void)ranges, (void)seed, (void)tf32, (void)build,
-      (void)feed_both, (void)compare;
+  (void)g, (void)training, (void)tol, (void)ranges, (void)seed, (void)tf32, (void)precision,
+      (void)build, (void)feed_both, (void)compare;
 #endif
   return worst;
 }
 
 double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
                             const mn_test_range *ranges, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, seed, false);
+  return compare_backends(g, training, tol, ranges, seed, false, MN_PRECISION_F32);
+}
+
+double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_precision precision,
+                                      double tol, const mn_test_range *ranges, uint64_t seed) {
+  return compare_backends(g, training, tol, ranges, seed, false, precision);
 }
 
 double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
                                  const mn_test_range *ranges, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, seed, true);
+  return compare_backends(g, training, tol, ranges, seed, true, MN_PRECISION_F32);
 }
 
 bool mn_test_cuda_device_present(void) {
@@ -172,7 +201,9 @@ bool mn_test_cuda_device_present(void) {
 void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
                         uint64_t seed) {
   mn_test_assert_compiles(g, training);
-  if (mn_test_cuda_device_present()) mn_test_compare_cuda(g, training, 1e-5, ranges, seed);
+  if (!mn_test_cuda_device_present()) return;
+  mn_test_compare_cuda(g, training, 1e-5, ranges, seed);
+  mn_test_compare_cuda_precision(g, training, MN_PRECISION_BF16, MN_TEST_BF16_TOL, ranges, seed);
 }
 
 void mn_test_finish_training_graph(mn_graph *g, mn_node y) {

@@ -18,6 +18,9 @@ void mn_test_require_cuda_device(void);
  * every kernel for sm_90 with NVRTC, failing the test with the compiler log. Needs the
  * CUDA build but no device; call mn_test_require_cuda_build first. */
 void mn_test_assert_compiles(const mn_graph *g, bool training);
+/* The same for one precision (the check above does F32 and BF16). */
+void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_precision precision);
+const char *mn_test_precision_name(mn_precision p);
 
 /* Value range of one named leaf: F32 uniform in [lo, hi); U32 integers in [lo, hi).
  * Defaults: inputs F32 [-1, 1), parameters F32 [-0.5, 0.5), U32 [0, 2). */
@@ -37,11 +40,19 @@ double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
 double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
                                  const mn_test_range *ranges, uint64_t seed);
 
+/* The same in a low-precision session on both backends: the CPU emulates the storage table
+ * that the CUDA kernels obey, so they differ only where one rounding went the other way. */
+double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_precision precision,
+                                      double tol, const mn_test_range *ranges, uint64_t seed);
+/* Two bf16 units of roundoff (u = 2^-8, docs/precision.md), norm-wise: a stored value that
+ * rounds the other way is off by one ulp, at most 2u relative. */
+#define MN_TEST_BF16_TOL 0x1p-7
+
 /* True when this build has the CUDA backend and a device is usable. */
 bool mn_test_cuda_device_present(void);
 
-/* The op-suite routine: compiles g's kernels (no device needed) and, when a device is
- * usable, compares g on both backends at 1e-5. */
+/* The op-suite routine: compiles g's kernels in fp32 and bf16 (no device needed) and, when a
+ * device is usable, compares g on both backends at 1e-5, then in bf16 at MN_TEST_BF16_TOL. */
 void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
                         uint64_t seed);
 
