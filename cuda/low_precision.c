@@ -87,6 +87,7 @@ mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
                                                 grid, block, args, 0, st->stream),
                                "refreshing the weights' low-precision copy");
     if (rc != MN_OK) return rc;
+    st->submissions++;
   }
   st->shadow_dirty = false;
   return MN_OK;
