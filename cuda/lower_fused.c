@@ -15,7 +15,13 @@
  * element); the storer applies the epilogue to the row op's results and stores the node's
  * value and the other extra values. Pointwise results that the epilogue reads without
  * depending on the row op are computed again in the storer: they are the same function of
- * the same inputs, so they are the same bits. */
+ * the same inputs, so they are the same bits.
+ *
+ * Storage: the generated templates take `const IO &io` and reach every buffer through
+ * mn_out / mn_in (cuda/kernels/common.cuh), so each input, the node's value and each extra
+ * value may be stored as bf16 / fp16: values widen to float as they are loaded, the
+ * intermediates stay in float registers, and only stored values are rounded (once). Nothing
+ * the kernel stores is read back. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,13 +140,13 @@ static void element_function(text *t, const char *name, const mn_fused_prog *p, 
 }
 
 /* The node's output, inputs and extra values as out, in<k>, ex<k> (extra k at argument
- * ni + k, after the inputs). */
+ * ni + k, after the inputs): float pointers or low-precision views, by their storage. */
 static void pointers(text *t, const mn_fused_prog *p, int ni) {
-  put(t, "  float *out = mn_arg<float>(io, 0);\n");
+  put(t, "  auto out = mn_out<0>(io);\n");
   for (int k = 0; k < ni; k++)
-    put(t, "  const float *in%d = mn_arg<const float>(io, %d);\n", k, k + 1);
+    put(t, "  auto in%d = mn_in<%d>(io);\n", k, k + 1);
   for (int k = 1; k <= mn_fused_prog_num_extra(p); k++)
-    put(t, "  float *ex%d = mn_arg<float>(io, %d);\n", k, ni + k);
+    put(t, "  auto ex%d = mn_out<%d>(io);\n", k, ni + k);
 }
 
 /* ---- programs without a row op */
@@ -165,7 +171,7 @@ static void stores(text *t, const mn_fused_prog *p, int ni, const elem_fn *f, co
     char dst[16];
     snprintf(dst, sizeof dst, k ? "ex%d" : "out", k);
     if (vec)
-      put(t, "    reinterpret_cast<float4 *>(%s)[%s] = r%d;\n", dst, at, o);
+      put(t, "    mn_st4(%s, %s, r%d);\n", dst, at, o);
     else
       put(t, "      %s[%s] = r%d;\n", dst, at, o);
   }
@@ -176,12 +182,12 @@ static void pointwise_kernel(text *t, const mn_fused_prog *p, int ni) {
   add_out(p, ni, ni + p->num_instrs - 1, &f);
   for (int r = 0; r < p->num_instrs; r++)
     if (p->instrs[r].out) add_out(p, ni, ni + r, &f);
-  put(t, "template <long long N> __device__ void MN_GEN(const mn_ptrs &io) {\n");
+  put(t, "template <long long N, class IO> __device__ void MN_GEN(const IO &io) {\n");
   element_function(t, "f", p, ni, &f);
   pointers(t, p, ni);
   put(t, "  constexpr long long NQ = N / 4;\n  MN_FOR_EACH(q, NQ) {\n");
   for (int k = 0; k < ni; k++)
-    put(t, "    const float4 a%d = reinterpret_cast<const float4 *>(in%d)[q];\n", k, k);
+    put(t, "    const float4 a%d = mn_ld4(in%d, q);\n", k, k);
   for (int o = 0; o < f.num_outs; o++)
     put(t, "    float4 r%d;\n", o);
   static const char *const comps[] = {".x", ".y", ".z", ".w"};
@@ -276,7 +282,7 @@ static void row_kernel(text *t, const mn_fused_prog *p, int ni, int row) {
     if (p->instrs[r].out && dep[r]) add_out(p, ni, ni + r, &epi);
 
   put(t, "template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool "
-         "CACHE>\n__device__ void MN_GEN(const mn_ptrs &io) {\n");
+         "CACHE, class IO>\n__device__ void MN_GEN(const IO &io) {\n");
   element_function(t, "pro", p, ni, &pro);
   element_function(t, "epi", p, ni, &epi);
   pointers(t, p, ni);

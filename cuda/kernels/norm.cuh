@@ -22,6 +22,11 @@
 //     prologue writes the values it must also store then; other calls only recompute.
 //   store(e, o): the VEC results at element e.
 // The plain kernels load x and dy from memory and store the results.
+//
+// Storage: every float argument is read through mn_in / written through mn_out (common.cuh),
+// so x, dy, the weight, the bias and the outputs may be bf16 / fp16. The statistics and every
+// sum are formed in double from the values as stored, and each output is rounded once when
+// it is stored; nothing a kernel stores is read back.
 
 // This thread's index within its row's group.
 template <int BLOCK> __device__ __forceinline__ int mn_norm_t() {
@@ -39,9 +44,9 @@ template <int BLOCK> __device__ __forceinline__ double mn_norm_sum(double v, dou
 
 // Slot k of this thread's share of a row: from the register cache when CACHE, else from
 // memory.
-template <int VEC, bool CACHE>
-__device__ __forceinline__ void mn_norm_get(const float *cache, int k, const float *row,
-                                            long long j, float *v) {
+template <int VEC, bool CACHE, class P>
+__device__ __forceinline__ void mn_norm_get(const float *cache, int k, P row, long long j,
+                                            float *v) {
   if constexpr (CACHE) {
 #pragma unroll
     for (int e = 0; e < VEC; e++)
@@ -52,8 +57,8 @@ __device__ __forceinline__ void mn_norm_get(const float *cache, int k, const flo
 }
 
 // Loads this thread's share of a row into the cache (nothing when !CACHE).
-template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE>
-__device__ __forceinline__ void mn_norm_fill(float *cache, const float *row) {
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, class P>
+__device__ __forceinline__ void mn_norm_fill(float *cache, P row) {
   if constexpr (CACHE) {
     constexpr long long NV = N / VEC;
 #pragma unroll
@@ -121,13 +126,12 @@ template <int BLOCK, int RPB, long long ROWS> __device__ __forceinline__ long lo
 }
 
 // Forward over a loader and a storer (above): ROWS rows, RPB per block (RPB > 1 only with
-// BLOCK 32); w the weight, b the bias (CENTER only).
+// BLOCK 32); w the weight, b the bias (CENTER only; any pointer, or nullptr, otherwise).
 //   rms_norm:   out = x * inv * w
 //   layer_norm: out = (x - mean) * inv * w + b
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS, typename L, typename S>
-__device__ __forceinline__ void mn_norm_fwd_with(const float *w, const float *b, L &&load,
-                                                 S &&store) {
+          bool CENTER, unsigned EPS_BITS, class W, class B, typename L, typename S>
+__device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) {
   __shared__ double sh[32];
   constexpr long long NV = N / VEC;
   const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
@@ -178,12 +182,12 @@ __device__ __forceinline__ void mn_norm_fwd_with(const float *w, const float *b,
 
 // Forward. p[0] x, p[1] weight, p[2] bias (CENTER only), p[3] out.
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS>
-__device__ void mn_norm_fwd(const mn_ptrs &io) {
-  const float *x = mn_arg<const float>(io, 0);
-  float *out = mn_arg<float>(io, 3);
+          bool CENTER, unsigned EPS_BITS, class IO>
+__device__ void mn_norm_fwd(const IO &io) {
+  auto x = mn_in<0>(io);
+  auto out = mn_out<3>(io);
   mn_norm_fwd_with<BLOCK, RPB, ROWS, VEC, N, ITEMS, CACHE, CENTER, EPS_BITS>(
-      mn_arg<const float>(io, 1), mn_arg<const float>(io, 2),
+      mn_in<1>(io), mn_in<2>(io),
       [&](long long e, float *v, float *, bool) { mn_ld_vec<VEC>(x + e, v); },
       [&](long long e, const float *o) { mn_st_vec<VEC>(out + e, o); });
 }
@@ -192,8 +196,8 @@ __device__ void mn_norm_fwd(const mn_ptrs &io) {
 // g = dy * w and x_hat = (x - mean) * inv: dx = inv * (g - mean(g) - x_hat * mean(g *
 // x_hat)), without the mean(g) term for rms_norm (its x_hat is not centered).
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS, typename L, typename S>
-__device__ __forceinline__ void mn_norm_grad_x_with(const float *w, L &&load, S &&store) {
+          bool CENTER, unsigned EPS_BITS, class W, typename L, typename S>
+__device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
   __shared__ double sh[32];
   constexpr long long NV = N / VEC;
   const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
@@ -263,12 +267,13 @@ __device__ __forceinline__ void mn_norm_grad_x_with(const float *w, L &&load, S 
 
 // x gradient. p[0] x, p[1] weight, p[2] dy, p[3] dx.
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
-          bool CENTER, unsigned EPS_BITS>
-__device__ void mn_norm_grad_x(const mn_ptrs &io) {
-  const float *x = mn_arg<const float>(io, 0), *dy = mn_arg<const float>(io, 2);
-  float *dx = mn_arg<float>(io, 3);
+          bool CENTER, unsigned EPS_BITS, class IO>
+__device__ void mn_norm_grad_x(const IO &io) {
+  auto x = mn_in<0>(io);
+  auto dy = mn_in<2>(io);
+  auto dx = mn_out<3>(io);
   mn_norm_grad_x_with<BLOCK, RPB, ROWS, VEC, N, ITEMS, CACHE, CENTER, EPS_BITS>(
-      mn_arg<const float>(io, 1),
+      mn_in<1>(io),
       [&](long long e, float *a, float *d, bool) {
         mn_ld_vec<VEC>(x + e, a);
         mn_ld_vec<VEC>(dy + e, d);
@@ -281,11 +286,12 @@ __device__ void mn_norm_grad_x(const mn_ptrs &io) {
 // p[2][c * N + i] (scratch). p[0] x, p[1] dy. A fixed split and a fixed order in pass 2
 // make the result deterministic (no atomics).
 template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, unsigned EPS_BITS,
-          long long ROWS, long long CHUNK>
-__device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
+          long long ROWS, long long CHUNK, class IO>
+__device__ void mn_norm_grad_w_partial(const IO &io) {
   __shared__ double sh[32];
   constexpr long long NV = N / VEC;
-  const float *x0 = mn_arg<const float>(io, 0), *dy0 = mn_arg<const float>(io, 1);
+  const auto x0 = mn_in<0>(io);
+  const auto dy0 = mn_in<1>(io);
   double *part = mn_arg<double>(io, 2) + (long long)blockIdx.x * N;
   const double eps = (double)__int_as_float((int)EPS_BITS);
   // Column accumulators stay in registers for rows that fit the cache; wider rows spill
@@ -297,7 +303,8 @@ __device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
   const long long r0 = (long long)blockIdx.x * CHUNK;
   const long long r1 = r0 + CHUNK < ROWS ? r0 + CHUNK : ROWS;
   for (long long r = r0; r < r1; r++) {
-    const float *x = x0 + r * N, *dy = dy0 + r * N;
+    const auto x = x0 + r * N;
+    const auto dy = dy0 + r * N;
     float xc[CACHE ? ITEMS * VEC : 1];
     mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
     double mean, inv;
@@ -330,9 +337,9 @@ __device__ void mn_norm_grad_w_partial(const mn_ptrs &io) {
 
 // Weight gradient, pass 2 of 2: dw[i] = sum over the CHUNKS partials of column i, in
 // chunk order. p[0] partials (scratch, double), p[1] dw.
-template <long long N, int CHUNKS> __device__ void mn_norm_grad_w_sum(const mn_ptrs &io) {
+template <long long N, int CHUNKS, class IO> __device__ void mn_norm_grad_w_sum(const IO &io) {
   const double *part = mn_arg<const double>(io, 0);
-  float *dw = mn_arg<float>(io, 1);
+  auto dw = mn_out<1>(io);
   MN_FOR_EACH(i, N) {
     double s = 0.0;
     for (int c = 0; c < CHUNKS; c++)

@@ -2,6 +2,11 @@
 // results are deterministic), softmax and log_softmax over the last axis with their
 // gradients (a group of G threads per row: one warp, or the whole block), and the
 // column sums of sum_rows.
+//
+// Storage: every float argument is read through mn_in / written through mn_out (common.cuh),
+// so inputs and outputs may be bf16 / fp16 (a loss or a scalar is fp32 by the storage table).
+// Sums and row statistics are formed in float / double from the values as stored, and each
+// output is rounded once when it is stored; no kernel reads back what it stored.
 
 enum mn_red_code {
   MN_RED_SUM = 1,
@@ -44,16 +49,17 @@ template <int OP, long long N> __device__ __forceinline__ float mn_red_finish(do
 // Pass 1: each block sums a grid-strided share of the N terms (a in p[1], b in p[2]
 // when the op has a second operand) and writes its double partial to p[0][blockIdx.x],
 // or, when DIRECT (one block), the finished scalar to the float p[0][0].
-template <int OP, long long N, int BLOCK, bool DIRECT>
-__device__ void mn_red_all_partial(const mn_ptrs &io) {
+template <int OP, long long N, int BLOCK, bool DIRECT, class IO>
+__device__ void mn_red_all_partial(const IO &io) {
   __shared__ double sh[32];
   constexpr bool TWO = OP == MN_RED_MSE || OP == MN_RED_L1 || OP == MN_RED_BCE;
-  const float *a = mn_arg<const float>(io, 1), *b = mn_arg<const float>(io, 2);
+  const auto a = mn_in<1>(io);
+  const auto b = mn_in<2>(io);
   double acc = 0.0;
   constexpr long long NQ = N / 4;
   MN_FOR_EACH(q, NQ) {
-    float4 va = reinterpret_cast<const float4 *>(a)[q], vb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if constexpr (TWO) vb = reinterpret_cast<const float4 *>(b)[q];
+    float4 va = mn_ld4(a, q), vb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (TWO) vb = mn_ld4(b, q);
     acc += mn_red_term<OP>(va.x, vb.x) + mn_red_term<OP>(va.y, vb.y) + mn_red_term<OP>(va.z, vb.z) +
            mn_red_term<OP>(va.w, vb.w);
   }
@@ -64,7 +70,7 @@ __device__ void mn_red_all_partial(const mn_ptrs &io) {
   acc = mn_block_sum_d<BLOCK>(acc, sh);
   if (threadIdx.x == 0) {
     if constexpr (DIRECT)
-      mn_arg<float>(io, 0)[0] = mn_red_finish<OP, N>(acc);
+      mn_out<0>(io)[0] = mn_red_finish<OP, N>(acc);
     else
       mn_arg<double>(io, 0)[blockIdx.x] = acc;
   }
@@ -72,15 +78,15 @@ __device__ void mn_red_all_partial(const mn_ptrs &io) {
 
 // Pass 2, one block: sums NPART double partials (p[1]) in a fixed order into the
 // scalar p[0][0]; N is the element count the mean divides by.
-template <int OP, long long N, long long NPART, int BLOCK>
-__device__ void mn_red_all_final(const mn_ptrs &io) {
+template <int OP, long long N, long long NPART, int BLOCK, class IO>
+__device__ void mn_red_all_final(const IO &io) {
   __shared__ double sh[32];
   const double *part = mn_arg<const double>(io, 1);
   double acc = 0.0;
   for (long long i = threadIdx.x; i < NPART; i += BLOCK)
     acc += part[i];
   acc = mn_block_sum_d<BLOCK>(acc, sh);
-  if (threadIdx.x == 0) mn_arg<float>(io, 0)[0] = mn_red_finish<OP, N>(acc);
+  if (threadIdx.x == 0) mn_out<0>(io)[0] = mn_red_finish<OP, N>(acc);
 }
 
 // Row groups: G threads per row (G == 32: a warp per row, BLOCK / 32 rows per block,
@@ -107,26 +113,38 @@ template <int G> __device__ __forceinline__ float mn_red_gmax(float v, float *sh
 // latency-bound otherwise), then a scalar tail. b (read when TWO) and any output row
 // written by f must share a's alignment, as rows at one offset of 256-byte aligned
 // buffers do. G >= 4, so the head and tail (at most 3 each) take one step.
-template <int G, long long N, bool TWO, typename F>
-__device__ __forceinline__ void mn_red_row_each(const float *a, const float *b, int lane, F &&f) {
+//
+// a, b and the output rows are fp32 pointers or low-precision views (common.cuh); a quad is
+// 4 elements either way (16 bytes of fp32, 8 of bf16 / fp16), and rows at one element offset
+// of 256-byte aligned buffers are misaligned by the same number of elements in any storage.
+__device__ __forceinline__ long long mn_red_misalign(const float *p) {
+  return (long long)((reinterpret_cast<unsigned long long>(p) >> 2) & 3);
+}
+template <int S, bool C> __device__ __forceinline__ long long mn_red_misalign(mn_lp_ptr<S, C> p) {
+  return (long long)((reinterpret_cast<unsigned long long>(p.p) >> 1) & 3);
+}
+
+template <int G, long long N, bool TWO, class A, class B, typename F>
+__device__ __forceinline__ void mn_red_row_each(A a, B b, int lane, F &&f) {
   const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const long long mis = (long long)((reinterpret_cast<unsigned long long>(a) >> 2) & 3);
+  const long long mis = mn_red_misalign(a);
   const long long head = ((4 - mis) & 3) < N ? ((4 - mis) & 3) : N;
   if (lane < head)
     f((long long)lane, make_float4(a[lane], 0.0f, 0.0f, 0.0f),
       make_float4(TWO ? b[lane] : 0.0f, 0.0f, 0.0f, 0.0f), 1);
   const long long nq = (N - head) >> 2;
-  const float4 *a4 = reinterpret_cast<const float4 *>(a + head);
-  const float4 *b4 = reinterpret_cast<const float4 *>(TWO ? b + head : a + head);
+  const auto a4 = a + head;
+  const auto b4 = b + (TWO ? head : 0);
   long long q = lane;
   for (; q + 3 * G < nq; q += 4 * G) {
-    float4 x0 = a4[q], x1 = a4[q + G], x2 = a4[q + 2 * G], x3 = a4[q + 3 * G];
+    float4 x0 = mn_ld4(a4, q), x1 = mn_ld4(a4, q + G), x2 = mn_ld4(a4, q + 2 * G),
+           x3 = mn_ld4(a4, q + 3 * G);
     float4 y0 = z, y1 = z, y2 = z, y3 = z;
     if constexpr (TWO) {
-      y0 = b4[q];
-      y1 = b4[q + G];
-      y2 = b4[q + 2 * G];
-      y3 = b4[q + 3 * G];
+      y0 = mn_ld4(b4, q);
+      y1 = mn_ld4(b4, q + G);
+      y2 = mn_ld4(b4, q + 2 * G);
+      y3 = mn_ld4(b4, q + 3 * G);
     }
     f(head + 4 * q, x0, y0, 4);
     f(head + 4 * (q + G), x1, y1, 4);
@@ -135,8 +153,8 @@ __device__ __forceinline__ void mn_red_row_each(const float *a, const float *b, 
   }
   for (; q < nq; q += G) {
     float4 y = z;
-    if constexpr (TWO) y = b4[q];
-    f(head + 4 * q, a4[q], y, 4);
+    if constexpr (TWO) y = mn_ld4(b4, q);
+    f(head + 4 * q, mn_ld4(a4, q), y, 4);
   }
   const long long t = head + 4 * nq + lane;
   if (t < N)
@@ -149,11 +167,11 @@ template <typename Op> __device__ __forceinline__ float4 mn_red_map4(float4 v, i
   return w == 4 ? make_float4(op(v.x), op(v.y), op(v.z), op(v.w))
                 : make_float4(op(v.x), 0.0f, 0.0f, 0.0f);
 }
-__device__ __forceinline__ void mn_red_store(float *p, float4 v, int w) {
+template <class P> __device__ __forceinline__ void mn_red_store(P p, float4 v, int w) {
   if (w == 4)
-    *reinterpret_cast<float4 *>(p) = v;
+    mn_st4(p, 0, v);
   else
-    *p = v.x;
+    p[0] = v.x;
 }
 __device__ __forceinline__ float mn_red_sum4(float4 v, int w) {
   return w == 4 ? (v.x + v.y) + (v.z + v.w) : v.x;
@@ -178,8 +196,8 @@ __device__ __forceinline__ void mn_red_online(float4 v, int w, float &m, float &
 
 // A row's max and log(sum(exp(x - max))) (the reference's row statistics), every
 // thread of the group getting both.
-template <int G, long long N>
-__device__ __forceinline__ void mn_red_row_stats(const float *x, int lane, float *sh, float &max,
+template <int G, long long N, class P>
+__device__ __forceinline__ void mn_red_row_stats(P x, int lane, float *sh, float &max,
                                                  float &log_sum) {
   const float ninf = -__int_as_float(0x7f800000);
   float m = ninf, s = 0.0f;
@@ -192,14 +210,14 @@ __device__ __forceinline__ void mn_red_row_stats(const float *x, int lane, float
 
 // softmax (LOG false) or log_softmax (LOG true) of ROWS rows of N: p[0] out, p[1] x.
 // Like the reference, the log-probability is (x - max) - log_sum.
-template <bool LOG, int BLOCK, int G, long long ROWS, long long N>
-__device__ void mn_red_softmax(const mn_ptrs &io) {
+template <bool LOG, int BLOCK, int G, long long ROWS, long long N, class IO>
+__device__ void mn_red_softmax(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
-  const float *x = mn_arg<const float>(io, 1) + row * N;
-  float *o = mn_arg<float>(io, 0) + row * N;
+  const auto x = mn_in<1>(io) + row * N;
+  const auto o = mn_out<0>(io) + row * N;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   mn_red_row_each<G, N, false>(x, x, lane, [&](long long i, float4 v, float4, int w) {
@@ -215,14 +233,15 @@ __device__ void mn_red_softmax(const mn_ptrs &io) {
 
 // softmax_grad: y (dy - sum(dy y)); log_softmax_grad: dy - exp(y) sum(dy).
 // p[0] out, p[1] y (the forward output), p[2] dy.
-template <bool LOG, int BLOCK, int G, long long ROWS, long long N>
-__device__ void mn_red_softmax_grad(const mn_ptrs &io) {
+template <bool LOG, int BLOCK, int G, long long ROWS, long long N, class IO>
+__device__ void mn_red_softmax_grad(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
-  const float *y = mn_arg<const float>(io, 1) + row * N, *dy = mn_arg<const float>(io, 2) + row * N;
-  float *o = mn_arg<float>(io, 0) + row * N;
+  const auto y = mn_in<1>(io) + row * N;
+  const auto dy = mn_in<2>(io) + row * N;
+  const auto o = mn_out<0>(io) + row * N;
   float s = 0.0f;
   mn_red_row_each<G, N, true>(y, dy, lane, [&](long long, float4 a, float4 d, int w) {
     s += LOG ? mn_red_sum4(d, w)
@@ -245,11 +264,11 @@ __device__ void mn_red_softmax_grad(const mn_ptrs &io) {
 // block, four rows in flight at a time. CH == 1 writes the float result to p[0];
 // otherwise each chunk writes double partials p[0][chunk * NCOL + col] and
 // mn_red_sum_rows_final adds them in a fixed order.
-template <long long ROWS, long long NCOL, int CH, int BLOCK>
-__device__ void mn_red_sum_rows(const mn_ptrs &io) {
+template <long long ROWS, long long NCOL, int CH, int BLOCK, class IO>
+__device__ void mn_red_sum_rows(const IO &io) {
   const long long col = (long long)blockIdx.x * BLOCK + threadIdx.x;
   if (col >= NCOL) return;
-  const float *x = mn_arg<const float>(io, 1) + col;
+  const auto x = mn_in<1>(io) + col;
   const long long r0 = ROWS * blockIdx.y / CH, r1 = ROWS * (blockIdx.y + 1) / CH;
   double acc = 0.0;
   long long r = r0;
@@ -263,14 +282,14 @@ __device__ void mn_red_sum_rows(const mn_ptrs &io) {
   for (; r < r1; r++)
     acc += (double)x[r * NCOL];
   if constexpr (CH == 1)
-    mn_arg<float>(io, 0)[col] = (float)acc;
+    mn_out<0>(io)[col] = (float)acc;
   else
     mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
 }
 
 // The CH partials of each column: a block of 256 threads takes 32 columns, its 8 warps
 // each sum every 8th chunk, and one warp adds the 8 sums in order.
-template <long long NCOL, int CH> __device__ void mn_red_sum_rows_final(const mn_ptrs &io) {
+template <long long NCOL, int CH, class IO> __device__ void mn_red_sum_rows_final(const IO &io) {
   __shared__ double sh[8][33];
   const int c = threadIdx.x & 31, part = threadIdx.x >> 5;
   const long long col = (long long)blockIdx.x * 32 + c;
@@ -285,6 +304,6 @@ template <long long NCOL, int CH> __device__ void mn_red_sum_rows_final(const mn
     double t = 0.0;
     for (int k = 0; k < 8; k++)
       t += sh[k][c];
-    mn_arg<float>(io, 0)[col] = (float)t;
+    mn_out<0>(io)[col] = (float)t;
   }
 }

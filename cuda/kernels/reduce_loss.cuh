@@ -2,16 +2,21 @@
 // row statistics of reduce.cuh (which sorts, and so is compiled, before this file). The
 // losses write one double per row into scratch; mn_red_all_final then takes the mean in
 // a fixed order.
+//
+// Storage: logits, targets and the logits gradients may be bf16 / fp16 (mn_in / mn_out,
+// common.cuh); the row statistics and sums stay float / double, each gradient is rounded once
+// when stored, and the loss partials are double scratch.
 
 // cross_entropy_loss rows: p[0] partials (double [ROWS]) = -sum_c t log_softmax(x),
 // p[1] logits, p[2] target probabilities.
-template <int BLOCK, int G, long long ROWS, long long N>
-__device__ void mn_loss_ce_rows(const mn_ptrs &io) {
+template <int BLOCK, int G, long long ROWS, long long N, class IO>
+__device__ void mn_loss_ce_rows(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
-  const float *x = mn_arg<const float>(io, 1) + row * N, *t = mn_arg<const float>(io, 2) + row * N;
+  const auto x = mn_in<1>(io) + row * N;
+  const auto t = mn_in<2>(io) + row * N;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   float acc = 0.0f;
@@ -27,8 +32,8 @@ __device__ void mn_loss_ce_rows(const mn_ptrs &io) {
 // sparse_cross_entropy_loss rows: p[0] partials (double [ROWS]) = -log_softmax(x)[label],
 // p[1] logits, p[2] labels (u32 [ROWS]), p[3] the error record. A label >= N is reported
 // and its row's partial is NaN, so the loss is NaN; no logit outside the row is read.
-template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE>
-__device__ void mn_loss_sparse_ce_rows(const mn_ptrs &io) {
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, class IO>
+__device__ void mn_loss_sparse_ce_rows(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -42,7 +47,7 @@ __device__ void mn_loss_sparse_ce_rows(const mn_ptrs &io) {
     }
     return;
   }
-  const float *x = mn_arg<const float>(io, 1) + row * N;
+  const auto x = mn_in<1>(io) + row * N;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   if (lane == 0) part[row] = -(double)((x[label] - m) - ls);
@@ -50,15 +55,16 @@ __device__ void mn_loss_sparse_ce_rows(const mn_ptrs &io) {
 
 // cross_entropy_grad: dy[0]/ROWS * (softmax * sum_c t - t). p[0] out, p[1] logits,
 // p[2] targets, p[3] dy [1]. The target sum is kept: targets need not sum to one.
-template <int BLOCK, int G, long long ROWS, long long N>
-__device__ void mn_loss_ce_grad(const mn_ptrs &io) {
+template <int BLOCK, int G, long long ROWS, long long N, class IO>
+__device__ void mn_loss_ce_grad(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
-  const float *x = mn_arg<const float>(io, 1) + row * N, *t = mn_arg<const float>(io, 2) + row * N;
-  float *o = mn_arg<float>(io, 0) + row * N;
-  const float k = (float)((double)mn_arg<const float>(io, 3)[0] / (double)ROWS);
+  const auto x = mn_in<1>(io) + row * N;
+  const auto t = mn_in<2>(io) + row * N;
+  const auto o = mn_out<0>(io) + row * N;
+  const float k = (float)((double)mn_in<3>(io)[0] / (double)ROWS);
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   float ts = 0.0f;
@@ -77,22 +83,22 @@ __device__ void mn_loss_ce_grad(const mn_ptrs &io) {
 // sparse_cross_entropy_grad: dy[0]/ROWS * (softmax - onehot(label)). p[0] out,
 // p[1] logits, p[2] labels, p[3] dy [1], p[4] the error record. The labels are checked
 // again (the kernel may run without its forward): a bad row is reported and set to NaN.
-template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE>
-__device__ void mn_loss_sparse_ce_grad(const mn_ptrs &io) {
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, class IO>
+__device__ void mn_loss_sparse_ce_grad(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
   const unsigned label = mn_arg<const unsigned>(io, 2)[row];
-  float *o = mn_arg<float>(io, 0) + row * N;
+  const auto o = mn_out<0>(io) + row * N;
   if (label >= N) {
     if (lane == 0) mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
     return;
   }
-  const float *x = mn_arg<const float>(io, 1) + row * N;
-  const float k = (float)((double)mn_arg<const float>(io, 3)[0] / (double)ROWS);
+  const auto x = mn_in<1>(io) + row * N;
+  const float k = (float)((double)mn_in<3>(io)[0] / (double)ROWS);
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   const long long l = label;
