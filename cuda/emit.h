@@ -8,14 +8,16 @@
  *
  * Kernel instances: a kernel template in cuda/kernels/<area>.cuh is a device function
  *
- *   template <int N, ...> __device__ void mn_<name>(const mn_ptrs &io)
+ *   template <int N, ..., class IO> __device__ void mn_<name>(const IO &io)
  *
- * reading its pointers from io.p[0..] in the order the launch lists them. The emitter
- * wraps each distinct (call expression, block size) pair in
+ * reading its pointers from io.p[0..] in the order the launch lists them (float ones through
+ * mn_in / mn_out, kernels/common.cuh). The emitter wraps each distinct (call expression,
+ * block size, storage mask) in
  *
- *   extern "C" __global__ void __launch_bounds__(B) mn_kI(mn_ptrs io) { <call>(io); }
+ *   extern "C" __global__ void __launch_bounds__(B) mn_kI(mn_ptrs io) { <call>(mn_io<M>{io}); }
  *
- * so shapes are compile-time constants and identical instances are compiled once. */
+ * so shapes and storage types are compile-time constants and identical instances are
+ * compiled once. */
 #ifndef MN_CUDA_EMIT_H
 #define MN_CUDA_EMIT_H
 
@@ -150,7 +152,7 @@ int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
  * an mn_dev_storage), declared on first use; -1 when out of memory. */
 int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage);
 /* Declares an instance of generated code. `code` defines one kernel template named by
- * the macro MN_GEN, e.g. "template <long long N> __device__ void MN_GEN(const mn_ptrs &io)
+ * the macro MN_GEN, e.g. "template <long long N, class IO> __device__ void MN_GEN(const IO &io)
  * {..}"; each distinct text joins the translation unit once, as mn_gen<j>, after the
  * kernel sources (whose helpers it may call). The instance is the call mn_gen<j><targs>,
  * e.g. targs "<4096LL>". Returns the kernel index, or -1 when out of memory. */
