@@ -33,18 +33,18 @@ __device__ __forceinline__ float mn_attn_row_sum(float v) {
 __device__ __forceinline__ float mn_attn_neg_inf() { return -__int_as_float(0x7f800000); }
 
 // Copies rows first .. first + ROWS - 1 of one head (src: row 0 at the head's first column,
-// rows `stride` floats apart) into dst[r * LD + d]; rows at or past `count` and dims at or
-// past HD become zeros.
-template <int HD, int HDP, int ROWS, int LD>
-__device__ __forceinline__ void mn_attn_load(float *dst, const float *src, long long stride,
-                                             long long first, long long count) {
+// rows `stride` elements apart; a float pointer or a low-precision view) into dst[r * LD + d] as
+// floats; rows at or past `count` and dims at or past HD become zeros.
+template <int HD, int HDP, int ROWS, int LD, class P>
+__device__ __forceinline__ void mn_attn_load(float *dst, P src, long long stride, long long first,
+                                             long long count) {
   if constexpr (HD % 4 == 0) {
     constexpr int C4 = HDP / 4;
     for (int i = threadIdx.x; i < ROWS * C4; i += MN_ATTN_BLOCK) {
       const int r = i / C4, c = (i - r * C4) * 4;
       const long long row = first + r;
       float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (row < count && c < HD) v = *reinterpret_cast<const float4 *>(src + row * stride + c);
+      if (row < count && c < HD) v = mn_ld4(src + row * stride + c, 0);
       *reinterpret_cast<float4 *>(dst + r * LD + c) = v;
     }
   } else {
@@ -114,10 +114,10 @@ __device__ __forceinline__ void mn_attn_acc(float (&acc)[RM][DN4][4], const floa
   }
 }
 
-// Writes row `row` of a head's output (dst: row 0 at the head's first column) from the
-// lane's accumulator dims, times `mul`.
-template <int HD, int DN4>
-__device__ __forceinline__ void mn_attn_store_row(float *dst, const float (&acc)[DN4][4], float mul,
+// Writes row `row` of a head's output (dst: row 0 at the head's first column; a float pointer or
+// a low-precision view, each value rounded once) from the lane's accumulator dims, times `mul`.
+template <int HD, int DN4, class P>
+__device__ __forceinline__ void mn_attn_store_row(P dst, const float (&acc)[DN4][4], float mul,
                                                   int cg) {
 #pragma unroll
   for (int u = 0; u < DN4; u++) {
@@ -125,7 +125,7 @@ __device__ __forceinline__ void mn_attn_store_row(float *dst, const float (&acc)
     if constexpr (HD % 4 == 0) {
       if (d < HD) {
         float4 o = {acc[u][0] * mul, acc[u][1] * mul, acc[u][2] * mul, acc[u][3] * mul};
-        *reinterpret_cast<float4 *>(dst + d) = o;
+        mn_st4(dst + d, 0, o);
       }
     } else {
 #pragma unroll
@@ -158,16 +158,17 @@ template <long long T, int H> __device__ __forceinline__ long long mn_attn_sb(lo
 
 // A block over the query tile q0 .. q0 + BR - 1 of head h of batch b (grid (ceil(T / BR), H, B)):
 // qoff, where the head's rows start in q, dy and the output, and its kv head's K and V (row 0 of
-// each).
-struct mn_attn_qtile {
+// each; PK, PV: the pointer types of arguments 1 and 2, mn_in).
+template <class PK, class PV> struct mn_attn_qtile {
   long long q0, b;
   int h;
   long long qoff;
-  const float *kb, *vb;
+  PK kb;
+  PV vb;
 };
-template <int BR, int HD, long long T, long long S, int H, int KVH, bool CAUSAL>
-__device__ __forceinline__ mn_attn_qtile mn_attn_qtile_of(const mn_ptrs &io) {
-  mn_attn_qtile q;
+template <int BR, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+__device__ __forceinline__ auto mn_attn_qtile_of(const IO &io) {
+  mn_attn_qtile<decltype(mn_in<1>(io)), decltype(mn_in<2>(io))> q;
   const long long num_tiles = (T + BR - 1) / BR;
   // Causal tiles late in the sequence do the most work: start them first.
   const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
@@ -176,8 +177,8 @@ __device__ __forceinline__ mn_attn_qtile mn_attn_qtile_of(const mn_ptrs &io) {
   q.h = blockIdx.y;
   const int kvh = q.h / (H / KVH);
   q.qoff = q.b * T * H * HD + q.h * HD;
-  q.kb = mn_arg<const float>(io, 1) + q.b * S * KVH * HD + kvh * HD;
-  q.vb = mn_arg<const float>(io, 2) + q.b * S * KVH * HD + kvh * HD;
+  q.kb = mn_in<1>(io) + q.b * S * KVH * HD + kvh * HD;
+  q.vb = mn_in<2>(io) + q.b * S * KVH * HD + kvh * HD;
   return q;
 }
 
@@ -189,33 +190,31 @@ __device__ __forceinline__ long long mn_attn_kend(long long q0) {
 
 // Query rows first .. first + ROWS - 1 of one head (qoff: mn_attn_head) into qs and, when DY, their
 // output gradients into dys.
-template <int HD, int HDP, int ROWS, int LD, long long T, int H, bool DY>
-__device__ __forceinline__ void mn_attn_load_q(float *qs, float *dys, const mn_ptrs &io,
-                                               long long qoff, long long first) {
-  mn_attn_load<HD, HDP, ROWS, LD>(qs, mn_arg<const float>(io, 0) + qoff, (long long)H * HD, first,
-                                  T);
+template <int HD, int HDP, int ROWS, int LD, long long T, int H, bool DY, class IO>
+__device__ __forceinline__ void mn_attn_load_q(float *qs, float *dys, const IO &io, long long qoff,
+                                               long long first) {
+  mn_attn_load<HD, HDP, ROWS, LD>(qs, mn_in<0>(io) + qoff, (long long)H * HD, first, T);
   if constexpr (DY)
-    mn_attn_load<HD, HDP, ROWS, LD>(dys, mn_arg<const float>(io, 3) + qoff, (long long)H * HD,
-                                    first, T);
+    mn_attn_load<HD, HDP, ROWS, LD>(dys, mn_in<3>(io) + qoff, (long long)H * HD, first, T);
 }
 
 // Key rows first .. first + ROWS - 1 of one kv head (kb, vb: its row 0) into ks and, when V, their
 // values into vs.
-template <int HD, int HDP, int ROWS, int LD, long long S, int KVH, bool V>
-__device__ __forceinline__ void mn_attn_load_kv(float *ks, float *vs, const float *kb,
-                                                const float *vb, long long first) {
+template <int HD, int HDP, int ROWS, int LD, long long S, int KVH, bool V, class PK, class PV>
+__device__ __forceinline__ void mn_attn_load_kv(float *ks, float *vs, PK kb, PV vb,
+                                                long long first) {
   mn_attn_load<HD, HDP, ROWS, LD>(ks, kb, (long long)KVH * HD, first, S);
   if constexpr (V) mn_attn_load<HD, HDP, ROWS, LD>(vs, vb, (long long)KVH * HD, first, S);
 }
 
 // The pre-pass statistics of query row r (sb: mn_attn_head), zeros past T: row max m, inv_l and,
 // when DELTA, delta.
-template <long long T, bool DELTA>
-__device__ __forceinline__ void mn_attn_load_stats(const mn_ptrs &io, long long sb, long long r,
+template <long long T, bool DELTA, class IO>
+__device__ __forceinline__ void mn_attn_load_stats(const IO &io, long long sb, long long r,
                                                    float &m, float &inv_l, float &delta) {
-  m = r < T ? mn_arg<const float>(io, 4)[sb + r] : 0.0f;
-  inv_l = r < T ? mn_arg<const float>(io, 5)[sb + r] : 0.0f;
-  if constexpr (DELTA) delta = r < T ? mn_arg<const float>(io, 6)[sb + r] : 0.0f;
+  m = r < T ? mn_in<4>(io)[sb + r] : 0.0f;
+  inv_l = r < T ? mn_in<5>(io)[sb + r] : 0.0f;
+  if constexpr (DELTA) delta = r < T ? mn_in<6>(io)[sb + r] : 0.0f;
 }
 
 // A block over the key tile c0 .. c0 + BR - 1 of kv head kvh of batch b (grid (ceil(S / BR), KVH,
@@ -238,10 +237,9 @@ __device__ __forceinline__ mn_attn_kvtile mn_attn_kvtile_of() {
 // Moves a key-tile block to the query tile r0 .. r0 + BC - 1 of head qh: once every thread is done
 // with the previous tile, loads q, dy and the statistics (st: [3][BC]), then waits until all of
 // them are in.
-template <int HD, int HDP, int BC, int LD, long long T, int H, bool DELTA>
-__device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float *st,
-                                                    const mn_ptrs &io, const mn_attn_head &qh,
-                                                    long long r0) {
+template <int HD, int HDP, int BC, int LD, long long T, int H, bool DELTA, class IO>
+__device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float *st, const IO &io,
+                                                    const mn_attn_head &qh, long long r0) {
   __syncthreads();
   mn_attn_load_q<HD, HDP, BC, LD, T, H, true>(qs, dys, io, qh.qoff, r0);
   for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK)
@@ -254,9 +252,9 @@ __device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float
 // (mn_attn_next_q_tile). Causal: queries before the key tile never see it, so it starts at the
 // tile holding query c0.
 template <int HD, int HDP, int BC, int LD, long long T, int H, int G, bool CAUSAL, bool DELTA,
-          typename F>
+          class IO, typename F>
 __device__ __forceinline__ void mn_attn_for_q_tiles(const mn_attn_kvtile &kt, float *qs, float *dys,
-                                                    float *st, const mn_ptrs &io, F &&body) {
+                                                    float *st, const IO &io, F &&body) {
   const long long r_start = CAUSAL ? kt.c0 / BC * BC : 0;
   for (int g = 0; g < G; g++) {
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, kt.kvh * G + g);
@@ -275,13 +273,13 @@ __device__ __forceinline__ bool mn_attn_visible(long long r, long long c) {
 
 // Writes the pre-pass statistics of one query row at index i (sb + row): m, 1 / l and, when DELTA,
 // dsum / l.
-template <bool DELTA>
-__device__ __forceinline__ void mn_attn_store_stats(const mn_ptrs &io, long long i, float m,
-                                                    float l, float dsum) {
+template <bool DELTA, class IO>
+__device__ __forceinline__ void mn_attn_store_stats(const IO &io, long long i, float m, float l,
+                                                    float dsum) {
   const float inv_l = 1.0f / l;
-  mn_arg<float>(io, 4)[i] = m;
-  mn_arg<float>(io, 5)[i] = inv_l;
-  if constexpr (DELTA) mn_arg<float>(io, 6)[i] = dsum * inv_l;
+  mn_out<4>(io)[i] = m;
+  mn_out<5>(io)[i] = inv_l;
+  if constexpr (DELTA) mn_out<6>(io)[i] = dsum * inv_l;
 }
 
 // Forward over one (query tile, head, batch) block: grid (ceil(T / BR), H, B).
@@ -293,8 +291,8 @@ __device__ __forceinline__ void mn_attn_store_stats(const mn_ptrs &io, long long
 // mn_attn_dot as in the gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0
 // exactly).
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
-          int MODE>
-__device__ void mn_attn_fwd(const mn_ptrs &io) {
+          int MODE, class IO>
+__device__ void mn_attn_fwd(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4;
   extern __shared__ __align__(16) float mn_attn_smem[];
@@ -303,7 +301,7 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   float *vs = ks + BC * LDA; // [BC][LDA], modes 0 and 1
   float *ps = vs + BC * LDA; // output: probabilities [BR][LDP]; delta: dy rows [BR][LDA]
 
-  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
   const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
@@ -367,7 +365,7 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
   }
 
   if constexpr (MODE == MN_ATTN_OUTPUT) {
-    float *ob = mn_arg<float>(io, 3) + qt.qoff;
+    const auto ob = mn_out<3>(io) + qt.qoff;
 #pragma unroll
     for (int i = 0; i < RM; i++) {
       const long long r = q0 + rbase + i;
@@ -387,8 +385,9 @@ __device__ void mn_attn_fwd(const mn_ptrs &io) {
 // dQ over one (query tile, head, batch) block, grid (ceil(T / BR), H, B); io = q, k, v, dy,
 // m, inv_l, delta (from the MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta) and
 // dq = scale * sum_s dS k_s.
-template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL>
-__device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+          class IO>
+__device__ void mn_attn_bwd_dq(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4;
   extern __shared__ __align__(16) float mn_attn_smem[];
@@ -398,7 +397,7 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
   float *vs = ks + BC * LDA;  // [BC][LDA]
   float *ps = vs + BC * LDA;  // [BR][LDP]
 
-  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
   const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
@@ -435,7 +434,7 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
     mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, ks + cg * 4);
   }
 
-  float *dqb = mn_arg<float>(io, 7) + qt.qoff;
+  const auto dqb = mn_out<7>(io) + qt.qoff;
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     const long long r = q0 + rbase + i;
@@ -449,8 +448,8 @@ __device__ void mn_attn_bwd_dq(const mn_ptrs &io) {
 // head's group and over query tiles, so each gradient element is summed by one thread in
 // a fixed order (no atomics): dv_s = sum P_s dy, dk_s = scale * sum dS_s q.
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
-          bool GRAD_K, long long OS>
-__device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
+          bool GRAD_K, long long OS, class IO>
+__device__ void mn_attn_bwd_dkv(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4, G = H / KVH;
   extern __shared__ __align__(16) float mn_attn_smem[];
@@ -467,8 +466,8 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
   const float scale = 1.0f / sqrtf((float)HD);
 
-  mn_attn_load_kv<HD, HDP, BR, LDA, S, KVH, GRAD_K>(ks, vs, mn_arg<const float>(io, 1) + kt.kvoff,
-                                                    mn_arg<const float>(io, 2) + kt.kvoff, c0);
+  mn_attn_load_kv<HD, HDP, BR, LDA, S, KVH, GRAD_K>(ks, vs, mn_in<1>(io) + kt.kvoff,
+                                                    mn_in<2>(io) + kt.kvoff, c0);
   float acc[RM][DN4][4];
   mn_attn_fill(acc, 0.0f);
 
@@ -505,7 +504,7 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
         mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, (GRAD_K ? qs : dys) + cg * 4);
       });
 
-  float *ob = mn_arg<float>(io, 7) + kt.b * S * OS + kt.kvh * HD;
+  const auto ob = mn_out<7>(io) + kt.b * S * OS + kt.kvh * HD;
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     const long long c = c0 + rbase + i;
@@ -520,8 +519,8 @@ __device__ void mn_attn_bwd_dkv(const mn_ptrs &io) {
 // exp(score - pm) pl, and the unnormalized output po [HD]. Splits at or past kv_len, and
 // every split when kv_len is out of range, write nothing: mn_attn_decode_combine checks
 // kv_len and reads only the splits it covers.
-template <int HD, int H, int KVH, long long MAXS, int GB>
-__device__ void mn_attn_decode_part(const mn_ptrs &io) {
+template <int HD, int H, int KVH, long long MAXS, int GB, class IO>
+__device__ void mn_attn_decode_part(const IO &io) {
   constexpr int G = H / KVH, NGB = (G + GB - 1) / GB;
   constexpr long long KVD = (long long)KVH * HD;
   __shared__ float qs[GB * HD];
@@ -532,7 +531,7 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
   const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
   const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
-  const float *q = mn_arg<const float>(io, 0);
+  const auto q = mn_in<0>(io);
   for (int i = threadIdx.x; i < GB * HD; i += MN_ATTN_BLOCK)
     qs[i] = i < ng * HD ? q[(long long)h0 * HD + i] : 0.0f;
   __syncthreads();
@@ -544,10 +543,10 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
   for (int i = 0; i < GB; i++)
     s[i] = 0.0f;
   if (valid) {
-    const float *kr = mn_arg<const float>(io, 1) + c * KVD + kvh * HD;
+    const auto kr = mn_in<1>(io) + c * KVD + kvh * HD;
     if constexpr (HD % 4 == 0) {
       for (int d = 0; d < HD; d += 4) {
-        const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+        const float4 kv = mn_ld4(kr + d, 0);
 #pragma unroll
         for (int i = 0; i < GB; i++) {
           float t = fmaf(qs[i * HD + d], kv.x, s[i]);
@@ -566,7 +565,8 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
     }
   }
   const float scale = 1.0f / sqrtf((float)HD);
-  float *pm = mn_arg<float>(io, 4), *pl = mn_arg<float>(io, 5);
+  const auto pm = mn_out<4>(io);
+  const auto pl = mn_out<5>(io);
 #pragma unroll
   for (int i = 0; i < GB; i++) {
     const float si = valid ? s[i] * scale : mn_attn_neg_inf();
@@ -581,8 +581,8 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
   }
   __syncthreads();
   const int nk = kv_len - c0 < MN_ATTN_BLOCK ? (int)(kv_len - c0) : MN_ATTN_BLOCK;
-  const float *vb = mn_arg<const float>(io, 2) + c0 * KVD + kvh * HD;
-  float *po = mn_arg<float>(io, 6);
+  const auto vb = mn_in<2>(io) + c0 * KVD + kvh * HD;
+  const auto po = mn_out<6>(io);
   for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
     const int i = idx / HD, d = idx - i * HD;
     float a = 0.0f;
@@ -594,11 +594,11 @@ __device__ void mn_attn_decode_part(const mn_ptrs &io) {
 
 // Merges the splits of mn_attn_decode_part: one block per query head, grid H; io = kv_len,
 // pm, pl, po, out, error. An out-of-range kv_len is reported once and every output is NaN.
-template <int HD, int H, long long MAXS, unsigned int NODE, int BLOCK>
-__device__ void mn_attn_decode_combine(const mn_ptrs &io) {
+template <int HD, int H, long long MAXS, unsigned int NODE, int BLOCK, class IO>
+__device__ void mn_attn_decode_combine(const IO &io) {
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
   const int h = blockIdx.x;
-  float *out = mn_arg<float>(io, 4) + (long long)h * HD;
+  const auto out = mn_out<4>(io) + (long long)h * HD;
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
     if (h == 0 && threadIdx.x == 0)
       mn_report(mn_arg<mn_dev_error>(io, 5), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
@@ -606,8 +606,9 @@ __device__ void mn_attn_decode_combine(const mn_ptrs &io) {
       out[d] = mn_nan();
     return;
   }
-  const float *pm = mn_arg<const float>(io, 1), *pl = mn_arg<const float>(io, 2);
-  const float *po = mn_arg<const float>(io, 3);
+  const auto pm = mn_in<1>(io);
+  const auto pl = mn_in<2>(io);
+  const auto po = mn_in<3>(io);
   const int splits = (int)((kv_len + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK);
   float mx = mn_attn_neg_inf();
   for (int sp = 0; sp < splits; sp++)

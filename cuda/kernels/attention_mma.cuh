@@ -167,21 +167,24 @@ __device__ __forceinline__ float mn_quad_sum(float v) {
 }
 
 // Writes a 16 x HD accumulator (rows `row0` + g and + g + 8 of a head whose row 0 is at
-// dst, rows `stride` floats apart; rows at or past `rows` are skipped) times mul[0] / mul[1].
-template <int HD>
-__device__ __forceinline__ void mn_mma_store(float *dst, long long stride, long long row0,
+// dst, rows `stride` elements apart; rows at or past `rows` are skipped) times mul[0] / mul[1].
+// dst: a float pointer or a low-precision view (each value rounded once).
+template <int HD, class P>
+__device__ __forceinline__ void mn_mma_store(P dst, long long stride, long long row0,
                                              long long rows, const float (&acc)[HD / 8][4],
                                              float mul0, float mul1, int g, int t) {
   const long long r0 = row0 + g, r1 = row0 + g + 8;
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) {
     const int d = n * 8 + 2 * t;
-    if (r0 < rows)
-      *reinterpret_cast<float2 *>(dst + r0 * stride + d) =
-          make_float2(acc[n][0] * mul0, acc[n][1] * mul0);
-    if (r1 < rows)
-      *reinterpret_cast<float2 *>(dst + r1 * stride + d) =
-          make_float2(acc[n][2] * mul1, acc[n][3] * mul1);
+    if (r0 < rows) {
+      const float v[2] = {acc[n][0] * mul0, acc[n][1] * mul0};
+      mn_st_vec<2>(dst + r0 * stride + d, v);
+    }
+    if (r1 < rows) {
+      const float v[2] = {acc[n][2] * mul1, acc[n][3] * mul1};
+      mn_st_vec<2>(dst + r1 * stride + d, v);
+    }
   }
 }
 
@@ -190,8 +193,9 @@ __device__ __forceinline__ void mn_mma_store(float *dst, long long stride, long 
 // MN_ATTN_STATS_DELTA and MN_ATTN_STATS, the backward pre-pass: io = q, k, v, dy, m, inv_l,
 // delta; per (b, h, t) at (b * H + h) * T + t they write the base-2 row max m and 1 / sum,
 // and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with dP_s = dy . v_s.
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE>
-__device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE,
+          class IO>
+__device__ void mn_attn_mma_fwd(const IO &io) {
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8;
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *qs = mn_attn_smem;  // [BR][LD]
@@ -199,7 +203,7 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   float *vs = ks + BC * LD;  // [BC][LD], all but MN_ATTN_STATS
   float *dys = vs + BC * LD; // [BR][LD], MN_ATTN_STATS_DELTA
 
-  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
   const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
@@ -265,8 +269,8 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
   }
 
   if constexpr (MODE == MN_ATTN_OUTPUT) {
-    mn_mma_store<HD>(mn_arg<float>(io, 3) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc,
-                     1.0f / l[0], 1.0f / l[1], g, t);
+    mn_mma_store<HD>(mn_out<3>(io) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc, 1.0f / l[0],
+                     1.0f / l[1], g, t);
   } else if (t == 0) {
     const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
@@ -280,8 +284,8 @@ __device__ void mn_attn_mma_fwd(const mn_ptrs &io) {
 // dQ over one (query tile, head, batch) block, grid (ceil(T / 64), H, B); io = q, k, v, dy,
 // m, inv_l, delta (MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta), dq = scale * sum dS
 // k.
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL>
-__device__ void mn_attn_mma_dq(const mn_ptrs &io) {
+template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+__device__ void mn_attn_mma_dq(const IO &io) {
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8;
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *qs = mn_attn_smem;  // [BR][LD]
@@ -289,7 +293,7 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
   float *ks = dys + BR * LD; // [BC][LD]
   float *vs = ks + BC * LD;  // [BC][LD]
 
-  const mn_attn_qtile qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
   const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
@@ -323,8 +327,8 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
       }
     mn_mma_pb<PREC, HD, LD, NT>(acc, s, ks, g, t);
   }
-  mn_mma_store<HD>(mn_arg<float>(io, 7) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc, scale,
-                   scale, g, t);
+  mn_mma_store<HD>(mn_out<7>(io) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc, scale, scale, g,
+                   t);
 }
 
 // dV (OUT MN_ATTN_DV), dK (MN_ATTN_DK) or both (MN_ATTN_DK_DV) over one (key tile, kv head, batch)
@@ -332,8 +336,8 @@ __device__ void mn_attn_mma_dq(const mn_ptrs &io) {
 // hold the key's dK then its dV (attention_grad_kv). The block loops over its kv head's query heads
 // and their query tiles, so every element is summed by one thread in a fixed order.
 template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
-          bool PACKED>
-__device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
+          bool PACKED, class IO>
+__device__ void mn_attn_mma_dkv(const IO &io) {
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = HD + 4, NT = BC / 8, G = H / KVH;
   constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
   constexpr long long OS = (PACKED ? 2 : 1) * KVH * HD; // output row stride
@@ -350,8 +354,8 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
   const int wrow = warp * 16;
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
 
-  mn_attn_load_kv<HD, HD, BR, LD, S, KVH, WANT_K>(ks, vs, mn_arg<const float>(io, 1) + kt.kvoff,
-                                                  mn_arg<const float>(io, 2) + kt.kvoff, c0);
+  mn_attn_load_kv<HD, HD, BR, LD, S, KVH, WANT_K>(ks, vs, mn_in<1>(io) + kt.kvoff,
+                                                  mn_in<2>(io) + kt.kvoff, c0);
   float dk[WANT_K ? HD / 8 : 1][4], dv[WANT_V ? HD / 8 : 1][4];
   mn_attn_fill(dk, 0.0f);
   mn_attn_fill(dv, 0.0f);
@@ -382,7 +386,7 @@ __device__ void mn_attn_mma_dkv(const mn_ptrs &io) {
           mn_mma_pb<PREC, HD, LD, NT>(dk, p, qs, g, t);
         }
       });
-  float *out = mn_arg<float>(io, 7) + kt.b * S * OS + kt.kvh * HD;
+  const auto out = mn_out<7>(io) + kt.b * S * OS + kt.kvh * HD;
   if constexpr (WANT_K) mn_mma_store<HD>(out, OS, c0 + wrow, S, dk, scale, scale, g, t);
   if constexpr (WANT_V)
     mn_mma_store<HD>(out + (PACKED ? KVH * HD : 0), OS, c0 + wrow, S, dv, 1.0f, 1.0f, g, t);
