@@ -6,12 +6,12 @@
 // out[i, :] = table[idx[i], :] for the NI indices; the table has ROWS rows of D floats,
 // moved VEC floats at a time (VEC divides D, so rows stay VEC-aligned). A bad index gives
 // a row of NaN. p[0] indices, p[1] table, p[2] out, p[3] error record.
-template <long long NI, long long D, long long ROWS, int VEC, unsigned NODE>
-__device__ void mn_emb_gather(const mn_ptrs &io) {
+template <long long NI, long long D, long long ROWS, int VEC, unsigned NODE, class IO>
+__device__ void mn_emb_gather(const IO &io) {
   constexpr long long DV = D / VEC;
   const unsigned int *idx = mn_arg<const unsigned int>(io, 0);
-  const float *table = mn_arg<const float>(io, 1);
-  float *out = mn_arg<float>(io, 2);
+  auto table = mn_in<1>(io);
+  auto out = mn_out<2>(io);
   MN_FOR_EACH(e, NI * DV) {
     const long long i = e / DV, j = e - i * DV;
     const unsigned int r = idx[i];
@@ -28,6 +28,25 @@ __device__ void mn_emb_gather(const mn_ptrs &io) {
   }
 }
 
+// The positions of this block's chunk [base, base + BLOCK) of the NI indices whose entry
+// `mine` says so, in index order (warps in order, lanes in order within a warp): hits[0, n)
+// holds their thread numbers; returns n. Every thread of the block calls it.
+template <int BLOCK>
+__device__ __forceinline__ int mn_emb_hits(bool mine, int *hits, int *warp_hits) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned mask = __ballot_sync(0xffffffffu, mine);
+  if (lane == 0) warp_hits[warp] = __popc(mask);
+  __syncthreads();
+  int before = 0, total = 0;
+  for (int w = 0; w < BLOCK / 32; w++) {
+    before += w < warp ? warp_hits[w] : 0;
+    total += warp_hits[w];
+  }
+  if (mine) hits[before + __popc(mask & ((1u << lane) - 1u))] = (int)threadIdx.x;
+  __syncthreads();
+  return total;
+}
+
 // out[idx[i], :] += src[i, :] (the embedding gradient) into an output of ROWS rows of D floats,
 // deterministically: block b owns rows [b * RPB, (b + 1) * RPB), zeroes them, and scans every
 // index in order, adding the entries that hit its rows one after another, so each output
@@ -35,53 +54,81 @@ __device__ void mn_emb_gather(const mn_ptrs &io) {
 // The scan costs each block NI index reads, which RPB (about ROWS / 256) keeps near 256 NI in
 // all. A bad index skips its entry; block 0 reports it. Launch 256 threads, ceil(ROWS / RPB)
 // blocks. p[0] indices, p[1] src, p[2] out, p[3] error.
-template <long long NI, long long D, long long ROWS, long long RPB, unsigned NODE>
-__device__ void mn_emb_scatter_add(const mn_ptrs &io) {
+//
+// An output stored in 2 bytes (the gradient of a table that is no parameter; a parameter's
+// is fp32) must not hold the partial sums, which would round at every addition: there the
+// block sums each of its rows in registers, a tile of 8 * BLOCK columns at a time, scanning
+// the indices once per row and tile, and stores each sum once (the same additions in the
+// same order, rounded once; slower, and rare).
+template <long long NI, long long D, long long ROWS, long long RPB, unsigned NODE, class IO>
+__device__ void mn_emb_scatter_add(const IO &io) {
   constexpr int BLOCK = 256;
   const unsigned int *idx = mn_arg<const unsigned int>(io, 0);
-  const float *src = mn_arg<const float>(io, 1);
-  float *out = mn_arg<float>(io, 2);
+  auto src = mn_in<1>(io);
+  auto out = mn_out<2>(io);
   const long long r0 = (long long)blockIdx.x * RPB, r1 = r0 + RPB < ROWS ? r0 + RPB : ROWS;
-  for (long long r = r0; r < r1; r++)
-    for (long long j = threadIdx.x; j < D; j += BLOCK)
-      out[r * D + j] = 0.0f;
   __shared__ int hits[BLOCK];
   __shared__ int warp_hits[BLOCK / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (long long base = 0; base < NI; base += BLOCK) {
-    const long long i = base + threadIdx.x;
-    const unsigned int r = i < NI ? idx[i] : 0u;
-    if (i < NI && (long long)r >= ROWS && blockIdx.x == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_INDEX, NODE, r, i, ROWS);
-    const bool mine = i < NI && (long long)r >= r0 && (long long)r < r1;
-    // The block's hits in index order: warps in order, lanes in order within a warp.
-    const unsigned mask = __ballot_sync(0xffffffffu, mine);
-    if (lane == 0) warp_hits[warp] = __popc(mask);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int w = 0; w < BLOCK / 32; w++) {
-      before += w < warp ? warp_hits[w] : 0;
-      total += warp_hits[w];
+  if constexpr (mn_io_storage<IO, 2>::value != MN_DEV_F32) {
+    constexpr int CT = 8; // columns per thread in a tile
+    for (long long r = r0; r < r1; r++) {
+      for (long long j0 = 0; j0 < D; j0 += (long long)CT * BLOCK) {
+        float acc[CT];
+#pragma unroll
+        for (int t = 0; t < CT; t++)
+          acc[t] = 0.0f;
+        for (long long base = 0; base < NI; base += BLOCK) {
+          const long long i = base + threadIdx.x;
+          const unsigned int ri = i < NI ? idx[i] : 0u;
+          if (r == r0 && j0 == 0 && i < NI && (long long)ri >= ROWS && blockIdx.x == 0)
+            mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_INDEX, NODE, ri, i, ROWS);
+          const int total = mn_emb_hits<BLOCK>(i < NI && (long long)ri == r, hits, warp_hits);
+          for (int h = 0; h < total; h++) {
+            const long long e = base + hits[h];
+#pragma unroll
+            for (int t = 0; t < CT; t++) {
+              const long long j = j0 + (long long)t * BLOCK + threadIdx.x;
+              if (j < D) acc[t] += src[e * D + j];
+            }
+          }
+          __syncthreads();
+        }
+#pragma unroll
+        for (int t = 0; t < CT; t++) {
+          const long long j = j0 + (long long)t * BLOCK + threadIdx.x;
+          if (j < D) out[r * D + j] = acc[t];
+        }
+      }
     }
-    if (mine) hits[before + __popc(mask & ((1u << lane) - 1u))] = (int)threadIdx.x;
-    __syncthreads();
-    for (int h = 0; h < total; h++) {
-      const long long e = base + hits[h];
-      const long long row = idx[e];
+  } else {
+    for (long long r = r0; r < r1; r++)
       for (long long j = threadIdx.x; j < D; j += BLOCK)
-        out[row * D + j] += src[e * D + j];
+        out[r * D + j] = 0.0f;
+    for (long long base = 0; base < NI; base += BLOCK) {
+      const long long i = base + threadIdx.x;
+      const unsigned int r = i < NI ? idx[i] : 0u;
+      if (i < NI && (long long)r >= ROWS && blockIdx.x == 0)
+        mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_INDEX, NODE, r, i, ROWS);
+      const bool mine = i < NI && (long long)r >= r0 && (long long)r < r1;
+      const int total = mn_emb_hits<BLOCK>(mine, hits, warp_hits);
+      for (int h = 0; h < total; h++) {
+        const long long e = base + hits[h];
+        const long long row = idx[e];
+        for (long long j = threadIdx.x; j < D; j += BLOCK)
+          out[row * D + j] += src[e * D + j];
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
 // cache[kv_pos, :] = new_kv[0, :] in place (the cache of ROWS rows of D floats is the
 // node's own buffer, so the other rows keep what earlier steps wrote); kv_pos >= ROWS
 // writes nothing. p[0] new_kv, p[1] cache, p[2] kv_pos (U32 [1]), p[3] error record.
-template <long long ROWS, long long D, unsigned NODE>
-__device__ void mn_emb_cache_write(const mn_ptrs &io) {
-  const float *src = mn_arg<const float>(io, 0);
-  float *cache = mn_arg<float>(io, 1);
+template <long long ROWS, long long D, unsigned NODE, class IO>
+__device__ void mn_emb_cache_write(const IO &io) {
+  auto src = mn_in<0>(io);
+  auto cache = mn_out<1>(io);
   const unsigned int pos = *mn_arg<const unsigned int>(io, 2);
   if ((long long)pos >= ROWS) {
     if (blockIdx.x == 0 && threadIdx.x == 0)

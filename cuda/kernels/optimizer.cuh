@@ -7,9 +7,9 @@
 // adds its gradients to the sum (the first of a round starts it); the updating step replaces
 // the gradients by the mean, which clipping and the update then read. Float arithmetic in the
 // order the reference backend uses, so both agree bit for bit.
-template <long long N> __device__ void mn_opt_accumulate(const mn_ptrs &io) {
-  float *g = mn_arg<float>(io, 0);
-  float *sum = mn_arg<float>(io, 1);
+template <long long N, class IO> __device__ void mn_opt_accumulate(const IO &io) {
+  auto g = mn_out<0>(io);
+  auto sum = mn_out<1>(io);
   const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 2);
   if (mn_arg<const mn_dev_error>(io, 3)->what) return;
   const bool first = sc->accum_first != 0u, apply = sc->accum_apply != 0u;
@@ -25,8 +25,8 @@ template <long long N> __device__ void mn_opt_accumulate(const mn_ptrs &io) {
 
 // Per-block partial sums of squared gradients, for global-norm clipping; io = grads,
 // partials, the error record, scalars (nothing on a step that only accumulates).
-template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io) {
-  const float *g = mn_arg<const float>(io, 0);
+template <int BLOCK, long long N, class IO> __device__ void mn_opt_sumsq(const IO &io) {
+  auto g = mn_in<0>(io);
   double *partials = mn_arg<double>(io, 1);
   if (mn_arg<const mn_dev_error>(io, 2)->what) return;
   if (!mn_arg<const mn_dev_scalars>(io, 3)->accum_apply) return;
@@ -43,7 +43,8 @@ template <int BLOCK, long long N> __device__ void mn_opt_sumsq(const mn_ptrs &io
 // io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping),
 // the error record: after a failed kernel (NaN rows) nothing is updated. In a low-precision
 // session io.p[7] is the weights' low-precision copy, written in the same pass.
-template <int BLOCK, long long N, int PARTIALS, class IO> __device__ void mn_opt_update(const IO &io) {
+template <int BLOCK, long long N, int PARTIALS, class IO>
+__device__ void mn_opt_update(const IO &io) {
   constexpr bool LOW = mn_io_storage<IO, 7>::value != MN_DEV_F32;
   auto lw = mn_out<7>(io);
   float *w = mn_arg<float>(io, 0);

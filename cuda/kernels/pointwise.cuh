@@ -2,7 +2,8 @@
 // (embedded ahead of this file), instantiated per row code and size. Arguments: p[0] the
 // output, p[1..NIN] the element-wise inputs, and for MN_PW_SCALAR rows (loss gradients,
 // expand_scalar) p[1 + NIN] the buffer of the scalar the row's factor reads.
-// Every node buffer starts 256-byte aligned, so whole buffers are read as float4.
+// Every node buffer starts 256-byte aligned, so whole buffers are read as float4 (fp32) or,
+// when an argument is stored in 2 bytes, in groups of 8 elements (16 bytes).
 
 // A row's value; k is the scalar factor, s the float attribute.
 template <int OP>
@@ -16,49 +17,116 @@ __device__ __forceinline__ float4 mn_pw_apply4(float4 a, float4 b, float4 c, dou
                      mn_pw_apply<OP>(a.z, b.z, c.z, k, s), mn_pw_apply<OP>(a.w, b.w, c.w, k, s));
 }
 
+// Whether any of arguments 0 .. LAST of a launch stores 2-byte values: then the element-wise
+// kernels below move 8 elements per access.
+template <class IO, int LAST>
+constexpr bool mn_pw_any_low = (LAST >= 0 && mn_io_storage<IO, 0>::value != MN_DEV_F32) ||
+                               (LAST >= 1 && mn_io_storage<IO, 1>::value != MN_DEV_F32) ||
+                               (LAST >= 2 && mn_io_storage<IO, 2>::value != MN_DEV_F32) ||
+                               (LAST >= 3 && mn_io_storage<IO, 3>::value != MN_DEV_F32);
+
+// Elements 8g .. 8g+7: one 16-byte access for 2-byte storage (16-byte aligned), two float4
+// for fp32 (so mixed instances move 8 elements of every argument per step too).
+template <int S, bool C>
+__device__ __forceinline__ void mn_pw_ld8(mn_lp_ptr<S, C> p, long long g, float (&v)[8]) {
+  const uint4 w = reinterpret_cast<const uint4 *>(p.p)[g];
+  const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    v[2 * k] = mn_lp_load<S>((unsigned short)(u[k] & 0xffffu));
+    v[2 * k + 1] = mn_lp_load<S>((unsigned short)(u[k] >> 16));
+  }
+}
+__device__ __forceinline__ void mn_pw_ld8(const float *p, long long g, float (&v)[8]) {
+  const float4 lo = mn_ld4(p, 2 * g), hi = mn_ld4(p, 2 * g + 1);
+  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+  v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+template <int S>
+__device__ __forceinline__ void mn_pw_st8(mn_lp_ptr<S, false> p, long long g, const float (&v)[8]) {
+  reinterpret_cast<uint4 *>(p.p)[g] =
+      make_uint4(mn_lp_round2<S>(v[0], v[1]), mn_lp_round2<S>(v[2], v[3]),
+                 mn_lp_round2<S>(v[4], v[5]), mn_lp_round2<S>(v[6], v[7]));
+}
+__device__ __forceinline__ void mn_pw_st8(float *p, long long g, const float (&v)[8]) {
+  mn_st4(p, 2 * g, make_float4(v[0], v[1], v[2], v[3]));
+  mn_st4(p, 2 * g + 1, make_float4(v[4], v[5], v[6], v[7]));
+}
+
+// out[i] = f(a[i], b[i], c[i]) for one element (the tail of mn_pw_map).
+template <int OP, int NIN, class O, class A, class B, class C>
+__device__ __forceinline__ void mn_pw_one(O out, A a, B b, C c, long long i, double k, float s) {
+  float va = 0.0f, vb = 0.0f, vc = 0.0f;
+  if constexpr (NIN > 0) va = a[i];
+  if constexpr (NIN > 1) vb = b[i];
+  if constexpr (NIN > 2) vc = c[i];
+  out[i] = mn_pw_apply<OP>(va, vb, vc, k, s);
+}
+
 // out[i] = f(in0[i], in1[i], in2[i]) for i < N; SBITS is the float attribute (scale)
 // as its bit pattern, since C++17 has no float template parameters.
-template <int OP, long long N, unsigned SBITS> __device__ void mn_pw_map(const mn_ptrs &io) {
+template <int OP, long long N, unsigned SBITS, class IO> __device__ void mn_pw_map(const IO &io) {
   constexpr int NIN = mn_pw_num_inputs(OP);
   const float s = __uint_as_float(SBITS);
-  float *out = mn_arg<float>(io, 0);
-  const float *a = mn_arg<const float>(io, 1), *b = mn_arg<const float>(io, 2),
-              *c = mn_arg<const float>(io, 3);
+  auto out = mn_out<0>(io);
+  auto a = mn_in<1>(io);
+  auto b = mn_in<2>(io);
+  auto c = mn_in<3>(io);
   double k = 0.0;
   if constexpr ((mn_pw_flags(OP) & MN_PW_SCALAR) != 0)
-    k = mn_pw_factor(OP, mn_arg<const float>(io, 1 + NIN)[0], s, N);
-  constexpr long long NQ = N / 4;
-  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  MN_FOR_EACH(q, NQ) {
-    float4 va = zero4, vb = zero4, vc = zero4;
-    if constexpr (NIN > 0) va = reinterpret_cast<const float4 *>(a)[q];
-    if constexpr (NIN > 1) vb = reinterpret_cast<const float4 *>(b)[q];
-    if constexpr (NIN > 2) vc = reinterpret_cast<const float4 *>(c)[q];
-    reinterpret_cast<float4 *>(out)[q] = mn_pw_apply4<OP>(va, vb, vc, k, s);
-  }
-  if constexpr (N % 4 != 0) {
-    const long long i = NQ * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) {
-      float va = 0.0f, vb = 0.0f, vc = 0.0f;
-      if constexpr (NIN > 0) va = a[i];
-      if constexpr (NIN > 1) vb = b[i];
-      if constexpr (NIN > 2) vc = c[i];
-      out[i] = mn_pw_apply<OP>(va, vb, vc, k, s);
+    k = mn_pw_factor(OP, mn_in<1 + NIN>(io)[0], s, N);
+  if constexpr (mn_pw_any_low<IO, NIN>) {
+    constexpr long long NG = N / 8;
+    MN_FOR_EACH(g, NG) {
+      float va[8] = {}, vb[8] = {}, vc[8] = {}, r[8];
+      if constexpr (NIN > 0) mn_pw_ld8(a, g, va);
+      if constexpr (NIN > 1) mn_pw_ld8(b, g, vb);
+      if constexpr (NIN > 2) mn_pw_ld8(c, g, vc);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        r[j] = mn_pw_apply<OP>(va[j], vb[j], vc[j], k, s);
+      mn_pw_st8(out, g, r);
     }
+    if constexpr (N % 8 != 0)
+      if (const long long i = NG * 8 + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N)
+        mn_pw_one<OP, NIN>(out, a, b, c, i, k, s);
+  } else {
+    constexpr long long NQ = N / 4;
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    MN_FOR_EACH(q, NQ) {
+      float4 va = zero4, vb = zero4, vc = zero4;
+      if constexpr (NIN > 0) va = mn_ld4(a, q);
+      if constexpr (NIN > 1) vb = mn_ld4(b, q);
+      if constexpr (NIN > 2) vc = mn_ld4(c, q);
+      mn_st4(out, q, mn_pw_apply4<OP>(va, vb, vc, k, s));
+    }
+    if constexpr (N % 4 != 0)
+      if (const long long i = NQ * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N)
+        mn_pw_one<OP, NIN>(out, a, b, c, i, k, s);
   }
 }
 
 // out[i] = x[i] + row[i % NCOL] (bias_add, broadcast_add).
-template <long long N, long long NCOL> __device__ void mn_pw_add_row(const mn_ptrs &io) {
-  float *out = mn_arg<float>(io, 0);
-  const float *x = mn_arg<const float>(io, 1), *row = mn_arg<const float>(io, 2);
-  if constexpr (NCOL % 4 == 0) {
+template <long long N, long long NCOL, class IO> __device__ void mn_pw_add_row(const IO &io) {
+  auto out = mn_out<0>(io);
+  auto x = mn_in<1>(io);
+  auto row = mn_in<2>(io);
+  if constexpr (mn_pw_any_low<IO, 2> && NCOL % 8 == 0) {
+    constexpr long long NG = N / 8, GCOL = NCOL / 8;
+    MN_FOR_EACH(g, NG) {
+      float v[8], r[8];
+      mn_pw_ld8(x, g, v);
+      mn_pw_ld8(row, g % GCOL, r);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        v[j] += r[j];
+      mn_pw_st8(out, g, v);
+    }
+  } else if constexpr (NCOL % 4 == 0) {
     constexpr long long NQ = N / 4, QCOL = NCOL / 4;
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    const float4 *r4 = reinterpret_cast<const float4 *>(row);
     MN_FOR_EACH(q, NQ) {
-      float4 v = x4[q], r = r4[q % QCOL];
-      reinterpret_cast<float4 *>(out)[q] = make_float4(v.x + r.x, v.y + r.y, v.z + r.z, v.w + r.w);
+      float4 v = mn_ld4(x, q), r = mn_ld4(row, q % QCOL);
+      mn_st4(out, q, make_float4(v.x + r.x, v.y + r.y, v.z + r.z, v.w + r.w));
     }
   } else {
     MN_FOR_EACH(i, N) { out[i] = x[i] + row[i % NCOL]; }
@@ -69,7 +137,17 @@ template <long long N, long long NCOL> __device__ void mn_pw_add_row(const mn_pt
 template <long long N, class IO> __device__ void mn_convert(const IO &io) {
   auto out = mn_out<0>(io);
   auto in = mn_in<1>(io);
-  constexpr long long NQ = N / 4;
-  MN_FOR_EACH(q, NQ) { mn_st4(out, q, mn_ld4(in, q)); }
-  MN_FOR_EACH(i, N - NQ * 4) { out[NQ * 4 + i] = in[NQ * 4 + i]; }
+  if constexpr (mn_pw_any_low<IO, 1>) {
+    constexpr long long NG = N / 8;
+    MN_FOR_EACH(g, NG) {
+      float v[8];
+      mn_pw_ld8(in, g, v);
+      mn_pw_st8(out, g, v);
+    }
+    MN_FOR_EACH(i, N - NG * 8) { out[NG * 8 + i] = in[NG * 8 + i]; }
+  } else {
+    constexpr long long NQ = N / 4;
+    MN_FOR_EACH(q, NQ) { mn_st4(out, q, mn_ld4(in, q)); }
+    MN_FOR_EACH(i, N - NQ * 4) { out[NQ * 4 + i] = in[NQ * 4 + i]; }
+  }
 }

@@ -12,11 +12,11 @@
 
 // p[0] x, p[1] out, p[2] the U32 offset (DYN only). ROWS rows of D floats.
 template <long long ROWS, long long SEQ, long long D, int HD, int DIR, int OFFSET, bool DYN,
-          unsigned THETA_BITS>
-__device__ void mn_rope_apply(const mn_ptrs &io) {
+          unsigned THETA_BITS, class IO>
+__device__ void mn_rope_apply(const IO &io) {
   constexpr int HALF = HD / 2;
-  const float *x = mn_arg<const float>(io, 0);
-  float *out = mn_arg<float>(io, 1);
+  auto x = mn_in<0>(io);
+  auto out = mn_out<1>(io);
   double offset = (double)OFFSET;
   if constexpr (DYN) offset = (double)*mn_arg<const unsigned int>(io, 2);
   const double theta = (double)__int_as_float((int)THETA_BITS);
@@ -26,8 +26,8 @@ __device__ void mn_rope_apply(const mn_ptrs &io) {
     const double pos = (double)(r % SEQ) + offset;
     const double angle = pos * pow(theta, -2.0 * (double)i / (double)HD);
     const double cs = cos(angle), sn = (double)DIR * sin(angle);
-    const float *xr = x + r * D + i;
-    float *orow = out + r * D + i;
+    const auto xr = x + r * D + i;
+    const auto orow = out + r * D + i;
 #pragma unroll 4
     for (long long h = 0; h < D; h += HD) {
       const double a = xr[h], b = xr[h + HALF];

@@ -4,10 +4,10 @@
 // vector access is aligned (node buffers start 256-byte aligned).
 
 // y[r, j] = x[r, START + j]. io: x, y.
-template <int VEC, long long ROWS, long long N, long long L, long long START>
-__device__ void mn_slice_last_fwd(const mn_ptrs &io) {
-  const float *x = mn_arg<const float>(io, 0);
-  float *y = mn_arg<float>(io, 1);
+template <int VEC, long long ROWS, long long N, long long L, long long START, class IO>
+__device__ void mn_slice_last_fwd(const IO &io) {
+  auto x = mn_in<0>(io);
+  auto y = mn_out<1>(io);
   MN_FOR_EACH(i, ROWS * L) {
     const long long r = i / L, j = i % L;
     float v[VEC];
@@ -18,10 +18,10 @@ __device__ void mn_slice_last_fwd(const mn_ptrs &io) {
 
 // dx[r, c] = dy[r, c - START] inside the slice, 0 outside. One pass writes every element
 // of dx, so the gradient needs no memset before it. io: dy, dx.
-template <int VEC, long long ROWS, long long N, long long L, long long START>
-__device__ void mn_slice_last_bwd(const mn_ptrs &io) {
-  const float *dy = mn_arg<const float>(io, 0);
-  float *dx = mn_arg<float>(io, 1);
+template <int VEC, long long ROWS, long long N, long long L, long long START, class IO>
+__device__ void mn_slice_last_bwd(const IO &io) {
+  auto dy = mn_in<0>(io);
+  auto dx = mn_out<1>(io);
   MN_FOR_EACH(i, ROWS * N) {
     const long long r = i / N, j = i % N - START;
     float v[VEC];
