@@ -67,6 +67,11 @@ template <int S> struct mn_lp_ref {
   __device__ __forceinline__ mn_lp_ref &operator*=(float v) { return *this = (float)*this * v; }
 };
 
+template <bool B> struct mn_enable_if {};
+template <> struct mn_enable_if<true> {
+  using type = int;
+};
+
 // A pointer to low-precision elements; C: read-only.
 template <int S, bool C> struct mn_lp_ptr {
   unsigned short *p;
@@ -87,7 +92,12 @@ template <int S, bool C> struct mn_lp_ptr {
     p -= i;
     return *this;
   }
-  __device__ __forceinline__ operator mn_lp_ptr<S, true>() const { return {p}; }
+  // A writable view converts to a read-only one (a template so that the read-only view has
+  // no conversion to itself).
+  template <bool D = C, class = typename mn_enable_if<!D>::type>
+  __device__ __forceinline__ operator mn_lp_ptr<S, true>() const {
+    return {p};
+  }
   __device__ __forceinline__ explicit operator bool() const { return p != nullptr; }
 };
 
