@@ -1,12 +1,15 @@
 /* Lowering of the attention ops to the kernels of cuda/kernels/attention.cuh and, for head
- * dims that are multiples of 32 up to 128, the tensor-core kernels of attention_mma.cuh
- * (same launches and statistics layout).
+ * dims that are multiples of 32 up to 128 (16 with 16-bit operands), the tensor-core kernels of
+ * attention_mma.cuh (same launches and statistics layout).
  *
  * Forward: one flash-style launch (grid: query tiles x heads x batches). Each backward op
  * is its own dispatch of two launches: the statistics pre-pass (the forward kernel in a
  * mode that writes each query row's max, 1 / sum and delta = sum_s P_s dP_s into scratch
- * instead of the output), then dQ per query tile or dK / dV per key tile. Cached
- * attention splits the cache over blocks of 128 keys and merges the partial softmaxes. */
+ * instead of the output), then dQ per query tile or dK / dV per key tile. The forward and
+ * the backward ops are separate plan nodes that share no buffer (scratch is reused by every
+ * dispatch), so each backward op recomputes the statistics rather than reading the forward's.
+ * Cached attention splits the cache over blocks of 128 keys and merges the partial
+ * softmaxes. */
 #include <string.h>
 
 #include "cuda/emit.h"
@@ -95,27 +98,46 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
                       (unsigned)d->batches, smem, nargs, args);
 }
 
-/* Head dims that are multiples of 32 up to 128 run on tensor cores
- * (kernels/attention_mma.cuh): TF32 when the session allows it, else 3xTF32, which keeps
- * FP32 accuracy. Other head dims use the FP32 kernels of attention.cuh. */
-static bool use_mma(const attn_dims *d) { return d->head_dim % 32 == 0 && d->head_dim <= 128; }
+/* The tensor-core kernels of kernels/attention_mma.cuh, by operand kind:
+ * - 16-bit operands (mn_attn_lp_*, first template argument the session's low storage) when q, k
+ *   or v is stored in bf16 / fp16 and the head dim is a multiple of 16 up to 128: m16n8k16 on
+ *   16-bit tiles, P and dS rounded for their products, statistics and sums fp32;
+ * - TF32 (mn_attn_mma_*, first argument an mn_attn_prec) for other head dims that are multiples
+ *   of 32 up to 128: TF32 when the session allows it, else 3xTF32, which keeps FP32 accuracy.
+ * Other head dims use the FP32 kernels of attention.cuh. */
+typedef struct attn_tc {
+  bool on;
+  const char *name; /* "mn_attn_lp" or "mn_attn_mma" */
+  int first;        /* LP storage, or the TF32 precision */
+  size_t row_bytes; /* a shared tile row: head_dim + 8 16-bit values, or head_dim + 4 floats */
+} attn_tc;
 
-static int mma_prec(const mn_cu_op_ctx *c) { return c->allow_tf32 ? MN_ATTN_TF32 : MN_ATTN_3XTF32; }
-
-/* Shared memory of the tensor-core kernels: `tiles` tiles of 64 rows of head_dim + 4 floats,
- * plus `extra` floats. */
-static size_t mma_smem(const attn_dims *d, int tiles, size_t extra) {
-  return 4 * ((size_t)tiles * MN_ATTN_MMA_ROWS * (size_t)(d->head_dim + 4) + extra);
+static attn_tc tensor_core(const mn_cu_op_ctx *c, const attn_dims *d) {
+  int hd = d->head_dim;
+  bool low = false;
+  for (int i = 0; i < 3; i++)
+    low = low || mn_cu_arg_storage(c->plan, mn_cu_in(c, i)) != MN_DEV_F32;
+  if (low && hd % 16 == 0 && hd <= 128)
+    return (attn_tc){true, "mn_attn_lp", mn_cu_low_storage(c->plan), 2 * (size_t)(hd + 8)};
+  if (hd % 32 == 0 && hd <= 128)
+    return (attn_tc){true, "mn_attn_mma", c->allow_tf32 ? MN_ATTN_TF32 : MN_ATTN_3XTF32,
+                     4 * (size_t)(hd + 4)};
+  return (attn_tc){.on = false};
 }
 
-static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, int mode,
-                                    const mn_cu_arg *args, int nargs) {
+/* Shared memory of the tensor-core kernels: `tiles` tiles of 64 rows, plus `extra` floats. */
+static size_t mma_smem(const attn_tc *tc, int tiles, size_t extra) {
+  return (size_t)tiles * MN_ATTN_MMA_ROWS * tc->row_bytes + 4 * extra;
+}
+
+static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                                    int mode, const mn_cu_arg *args, int nargs) {
   int tiles = mode == MN_ATTN_OUTPUT ? 3 : mode == MN_ATTN_STATS_DELTA ? 4 : 2;
-  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
-                       mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>", tc->name,
+                       tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
                        d->kv_heads, d->causal ? "true" : "false", mode);
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, MN_ATTN_MMA_ROWS), (unsigned)d->heads,
-                      (unsigned)d->batches, mma_smem(d, tiles, 0), nargs, args);
+                      (unsigned)d->batches, mma_smem(tc, tiles, 0), nargs, args);
 }
 
 static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
@@ -123,7 +145,8 @@ static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
   mn_status st = dims_of(c, causal, &d);
   if (st != MN_OK) return st;
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
-  if (use_mma(&d)) return launch_mma_forward(c, &d, MN_ATTN_OUTPUT, args, 4);
+  attn_tc tc = tensor_core(c, &d);
+  if (tc.on) return launch_mma_forward(c, &d, &tc, MN_ATTN_OUTPUT, args, 4);
   return launch_forward(c, &d, MN_ATTN_OUTPUT, args, 4);
 }
 
@@ -151,15 +174,15 @@ static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool
 }
 
 /* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
-static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, int out, bool packed,
-                                const mn_cu_arg *args) {
+static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                                int out, bool packed, const mn_cu_arg *args) {
   int k =
-      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>",
-                   mma_prec(c), d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+      mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>", tc->name,
+                   tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
                    d->kv_heads, d->causal ? "true" : "false", out, packed ? "true" : "false");
   return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, MN_ATTN_MMA_ROWS), (unsigned)d->kv_heads,
                       (unsigned)d->batches,
-                      mma_smem(d, out == MN_ATTN_DV ? 3 : 4, 3 * MN_ATTN_MMA_ROWS), 8, args);
+                      mma_smem(tc, out == MN_ATTN_DV ? 3 : 4, 3 * MN_ATTN_MMA_ROWS), 8, args);
 }
 
 /* Head dims up to 64 keep dK and dV accumulators in registers together; larger ones make
@@ -187,22 +210,23 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   bool packed = which == GRAD_KV;
   const char *causal = d.causal ? "true" : "false";
   int mode = which == GRAD_V ? MN_ATTN_STATS : MN_ATTN_STATS_DELTA;
-  if (use_mma(&d)) {
-    st = launch_mma_forward(c, &d, mode, args, 7);
+  attn_tc tc = tensor_core(c, &d);
+  if (tc.on) {
+    st = launch_mma_forward(c, &d, &tc, mode, args, 7);
     if (st != MN_OK) return st;
     if (which == GRAD_Q) {
-      int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_mma_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>",
-                           mma_prec(c), d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
+      int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>", tc.name,
+                           tc.first, d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
                            d.kv_heads, causal);
       return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MN_ATTN_MMA_ROWS), (unsigned)d.heads,
-                          (unsigned)d.batches, mma_smem(&d, 4, 0), 8, args);
+                          (unsigned)d.batches, mma_smem(&tc, 4, 0), 8, args);
     }
     if (!packed)
-      return launch_mma_dkv(c, &d, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args);
+      return launch_mma_dkv(c, &d, &tc, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args);
     if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
-      return launch_mma_dkv(c, &d, MN_ATTN_DK_DV, true, args);
-    st = launch_mma_dkv(c, &d, MN_ATTN_DK, true, args);
-    return st != MN_OK ? st : launch_mma_dkv(c, &d, MN_ATTN_DV, true, args);
+      return launch_mma_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, args);
+    st = launch_mma_dkv(c, &d, &tc, MN_ATTN_DK, true, args);
+    return st != MN_OK ? st : launch_mma_dkv(c, &d, &tc, MN_ATTN_DV, true, args);
   }
   st = launch_forward(c, &d, mode, args, 7);
   if (st != MN_OK) return st;
