@@ -61,7 +61,8 @@ typedef struct cuda_state {
    * operands. */
   unsigned char *shadow, *stage;
   size_t *shadow_at;
-  int *shadow_kernel;
+  int *shadow_kernel;      /* per buffer: a parameter outside the update block, else < 0 */
+  int shadow_block_kernel; /* the update block's parameters, < 0 without one */
   bool shadow_dirty; /* a parameter was written since its copy was refreshed */
 
   mn_cu_program prog;

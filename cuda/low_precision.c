@@ -19,21 +19,49 @@
 
 static bool low(const mn_session *s) { return mn_cu_low_storage(s->plan) != MN_DEV_F32; }
 
+static bool in_update_block(const mn_plan *p, const mn_buffer_desc *d) {
+  return d->offset >= p->update_params_offset &&
+         d->offset < p->update_params_offset + p->update_bytes;
+}
+
+/* mn_convert of n values into the low-precision storage; -1 when out of memory. */
+static int convert_kernel(cuda_state *st, const mn_plan *p, long long n) {
+  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .node = p->graph->nodes};
+  int k = mn_cu_kernel(&c, 256, "mn_convert<%lldLL>", n);
+  return k < 0 ? -1 : mn_cu_instance(&st->prog, k, (unsigned)mn_cu_low_storage(p));
+}
+
+static mn_status launch_convert(cuda_state *st, int kernel, void *dst, void *src, long long n) {
+  mn_ptrs io = {{dst, src}};
+  long long blocks = ((n + 7) / 8 + 255) / 256;
+  dim3 grid = {(unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), 1, 1},
+       block = {256, 1, 1};
+  void *args[] = {&io};
+  mn_status rc = mn_cu_check(
+      cudaLaunchKernel((const void *)st->kernels[kernel], grid, block, args, 0, st->stream),
+      "refreshing the weights' low-precision copy");
+  if (rc == MN_OK) st->submissions++;
+  return rc;
+}
+
 mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
   const mn_plan *p = s->plan;
   if (!low(s)) return MN_OK;
   st->shadow_kernel = malloc((p->num_buffers ? p->num_buffers : 1) * sizeof *st->shadow_kernel);
   if (!st->shadow_kernel) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .node = p->graph->nodes};
-  unsigned storage = (unsigned)mn_cu_low_storage(p);
+  /* The update block's parameters in one launch, the others one by one. */
+  st->shadow_block_kernel =
+      p->update_bytes ? convert_kernel(st, p, (long long)(p->update_bytes / sizeof(float))) : -2;
+  if (st->shadow_block_kernel == -1)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   for (size_t b = 0; b < p->num_buffers; b++) {
-    st->shadow_kernel[b] = -1;
-    if (p->buffers[b].role != MN_BUF_PARAMETER) continue;
-    long long n = mn_tensor_type_numel(&p->graph->nodes[p->buffers[b].node].type);
-    int k = mn_cu_kernel(&c, 256, "mn_convert<%lldLL>", n);
-    if (k >= 0) k = mn_cu_instance(&st->prog, k, storage);
-    if (k < 0) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-    st->shadow_kernel[b] = k;
+    const mn_buffer_desc *d = &p->buffers[b];
+    st->shadow_kernel[b] = -2;
+    if (d->role != MN_BUF_PARAMETER || (p->update_bytes && in_update_block(p, d))) continue;
+    st->shadow_kernel[b] =
+        convert_kernel(st, p, mn_tensor_type_numel(&p->graph->nodes[d->node].type));
+    if (st->shadow_kernel[b] == -1)
+      return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   }
   return MN_OK;
 }
@@ -49,9 +77,7 @@ mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {
     st->shadow_at[b] = SIZE_MAX;
     if (d->role != MN_BUF_PARAMETER) continue;
     size_t half = (d->bytes / 2 + 255) / 256 * 256;
-    bool in_block = d->offset >= p->update_params_offset &&
-                    d->offset < p->update_params_offset + p->update_bytes;
-    if (in_block) {
+    if (p->update_bytes && in_update_block(p, d)) {
       st->shadow_at[b] = (d->offset - p->update_params_offset) / 2;
     } else {
       st->shadow_at[b] = end;
@@ -70,27 +96,21 @@ mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {
 mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
   const mn_plan *p = s->plan;
   if (!low(s) || (!st->shadow_dirty && !s->shared)) return MN_OK;
-  for (size_t b = 0; b < p->num_buffers; b++) {
+  mn_status rc = MN_OK;
+  if (st->shadow_block_kernel >= 0)
+    rc = launch_convert(st, st->shadow_block_kernel, st->shadow,
+                        st->arena + p->update_params_offset,
+                        (long long)(p->update_bytes / sizeof(float)));
+  for (size_t b = 0; rc == MN_OK && b < p->num_buffers; b++) {
     if (st->shadow_kernel[b] < 0) continue;
-    long long n = mn_tensor_type_numel(&p->graph->nodes[p->buffers[b].node].type);
-    mn_cu_arg dst = {.kind = MN_CU_ARG_SHADOW, .node = p->buffers[b].node};
-    mn_ptrs io = {
-        {mn_cu_resolve(st, s, dst), mn_cu_resolve(st, s, mn_cu_node_arg(p->buffers[b].node))}};
-    long long blocks = ((n + 3) / 4 + 255) / 256;
-    dim3 grid = {(unsigned)(blocks < 1      ? 1
-                            : blocks > 4096 ? 4096
-                                            : blocks),
-                 1, 1},
-         block = {256, 1, 1};
-    void *args[] = {&io};
-    mn_status rc = mn_cu_check(cudaLaunchKernel((const void *)st->kernels[st->shadow_kernel[b]],
-                                                grid, block, args, 0, st->stream),
-                               "refreshing the weights' low-precision copy");
-    if (rc != MN_OK) return rc;
-    st->submissions++;
+    mn_node n = p->buffers[b].node;
+    mn_cu_arg dst = {.kind = MN_CU_ARG_SHADOW, .node = n};
+    rc = launch_convert(st, st->shadow_kernel[b], mn_cu_resolve(st, s, dst),
+                        mn_cu_resolve(st, s, mn_cu_node_arg(n)),
+                        mn_tensor_type_numel(&p->graph->nodes[n].type));
   }
-  st->shadow_dirty = false;
-  return MN_OK;
+  if (rc == MN_OK) st->shadow_dirty = false;
+  return rc;
 }
 
 void mn_cu_low_free(cuda_state *st) {

@@ -21,6 +21,41 @@ static mn_status lt_check(cublasStatus_t s, const char *what) {
                  "cuda backend: cuBLASLt %s: %s", what, cublasLtGetStatusString(s));
 }
 
+/* The element type of an operand as stored, and its size. */
+static cudaDataType_t data_type(const mn_session *s, mn_cu_arg a) {
+  switch (mn_cu_arg_storage(s->plan, a)) {
+  case MN_DEV_BF16: return CUDA_R_16BF;
+  case MN_DEV_F16: return CUDA_R_16F;
+  default: return CUDA_R_32F;
+  }
+}
+static uintptr_t elem_size(const mn_session *s, mn_cu_arg a) {
+  return mn_cu_arg_storage(s->plan, a) == MN_DEV_F32 ? 4 : 2;
+}
+
+/* Operands in bf16 / fp16 (a low-precision session) multiply on tensor cores and accumulate
+ * in fp32; fp32 operands do so in TF32 only when allowed. */
+static mn_status create_desc(const mn_session *s, const mn_cu_matmul_desc *d,
+                             mn_cu_matmul_plan *mp) {
+  cublasComputeType_t compute = s->options.allow_tf32 && data_type(s, d->a) == CUDA_R_32F
+                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                    : CUBLAS_COMPUTE_32F;
+  mn_status rc = lt_check(cublasLtMatmulDescCreate(&mp->desc, compute, CUDA_R_32F), "descriptor");
+  /* Operand 1 of cuBLASLt is our B, operand 2 our A. */
+  cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_a = d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (rc == MN_OK)
+    rc = lt_check(
+        cublasLtMatmulDescSetAttribute(mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b),
+        "transpose");
+  if (rc == MN_OK)
+    rc = lt_check(
+        cublasLtMatmulDescSetAttribute(mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a),
+        "transpose");
+  return rc;
+}
+
+
 /* A row-major [rows, cols] matrix seen column-major: cols x rows with leading dim cols. */
 static mn_status make_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows,
                              int64_t cols, int64_t batch, int64_t stride, int64_t pitch) {
@@ -90,9 +125,8 @@ static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias
 /* Sets (or, with CUBLASLT_EPILOGUE_DEFAULT and NULL pointers, clears) the epilogue. The
  * heuristic reads the pointers' values for their alignment, so they are the real ones. */
 static cublasStatus_t set_epilogue(cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, void *bias,
-                                   void *aux, int64_t aux_ld) {
+                                   int32_t bias_type, void *aux, int64_t aux_ld) {
   uint32_t e = (uint32_t)epi;
-  int32_t bias_type = CUDA_R_32F;
   cublasStatus_t r =
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
   if (r == CUBLAS_STATUS_SUCCESS)
@@ -124,21 +158,46 @@ static cublasStatus_t first_algo(cuda_state *st, mn_cu_matmul_plan *mp,
  * has none (some versions answer NOT_SUPPORTED rather than an empty list, so any refusal
  * but running out of memory counts), the descriptor is made plain again; that is an error
  * only when the lowering gave no fallback. */
+/* One attempt at the epilogue with the given bias vector and its type; mp->fused says whether
+ * cuBLASLt has an algorithm for it. */
+static cublasStatus_t epilogue_attempt(cuda_state *st, const mn_cu_matmul_desc *d,
+                                       mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref,
+                                       void *bias, int32_t bias_type, void *aux) {
+  int found = 0;
+  cublasStatus_t r =
+      set_epilogue(mp->desc, lt_epilogue(d->epilogue), bias, bias_type, aux, d->aux_ld);
+  if (r == CUBLAS_STATUS_SUCCESS) r = first_algo(st, mp, pref, &found);
+  mp->fused = r == CUBLAS_STATUS_SUCCESS && found > 0;
+  return r;
+}
+
+/* A bias added to a bf16 / fp16 product is offered in fp32 first; where cuBLASLt wants it in
+ * the product's type, the parameter's low-precision copy is offered next. A refused attempt
+ * leaves attributes behind that later searches trip over, so the descriptor is made anew
+ * for the plain product. */
 static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                               mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref) {
   const mn_cu_matmul_desc *d = &cmd->mm;
   void *bias = mn_cu_resolve(st, s, d->bias), *aux = mn_cu_resolve(st, s, d->aux);
   const char *why = epilogue_ruled_out(d, (uintptr_t)bias, (uintptr_t)aux);
   if (!why) {
-    int found = 0;
-    cublasStatus_t r = set_epilogue(mp->desc, lt_epilogue(d->epilogue), bias, aux, d->aux_ld);
-    if (r == CUBLAS_STATUS_SUCCESS) r = first_algo(st, mp, pref, &found);
+    cublasStatus_t r = epilogue_attempt(st, d, mp, pref, bias, CUDA_R_32F, aux);
+    bool adds_bias = d->epilogue == MN_CU_EPI_BIAS || d->epilogue == MN_CU_EPI_BIAS_RELU ||
+                     d->epilogue == MN_CU_EPI_BIAS_GELU;
+    cudaDataType_t tc = data_type(s, d->c);
+    if (!mp->fused && r != CUBLAS_STATUS_ALLOC_FAILED && adds_bias && tc != CUDA_R_32F &&
+        d->bias.kind == MN_CU_ARG_NODE &&
+        mn_plan_buffer_of(s->plan, d->bias.node)->role == MN_BUF_PARAMETER) {
+      mn_cu_arg low = d->bias;
+      low.kind = MN_CU_ARG_SHADOW;
+      r = epilogue_attempt(st, d, mp, pref, mn_cu_resolve(st, s, low), (int32_t)tc, aux);
+    }
     if (r == CUBLAS_STATUS_ALLOC_FAILED) return lt_check(r, "algorithm search");
-    mp->fused = r == CUBLAS_STATUS_SUCCESS && found > 0;
     if (mp->fused) return MN_OK;
     why = r == CUBLAS_STATUS_SUCCESS ? "no algorithm for it" : cublasLtGetStatusString(r);
-    mn_status rc = lt_check(set_epilogue(mp->desc, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0),
-                            "clearing an epilogue");
+    cublasLtMatmulDescDestroy(mp->desc);
+    mp->desc = NULL;
+    mn_status rc = create_desc(s, d, mp);
     if (rc != MN_OK) return rc;
   }
   if (d->fallback_cmds > 0) return MN_OK;
@@ -150,38 +209,11 @@ static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_c
                  (long long)d->k);
 }
 
-/* The element type of an operand as stored, and its size. */
-static cudaDataType_t data_type(const mn_session *s, mn_cu_arg a) {
-  switch (mn_cu_arg_storage(s->plan, a)) {
-  case MN_DEV_BF16: return CUDA_R_16BF;
-  case MN_DEV_F16: return CUDA_R_16F;
-  default: return CUDA_R_32F;
-  }
-}
-static uintptr_t elem_size(const mn_session *s, mn_cu_arg a) {
-  return mn_cu_arg_storage(s->plan, a) == MN_DEV_F32 ? 4 : 2;
-}
-
-/* Operands in bf16 / fp16 (a low-precision session) multiply on tensor cores and accumulate
- * in fp32; fp32 operands do so in TF32 only when allowed. */
 static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                              mn_cu_matmul_plan *mp) {
   const mn_cu_matmul_desc *d = &cmd->mm;
   cudaDataType_t ta = data_type(s, d->a), tb = data_type(s, d->b), tc = data_type(s, d->c);
-  cublasComputeType_t compute =
-      s->options.allow_tf32 && ta == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  mn_status rc = lt_check(cublasLtMatmulDescCreate(&mp->desc, compute, CUDA_R_32F), "descriptor");
-  /* Operand 1 of cuBLASLt is our B, operand 2 our A. */
-  cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t op_a = d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (rc == MN_OK)
-    rc = lt_check(
-        cublasLtMatmulDescSetAttribute(mp->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b),
-        "transpose");
-  if (rc == MN_OK)
-    rc = lt_check(
-        cublasLtMatmulDescSetAttribute(mp->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a),
-        "transpose");
+  mn_status rc = create_desc(s, d, mp);
   /* Stored shapes, row-major: B is [k,n] or [n,k]; A is [m,k] or [k,m]; C is [m,n]. */
   if (rc == MN_OK)
     rc = make_layout(&mp->b, tb, d->trans_b ? d->n : d->k, d->trans_b ? d->k : d->n, d->batch,
