@@ -43,11 +43,16 @@ static mn_node attend(mn_graph *g, const att_case *a, mn_node q, mn_node k, mn_n
 
 /* Inference: q, k, v inputs -> attention as the output. Training: q, k, v parameters ->
  * attention -> scaled by 1.7 -> MSE against an input, so dy differs per element. */
-static mn_graph *build(const att_case *a, bool training) {
+static mn_graph *build_qkv(const att_case *a, bool training, bool computed) {
   mn_graph *g = mn_graph_new();
   mn_node q = leaf(g, training, "q", a, a->t, a->heads);
   mn_node k = leaf(g, training, "k", a, a->s, a->kv_heads);
   mn_node v = leaf(g, training, "v", a, a->s, a->kv_heads);
+  if (computed) { /* values an op stores: bf16 in a bf16 session */
+    q = mn_scale(g, q, 1.0f);
+    k = mn_scale(g, k, 1.0f);
+    v = mn_scale(g, v, 1.0f);
+  }
   mn_node y = attend(g, a, q, k, v);
   if (training) {
     mn_node target = leaf(g, false, "target", a, a->t, a->heads);
@@ -58,10 +63,27 @@ static mn_graph *build(const att_case *a, bool training) {
   return g;
 }
 
+static mn_graph *build(const att_case *a, bool training) { return build_qkv(a, training, false); }
+
+/* bf16: q, k and v computed (so stored in bf16) reach the 16-bit tensor-core kernels, which
+ * also round P and dS to bf16 for their products, as FlashAttention does; the CPU emulation
+ * keeps those in fp32. Two more roundings of u on each path: 4u norm-wise. */
+static void check_matches_bf16(const att_case *a, uint64_t seed) {
+  mn_test_require_cuda_device();
+  mn_graph *g = build_qkv(a, true, true);
+  mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL, qkv_ranges,
+                                 seed);
+  mn_graph_free(g);
+}
+
 static void check_compiles(const att_case *a, bool training) {
   mn_test_require_cuda_build();
   mn_graph *g = build(a, training);
   mn_test_assert_compiles(g, training);
+  mn_graph_free(g);
+  if (!training) return;
+  g = build_qkv(a, true, true); /* the 16-bit tensor-core path */
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
   mn_graph_free(g);
 }
 
@@ -72,14 +94,15 @@ static void check_matches(const att_case *a, bool training, uint64_t seed) {
   mn_graph_free(g);
 }
 
-/* Four tests per case: forward and backward, each compiled (no device) and compared with
- * the CPU (on a GPU). */
+/* Five tests per case: forward and backward, each compiled (no device) and compared with
+ * the CPU (on a GPU), and the backward in bf16 against the CPU emulation. */
 #define ATT_CASE(name, seed, ...)                                                                  \
   static const att_case name = {__VA_ARGS__};                                                      \
   Test(cuda_attention, name##_forward_compiles) { check_compiles(&name, false); }                  \
   Test(cuda_attention, name##_backward_compiles) { check_compiles(&name, true); }                  \
   Test(cuda_attention, name##_forward_matches_cpu) { check_matches(&name, false, seed); }          \
-  Test(cuda_attention, name##_backward_matches_cpu) { check_matches(&name, true, seed + 100); }
+  Test(cuda_attention, name##_backward_matches_cpu) { check_matches(&name, true, seed + 100); }    \
+  Test(cuda_attention, name##_bf16_matches_cpu) { check_matches_bf16(&name, seed + 200); }
 
 /* kind, batches, t, s, heads, kv_heads, head_dim. T and S are mostly not multiples of the
  * 16..64-row tiles; rank-3 cases have two batches. */
