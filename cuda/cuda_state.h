@@ -26,6 +26,7 @@ typedef struct mn_cu_matmul_plan {
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
   bool fused; /* the epilogue runs in cuBLASLt; its fallback commands are skipped */
+  bool plain_to_fallback; /* not fused: the plain product goes to the desc's c_fallback */
 } mn_cu_matmul_plan;
 
 typedef struct mn_cu_device_misc {

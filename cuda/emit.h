@@ -87,6 +87,10 @@ typedef struct mn_cu_matmul_desc {
   mn_cu_arg bias; /* read by the bias epilogues, written by the bias-gradient ones */
   mn_cu_arg aux;  /* dgelu: the gelu input */
   int64_t aux_ld; /* row pitch of aux in floats */
+  /* Where the plain product goes when the epilogue is not fused (kind NONE: c). A
+   * low-precision session puts it in fp32 scratch, so that the fallback rounds once, after
+   * the epilogue, as the fused product does. */
+  mn_cu_arg c_fallback;
   uint32_t fallback_cmds;
 } mn_cu_matmul_desc;
 

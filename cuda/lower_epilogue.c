@@ -8,6 +8,10 @@
  * second compile. */
 #include "cuda/emit.h"
 #include "host/error.h"
+#include "host/pointwise.h"
+
+#define PW_BLOCK      256
+#define PW_MAX_BLOCKS 4096
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 
@@ -45,6 +49,34 @@ static mn_status lower_as(const mn_cu_op_ctx *c, mn_op op, mn_node out, const mn
   return st;
 }
 
+/* Low-precision sessions: the fused product rounds once, after its epilogue, so a fallback
+ * must too. Its plain product goes to fp32 scratch (mn_cu_matmul_desc.c_fallback) and the
+ * epilogue's kernels read it there and store the node's value once. */
+static bool low_precision(const mn_cu_op_ctx *c) {
+  return mn_cu_low_storage(c->plan) != MN_DEV_F32;
+}
+
+static unsigned pw_blocks(int64_t groups) {
+  unsigned b = mn_cu_blocks(groups, PW_BLOCK);
+  return b > PW_MAX_BLOCKS ? PW_MAX_BLOCKS : b;
+}
+
+/* out = x + bias[i % ncol] (mn_pw_add_row). */
+static mn_status add_bias(const mn_cu_op_ctx *c, mn_cu_arg out, mn_cu_arg x, mn_cu_arg bias) {
+  int64_t n = mn_cu_numel(c), ncol = last_dim(&c->node->type);
+  int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_add_row<%lldLL, %lldLL>", (long long)n, (long long)ncol);
+  mn_cu_arg args[3] = {out, x, bias};
+  return mn_cu_launch(c, k, pw_blocks(ncol % 4 == 0 ? n / 4 : n), 1, 1, 0, 3, args);
+}
+
+/* out = row `op`(a[, b]) element-wise (mn_pw_map), no attribute. */
+static mn_status pointwise(const mn_cu_op_ctx *c, mn_op op, int nargs, const mn_cu_arg *args) {
+  int64_t n = mn_cu_numel(c);
+  int k =
+      mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%d, %lldLL, 0u>", mn_pw_code_of_op(op), (long long)n);
+  return mn_cu_launch(c, k, pw_blocks((n + 3) / 4), 1, 1, 0, nargs, args);
+}
+
 /* The matmul command at index `at` offers its epilogue in place of every command after it. */
 static void seal_fallback(const mn_cu_op_ctx *c, size_t at) {
   c->prog->cmds[at].mm.fallback_cmds = (uint32_t)(c->prog->num_cmds - at - 1);
@@ -65,14 +97,24 @@ mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
                    mn_op_name(c->node->op), (int)act);
   }
   d.bias = mn_cu_in(c, 2);
+  bool low = low_precision(c);
+  if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
   if (st != MN_OK) return st;
   size_t at = c->prog->num_cmds - 1;
   mn_node self = c->id;
-  st = lower_as(c, MN_OP_BIAS_ADD, self, (const mn_node[]){self, c->node->inputs[2]}, 2);
   static const mn_op act_op[MN_ACT_COUNT] = {
       [MN_ACT_RELU] = MN_OP_RELU, [MN_ACT_GELU] = MN_OP_GELU, [MN_ACT_SILU] = MN_OP_SILU};
-  if (st == MN_OK && act != MN_ACT_NONE) st = lower_as(c, act_op[act], self, &self, 1);
+  if (low && act == MN_ACT_NONE) {
+    st = add_bias(c, mn_cu_out(c), d.c_fallback, d.bias);
+  } else if (low) {
+    st = add_bias(c, d.c_fallback, d.c_fallback, d.bias);
+    if (st == MN_OK)
+      st = pointwise(c, act_op[act], 2, (const mn_cu_arg[]){mn_cu_out(c), d.c_fallback});
+  } else {
+    st = lower_as(c, MN_OP_BIAS_ADD, self, (const mn_node[]){self, c->node->inputs[2]}, 2);
+    if (st == MN_OK && act != MN_ACT_NONE) st = lower_as(c, act_op[act], self, &self, 1);
+  }
   if (st != MN_OK) return st;
   if (d.epilogue != MN_CU_EPI_NONE) seal_fallback(c, at);
   return MN_OK;
@@ -84,11 +126,17 @@ mn_status mn_cu_lower_MATMUL_DGELU(const mn_cu_op_ctx *c) {
   d.epilogue = MN_CU_EPI_DGELU;
   d.aux = mn_cu_in(c, 2);
   d.aux_ld = d.n;
+  bool low = low_precision(c);
+  if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
   if (st != MN_OK) return st;
   size_t at = c->prog->num_cmds - 1;
   mn_node self = c->id;
-  st = lower_as(c, MN_OP_GELU_GRAD, self, (const mn_node[]){c->node->inputs[2], self}, 2);
+  if (low)
+    st = pointwise(c, MN_OP_GELU_GRAD, 3,
+                   (const mn_cu_arg[]){mn_cu_out(c), mn_cu_in(c, 2), d.c_fallback});
+  else
+    st = lower_as(c, MN_OP_GELU_GRAD, self, (const mn_node[]){c->node->inputs[2], self}, 2);
   if (st != MN_OK) return st;
   seal_fallback(c, at);
   return MN_OK;

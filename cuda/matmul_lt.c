@@ -55,7 +55,6 @@ static mn_status create_desc(const mn_session *s, const mn_cu_matmul_desc *d,
   return rc;
 }
 
-
 /* A row-major [rows, cols] matrix seen column-major: cols x rows with leading dim cols. */
 static mn_status make_layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows,
                              int64_t cols, int64_t batch, int64_t stride, int64_t pitch) {
@@ -248,6 +247,13 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
                                        sizeof align_c);
   int found = 0;
   if (d->epilogue != MN_CU_EPI_NONE) rc = try_epilogue(st, s, cmd, mp, pref);
+  if (rc == MN_OK && !mp->fused && d->c_fallback.kind != MN_CU_ARG_NONE) {
+    cublasLtMatrixLayoutDestroy(mp->c);
+    mp->c = NULL;
+    mp->plain_to_fallback = true;
+    rc =
+        make_layout(&mp->c, data_type(s, d->c_fallback), d->m, d->n, d->batch, d->stride_c, d->ldc);
+  }
   if (rc == MN_OK && !mp->fused)
     rc = lt_check(first_algo(st, mp, pref, &found), "algorithm search");
   cublasLtMatmulPreferenceDestroy(pref);
@@ -304,7 +310,7 @@ void mn_cu_matmuls_destroy(cuda_state *st) {
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd) {
   const mn_cu_matmul_desc *d = &st->prog.cmds[cmd].mm;
   mn_cu_matmul_plan *mp = &st->matmuls[cmd];
-  void *c = mn_cu_resolve(st, s, d->c);
+  void *c = mn_cu_resolve(st, s, mp->plain_to_fallback ? d->c_fallback : d->c);
   return lt_check(cublasLtMatmul(st->lt, mp->desc, &d->alpha, mn_cu_resolve(st, s, d->b), mp->b,
                                  mn_cu_resolve(st, s, d->a), mp->a, &d->beta, c, mp->c, c, mp->c,
                                  &mp->algo, st->workspace, st->workspace_bytes, st->stream),
