@@ -97,6 +97,9 @@ void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a);
  * shares another's parameters, which may have changed them); and converts between a
  * buffer's stored values and the floats the API speaks. */
 mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s);
+/* Before the arena is planned: pads the rows of wide low-precision logits and their
+ * gradient (mn_buffer_desc.pitch) when every op that touches them reads the pitch. */
+void mn_cu_low_pitch_rows(mn_plan *p);
 mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s);
 mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s);
 void mn_cu_low_free(cuda_state *st);

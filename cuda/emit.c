@@ -61,6 +61,12 @@ int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a) {
   }
 }
 
+int64_t mn_cu_row_pitch(const mn_plan *p, mn_node n) {
+  const mn_tensor_type *t = &p->graph->nodes[n].type;
+  int64_t pitch = mn_plan_buffer_of(p, n)->pitch;
+  return pitch ? pitch : t->shape[t->rank - 1];
+}
+
 size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a) {
   if (a.kind == MN_CU_ARG_SHADOW) return a.offset / 2;
   if (a.kind != MN_CU_ARG_NODE || mn_cu_arg_storage(p, a) == MN_DEV_F32) return a.offset;

@@ -182,6 +182,8 @@ mn_cu_arg mn_cu_stage(const mn_cu_op_ctx *c, size_t bytes);
 int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a);
 /* The byte offset of a into its buffer as stored (offset halved for a low-precision node). */
 size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a);
+/* Values per row of node n as stored: its buffer's pitch, or its last dimension. */
+int64_t mn_cu_row_pitch(const mn_plan *p, mn_node n);
 /* The storage of the plan's low-precision values (MN_DEV_F32 in an fp32 session). */
 int mn_cu_low_storage(const mn_plan *p);
 

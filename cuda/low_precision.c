@@ -34,7 +34,10 @@ static int convert_kernel(cuda_state *st, const mn_plan *p, long long n) {
 static mn_status launch_convert(cuda_state *st, int kernel, void *dst, void *src, long long n) {
   mn_ptrs io = {{dst, src}};
   long long blocks = ((n + 7) / 8 + 255) / 256;
-  dim3 grid = {(unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), 1, 1},
+  dim3 grid = {(unsigned)(blocks < 1      ? 1
+                          : blocks > 4096 ? 4096
+                                          : blocks),
+               1, 1},
        block = {256, 1, 1};
   void *args[] = {&io};
   mn_status rc = mn_cu_check(
@@ -64,6 +67,50 @@ mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
       return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   }
   return MN_OK;
+}
+
+/* Rows of at least this many values whose bf16 / fp16 rows are not 16-byte multiples: cuBLASLt
+ * keeps such matrices off its fast kernels (GPT-2's 50257-wide logits). */
+#define PITCH_MIN_COLS 1024
+#define PITCH_ALIGN    64 /* values: 128-byte rows */
+
+/* Whether op reads or writes the node at input k (k < 0: as its output) through a row
+ * pitch: the products and the sparse cross-entropy kernels do. */
+static bool pitch_aware(mn_op op, int k) {
+  switch (op) {
+  case MN_OP_MATMUL: return k <= 0;
+  case MN_OP_MATMUL_BT: return k < 0;
+  case MN_OP_MATMUL_AT: return k == 0;
+  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS: return k == 0;
+  case MN_OP_SPARSE_CROSS_ENTROPY_GRAD: return k <= 0;
+  default: return false;
+  }
+}
+
+void mn_cu_low_pitch_rows(mn_plan *p) {
+  const mn_graph *g = p->graph;
+  if (mn_cu_low_storage(p) == MN_DEV_F32) return;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    mn_buffer_desc *d = &p->buffers[b];
+    const mn_node_rec *n = &g->nodes[d->node];
+    int64_t cols = n->type.shape[n->type.rank - 1];
+    if (d->storage == MN_F32 || d->role != MN_BUF_ACTIVATION || n->type.rank < 2 ||
+        cols < PITCH_MIN_COLS || cols % 8 == 0 || !pitch_aware(n->op, -1))
+      continue;
+    bool all = true;
+    for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
+      for (int k = 0; k < g->nodes[u].num_inputs && all; k++)
+        if (g->nodes[u].inputs[k] == d->node) all = pitch_aware(g->nodes[u].op, k);
+    if (all) d->pitch = (cols + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+  }
+  /* The gradient kernel walks the logits and its output with one alignment: both padded or
+   * neither. */
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    if (g->nodes[i].op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD) continue;
+    mn_buffer_desc *out = &p->buffers[p->node_buffer[i]],
+                   *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
+    if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
+  }
 }
 
 mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {
@@ -98,9 +145,9 @@ mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
   if (!low(s) || (!st->shadow_dirty && !s->shared)) return MN_OK;
   mn_status rc = MN_OK;
   if (st->shadow_block_kernel >= 0)
-    rc = launch_convert(st, st->shadow_block_kernel, st->shadow,
-                        st->arena + p->update_params_offset,
-                        (long long)(p->update_bytes / sizeof(float)));
+    rc =
+        launch_convert(st, st->shadow_block_kernel, st->shadow, st->arena + p->update_params_offset,
+                       (long long)(p->update_bytes / sizeof(float)));
   for (size_t b = 0; rc == MN_OK && b < p->num_buffers; b++) {
     if (st->shadow_kernel[b] < 0) continue;
     mn_node n = p->buffers[b].node;

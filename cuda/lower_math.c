@@ -60,14 +60,21 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
                          .batch = 1,
                          .alpha = 1.0f,
                          .beta = 0.0f};
+  /* Padded rows (mn_cu_low_pitch_rows) are read and written at their pitch. */
+  if (mn_plan_buffer_of(c->plan, c->node->inputs[0])->pitch)
+    d.lda = mn_cu_row_pitch(c->plan, c->node->inputs[0]);
+  if (mn_plan_buffer_of(c->plan, c->node->inputs[1])->pitch)
+    d.ldb = mn_cu_row_pitch(c->plan, c->node->inputs[1]);
+  if (mn_plan_buffer_of(c->plan, c->id)->pitch) d.ldc = mn_cu_row_pitch(c->plan, c->id);
   double flops = 2.0 * (double)m * (double)n * (double)k;
   /* A is stored [k, m] here. */
   pad_plan pa = {k, m, (m + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH};
-  if (!trans_a || !wants_pad(m, flops)) return mn_cu_matmul(c, &d);
+  if (!trans_a || d.lda || !wants_pad(m, flops)) return mn_cu_matmul(c, &d);
   /* A low-precision session pads straight into the low-precision staging the product reads. */
   size_t cells = (size_t)pa.rows * (size_t)pa.pitch;
-  mn_cu_arg padded = mn_cu_low_storage(c->plan) != MN_DEV_F32 ? mn_cu_stage(c, cells * 2)
-                                                               : mn_cu_scratch(c, cells * sizeof(float));
+  mn_cu_arg padded = mn_cu_low_storage(c->plan) != MN_DEV_F32
+                         ? mn_cu_stage(c, cells * 2)
+                         : mn_cu_scratch(c, cells * sizeof(float));
   mn_status st = copy_rows(c, &pa, d.a, padded);
   d.a = padded;
   d.lda = pa.pitch;

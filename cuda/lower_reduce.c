@@ -111,8 +111,10 @@ mn_status mn_cu_lower_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
   mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
-  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_sparse_ce_rows<%d, %d, %lldLL, %lldLL, %uu>",
-                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id);
+  int k = mn_cu_kernel(c, (unsigned)r.block,
+                       "mn_loss_sparse_ce_rows<%d, %d, %lldLL, %lldLL, %uu, %lldLL>", r.block, r.g,
+                       (long long)r.rows, (long long)r.n, (unsigned)c->id,
+                       (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]));
   mn_cu_arg args[4] = {scratch, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_error_arg()};
   mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
   return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
@@ -128,8 +130,13 @@ mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
 
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
-  int k = mn_cu_kernel(c, (unsigned)r.block, "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu>",
-                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id);
+  /* The logits and their gradient may have padded rows (the same pitch: both are padded when
+   * every op touching them reads the pitch, and they have one width). */
+  int k = mn_cu_kernel(c, (unsigned)r.block,
+                       "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
+                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
+                       (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
+                       (long long)mn_cu_row_pitch(c->plan, c->id));
   mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
                        mn_cu_error_arg()};
   return mn_cu_launch(c, k, r.grid, 1, 1, 0, 5, args);

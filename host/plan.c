@@ -139,6 +139,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
     b->node = (mn_node)i;
     b->role = role_of(g, (mn_node)i, is_output);
     b->storage = node->type.dtype;
+    b->pitch = 0;
     p->node_buffer[i] = (uint32_t)p->num_buffers++;
   }
   free(is_output);

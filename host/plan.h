@@ -25,6 +25,9 @@ typedef struct mn_buffer_desc {
    * of the node's dtype: the CPU backend stores a low-precision value as the float it rounds
    * to. */
   mn_dtype storage;
+  /* Values per row as stored, when a backend pads the rows (0: dense). The CUDA backend pads
+   * the wide rows of low-precision logits so that matrix products read aligned rows. */
+  int64_t pitch;
 } mn_buffer_desc;
 
 /* The name of the input that seeds the loss gradient with the loss scale (F16 training). */

@@ -171,8 +171,10 @@ float mn_storage_value(mn_dtype dt, uint16_t bits) {
 mn_status mn_plan_store_narrow(mn_plan *p) {
   for (size_t b = 0; b < p->num_buffers; b++) {
     mn_buffer_desc *d = &p->buffers[b];
-    if (d->storage == MN_BF16 || d->storage == MN_F16)
-      d->bytes = (size_t)mn_tensor_type_numel(&p->graph->nodes[d->node].type) * 2;
+    const mn_tensor_type *t = &p->graph->nodes[d->node].type;
+    size_t n = (size_t)mn_tensor_type_numel(t);
+    if (d->pitch) n = n / (size_t)t->shape[t->rank - 1] * (size_t)d->pitch;
+    if (d->storage == MN_BF16 || d->storage == MN_F16) d->bytes = n * 2;
   }
   return mn_memplan_layout(p, MN_LAYOUT_PLANNED);
 }

@@ -182,3 +182,20 @@ Test(cuda_precision, f16_training_on_cuda_is_refused_clearly) {
   cr_assert(strstr(mn_last_error(), "f16") != NULL, "%s", mn_last_error());
   mn_graph_free(g);
 }
+
+/* A vocabulary of 1031 (bf16 rows of 2062 bytes, not a 16-byte multiple): the backend pads
+ * the rows of the logits and of their gradient to 1088 values for the products, and the
+ * loss kernels read them at that pitch. Loss and every gradient agree with the CPU. */
+Test(cuda_precision, wide_unaligned_logits_train_as_on_the_cpu) {
+  mn_test_require_cuda_build();
+  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(64, 4, 2, 16, 96);
+  mn_graph *g = mn_test_lm(&cfg, 2, 24, 1031, 1);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
+  mn_test_require_cuda_device();
+  const mn_test_range ranges[] = {{"tokens", 0, 1031}, {"labels", 0, 1031}, {NULL, 0, 0}};
+  double err = mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
+                                              ranges, 3);
+  cr_log_info("largest norm-wise difference: %.3g", err);
+  mn_graph_free(g);
+}

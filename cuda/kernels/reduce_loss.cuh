@@ -30,9 +30,10 @@ __device__ void mn_loss_ce_rows(const IO &io) {
 }
 
 // sparse_cross_entropy_loss rows: p[0] partials (double [ROWS]) = -log_softmax(x)[label],
-// p[1] logits, p[2] labels (u32 [ROWS]), p[3] the error record. A label >= N is reported
-// and its row's partial is NaN, so the loss is NaN; no logit outside the row is read.
-template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, class IO>
+// p[1] logits, rows XP values apart (a padded pitch, or N), p[2] labels (u32 [ROWS]), p[3]
+// the error record. A label >= N is reported and its row's partial is NaN, so the loss is
+// NaN; no logit outside the row is read.
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, class IO>
 __device__ void mn_loss_sparse_ce_rows(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
@@ -47,7 +48,7 @@ __device__ void mn_loss_sparse_ce_rows(const IO &io) {
     }
     return;
   }
-  const auto x = mn_in<1>(io) + row * N;
+  const auto x = mn_in<1>(io) + row * XP;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   if (lane == 0) part[row] = -(double)((x[label] - m) - ls);
@@ -80,24 +81,26 @@ __device__ void mn_loss_ce_grad(const IO &io) {
   });
 }
 
-// sparse_cross_entropy_grad: dy[0]/ROWS * (softmax - onehot(label)). p[0] out,
-// p[1] logits, p[2] labels, p[3] dy [1], p[4] the error record. The labels are checked
-// again (the kernel may run without its forward): a bad row is reported and set to NaN.
-template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, class IO>
+// sparse_cross_entropy_grad: dy[0]/ROWS * (softmax - onehot(label)). p[0] out (rows OP
+// values apart), p[1] logits (rows XP apart), p[2] labels, p[3] dy [1], p[4] the error
+// record. The labels are checked again (the kernel may run without its forward): a bad row
+// is reported and set to NaN.
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
+          class IO>
 __device__ void mn_loss_sparse_ce_grad(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   if (row >= ROWS) return;
   const unsigned label = mn_arg<const unsigned>(io, 2)[row];
-  const auto o = mn_out<0>(io) + row * N;
+  const auto o = mn_out<0>(io) + row * OP;
   if (label >= N) {
     if (lane == 0) mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
     return;
   }
-  const auto x = mn_in<1>(io) + row * N;
+  const auto x = mn_in<1>(io) + row * XP;
   const float k = (float)((double)mn_in<3>(io)[0] / (double)ROWS);
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
