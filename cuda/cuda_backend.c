@@ -318,8 +318,10 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
     return MN_OK;
   }
   const mn_buffer_desc *d = &s->plan->buffers[buffer];
+  const mn_tensor_type *t = &s->plan->graph->nodes[d->node].type;
   if (d->storage == MN_BF16 || d->storage == MN_F16)
-    return mn_cu_low_read(st, d->storage, buffer_addr(st, s, buffer), dst, bytes / sizeof(float));
+    return mn_cu_low_read(st, d->storage, buffer_addr(st, s, buffer), dst, bytes / sizeof(float),
+                          (size_t)t->shape[t->rank - 1], (size_t)d->pitch);
   return mn_cu_check(cudaMemcpy(dst, buffer_addr(st, s, buffer), bytes, cudaMemcpyDeviceToHost),
                      "copying from the device");
 }

@@ -106,8 +106,9 @@ void mn_cu_low_free(cuda_state *st);
 /* Copies between host floats and a device buffer that stores `storage` (an mn_dtype). */
 mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const float *src,
                           size_t count);
+/* count values in rows of `cols` stored `pitch` apart (pitch 0: dense). */
 mn_status mn_cu_low_read(cuda_state *st, mn_dtype storage, const void *src, float *dst,
-                         size_t count);
+                         size_t count, size_t cols, size_t pitch);
 
 /* cuBLASLt: plans for every MATMUL command, chosen at build time; enqueue. */
 mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);

@@ -94,8 +94,9 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
     mn_buffer_desc *d = &p->buffers[b];
     const mn_node_rec *n = &g->nodes[d->node];
     int64_t cols = n->type.shape[n->type.rank - 1];
-    if (d->storage == MN_F32 || d->role != MN_BUF_ACTIVATION || n->type.rank < 2 ||
-        cols < PITCH_MIN_COLS || cols % 8 == 0 || !pitch_aware(n->op, -1))
+    bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
+    if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
+        cols % 8 == 0 || !pitch_aware(n->op, -1))
       continue;
     bool all = true;
     for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
@@ -185,12 +186,17 @@ mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const flo
 }
 
 mn_status mn_cu_low_read(cuda_state *st, mn_dtype storage, const void *src, float *dst,
-                         size_t count) {
+                         size_t count, size_t cols, size_t pitch) {
   (void)st;
   uint16_t *bits = malloc((count ? count : 1) * sizeof *bits);
   if (!bits) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  mn_status rc = mn_cu_check(cudaMemcpy(bits, src, count * sizeof *bits, cudaMemcpyDeviceToHost),
-                             "copying from the device");
+  mn_status rc =
+      pitch && cols
+          ? mn_cu_check(cudaMemcpy2D(bits, cols * sizeof *bits, src, pitch * sizeof *bits,
+                                     cols * sizeof *bits, count / cols, cudaMemcpyDeviceToHost),
+                        "copying padded rows from the device")
+          : mn_cu_check(cudaMemcpy(bits, src, count * sizeof *bits, cudaMemcpyDeviceToHost),
+                        "copying from the device");
   for (size_t i = 0; rc == MN_OK && i < count; i++)
     dst[i] = mn_storage_value(storage, bits[i]);
   free(bits);

@@ -170,10 +170,9 @@ static cublasStatus_t epilogue_attempt(cuda_state *st, const mn_cu_matmul_desc *
   return r;
 }
 
-/* A bias added to a bf16 / fp16 product is offered in fp32 first; where cuBLASLt wants it in
- * the product's type, the parameter's low-precision copy is offered next. A refused attempt
- * leaves attributes behind that later searches trip over, so the descriptor is made anew
- * for the plain product. */
+/* The bias stays fp32 (the storage table adds it in fp32; a bf16 copy of it would move relu
+ * masks where the sum cancels). A refused attempt leaves attributes behind that later
+ * searches trip over, so the descriptor is made anew for the plain product. */
 static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                               mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref) {
   const mn_cu_matmul_desc *d = &cmd->mm;
@@ -181,16 +180,6 @@ static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_c
   const char *why = epilogue_ruled_out(d, (uintptr_t)bias, (uintptr_t)aux);
   if (!why) {
     cublasStatus_t r = epilogue_attempt(st, d, mp, pref, bias, CUDA_R_32F, aux);
-    bool adds_bias = d->epilogue == MN_CU_EPI_BIAS || d->epilogue == MN_CU_EPI_BIAS_RELU ||
-                     d->epilogue == MN_CU_EPI_BIAS_GELU;
-    cudaDataType_t tc = data_type(s, d->c);
-    if (!mp->fused && r != CUBLAS_STATUS_ALLOC_FAILED && adds_bias && tc != CUDA_R_32F &&
-        d->bias.kind == MN_CU_ARG_NODE &&
-        mn_plan_buffer_of(s->plan, d->bias.node)->role == MN_BUF_PARAMETER) {
-      mn_cu_arg low = d->bias;
-      low.kind = MN_CU_ARG_SHADOW;
-      r = epilogue_attempt(st, d, mp, pref, mn_cu_resolve(st, s, low), (int32_t)tc, aux);
-    }
     if (r == CUBLAS_STATUS_ALLOC_FAILED) return lt_check(r, "algorithm search");
     if (mp->fused) return MN_OK;
     why = r == CUBLAS_STATUS_SUCCESS ? "no algorithm for it" : cublasLtGetStatusString(r);
