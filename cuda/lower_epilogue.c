@@ -98,6 +98,9 @@ mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
   }
   d.bias = mn_cu_in(c, 2);
   bool low = low_precision(c);
+  /* The storage table reads the bias in low precision: a parameter through its copy. */
+  if (low && mn_plan_buffer_of(c->plan, c->node->inputs[2])->role == MN_BUF_PARAMETER)
+    d.bias.kind = MN_CU_ARG_SHADOW;
   if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
   if (st != MN_OK) return st;

@@ -170,16 +170,17 @@ static cublasStatus_t epilogue_attempt(cuda_state *st, const mn_cu_matmul_desc *
   return r;
 }
 
-/* The bias stays fp32 (the storage table adds it in fp32; a bf16 copy of it would move relu
- * masks where the sum cancels). A refused attempt leaves attributes behind that later
- * searches trip over, so the descriptor is made anew for the plain product. */
+/* The bias vector has its argument's storage: a low-precision session reads matmul_bias_act's
+ * bias in bf16 / fp16 (the parameter's low-precision copy), a bias gradient is fp32. A
+ * refused attempt leaves attributes behind that later searches trip over, so the descriptor
+ * is made anew for the plain product. */
 static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                               mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref) {
   const mn_cu_matmul_desc *d = &cmd->mm;
   void *bias = mn_cu_resolve(st, s, d->bias), *aux = mn_cu_resolve(st, s, d->aux);
   const char *why = epilogue_ruled_out(d, (uintptr_t)bias, (uintptr_t)aux);
   if (!why) {
-    cublasStatus_t r = epilogue_attempt(st, d, mp, pref, bias, CUDA_R_32F, aux);
+    cublasStatus_t r = epilogue_attempt(st, d, mp, pref, bias, data_type(s, d->bias), aux);
     if (r == CUBLAS_STATUS_ALLOC_FAILED) return lt_check(r, "algorithm search");
     if (mp->fused) return MN_OK;
     why = r == CUBLAS_STATUS_SUCCESS ? "no algorithm for it" : cublasLtGetStatusString(r);

@@ -57,12 +57,12 @@ void mn_storage_round_n(mn_dtype dt, float *x, size_t n) {
 
 bool mn_storage_reads_low(mn_op op, int k) {
   switch (op) {
+  case MN_OP_MATMUL_BIAS_ACT: return k < 3; /* the bias too, as autocast's linear reads it */
   case MN_OP_MATMUL:
   case MN_OP_MATMUL_AT:
   case MN_OP_MATMUL_BT:
   case MN_OP_MATMUL_AT_BGRAD:
-  case MN_OP_MATMUL_BIAS_ACT: /* the bias is added in fp32 */
-  case MN_OP_MATMUL_DGELU:    /* the pre-activation is an activation already */
+  case MN_OP_MATMUL_DGELU: /* the pre-activation is an activation already */
   case MN_OP_CONV2D:
   case MN_OP_CONV2D_GRAD_INPUT:
   case MN_OP_CONV2D_GRAD_KERNEL: return k < 2;

@@ -41,7 +41,7 @@ mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec);
 mn_status mn_plan_store_narrow(mn_plan *p);
 
 /* Whether input k of an op is a matrix-product operand, which a low-precision session reads in
- * low precision. */
+ * low precision (matmul_bias_act's bias included, as PyTorch autocast's linear reads it). */
 bool mn_storage_reads_low(mn_op op, int k);
 
 /* F16's dynamic loss scaling, as PyTorch's GradScaler: the loss gradient is seeded with

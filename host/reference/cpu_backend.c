@@ -16,8 +16,8 @@ typedef struct cpu_state {
   unsigned char *arena;
   /* Low-precision sessions: the rounded copies of fp32 product operands (parameters, inputs)
    * that the products read, as the CUDA backend reads the weights' low-precision copy. */
-  float *operand[2];
-  size_t operand_cap[2];
+  float *operand[3]; /* rounded copies of fp32 product operands (a, b, a bias) */
+  size_t operand_cap[3];
   float *accum;             /* gradient accumulation: the running sum, update_bytes */
   float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
   mn_status pending;        /* failure of the last step, reported by wait */
@@ -108,6 +108,7 @@ static void cpu_destroy(mn_session *s) {
   free(st->accum);
   free(st->operand[0]);
   free(st->operand[1]);
+  free(st->operand[2]);
   free(st->arena);
   free(st);
   s->backend_state = NULL;
@@ -216,7 +217,7 @@ static mn_status cpu_step(mn_session *s) {
     mn_status rc = MN_OK;
     for (int k = 0; k < node->num_inputs; k++) {
       c.in[k] = buffer_ptr(s, p->node_buffer[node->inputs[k]]);
-      if (k < 2 && rc == MN_OK) rc = low_precision_operand(s, node, k, &c.in[k]);
+      if (k < 3 && rc == MN_OK) rc = low_precision_operand(s, node, k, &c.in[k]);
     }
     if (rc != MN_OK) return rc;
     for (int k = 1; k <= mn_node_num_extra_outputs(node); k++)
