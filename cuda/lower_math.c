@@ -47,6 +47,44 @@ static mn_status copy_rows(const mn_cu_op_ctx *c, const pad_plan *p, mn_cu_arg s
   return mn_cu_launch(c, k, blocks, 1, 1, 0, 2, args);
 }
 
+/* b, stored [rows, cols], as [prows, pcols] with zeros after, in the low-precision staging. */
+static mn_status padded_copy(const mn_cu_op_ctx *c, mn_cu_arg *b, int64_t rows, int64_t cols,
+                             int64_t prows, int64_t pcols) {
+  mn_cu_arg dst = mn_cu_stage(c, (size_t)(prows * pcols) * 2);
+  pad_plan pp = {rows, cols, pcols};
+  mn_status st = copy_rows(c, &pp, *b, dst);
+  if (st == MN_OK && prows > rows) {
+    mn_cu_arg tail = dst;
+    tail.offset += (size_t)(rows * pcols) * 2;
+    st = mn_cu_memset_zero(c, tail, (size_t)((prows - rows) * pcols) * sizeof(float));
+  }
+  *b = dst;
+  return st;
+}
+
+/* Padded logits (mn_cu_low_pitch_rows): the product that makes them computes the pad columns
+ * as well, zeros from a zero-padded copy of b, and the product that reads their gradient
+ * along k sums over the pad (zeros there too), so cuBLASLt multiplies aligned shapes; GPT-2's
+ * head products at n or k = 50257 ran at a fraction of the aligned rate. */
+static mn_status pad_head_product(const mn_cu_op_ctx *c, mn_cu_matmul_desc *d) {
+  mn_status st = MN_OK;
+  if (d->ldc > d->n) {
+    int64_t p = d->ldc;
+    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, p, d->k)
+                    : padded_copy(c, &d->b, d->k, d->n, d->k, p);
+    d->n = p;
+    d->ldb = 0;
+  }
+  if (st == MN_OK && !d->trans_a && d->lda > d->k) {
+    int64_t p = d->lda;
+    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, d->n, p)
+                    : padded_copy(c, &d->b, d->k, d->n, p, d->n);
+    d->k = p;
+    d->ldb = 0;
+  }
+  return st;
+}
+
 static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64_t m, int64_t n,
                         int64_t k) {
   mn_cu_matmul_desc d = {.a = mn_cu_in(c, 0),
@@ -66,6 +104,10 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
   if (mn_plan_buffer_of(c->plan, c->node->inputs[1])->pitch)
     d.ldb = mn_cu_row_pitch(c->plan, c->node->inputs[1]);
   if (mn_plan_buffer_of(c->plan, c->id)->pitch) d.ldc = mn_cu_row_pitch(c->plan, c->id);
+  if (d.ldb == 0) {
+    mn_status st = pad_head_product(c, &d);
+    if (st != MN_OK) return st;
+  }
   double flops = 2.0 * (double)m * (double)n * (double)k;
   /* A is stored [k, m] here. */
   pad_plan pa = {k, m, (m + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH};

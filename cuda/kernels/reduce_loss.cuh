@@ -94,6 +94,9 @@ __device__ void mn_loss_sparse_ce_grad(const IO &io) {
   if (row >= ROWS) return;
   const unsigned label = mn_arg<const unsigned>(io, 2)[row];
   const auto o = mn_out<0>(io) + row * OP;
+  // Padded rows: the pad is zero, which the product reading it along k sums.
+  for (long long i = N + lane; i < OP; i += G)
+    o[i] = 0.0f;
   if (label >= N) {
     if (lane == 0) mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
     for (long long i = lane; i < N; i += G)
