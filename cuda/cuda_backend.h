@@ -11,6 +11,9 @@ extern const mn_backend_ops mn_cuda_backend;
 
 /* Number of usable CUDA devices (0 when there is no driver or no device). */
 int mn_cuda_usable_devices(void);
+/* Compute capability of CUDA device `device` as major * 10 + minor (80 for sm_80, 90 for
+ * sm_90); 0 when there is no such usable device. */
+int mn_cuda_compute_capability(int device);
 
 /* Lowers a plan (with the optimizer kernels of a training session) and compiles its
  * kernels for `arch` with no device involved (the offline check that CI runs). */

@@ -12,3 +12,14 @@ int mn_cuda_usable_devices(void) {
   }
   return n;
 }
+
+int mn_cuda_compute_capability(int device) {
+  if (device < 0 || device >= mn_cuda_usable_devices()) return 0;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}

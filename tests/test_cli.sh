@@ -20,6 +20,7 @@ T=(--config "$cfg" --data "$text" --seq 16 --steps 20 --lr 1e-2)
 # ---- help and usage errors
 "$mn" --help | grep -q "usage: meganeura" || fail "meganeura --help"
 "$mn" train --help | grep -q -- "--checkpoint-every" || fail "meganeura train --help"
+"$mn" train --help | grep -q "default is bf16 on a" || fail "meganeura train --help: no default precision"
 "$mn" generate --help | grep -q -- "--top-k" || fail "meganeura generate --help"
 expect 2 "usage: meganeura"
 expect 2 "meganeura: unknown command 'frobnicate'" frobnicate
@@ -54,7 +55,9 @@ if ! "$mn" train "${T[@]}" --batch 4 --warmup 2 --grad-clip 1 --checkpoint-every
   fail "train: $(cat "$tmp/train.log")"
 fi
 [[ $(head -1 "$tmp/m.csv") == step,loss,lr,tokens_per_s,val_loss,val_ppl,precision ]] || fail "CSV header"
+# No --precision: f32 on the CPU (bf16 is the default on CUDA devices of compute capability 8.0+).
 awk -F, 'NR > 1 && $7 != "f32" {exit 1}' "$tmp/m.csv" || fail "the CSV does not record precision f32"
+grep -q "cpu backend, f32 precision" "$tmp/train.log" || fail "train's start line: $(head -1 "$tmp/train.log")"
 [[ $(($(wc -l <"$tmp/m.csv") - 1)) == 20 ]] || fail "CSV has $(($(wc -l <"$tmp/m.csv") - 1)) rows, not 20"
 awk -F, 'NR == 2 {a = $2} END {if (!($2 < a - 0.5)) exit 1}' "$tmp/m.csv" ||
   fail "the loss did not fall: $(sed -n '2p;$p' "$tmp/m.csv" | tr '\n' ' ')"
@@ -190,8 +193,10 @@ fi
 # ---- bench prints a step time and a token rate
 "$mn" bench --config "$cfg" --batch 2 --seq 16 --steps 3 >"$tmp/bench.txt" 2>&1 || fail "bench: $(cat "$tmp/bench.txt")"
 grep -Eq 'median [0-9.]+ ms/step, [0-9]+ tokens/s' "$tmp/bench.txt" || fail "bench output: $(cat "$tmp/bench.txt")"
+grep -q 'backend cpu, precision f32,' "$tmp/bench.txt" || fail "bench's CPU default is not f32: $(cat "$tmp/bench.txt")"
 "$mn" bench --config "$cfg" --batch 2 --seq 16 --steps 2 --precision bf16 >"$tmp/bench16.txt" 2>&1 ||
   fail "bench --precision bf16: $(cat "$tmp/bench16.txt")"
+grep -q 'precision bf16,' "$tmp/bench16.txt" || fail "bench --precision bf16 output: $(cat "$tmp/bench16.txt")"
 "$mn" generate --weights "$out/model.safetensors" --config "$cfg" --prompt "the " --tokens 5 \
   --precision bf16 >"$tmp/gen16.txt" 2>"$tmp/gen16.err" || fail "generate --precision bf16: $(cat "$tmp/gen16.err")"
 [[ $(wc -c <"$tmp/gen16.txt") == 9 ]] || fail "generate --precision bf16 printed $(wc -c <"$tmp/gen16.txt") bytes"

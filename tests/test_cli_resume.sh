@@ -78,6 +78,23 @@ PY
   "$mn" train "${T[@]}" --steps 12 --resume old.safetensors --out old 2>old.log || fail "old checkpoint: $(cat old.log)"
   grep -q "deprecated" old.log || fail "no deprecation notice for the .step file: $(cat old.log)"
   grep -q "steps 11..12" old.log || fail "the .step file was not read: $(cat old.log)"
+  grep -q " f32 precision" old.log || fail "an old checkpoint did not resume at f32: $(cat old.log)"
+  # A checkpoint that records everything but the precision (written before --precision): its
+  # run was f32, the default then, and its resume stays f32 whatever the device's default.
+  python3 - run/checkpoint-000010.safetensors noprec.safetensors <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+del head["__metadata__"]["train.precision"]
+text = json.dumps(head, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+  expect 2 "--precision bf16 differs from the checkpoint's f32" train --resume noprec.safetensors --precision bf16
+  "$mn" train --resume noprec.safetensors --steps 12 --out noprec --metrics noprec.csv 2>noprec.log ||
+    fail "a checkpoint without precision: $(cat noprec.log)"
+  grep -q " f32 precision" noprec.log || fail "a checkpoint without precision did not resume at f32: $(cat noprec.log)"
 fi
 
 # ---- --keep-last and stale temporary files

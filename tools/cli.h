@@ -28,8 +28,15 @@ int cli_nonneg_long(const char *cmd, const cli_opt *o, long *out);
 int cli_pos_float(const char *cmd, const cli_opt *o, float *out);
 int cli_nonneg_float(const char *cmd, const cli_opt *o, float *out);
 /* --precision f32|tf32|bf16|f16 into *out (tf32: f32 with TF32 matmuls; bf16 and f16 are
- * mixed precision, docs/precision.md); an unset option keeps *out. */
-int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out);
+ * mixed precision, docs/precision.md); when it is not given, cli_default_precision(out), so
+ * set out's backend and device first. *name (if name is not NULL) gets the precision used. */
+int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out, const char **name);
+/* The precision when --precision is not given: "bf16" when a session of these options will
+ * run on a CUDA device of compute capability 8.0 or newer, else "f32" (the CPU, older GPUs). */
+const char *cli_default_precision(const mn_session_options *o);
+/* The compute capability of CUDA device `device` (80 for 8.0); 0 in a build without CUDA or
+ * when the device is not usable. */
+int cli_compute_capability(int device);
 /* Prints "CMD: what: <mn_last_error()>" and returns CLI_FAIL. */
 int cli_lib_fail(const char *cmd, const char *what);
 double cli_now(void);

@@ -1,5 +1,8 @@
 /* Option parsing and validation for the meganeura command. */
 #include "tools/cli.h"
+#ifdef MN_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -161,8 +164,34 @@ uint64_t cli_rand(uint64_t *state) {
 
 double cli_rand_unit(uint64_t *state) { return (double)(cli_rand(state) >> 11) * 0x1.0p-53; }
 
-int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out) {
-  if (!o->seen) return CLI_OK;
+/* session.c's choice of backend, made here before the session exists: an explicit backend in
+ * the options wins, then MN_BACKEND=cpu|cuda|auto, then CUDA when a device is usable. */
+static bool uses_cuda(const mn_session_options *o) {
+#ifdef MN_WITH_CUDA
+  mn_backend want = o->backend;
+  const char *env = getenv("MN_BACKEND");
+  if (want == MN_BACKEND_AUTO && env && strcmp(env, "cpu") == 0) want = MN_BACKEND_CPU;
+  return want != MN_BACKEND_CPU && mn_cuda_usable_devices() > 0;
+#else
+  (void)o;
+  return false;
+#endif
+}
+
+int cli_compute_capability(int device) {
+#ifdef MN_WITH_CUDA
+  return mn_cuda_compute_capability(device);
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+const char *cli_default_precision(const mn_session_options *o) {
+  return uses_cuda(o) && cli_compute_capability(o->device) >= 80 ? "bf16" : "f32";
+}
+
+int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out, const char **name) {
   static const struct {
     const char *name;
     mn_precision precision;
@@ -171,12 +200,14 @@ int cli_precision(const char *cmd, const cli_opt *o, mn_session_options *out) {
                {"tf32", MN_PRECISION_F32, true},
                {"bf16", MN_PRECISION_BF16, false},
                {"f16", MN_PRECISION_F16, false}};
+  const char *want = o->seen ? o->value : cli_default_precision(out);
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (strcmp(o->value, names[i].name) == 0) {
+    if (strcmp(want, names[i].name) == 0) {
       out->precision = names[i].precision;
       out->allow_tf32 = names[i].tf32;
+      if (name) *name = names[i].name;
       return CLI_OK;
     }
-  fprintf(stderr, "%s: %s must be f32, tf32, bf16 or f16, got '%s'\n", cmd, o->name, o->value);
+  fprintf(stderr, "%s: %s must be f32, tf32, bf16 or f16, got '%s'\n", cmd, o->name, want);
   return CLI_USAGE;
 }

@@ -16,7 +16,9 @@ static const char USAGE[] =
     "Prints the prompt and N (default 200) sampled tokens: bytes, or with --tokenizer\n"
     "decoded ids. The window is the config's positions (or --seq, default at most 1024).\n"
     "--weights holding NaN or infinity are refused unless --allow-nonfinite; logits that\n"
-    "are not finite stop generation with an error.\n";
+    "are not finite stop generation with an error.\n"
+    "--precision defaults to bf16 on a CUDA device of compute capability 8.0 or newer, else\n"
+    "f32.\n";
 
 enum {
   O_CKPT,
@@ -91,12 +93,11 @@ typedef struct gen {
   float *logits, *scratch;
 } gen;
 
-static int setup(cli_opt *o, gen *r, long seq, const char *prefix) {
-  mn_session_options options = mn_session_options_default();
-  if (cli_precision(CMD, &o[O_PRECISION], &options)) return CLI_USAGE;
+static int setup(cli_opt *o, gen *r, const mn_session_options *options, long seq,
+                 const char *prefix) {
   if (mn_model_build(&r->cfg, 1, seq, prefix, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
-  if (mn_build_inference_session(r->g, &options, &r->s) != MN_OK)
+  if (mn_build_inference_session(r->g, options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_model_prepare_session(r->g, r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot prepare the session");
@@ -129,11 +130,11 @@ int cli_generate(int argc, char **argv) {
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   long n_tokens = 200, top_k = 0, seed = 0, seq = 0;
   float temp = 1.0f;
+  mn_session_options options = mn_session_options_default();
   if (cli_pos_long(CMD, &o[O_TOKENS], &n_tokens) || cli_nonneg_float(CMD, &o[O_TEMP], &temp) ||
       cli_nonneg_long(CMD, &o[O_TOPK], &top_k) || cli_nonneg_long(CMD, &o[O_SEED], &seed) ||
       cli_pos_long(CMD, &o[O_SEQ], &seq) || cli_require(CMD, &o[O_CONFIG]) ||
-      cli_require(CMD, &o[O_PROMPT]) ||
-      cli_precision(CMD, &o[O_PRECISION], &(mn_session_options){0}))
+      cli_require(CMD, &o[O_PROMPT]) || cli_precision(CMD, &o[O_PRECISION], &options, NULL))
     return CLI_USAGE;
   if (o[O_CKPT].seen == o[O_WEIGHTS].seen) {
     fprintf(stderr, "%s: give exactly one of --checkpoint and --weights\n", CMD);
@@ -184,7 +185,7 @@ int cli_generate(int argc, char **argv) {
     fprintf(stderr, "%s: --prompt gives no tokens\n", CMD);
     rc = CLI_USAGE;
   }
-  if (!rc) rc = setup(o, &r, seq, prefix);
+  if (!rc) rc = setup(o, &r, &options, seq, prefix);
   if (!rc) fwrite(p, 1, np, stdout);
   uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
   for (long t = 0; !rc && t < n_tokens; t++) {

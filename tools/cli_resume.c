@@ -214,15 +214,25 @@ static bool same_number(const recorded_option *r, const char *a, const char *b) 
   return r->type == FLOAT ? (float)x == (float)y : x == y;
 }
 
+/* A checkpoint without train.precision (one written before --precision existed, or one without
+ * any train.* metadata) comes from a run at the old default, f32: its resume stays on f32
+ * rather than taking today's default for the device it resumes on. */
+#define UNRECORDED_PRECISION "f32"
+
+static cli_opt *find_opt(cli_opt *opts, size_t n, const char *name) {
+  for (size_t j = 0; j < n; j++)
+    if (strcmp(opts[j].name, name) == 0) return &opts[j];
+  return NULL;
+}
+
 /* Fills in recorded options not given and refuses given ones that differ. */
 static int apply_recorded(const char *cmd, const mn_safetensors *st, cli_opt *opts, size_t n) {
   for (size_t i = 0; i < NUM_RECORDED; i++) {
     const recorded_option *r = &recorded[i];
-    cli_opt *o = NULL;
-    for (size_t j = 0; j < n; j++)
-      if (strcmp(opts[j].name, r->option) == 0) o = &opts[j];
+    cli_opt *o = find_opt(opts, n, r->option);
     if (!o) continue;
     const char *v = mn_safetensors_metadata(st, r->key);
+    if (!v && strcmp(r->option, "--precision") == 0) v = UNRECORDED_PRECISION;
     if (!o->seen) {
       if (v) o->value = v, o->seen = 1;
       continue;
@@ -253,6 +263,8 @@ int cli_resume_read(const char *cmd, const char *path, cli_opt *opts, size_t n, 
     rp->step = read_step_file(cmd, path);
     if (rp->step < 0 && parse_u64(mn_safetensors_metadata(st, "step"), 10, &u)) rp->step = (long)u;
     if (rp->step < 0) rp->step = 0;
+    cli_opt *precision = find_opt(opts, n, "--precision");
+    if (precision && !precision->seen) precision->value = UNRECORDED_PRECISION, precision->seen = 1;
     return CLI_OK;
   }
   rp->self_contained = true;

@@ -29,8 +29,9 @@ static const char USAGE[] =
     "--resume CKPT continues a run bit for bit from its checkpoint alone: the model, the data,\n"
     "the sampler and the options are recorded in it (options given must agree; --steps may\n"
     "grow); the metrics CSV is cut back to the checkpoint's step.\n"
-    "--precision: f32 (the default), tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed\n"
-    "precision (fp32 master weights; bf16 and f16 run on the CPU backend so far).\n"
+    "--precision: f32, tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed precision (fp32\n"
+    "master weights; f16 training needs the CPU backend for now). The default is bf16 on a\n"
+    "CUDA device of compute capability 8.0 or newer, else f32; a resumed run keeps its own.\n"
     "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
     "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n";
@@ -93,7 +94,7 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
       cli_pos_float(CMD, &o[O_VAL_FRACTION], &a->val_fraction) ||
       cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
       cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches) ||
-      cli_precision(CMD, &o[O_PRECISION], &a->options) ||
+      cli_precision(CMD, &o[O_PRECISION], &a->options, &a->precision) ||
       cli_pos_long(CMD, &o[O_GRAD_ACCUM], &a->grad_accum))
     return CLI_USAGE;
   if (a->grad_accum > 1024) {
@@ -136,7 +137,6 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
   a->metrics = o[O_METRICS].value;
   a->plot = o[O_PLOT].value;
   a->out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
-  a->precision = o[O_PRECISION].seen ? o[O_PRECISION].value : "f32";
   a->allow_nonfinite = o[O_ALLOW_NONFINITE].seen;
   return CLI_OK;
 }
@@ -324,8 +324,8 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
   int tty = isatty(STDERR_FILENO);
   mn_session_stats stats;
   const char *backend = mn_session_get_stats(r->s, &stats) == MN_OK ? stats.backend : "?";
-  fprintf(stderr, "%s: %s backend, %zu tokens of data, steps %ld..%ld\n", CMD, backend, r->n_data,
-          start + 1, a->steps);
+  fprintf(stderr, "%s: %s backend, %s precision, %zu tokens of data, steps %ld..%ld\n", CMD,
+          backend, a->precision, r->n_data, start + 1, a->steps);
   const ckpt_record rec = {a, &r->cfg, r->prefix, r->data_hash, r->tokenizer_hash};
   double t0 = cli_now();
   long done = 0;

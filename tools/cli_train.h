@@ -9,7 +9,7 @@
 /* The options of a run, paths included, after defaults and the checkpoint's values. */
 typedef struct train_args {
   const char *config, *data, *format, *tokenizer, *val_data, *init, *out, *resume, *metrics, *plot;
-  const char *precision;      /* --precision as given, "f32" by default */
+  const char *precision;      /* the precision used: --precision, else the default */
   mn_session_options options; /* of the training and evaluation sessions */
   bool allow_nonfinite;       /* --init-from may hold NaN or infinity */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last, grad_accum;
@@ -35,7 +35,8 @@ const char *cli_resume_key(const char *option);
 /* Reads --resume's checkpoint: the step (train.step; else the deprecated CKPT.step side file;
  * else the library's step counter), and when present the sampler state, config and the
  * recorded options. Recorded options the user did not give are filled in (their values
- * point into *st_out, which the caller closes after the run); given ones must be equal. */
+ * point into *st_out, which the caller closes after the run); given ones must be equal. A
+ * checkpoint that records no precision resumes at f32 (the default of its time). */
 int cli_resume_read(const char *cmd, const char *path, cli_opt *opts, size_t n, resume_point *rp,
                     mn_safetensors **st_out);
 /* Refuses a --config that differs from the checkpoint's, naming the first differing key. */
