@@ -53,7 +53,8 @@ typedef struct mn_cu_arg {
 } mn_cu_arg;
 
 /* What a matmul does to its product before (or besides) storing it, in row-major terms;
- * matmul_lt.c maps each to its cuBLASLt epilogue. The bias is a packed fp32 vector. */
+ * matmul_lt.c maps each to its cuBLASLt epilogue. The bias is a packed vector in its argument's
+ * storage (bf16 / fp16 for a low-precision session's matmul_bias_act, fp32 otherwise). */
 typedef enum mn_cu_epilogue {
   MN_CU_EPI_NONE,
   MN_CU_EPI_BIAS,      /* C = P + bias[n] */
@@ -80,13 +81,13 @@ typedef struct mn_cu_matmul_desc {
   mn_cu_arg a, b, c;
   bool trans_a, trans_b;
   int64_t m, n, k;
-  int64_t lda, ldb, ldc; /* row pitch of the stored matrix in floats; 0: dense */
+  int64_t lda, ldb, ldc; /* row pitch of the stored matrix in elements; 0: dense */
   int64_t batch, stride_a, stride_b, stride_c;
   float alpha, beta;
   mn_cu_epilogue epilogue;
   mn_cu_arg bias; /* read by the bias epilogues, written by the bias-gradient ones */
   mn_cu_arg aux;  /* dgelu: the gelu input */
-  int64_t aux_ld; /* row pitch of aux in floats */
+  int64_t aux_ld; /* row pitch of aux in elements */
   /* Where the plain product goes when the epilogue is not fused (kind NONE: c). A
    * low-precision session puts it in fp32 scratch, so that the fallback rounds once, after
    * the epilogue, as the fused product does. */

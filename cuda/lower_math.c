@@ -104,7 +104,8 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
   if (mn_plan_buffer_of(c->plan, c->node->inputs[1])->pitch)
     d.ldb = mn_cu_row_pitch(c->plan, c->node->inputs[1]);
   if (mn_plan_buffer_of(c->plan, c->id)->pitch) d.ldc = mn_cu_row_pitch(c->plan, c->id);
-  if (d.ldb == 0) {
+  /* A decoding step (m of a few rows) would copy the whole weight to save nothing. */
+  if (d.ldb == 0 && 2.0 * (double)m * (double)n * (double)k >= PAD_MIN_FLOPS) {
     mn_status st = pad_head_product(c, &d);
     if (st != MN_OK) return st;
   }

@@ -177,7 +177,10 @@ mn_status mn_cu_lower_CONV2D(const mn_cu_op_ctx *c) {
   int64_t sb = round_up(g.kd * g.p, 64);
   int64_t chunk = conv_chunk(&g, sb * (int64_t)sizeof(float));
   mn_cu_scratch(c, (size_t)(chunk * sb) * sizeof(float));
+  /* Chunks run in order: each reuses the staging of the one before (low precision). */
+  size_t stage_mark = c->prog->stage_cursor;
   for (int64_t n0 = 0; n0 < g.x.n && st == MN_OK; n0 += chunk) {
+    c->prog->stage_cursor = stage_mark;
     int64_t b = g.x.n - n0 < chunk ? g.x.n - n0 : chunk;
     st = im2col(c, &g, mn_cu_in(c, 0), n0, b, sb, g.p);
     mm.b = mn_cu_scratch(c, 0);
@@ -213,7 +216,10 @@ mn_status mn_cu_lower_CONV2D_GRAD_INPUT(const mn_cu_op_ctx *c) {
   int64_t sb = round_up(g.kd * g.p, 64);
   int64_t chunk = conv_chunk(&g, sb * (int64_t)sizeof(float));
   mn_cu_scratch(c, (size_t)(chunk * sb) * sizeof(float));
+  /* Chunks run in order: each reuses the staging of the one before (low precision). */
+  size_t stage_mark = c->prog->stage_cursor;
   for (int64_t n0 = 0; n0 < g.x.n && st == MN_OK; n0 += chunk) {
+    c->prog->stage_cursor = stage_mark;
     int64_t b = g.x.n - n0 < chunk ? g.x.n - n0 : chunk;
     mm.b = with_offset(mn_cu_in(c, 0), n0 * g.y.c * g.p);
     mm.c = mn_cu_scratch(c, 0);
@@ -253,7 +259,10 @@ mn_status mn_cu_lower_CONV2D_GRAD_KERNEL(const mn_cu_op_ctx *c) {
   int64_t chunk = conv_chunk(&g, per_image);
   int64_t dyt_at = round_up(g.kd * chunk * g.p, 64);
   mn_cu_scratch(c, (size_t)(dyt_at + (transpose ? g.y.c * chunk * g.p : 0)) * sizeof(float));
+  /* Chunks run in order: each reuses the staging of the one before (low precision). */
+  size_t stage_mark = c->prog->stage_cursor;
   for (int64_t n0 = 0; n0 < g.x.n && st == MN_OK; n0 += chunk) {
+    c->prog->stage_cursor = stage_mark;
     int64_t b = g.x.n - n0 < chunk ? g.x.n - n0 : chunk;
     st = im2col(c, &g, mn_cu_in(c, 0), n0, b, g.p, b * g.p);
     mn_cu_arg dy = with_offset(mn_cu_in(c, 1), n0 * g.y.c * g.p);
