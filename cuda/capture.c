@@ -1,13 +1,15 @@
 /* Captures one whole step into a CUDA graph: staging copies in, every command of the
- * program, the optimizer update, and the error record and loss copied out. */
+ * program, the optimizer update, and the error record and loss copied out. An F16 training
+ * step also copies the host's loss-scaler state in, runs the scaler's kernels around the
+ * program and the update (loss_scale.c), and copies the device's scaler out. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda/cuda_state.h"
 #include "host/error.h"
 
-static mn_status launch(cuda_state *st, uint32_t kernel, const unsigned grid[3], unsigned block,
-                        size_t smem, mn_ptrs *io) {
+mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned grid[3],
+                              unsigned block, size_t smem, mn_ptrs *io) {
   void *args[] = {io};
   dim3 g = {grid[0], grid[1], grid[2]}, b = {block, 1, 1};
   return mn_cu_check(
@@ -23,7 +25,8 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
     mn_ptrs io = {{0}};
     for (int a = 0; a < cmd->num_args; a++)
       io.p[a] = mn_cu_resolve(st, s, cmd->args[a]);
-    return launch(st, cmd->kernel, cmd->grid, st->prog.kernels[cmd->kernel].block, cmd->smem, &io);
+    return mn_cu_launch_kernel(st, cmd->kernel, cmd->grid, st->prog.kernels[cmd->kernel].block,
+                               cmd->smem, &io);
   }
   case MN_CU_CMD_MATMUL: return mn_cu_matmul_enqueue(st, s, i);
   case MN_CU_CMD_MEMSET:
@@ -38,7 +41,9 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   return MN_OK;
 }
 
-mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
+/* The optimizer kernels of capture key `key` (nothing without an optimizer). */
+static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned key) {
+  if (!(key & 1u) || st->opt_update < 0) return MN_OK;
   const mn_plan *p = s->plan;
   float *params = (float *)(st->arena + p->update_params_offset);
   float *grads = (float *)(st->arena + p->update_grads_offset);
@@ -48,19 +53,29 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
   if (key & 8u) {
     mn_ptrs io = {{grads, st->accum, &st->misc->scalars, &st->misc->error}};
-    mn_status rc = launch(st, (uint32_t)st->opt_accumulate, grid, 256, 0, &io);
+    mn_status rc = mn_cu_launch_kernel(st, (uint32_t)st->opt_accumulate, grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
   }
   if (key & 2u) {
     mn_ptrs io = {{grads, st->norm_partials, &st->misc->error, &st->misc->scalars}};
     const unsigned norm_grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
-    mn_status rc = launch(st, (uint32_t)st->opt_sumsq, norm_grid, 256, 0, &io);
+    mn_status rc = mn_cu_launch_kernel(st, (uint32_t)st->opt_sumsq, norm_grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
   }
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
   mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
                  &st->misc->error, st->shadow}};
-  return launch(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
+  return mn_cu_launch_kernel(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
+}
+
+/* F16 training: the gradients are unscaled before the optimizer reads them, and the scaler
+ * moves after it, also in a session without an optimizer. */
+mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
+  bool scaled = mn_cu_scaled(s);
+  mn_status rc = scaled ? mn_cu_scaler_enqueue_unscale(st, s) : MN_OK;
+  if (rc == MN_OK) rc = enqueue_optimizer(st, s, key);
+  if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_end(st);
+  return rc;
 }
 
 static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
@@ -68,6 +83,11 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
       mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
                                   cudaMemcpyHostToDevice, st->stream),
                   "copying scalars");
+  bool scaled = mn_cu_scaled(s);
+  if (rc == MN_OK && scaled)
+    rc = mn_cu_check(cudaMemcpyAsync(&st->misc->scaler_host, st->host_scaler,
+                                     sizeof *st->host_scaler, cudaMemcpyHostToDevice, st->stream),
+                     "copying the loss scaler");
   for (size_t i = 0; rc == MN_OK && i < st->num_staged; i++) {
     const mn_cu_staged *sg = &st->staged[i];
     rc = mn_cu_check(cudaMemcpyAsync(st->arena + s->plan->buffers[sg->buffer].offset,
@@ -79,9 +99,11 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
     rc = mn_cu_check(
         cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
         "recording the input event");
+  if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_begin(st, s);
   for (size_t i = 0; rc == MN_OK && i < st->prog.num_cmds; i++)
     rc = mn_cu_enqueue_cmd(st, s, i);
-  if (rc == MN_OK && (key & 1u) && st->opt_update >= 0) rc = mn_cu_enqueue_update(st, s, key);
+  if (rc == MN_OK && (((key & 1u) && st->opt_update >= 0) || scaled))
+    rc = mn_cu_enqueue_update(st, s, key);
   if (rc == MN_OK)
     rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->error, &st->misc->error,
                                      sizeof st->misc->error, cudaMemcpyDeviceToHost, st->stream),
@@ -91,6 +113,10 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
                                      st->arena + mn_plan_buffer_of(s->plan, s->plan->loss)->offset,
                                      sizeof(float), cudaMemcpyDeviceToHost, st->stream),
                      "copying the loss");
+  if (rc == MN_OK && scaled)
+    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->scaler, &st->misc->scaler,
+                                     sizeof st->misc->scaler, cudaMemcpyDeviceToHost, st->stream),
+                     "copying the loss scaler");
   return rc;
 }
 

@@ -5,7 +5,8 @@
  * Inputs are staged in pinned host memory and copied in by the graph's first nodes;
  * optimizer scalars likewise. A staging area is rewritten only after the previous
  * step's copies have run (the inputs_consumed event), so set_input during a step is
- * safe and the host never waits for a whole step. */
+ * safe and the host never waits for a whole step. F16 training keeps its loss scaler on the
+ * device (loss_scale.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <time.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/loss_scale.h"
 #include "cuda/nvtx.h"
 #include "host/error.h"
 #include "host/storage.h"
@@ -71,6 +73,8 @@ static mn_status plan_staging(cuda_state *st, const mn_plan *p) {
   if (!st->staged) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   for (size_t b = 0; b < p->num_buffers; b++) {
     if (p->buffers[b].role != MN_BUF_INPUT || updated_in_place(p, (uint32_t)b)) continue;
+    /* F16's #loss_scale: the step's first kernel writes it from the device's scaler. */
+    if (p->loss_scale != MN_NO_NODE && b == p->node_buffer[p->loss_scale]) continue;
     st->staged[st->num_staged++] =
         (mn_cu_staged){.buffer = (uint32_t)b, .host_offset = total, .bytes = p->buffers[b].bytes};
     total += (p->buffers[b].bytes + 255) / 256 * 256;
@@ -206,6 +210,7 @@ static void cuda_destroy(mn_session *s) {
   cudaFreeHost(st->host_scalars);
   cudaFreeHost(st->host_readback);
   cudaFreeHost(st->host_staging);
+  mn_cu_scaler_free(st);
   cudaGetLastError();
   free(st->staged);
   free(st->kernels);
@@ -237,6 +242,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK)
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
                                      &st->opt_update, &st->opt_accumulate);
+  if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
@@ -246,6 +252,7 @@ static mn_status cuda_create(mn_session *s) {
   mn_nvtx_push("meganeura: allocate");
   if (rc == MN_OK) rc = allocate(st, s);
   if (rc == MN_OK) rc = mn_cu_low_allocate(st, s);
+  if (rc == MN_OK) rc = mn_cu_scaler_allocate(st, s);
   if (rc == MN_OK) rc = plan_staging(st, s->plan);
   if (rc == MN_OK) rc = upload_constants(st, s);
   mn_nvtx_pop();
@@ -293,11 +300,16 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   void *dst = buffer_addr(st, s, buffer);
   const mn_buffer_desc *d = &s->plan->buffers[buffer];
   if (d->role == MN_BUF_PARAMETER) st->shadow_dirty = true;
-  if (d->storage == MN_BF16 || d->storage == MN_F16)
-    return mn_cu_low_write(st, d->storage, dst, src, bytes / sizeof(float));
-  mn_status rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
-                             "copying to the device");
-  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+  mn_status rc;
+  if (d->storage == MN_BF16 || d->storage == MN_F16) {
+    rc = mn_cu_low_write(st, d->storage, dst, src, bytes / sizeof(float));
+  } else {
+    rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
+                     "copying to the device");
+    if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+  }
+  /* The stream is idle: every step has run. */
+  if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
   return rc;
 }
 
@@ -307,6 +319,7 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
   if (dev != MN_OK) return dev;
   mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
   if (rc != MN_OK) return rc;
+  mn_cu_scaler_absorb(st, s);
   if (s->plan->loss != MN_NO_NODE && buffer == s->plan->node_buffer[s->plan->loss] &&
       bytes == sizeof(float) && st->launches > 0) {
     memcpy(dst, &st->host_readback->loss, sizeof(float));
@@ -369,7 +382,8 @@ static void fill_scalars(const mn_session *s, uint64_t step, bool apply, mn_dev_
                           .bias_correction2 = 1.0 - pow(o->beta2, (double)step),
                           .accum_first = s->accum_index == 0,
                           .accum_apply = apply,
-                          .accum_k = (float)(s->grad_accum > 1 ? s->grad_accum : 1)};
+                          .accum_k = (float)(s->grad_accum > 1 ? s->grad_accum : 1),
+                          .accum_steps = s->grad_accum > 1 ? s->grad_accum : 1};
 }
 
 static mn_status cuda_step(mn_session *s) {
@@ -394,6 +408,7 @@ static mn_status cuda_step(mn_session *s) {
   if (rc == MN_OK) rc = wait_inputs_consumed(st);
   if (rc == MN_OK) {
     fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
+    mn_cu_scaler_stage(st, s);
     rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
   }
   mn_nvtx_pop();
@@ -401,8 +416,11 @@ static mn_status cuda_step(mn_session *s) {
   st->launches++;
   st->submissions++;
   st->in_flight = true;
+  /* The host's guess; an F16 step that overflows advances neither, which the device knows
+   * (loss_scale.c) and the next wait reads back. */
   if (update && apply) s->step_count++;
   if (update) mn_session_accumulation_advance(s, apply);
+  mn_cu_scaler_launched(st, s);
   return MN_OK;
 }
 
@@ -423,6 +441,7 @@ static mn_status cuda_wait(mn_session *s) {
   mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "running the step");
   st->in_flight = false;
   if (rc != MN_OK) return rc;
+  mn_cu_scaler_absorb(st, s);
   mn_dev_error *e = &st->host_readback->error;
   if (e->what == MN_DEV_ERR_NONE) return MN_OK;
   const mn_graph *g = s->plan->graph;
@@ -437,11 +456,14 @@ static mn_status cuda_wait(mn_session *s) {
                  "be below %lld)",
                  e->node, op, error_what(e->what), (long long)e->value, (long long)e->position,
                  (long long)e->limit);
-  /* The failed step and those after it updated nothing; count as the reference does. */
-  if (e->skipped_step > 0) s->step_count = e->skipped_step - 1;
-  /* The failed step added nothing to the gradient sum: the accumulation round starts again, so
-   * the next step overwrites the sum instead of adding to a stale one. */
-  s->accum_index = 0;
+  /* The failed step and those after it updated nothing; count as the reference does. (An F16
+   * session's device counted so already, and absorb has read it back.) */
+  if (!mn_cu_scaled(s)) {
+    if (e->skipped_step > 0) s->step_count = e->skipped_step - 1;
+    /* The failed step added nothing to the gradient sum: the accumulation round starts again,
+     * so the next step overwrites the sum instead of adding to a stale one. */
+    s->accum_index = 0;
+  }
   memset(e, 0, sizeof *e);
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", mn_last_error());
@@ -482,6 +504,7 @@ static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, fl
   }
   rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
   if (rc != MN_OK) return rc;
+  mn_cu_scaler_absorb(st, s);
   return mn_cu_check(
       cudaMemcpy(dst, (unsigned char *)st->adam + off, n * sizeof *dst, cudaMemcpyDeviceToHost),
       "reading the Adam state");
@@ -506,6 +529,7 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
                                    cudaMemcpyHostToDevice, st->stream),
                    "writing the Adam state");
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "writing the Adam state");
+  if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
   return rc;
 }
 

@@ -13,6 +13,7 @@
 typedef struct mn_cu_readback {
   mn_dev_error error;
   float loss;
+  mn_dev_scaler scaler; /* F16 training: the device's loss scaler after the step */
 } mn_cu_readback;
 
 /* An input copied from pinned staging memory by the graph's first nodes. */
@@ -32,6 +33,8 @@ typedef struct mn_cu_matmul_plan {
 typedef struct mn_cu_device_misc {
   mn_dev_scalars scalars;
   mn_dev_error error;
+  mn_dev_scaler scaler;      /* F16 training: the loss scaler (loss_scale.c) */
+  mn_dev_scaler scaler_host; /* the host's state, copied in by every step */
 } mn_cu_device_misc;
 
 typedef struct cuda_state {
@@ -65,6 +68,16 @@ typedef struct cuda_state {
   int *shadow_kernel;      /* per buffer: a parameter outside the update block, else < 0 */
   int shadow_block_kernel; /* the update block's parameters, < 0 without one */
   bool shadow_dirty; /* a parameter was written since its copy was refreshed */
+
+  /* F16 training (loss_scale.c): the scaler's kernels (-1 without a loss scale), the host's
+   * state as pinned memory that every step copies in, the session's scaler, step count and
+   * accumulation round as the backend last left them (a difference is a host write), and
+   * whether no step has run since the device's state was last read back. */
+  int scaler_begin, scaler_unscale, scaler_end;
+  mn_dev_scaler *host_scaler;
+  mn_dev_scaler scaler_view;
+  unsigned scaler_view_accum; /* grad_accum then */
+  bool scaler_idle;
 
   mn_cu_program prog;
   cudaLibrary_t library;
@@ -125,6 +138,28 @@ static inline bool mn_cu_cmd_skipped(const cuda_state *st, size_t i) {
  * outside a graph). */
 mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i);
 mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key);
+/* F16 training: the device's loss scaler (loss_scale.c). mn_cu_scaled: whether the session has
+ * one. declare: its kernels and pinned memory, at session build. enqueue_begin: the step's
+ * first kernel after the input copies (capture.c; mn_cu_enqueue_update runs the unscale before
+ * and the end after the optimizer). stage: before a launch, the host's state and whether the
+ * step takes it. launched: after the launch, records what the host state then was. absorb:
+ * once the stream is idle, the device's state becomes the session's (s->scaler, step_count,
+ * accum_index), unless the host changed those since, which the next step then takes. */
+bool mn_cu_scaled(const mn_session *s);
+mn_status mn_cu_scaler_declare(cuda_state *st, const mn_session *s);
+mn_status mn_cu_scaler_allocate(cuda_state *st, const mn_session *s);
+void mn_cu_scaler_free(cuda_state *st);
+mn_status mn_cu_scaler_enqueue_begin(cuda_state *st, const mn_session *s);
+mn_status mn_cu_scaler_enqueue_unscale(cuda_state *st, const mn_session *s);
+mn_status mn_cu_scaler_enqueue_end(cuda_state *st);
+void mn_cu_scaler_stage(cuda_state *st, const mn_session *s);
+void mn_cu_scaler_launched(cuda_state *st, const mn_session *s);
+void mn_cu_scaler_absorb(cuda_state *st, mn_session *s);
+
+/* Launches kernel `kernel` (an instance of the program) on the session stream with io. */
+mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned grid[3],
+                              unsigned block, size_t smem, mn_ptrs *io);
+
 /* Records the whole step into a CUDA graph and instantiates it. */
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
 

@@ -49,10 +49,12 @@ typedef struct mn_dev_scalars {
   unsigned int kind;                         /* an mn_dev_optim_kind */
   double bias_correction1, bias_correction2; /* 1 - beta^step, computed on the host */
   /* Gradient accumulation over accum_k steps (mn_opt_accumulate): accum_first starts a new sum,
-   * accum_apply is set on the step that updates (always, without accumulation). */
+   * accum_apply is set on the step that updates (always, without accumulation). accum_steps is
+   * accum_k as an integer (at least 1). In an F16 training session mn_scaler_begin replaces
+   * accum_first, accum_apply, step and the bias corrections by the device's own values. */
   unsigned int accum_first, accum_apply;
   float accum_k;
-  unsigned int accum_pad;
+  unsigned int accum_steps;
 } mn_dev_scalars;
 
 /* The first runtime failure since the last mn_session_wait (an index out of range).
@@ -71,8 +73,31 @@ typedef struct mn_dev_error {
   unsigned int node;
   long long value, position, limit;
   unsigned int skipped_step; /* the first optimizer step skipped because of the failure */
-  unsigned int pad;
+  /* F16 training: set by mn_scaler_unscale when a gradient is infinite or NaN, so that the
+   * accumulation and update kernels of the step change nothing; mn_scaler_end clears it. It is
+   * no failure: mn_session_wait reports nothing for it. */
+  unsigned int nonfinite;
 } mn_dev_error;
+
+/* F16's dynamic loss scaler (host/storage.h, mn_loss_scaler) as the device keeps it, with the
+ * optimizer's step count and the gradient accumulation round, which a skipped step leaves
+ * alone (kernels/optimizer.cuh, mn_scaler_*). The host sends its own state in the same layout
+ * before each step; the step takes the parts that `take` names (those the host changed, or
+ * all when no step has run since the host last read the device's) and keeps the rest. */
+enum mn_dev_scaler_take {
+  MN_DEV_TAKE_SCALER = 1, /* scale, good_steps, skipped */
+  MN_DEV_TAKE_STEP = 2,
+  MN_DEV_TAKE_ROUND = 4, /* accum_index */
+  MN_DEV_TAKE_ALL = 7,
+};
+typedef struct mn_dev_scaler {
+  float scale;
+  unsigned int good_steps; /* finite steps since the scale last changed */
+  unsigned long long skipped;
+  unsigned long long step;  /* optimizer steps applied (Adam's bias correction) */
+  unsigned int accum_index; /* steps of the current accumulation round that ran */
+  unsigned int take;        /* the host's copy only: mn_dev_scaler_take bits */
+} mn_dev_scaler;
 
 /* Attention (kernels/attention.cuh, attention_mma.cuh). Every attention kernel but the
  * decode merge runs MN_ATTN_BLOCK threads, and a decode block covers as many cache rows,
@@ -107,9 +132,12 @@ MN_ABI_ASSERT(sizeof(void *) == 8 && MN_ABI_ALIGNOF(void *) == 8, "64-bit pointe
 MN_ABI_ASSERT(sizeof(unsigned int) == 4 && MN_ABI_ALIGNOF(unsigned int) == 4, "32-bit unsigned");
 MN_ABI_ASSERT(sizeof(float) == 4 && MN_ABI_ALIGNOF(float) == 4, "32-bit float");
 MN_ABI_ASSERT(sizeof(long long) == 8 && MN_ABI_ALIGNOF(long long) == 8, "64-bit long long");
+MN_ABI_ASSERT(sizeof(unsigned long long) == 8 && MN_ABI_ALIGNOF(unsigned long long) == 8,
+              "64-bit unsigned long long");
 MN_ABI_ASSERT(sizeof(double) == 8 && MN_ABI_ALIGNOF(double) == 8, "64-bit double");
 MN_ABI_ASSERT(sizeof(mn_ptrs) == 8 * MN_DEV_MAX_ARGS, "mn_ptrs: the pointers, no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 64, "mn_dev_scalars: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_error) == 40, "mn_dev_error: no padding");
+MN_ABI_ASSERT(sizeof(mn_dev_scaler) == 32, "mn_dev_scaler: no padding");
 
 #endif

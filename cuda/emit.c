@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "cuda/kernel_sources.h"
+#include "cuda/loss_scale.h"
 #include "host/error.h"
+#include "host/storage.h"
 
 static bool grow(void **items, size_t *cap, size_t need, size_t item_size) {
   if (need <= *cap) return true;
@@ -260,9 +262,27 @@ mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *
   return MN_OK;
 }
 
+mn_status mn_cu_program_add_loss_scaler(mn_cu_program *prog, const mn_plan *p, bool training,
+                                        int *begin, int *unscale, int *end) {
+  *begin = *unscale = *end = -1;
+  if (!training || p->loss_scale == MN_NO_NODE) return MN_OK;
+  mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
+  long long n = (long long)(p->update_bytes / sizeof(float));
+  *begin = mn_cu_kernel(&c, MN_CU_SCALER_BLOCK, "mn_scaler_begin");
+  *unscale = n > 0 ? mn_cu_kernel(&c, 256, "mn_scaler_unscale<%lldLL>", n) : -2;
+  *end = mn_cu_kernel(&c, MN_CU_SCALER_BLOCK, "mn_scaler_end<%uu>", MN_LOSS_SCALE_INTERVAL);
+  if (*begin < 0 || *unscale == -1 || *end < 0)
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  if (*unscale < 0) *unscale = -1; /* no gradient to unscale */
+  return MN_OK;
+}
+
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
                                       int *sumsq, int *update, int *accumulate) {
   *sumsq = *update = *accumulate = -1;
+  int begin, unscale, end;
+  mn_status st = mn_cu_program_add_loss_scaler(prog, p, training, &begin, &unscale, &end);
+  if (st != MN_OK) return st;
   if (!training || p->update_bytes == 0) return MN_OK;
   mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
   long long n = (long long)(p->update_bytes / sizeof(float));

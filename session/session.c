@@ -98,11 +98,6 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
   mn_session_options o = opts ? *opts : mn_session_options_default();
   const mn_backend_ops *backend = NULL;
   mn_status st = resolve_backend(fn, &o, &backend);
-  if (st == MN_OK && o.precision == MN_PRECISION_F16 && training && backend != &mn_cpu_backend)
-    st = mn_fail(MN_ERR_UNSUPPORTED,
-                 "%s: f16 training runs on the CPU backend only so far (the CUDA loss scaler is "
-                 "not written yet); use bf16, or pass backend MN_BACKEND_CPU",
-                 fn);
   if (st == MN_OK) st = mn_plan_set_precision(plan, o.precision);
   if (st != MN_OK) {
     mn_plan_free(plan);

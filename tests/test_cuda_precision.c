@@ -2,16 +2,20 @@
  * emulation): a small transformer trained on both backends in bf16 follows the same losses;
  * a bf16 MLP converges as the fp32 one does; a bf16 step is still one graph launch; the arena
  * holds low-precision values in 2 bytes; parameters written by the host reach the weights'
- * low-precision copy; outputs read back as bf16 values. */
+ * low-precision copy; outputs read back as bf16 values. F16 training with the device's loss
+ * scaler: the transformer follows the CPU emulation, an overflowing step is skipped as on the
+ * CPU (also with steps in flight and gradient accumulation), checkpoints carry the scaler. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/models.h"
 #include "tests/support/session_util.h"
+#include "tests/support/tmp_dir.h"
 
 static mn_session *session(const mn_graph *g, mn_backend backend, mn_precision prec,
                            bool training) {
@@ -169,18 +173,254 @@ Test(cuda_precision, written_parameters_reach_the_bf16_product) {
   mn_graph_free(g);
 }
 
-/* F16 training waits for the CUDA loss scaler: refused clearly, building nothing. */
-Test(cuda_precision, f16_training_on_cuda_is_refused_clearly) {
-  mn_test_require_cuda_device();
+/* ---- F16 training: the loss scaler runs on the device (cuda/loss_scale.c) */
+
+static mn_session_stats stats_of(const mn_session *s) {
+  mn_session_stats st;
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  return st;
+}
+
+/* Both sessions' scalers, step counts and accumulation rounds agree. */
+static void assert_same_scaler(mn_session *gpu, mn_session *cpu, const char *when) {
+  cr_assert_eq(stats_of(gpu).loss_scale, stats_of(cpu).loss_scale, "%s: loss scale cuda %g, cpu %g",
+               when, (double)stats_of(gpu).loss_scale, (double)stats_of(cpu).loss_scale);
+  cr_assert_eq(stats_of(gpu).skipped_steps, stats_of(cpu).skipped_steps,
+               "%s: skipped steps cuda %llu, cpu %llu", when,
+               (unsigned long long)stats_of(gpu).skipped_steps,
+               (unsigned long long)stats_of(cpu).skipped_steps);
+  cr_assert_eq(gpu->scaler.good_steps, cpu->scaler.good_steps, "%s: good steps cuda %u, cpu %u",
+               when, gpu->scaler.good_steps, cpu->scaler.good_steps);
+  cr_assert_eq(gpu->step_count, cpu->step_count, "%s: optimizer steps cuda %llu, cpu %llu", when,
+               (unsigned long long)gpu->step_count, (unsigned long long)cpu->step_count);
+  cr_assert_eq(gpu->accum_index, cpu->accum_index, "%s: accumulation round cuda %u, cpu %u", when,
+               gpu->accum_index, cpu->accum_index);
+}
+
+/* The transformer above in f16 on both backends: each step's loss within 2^-8 relative (4 fp16
+ * units of roundoff, the bound the bf16 run keeps in bf16 units, with a factor 2 for fp16's
+ * range effects), the same loss scale and skipped steps after every step, parameters within
+ * 2^-7 after 20 AdamW steps, and one graph launch per step. */
+Test(cuda_precision, f16_transformer_training_follows_the_cpu_emulation) {
+  mn_test_require_cuda_build();
   mn_graph *g = transformer();
-  mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  o.precision = MN_PRECISION_F16;
-  mn_session *s = NULL;
-  cr_assert_eq(mn_build_session(g, &o, &s), MN_ERR_UNSUPPORTED);
-  cr_assert_null(s);
-  cr_assert(strstr(mn_last_error(), "f16") != NULL, "%s", mn_last_error());
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
+  mn_test_require_cuda_device();
+  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  mn_rng r = mn_rng_new(11);
+  mn_test_init_normal(g, (mn_session *[]){cpu, gpu}, 2, &r, 0.1f, true);
+  for (int k = 0; k < 2; k++) {
+    mn_session *s = k ? gpu : cpu;
+    cr_assert_eq(mn_session_set_adamw(s, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK);
+    cr_assert_eq(mn_session_set_grad_clip(s, 1.0f), MN_OK);
+  }
+  double worst = 0;
+  for (int step = 0; step < STEPS; step++) {
+    float lc = train_step(cpu, step), lg = train_step(gpu, step);
+    double rel = fabs((double)lg - lc) / fabs((double)lc);
+    cr_assert(rel <= 0x1p-8, "step %d: f16 loss cuda %.7g vs cpu %.7g (relative %.3g)", step, lg,
+              lc, rel);
+    worst = rel > worst ? rel : worst;
+    char when[32];
+    snprintf(when, sizeof when, "step %d", step);
+    assert_same_scaler(gpu, cpu, when);
+  }
+  mn_session_stats st = stats_of(gpu);
+  cr_log_info("f16: largest relative loss difference over %d steps: %.3g; scale %g, %llu skipped",
+              STEPS, worst, (double)st.loss_scale, (unsigned long long)st.skipped_steps);
+  mn_test_assert_same_params(g, gpu, cpu, 0x1p-7, "after 20 f16 steps");
+  cr_assert_eq(st.graph_launches, (uint64_t)STEPS, "one graph launch per f16 step");
+  cr_assert_eq(st.graph_captures, 1u, "the scaler needs no capture of its own");
+  mn_session_free(cpu);
+  mn_session_free(gpu);
   mn_graph_free(g);
+}
+
+/* x [16, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t (test_precision.c's MLP). */
+static mn_graph *mlp(void) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(16, 8)), t = mn_input(g, "t", MN_SHAPE(16, 4));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(8, 32)), b1 = mn_parameter(g, "b1", MN_SHAPE(32));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 4)), b2 = mn_parameter(g, "b2", MN_SHAPE(4));
+  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
+  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  return g;
+}
+
+/* Targets far from the predictions (`far`) give loss gradients of about 94 that overflow fp16
+ * once multiplied by the initial scale of 65536, and keep overflowing until the scale falls
+ * to 512 (the largest activation gradient is then 48400); near ones (in [-1, 1]) overflow at no
+ * scale up to 65536 (at most 5900). Sets the same parameters in every session. */
+static void fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far) {
+  float x[16 * 8], t[16 * 4];
+  mn_rng r = mn_rng_new(11);
+  mn_rng_fill(&r, x, 16 * 8, -1, 1);
+  mn_rng_fill(&r, t, 16 * 4, -1, 1);
+  for (int i = 0; far && i < 16 * 4; i++)
+    t[i] = 3000.0f;
+  mn_rng w = mn_rng_new(3);
+  mn_test_init_normal(g, s, n, &w, 0.3f, false);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(mn_session_set_input(s[i], "x", x, 16 * 8), MN_OK);
+    cr_assert_eq(mn_session_set_input(s[i], "t", t, 16 * 4), MN_OK);
+  }
+}
+
+static float mlp_step(mn_session *s) {
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  return mn_session_read_loss(s);
+}
+
+/* A step whose scaled gradients overflow fp16 updates nothing on CUDA, exactly as on the CPU:
+ * the parameters keep every bit, the skipped step counts, the scale halves, Adam's step count
+ * stays. Once the scale is small enough the first update is Adam's step 1 on both backends,
+ * the gradients read back unscaled, and every step stayed one graph launch. */
+Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mlp();
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
+  mn_test_require_cuda_device();
+  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mn_session_set_adamw(k ? gpu : cpu, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+  cr_assert_eq(stats_of(gpu).loss_scale, 65536.0f);
+  float *before = mn_test_read_params(g, gpu);
+  float lc = mlp_step(cpu), lg = mlp_step(gpu);
+  cr_expect(isfinite(lg), "the loss is computed before the scale: %g", (double)lg);
+  cr_expect_leq(fabsf(lg - lc), 0x1p-8f * fabsf(lc), "loss cuda %g vs cpu %g", (double)lg,
+                (double)lc);
+  mn_session_stats st = stats_of(gpu);
+  cr_assert_eq(st.skipped_steps, 1u);
+  cr_assert_eq(st.loss_scale, 32768.0f);
+  assert_same_scaler(gpu, cpu, "after the overflowing step");
+  float *same = mn_test_read_params(g, gpu);
+  cr_assert(memcmp(before, same, mn_test_param_count(g) * sizeof(float)) == 0,
+            "an overflowing step changed the parameters on CUDA");
+  mn_test_assert_same_params(g, gpu, cpu, 0, "after the overflowing step");
+  uint64_t submissions = st.submissions;
+  int steps = 1;
+  while (stats_of(cpu).skipped_steps == (uint64_t)steps && steps < 30) {
+    mlp_step(cpu);
+    mlp_step(gpu);
+    steps++;
+    char when[32];
+    snprintf(when, sizeof when, "step %d", steps);
+    assert_same_scaler(gpu, cpu, when);
+  }
+  st = stats_of(gpu);
+  cr_log_info("%llu steps skipped, scale %g", (unsigned long long)st.skipped_steps,
+              (double)st.loss_scale);
+  cr_assert_lt(st.skipped_steps, (uint64_t)steps, "every step overflowed");
+  cr_assert_eq(gpu->step_count, 1u, "the first update is Adam's step 1");
+  cr_assert_eq(st.graph_launches, (uint64_t)steps, "one graph launch per f16 step");
+  cr_assert_eq(st.submissions - submissions, (uint64_t)(steps - 1),
+               "the scaler adds no submission to a step");
+  float *after = mn_test_read_params(g, gpu);
+  cr_assert(memcmp(before, after, mn_test_param_count(g) * sizeof(float)) != 0,
+            "the first finite step updated nothing");
+  mn_test_assert_same_params(g, gpu, cpu, 0x1p-8, "after the first update");
+  float gg[4], gc[4];
+  cr_assert_eq(mn_session_read_grad(gpu, "b2", gg, 4), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_read_grad(cpu, "b2", gc, 4), MN_OK, "%s", mn_last_error());
+  for (int i = 0; i < 4; i++) {
+    cr_expect(fabsf(gg[i]) < 1e4f && fabsf(gg[i]) > 1.0f, "b2's gradient is read unscaled: %g",
+              (double)gg[i]);
+    cr_expect_leq(fabsf(gg[i] - gc[i]), 0x1p-8f * fabsf(gc[i]), "b2 gradient %d: cuda %g, cpu %g",
+                  i, (double)gg[i], (double)gc[i]);
+  }
+  free(before), free(same), free(after);
+  mn_session_free(cpu);
+  mn_session_free(gpu);
+  mn_graph_free(g);
+}
+
+/* Steps submitted without waiting, with gradient accumulation over 2: the device alone knows
+ * which steps overflowed, and it keeps the round and Adam's step count as the CPU does (a
+ * skipped step advances neither), so after one wait both backends agree on the scaler, the
+ * step count, the round and the parameters. */
+Test(cuda_precision, f16_steps_in_flight_skip_and_accumulate_as_on_the_cpu) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mlp();
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
+  mn_test_require_cuda_device();
+  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
+  for (int k = 0; k < 2; k++) {
+    mn_session *s = k ? gpu : cpu;
+    cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+    cr_assert_eq(mn_session_set_grad_accumulation(s, 2), MN_OK);
+  }
+  enum { N = 17 };
+  for (int i = 0; i < N; i++) {
+    mlp_step(cpu);
+    cr_assert_eq(mn_session_step(gpu), MN_OK, "%s", mn_last_error());
+  }
+  cr_assert_eq(mn_session_wait(gpu), MN_OK, "%s", mn_last_error());
+  cr_log_info("after %d steps: %llu skipped, %llu updates, round at %u", N,
+              (unsigned long long)stats_of(cpu).skipped_steps, (unsigned long long)cpu->step_count,
+              cpu->accum_index);
+  cr_assert_gt(stats_of(cpu).skipped_steps, 0u, "no step overflowed");
+  cr_assert_gt(cpu->step_count, 1u, "fewer than two updates");
+  assert_same_scaler(gpu, cpu, "after the steps in flight");
+  mn_test_assert_same_params(g, gpu, cpu, 0x1p-7, "after the steps in flight");
+  cr_assert_eq(stats_of(gpu).graph_launches, (uint64_t)N);
+  mn_session_free(cpu);
+  mn_session_free(gpu);
+  mn_graph_free(g);
+}
+
+/* Checkpoints carry the device's scaler both ways: a CUDA run saved while steps are in flight
+ * records the scale its device reached, and a CUDA session that loads a checkpoint takes its
+ * scaler, step count and round before its next step (it had a scaler of its own). */
+Test(cuda_precision, f16_checkpoints_carry_the_device_loss_scaler) {
+  mn_test_require_cuda_device();
+  mn_tmp_dir t = mn_tmp_dir_make("mn_cuda_precision");
+  const char *path = mn_tmp_path(&t, "ck.safetensors");
+  mn_graph *g = mlp();
+  mn_session *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true),
+             *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *fresh = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  fill_mlp((mn_session *[]){gpu}, 1, g, true);
+  fill_mlp((mn_session *[]){cpu, fresh}, 2, g, false);
+  mn_session *all[3] = {gpu, cpu, fresh};
+  for (int k = 0; k < 3; k++)
+    cr_assert_eq(mn_session_set_adamw(all[k], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(mn_session_step(gpu), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_save_checkpoint(gpu, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(gpu), MN_OK, "%s", mn_last_error());
+  mn_session_stats sg = stats_of(gpu);
+  cr_assert_eq(sg.skipped_steps, 3u);
+  cr_assert_eq(sg.loss_scale, 8192.0f);
+  /* The fresh session has trained on its own: scale 65536, two good steps, two updates. */
+  mlp_step(fresh);
+  mlp_step(fresh);
+  cr_assert_eq(fresh->step_count, 2u);
+  cr_assert_eq(mn_session_load_checkpoint(cpu, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_load_checkpoint(fresh, path), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(stats_of(cpu).loss_scale, 8192.0f, "the checkpoint has the device's scale");
+  cr_assert_eq(stats_of(cpu).skipped_steps, 3u);
+  assert_same_scaler(fresh, cpu, "after loading");
+  /* Near targets: a finite step at scale 8192, Adam's step 1 from the checkpoint's moments. */
+  float lc = mlp_step(cpu), lf = mlp_step(fresh);
+  cr_expect_leq(fabsf(lf - lc), 0x1p-8f * fabsf(lc), "loss cuda %g vs cpu %g", (double)lf,
+                (double)lc);
+  assert_same_scaler(fresh, cpu, "a step after loading");
+  cr_assert_eq(fresh->step_count, 1u, "the device took the checkpoint's step count");
+  cr_assert_eq(stats_of(fresh).loss_scale, 8192.0f);
+  mn_test_assert_same_params(g, fresh, cpu, 0x1p-8, "a step after loading");
+  mn_session_free(gpu);
+  mn_session_free(cpu);
+  mn_session_free(fresh);
+  mn_graph_free(g);
+  mn_tmp_dir_remove(&t);
 }
 
 /* A vocabulary of 1031 (bf16 rows of 2062 bytes, not a 16-byte multiple): the backend pads

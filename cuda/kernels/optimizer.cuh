@@ -6,12 +6,14 @@
 // Gradient accumulation: io = grads, the running sum, scalars, the error record. Each step
 // adds its gradients to the sum (the first of a round starts it); the updating step replaces
 // the gradients by the mean, which clipping and the update then read. Float arithmetic in the
-// order the reference backend uses, so both agree bit for bit.
+// order the reference backend uses, so both agree bit for bit. Nothing after a failure, nor on
+// an F16 step whose gradients overflowed.
 template <long long N, class IO> __device__ void mn_opt_accumulate(const IO &io) {
   auto g = mn_out<0>(io);
   auto sum = mn_out<1>(io);
   const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 2);
-  if (mn_arg<const mn_dev_error>(io, 3)->what) return;
+  const mn_dev_error *err = mn_arg<const mn_dev_error>(io, 3);
+  if (err->what || err->nonfinite) return;
   const bool first = sc->accum_first != 0u, apply = sc->accum_apply != 0u;
   const float k = sc->accum_k;
   MN_FOR_EACH(i, N) {
@@ -28,7 +30,8 @@ template <long long N, class IO> __device__ void mn_opt_accumulate(const IO &io)
 template <int BLOCK, long long N, class IO> __device__ void mn_opt_sumsq(const IO &io) {
   auto g = mn_in<0>(io);
   double *partials = mn_arg<double>(io, 1);
-  if (mn_arg<const mn_dev_error>(io, 2)->what) return;
+  const mn_dev_error *err = mn_arg<const mn_dev_error>(io, 2);
+  if (err->what || err->nonfinite) return;
   if (!mn_arg<const mn_dev_scalars>(io, 3)->accum_apply) return;
   __shared__ double shared[32];
   double acc = 0.0;
@@ -41,8 +44,9 @@ template <int BLOCK, long long N, class IO> __device__ void mn_opt_sumsq(const I
 }
 
 // io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping),
-// the error record: after a failed kernel (NaN rows) nothing is updated. In a low-precision
-// session io.p[7] is the weights' low-precision copy, written in the same pass.
+// the error record: after a failed kernel (NaN rows) nothing is updated, nor on an F16 step
+// whose gradients overflowed. In a low-precision session io.p[7] is the weights'
+// low-precision copy, written in the same pass.
 template <int BLOCK, long long N, int PARTIALS, class IO>
 __device__ void mn_opt_update(const IO &io) {
   constexpr bool LOW = mn_io_storage<IO, 7>::value != MN_DEV_F32;
@@ -54,7 +58,7 @@ __device__ void mn_opt_update(const IO &io) {
   const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 4);
   const double *partials = mn_arg<const double>(io, 5);
   mn_dev_error *err = mn_arg<mn_dev_error>(io, 6);
-  if (!sc->accum_apply) return;
+  if (!sc->accum_apply || err->nonfinite) return;
   if (err->what) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && err->skipped_step == 0u)
       err->skipped_step = sc->step;
@@ -100,5 +104,105 @@ __device__ void mn_opt_update(const IO &io) {
     const float nw = (float)(w[i] * decay - step_size * mf / denom);
     w[i] = nw;
     if constexpr (LOW) lw[i] = nw;
+  }
+}
+
+// ---- F16 loss scaling (host/storage.h, mn_loss_scaler; docs/precision.md)
+//
+// The scaler lives on the device (mn_dev_scaler), so a step needs no word from the host: the
+// step graph runs mn_scaler_begin after its input copies, the program (whose loss gradient is
+// seeded with the #loss_scale input), mn_scaler_unscale, the optimizer kernels above (which do
+// nothing when the unscale flagged an overflow) and mn_scaler_end. One thread each for begin
+// and end.
+
+// io = the scaler, the host's copy of it, scalars, the #loss_scale input (fp32). Takes the
+// parts of the host's state it names; seeds the loss gradient with the scale; decides, from the
+// device's own round and step count, whether this step starts and ends an accumulation round
+// and which optimizer step it is (a skipped step advances neither, so the host's guess, which
+// the scalars carry, may be ahead).
+template <class IO> __device__ void mn_scaler_begin(const IO &io) {
+  mn_dev_scaler *ls = mn_arg<mn_dev_scaler>(io, 0);
+  const mn_dev_scaler *host = mn_arg<const mn_dev_scaler>(io, 1);
+  mn_dev_scalars *sc = mn_arg<mn_dev_scalars>(io, 2);
+  auto seed = mn_out<3>(io);
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const unsigned take = host->take;
+  if (take & MN_DEV_TAKE_SCALER) {
+    ls->scale = host->scale;
+    ls->good_steps = host->good_steps;
+    ls->skipped = host->skipped;
+  }
+  if (take & MN_DEV_TAKE_STEP) ls->step = host->step;
+  if (take & MN_DEV_TAKE_ROUND) ls->accum_index = host->accum_index;
+  seed[0] = ls->scale;
+  if (sc->kind == MN_DEV_OPTIM_NONE) return;
+  const unsigned k = sc->accum_steps;
+  sc->accum_first = ls->accum_index == 0u;
+  sc->accum_apply = k <= 1u || ls->accum_index + 1u >= k;
+  if (!sc->accum_apply) return;
+  const unsigned long long step = ls->step + 1ull;
+  // The host computed the bias corrections for the step it expected; recompute them (in
+  // double, as it does) only when a skipped step in flight made it wrong.
+  if ((unsigned)step == sc->step) return;
+  sc->step = (unsigned)step;
+  sc->bias_correction1 = 1.0 - pow((double)sc->beta1, (double)step);
+  sc->bias_correction2 = 1.0 - pow((double)sc->beta2, (double)step);
+}
+
+__device__ __forceinline__ bool mn_nonfinite(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// io = the gradients (the update block, fp32, N values), the scaler, the error record.
+// Multiplies every gradient by 1 / scale, as the reference backend does (g *= inv in float),
+// and flags the step when any scaled gradient was infinite or NaN. Nothing after a failure
+// (the reference stops before it too).
+template <long long N, class IO> __device__ void mn_scaler_unscale(const IO &io) {
+  auto g = mn_out<0>(io);
+  const mn_dev_scaler *ls = mn_arg<const mn_dev_scaler>(io, 1);
+  mn_dev_error *err = mn_arg<mn_dev_error>(io, 2);
+  if (err->what) return;
+  const float inv = 1.0f / ls->scale;
+  bool bad = false;
+  MN_FOR_EACH(i, N) {
+    const float v = g[i];
+    bad |= mn_nonfinite(v);
+    g[i] = v * inv;
+  }
+  if (bad) err->nonfinite = 1u;
+}
+
+// io = the scaler, the error record, scalars. mn_loss_scaler_record on the device: an
+// overflowing step halves the scale and counts as skipped; INTERVAL finite steps in a row
+// double it. With an optimizer, a finite step moves the accumulation round on and, when it
+// updated, the step count. A failed step (an index out of range) starts the round again, as
+// the reference does, and leaves the scale alone.
+template <unsigned INTERVAL, class IO> __device__ void mn_scaler_end(const IO &io) {
+  mn_dev_scaler *ls = mn_arg<mn_dev_scaler>(io, 0);
+  mn_dev_error *err = mn_arg<mn_dev_error>(io, 1);
+  const mn_dev_scalars *sc = mn_arg<const mn_dev_scalars>(io, 2);
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const bool finite = err->nonfinite == 0u;
+  err->nonfinite = 0u;
+  if (err->what) {
+    ls->accum_index = 0u;
+    return;
+  }
+  if (!finite) {
+    ls->scale *= 0.5f;
+    ls->good_steps = 0u;
+    ls->skipped++;
+    return;
+  }
+  if (++ls->good_steps == INTERVAL) {
+    ls->scale *= 2.0f;
+    ls->good_steps = 0u;
+  }
+  if (sc->kind == MN_DEV_OPTIM_NONE) return;
+  if (sc->accum_apply) {
+    ls->step++;
+    ls->accum_index = 0u;
+  } else {
+    ls->accum_index++;
   }
 }
