@@ -300,6 +300,9 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   void *dst = buffer_addr(st, s, buffer);
   const mn_buffer_desc *d = &s->plan->buffers[buffer];
   if (d->role == MN_BUF_PARAMETER) st->shadow_dirty = true;
+  /* A parameter shared with another session is the owner's: its low-precision copy is stale. */
+  if (mn_session_shared_buffer(s, buffer) && s->owner && s->owner->backend == &mn_cuda_backend)
+    ((cuda_state *)s->owner->backend_state)->shadow_dirty = true;
   mn_status rc;
   if (d->storage == MN_BF16 || d->storage == MN_F16) {
     rc = mn_cu_low_write(st, d->storage, dst, src, bytes / sizeof(float));

@@ -58,6 +58,7 @@ struct mn_session {
   /* Per buffer: where a parameter shared with another session lives in that session's memory
    * (its buffer_address), else NULL; NULL as a whole when nothing is shared. */
   void **shared;
+  mn_session *owner; /* the session whose parameters those are, else NULL */
 };
 
 /* The backend memory of a buffer that lives in another session, or NULL. */

@@ -37,6 +37,7 @@ mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session 
                      "owner with siblings MN_SIBLINGS_NEVER to share it",
                      fn, n->name, owner->plan->graph->nodes[v.node].name);
     s->shared[b] = at;
+    s->owner = owner;
   }
   return MN_OK;
 }

@@ -11,7 +11,7 @@ static const char USAGE[] =
     "Times N (default 10) AdamW training steps on random tokens after 2 warm-up steps and\n"
     "prints the median step time and tokens/s. MN_BACKEND=cpu|cuda picks the backend.\n"
     "--precision defaults to bf16 on a CUDA device of compute capability 8.0 or newer, else\n"
-    "f32; f16 training needs the CPU backend for now.\n";
+    "f32.\n";
 
 enum { O_CONFIG, O_BATCH, O_SEQ, O_STEPS, O_PRECISION, O_COUNT };
 

@@ -30,7 +30,7 @@ static const char USAGE[] =
     "the sampler and the options are recorded in it (options given must agree; --steps may\n"
     "grow); the metrics CSV is cut back to the checkpoint's step.\n"
     "--precision: f32, tf32 (f32 with TF32 matmuls), or bf16 / f16 mixed precision (fp32\n"
-    "master weights; f16 training needs the CPU backend for now). The default is bf16 on a\n"
+    "master weights; f16 scales the loss dynamically). The default is bf16 on a\n"
     "CUDA device of compute capability 8.0 or newer, else f32; a resumed run keeps its own.\n"
     "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
