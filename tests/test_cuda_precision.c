@@ -50,19 +50,18 @@ static void feed_tokens(mn_session *s, int step) {
 
 static float train_step(mn_session *s, int step) {
   feed_tokens(s, step);
-  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
-  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
-  return mn_session_read_loss(s);
+  return mn_test_step_loss(s);
 }
 
-/* The CPU emulates the storage table the CUDA kernels obey; what differs is the order of
- * fp32 sums and the odd rounding that goes the other way, which training then carries
- * along. Each step's loss stays within 2^-6 relative (4 bf16 units of roundoff). */
-Test(cuda_precision, bf16_transformer_training_follows_the_cpu_emulation) {
-  mn_test_require_cuda_device();
+/* The transformer trained on both backends in `prec` for STEPS AdamW steps from the same start:
+ * each step's loss within loss_tol relative of the CPU emulation's (after each step `check`, when
+ * given, compares more), parameters within param_tol at the end, one graph launch per step. */
+static void follow_the_cpu(mn_precision prec, double loss_tol, double param_tol,
+                           void (*check)(mn_session *gpu, mn_session *cpu, const char *when)) {
   mn_graph *g = transformer();
-  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_BF16, true),
-             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+  mn_session *cpu = session(g, MN_BACKEND_CPU, prec, true),
+             *gpu = session(g, MN_BACKEND_CUDA, prec, true);
+  const char *name = mn_test_precision_name(prec);
   mn_rng r = mn_rng_new(11);
   mn_test_init_normal(g, (mn_session *[]){cpu, gpu}, 2, &r, 0.1f, true);
   for (int k = 0; k < 2; k++) {
@@ -74,18 +73,33 @@ Test(cuda_precision, bf16_transformer_training_follows_the_cpu_emulation) {
   for (int step = 0; step < STEPS; step++) {
     float lc = train_step(cpu, step), lg = train_step(gpu, step);
     double rel = fabs((double)lg - lc) / fabs((double)lc);
-    cr_assert(rel <= 0x1p-6, "step %d: bf16 loss cuda %.7g vs cpu %.7g (relative %.3g)", step, lg,
-              lc, rel);
+    cr_assert(rel <= loss_tol, "step %d: %s loss cuda %.7g vs cpu %.7g (relative %.3g)", step, name,
+              lg, lc, rel);
     worst = rel > worst ? rel : worst;
+    char when[32];
+    snprintf(when, sizeof when, "step %d", step);
+    if (check) check(gpu, cpu, when);
   }
-  cr_log_info("bf16: largest relative loss difference over %d steps: %.3g", STEPS, worst);
-  mn_test_assert_same_params(g, gpu, cpu, 0x1p-5, "after 20 bf16 steps");
   mn_session_stats st;
   mn_session_get_stats(gpu, &st);
-  cr_assert_eq(st.graph_launches, (uint64_t)STEPS, "one graph launch per bf16 step");
+  cr_log_info("%s: largest relative loss difference over %d steps: %.3g; scale %g, %llu skipped",
+              name, STEPS, worst, (double)st.loss_scale, (unsigned long long)st.skipped_steps);
+  char when[48];
+  snprintf(when, sizeof when, "after %d %s steps", STEPS, name);
+  mn_test_assert_same_params(g, gpu, cpu, param_tol, when);
+  cr_assert_eq(st.graph_launches, (uint64_t)STEPS, "one graph launch per %s step", name);
+  cr_assert_eq(st.graph_captures, 1u, "one capture");
   mn_session_free(cpu);
   mn_session_free(gpu);
   mn_graph_free(g);
+}
+
+/* The CPU emulates the storage table the CUDA kernels obey; what differs is the order of
+ * fp32 sums and the odd rounding that goes the other way, which training then carries
+ * along. Each step's loss stays within 2^-6 relative (4 bf16 units of roundoff). */
+Test(cuda_precision, bf16_transformer_training_follows_the_cpu_emulation) {
+  mn_test_require_cuda_device();
+  follow_the_cpu(MN_PRECISION_BF16, 0x1p-6, 0x1p-5, NULL);
 }
 
 /* 60 AdamW steps of the transformer on CUDA from the same start: bf16 learns as fp32 does. */
@@ -205,36 +219,9 @@ Test(cuda_precision, f16_transformer_training_follows_the_cpu_emulation) {
   mn_test_require_cuda_build();
   mn_graph *g = transformer();
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
-  mn_test_require_cuda_device();
-  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  mn_rng r = mn_rng_new(11);
-  mn_test_init_normal(g, (mn_session *[]){cpu, gpu}, 2, &r, 0.1f, true);
-  for (int k = 0; k < 2; k++) {
-    mn_session *s = k ? gpu : cpu;
-    cr_assert_eq(mn_session_set_adamw(s, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK);
-    cr_assert_eq(mn_session_set_grad_clip(s, 1.0f), MN_OK);
-  }
-  double worst = 0;
-  for (int step = 0; step < STEPS; step++) {
-    float lc = train_step(cpu, step), lg = train_step(gpu, step);
-    double rel = fabs((double)lg - lc) / fabs((double)lc);
-    cr_assert(rel <= 0x1p-8, "step %d: f16 loss cuda %.7g vs cpu %.7g (relative %.3g)", step, lg,
-              lc, rel);
-    worst = rel > worst ? rel : worst;
-    char when[32];
-    snprintf(when, sizeof when, "step %d", step);
-    assert_same_scaler(gpu, cpu, when);
-  }
-  mn_session_stats st = stats_of(gpu);
-  cr_log_info("f16: largest relative loss difference over %d steps: %.3g; scale %g, %llu skipped",
-              STEPS, worst, (double)st.loss_scale, (unsigned long long)st.skipped_steps);
-  mn_test_assert_same_params(g, gpu, cpu, 0x1p-7, "after 20 f16 steps");
-  cr_assert_eq(st.graph_launches, (uint64_t)STEPS, "one graph launch per f16 step");
-  cr_assert_eq(st.graph_captures, 1u, "the scaler needs no capture of its own");
-  mn_session_free(cpu);
-  mn_session_free(gpu);
   mn_graph_free(g);
+  mn_test_require_cuda_device();
+  follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler);
 }
 
 /* x [16, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t (test_precision.c's MLP). */
@@ -269,12 +256,6 @@ static void fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far
   }
 }
 
-static float mlp_step(mn_session *s) {
-  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
-  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
-  return mn_session_read_loss(s);
-}
-
 /* A step whose scaled gradients overflow fp16 updates nothing on CUDA, exactly as on the CPU:
  * the parameters keep every bit, the skipped step counts, the scale halves, Adam's step count
  * stays. Once the scale is small enough the first update is Adam's step 1 on both backends,
@@ -291,7 +272,7 @@ Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
     cr_assert_eq(mn_session_set_adamw(k ? gpu : cpu, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
   cr_assert_eq(stats_of(gpu).loss_scale, 65536.0f);
   float *before = mn_test_read_params(g, gpu);
-  float lc = mlp_step(cpu), lg = mlp_step(gpu);
+  float lc = mn_test_step_loss(cpu), lg = mn_test_step_loss(gpu);
   cr_expect(isfinite(lg), "the loss is computed before the scale: %g", (double)lg);
   cr_expect_leq(fabsf(lg - lc), 0x1p-8f * fabsf(lc), "loss cuda %g vs cpu %g", (double)lg,
                 (double)lc);
@@ -306,8 +287,8 @@ Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
   uint64_t submissions = st.submissions;
   int steps = 1;
   while (stats_of(cpu).skipped_steps == (uint64_t)steps && steps < 30) {
-    mlp_step(cpu);
-    mlp_step(gpu);
+    mn_test_step_loss(cpu);
+    mn_test_step_loss(gpu);
     steps++;
     char when[32];
     snprintf(when, sizeof when, "step %d", steps);
@@ -359,7 +340,7 @@ Test(cuda_precision, f16_steps_in_flight_skip_and_accumulate_as_on_the_cpu) {
   }
   enum { N = 17 };
   for (int i = 0; i < N; i++) {
-    mlp_step(cpu);
+    mn_test_step_loss(cpu);
     cr_assert_eq(mn_session_step(gpu), MN_OK, "%s", mn_last_error());
   }
   cr_assert_eq(mn_session_wait(gpu), MN_OK, "%s", mn_last_error());
@@ -400,8 +381,8 @@ Test(cuda_precision, f16_checkpoints_carry_the_device_loss_scaler) {
   cr_assert_eq(sg.skipped_steps, 3u);
   cr_assert_eq(sg.loss_scale, 8192.0f);
   /* The fresh session has trained on its own: scale 65536, two good steps, two updates. */
-  mlp_step(fresh);
-  mlp_step(fresh);
+  mn_test_step_loss(fresh);
+  mn_test_step_loss(fresh);
   cr_assert_eq(fresh->step_count, 2u);
   cr_assert_eq(mn_session_load_checkpoint(cpu, path), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_load_checkpoint(fresh, path), MN_OK, "%s", mn_last_error());
@@ -409,7 +390,7 @@ Test(cuda_precision, f16_checkpoints_carry_the_device_loss_scaler) {
   cr_assert_eq(stats_of(cpu).skipped_steps, 3u);
   assert_same_scaler(fresh, cpu, "after loading");
   /* Near targets: a finite step at scale 8192, Adam's step 1 from the checkpoint's moments. */
-  float lc = mlp_step(cpu), lf = mlp_step(fresh);
+  float lc = mn_test_step_loss(cpu), lf = mn_test_step_loss(fresh);
   cr_expect_leq(fabsf(lf - lc), 0x1p-8f * fabsf(lc), "loss cuda %g vs cpu %g", (double)lf,
                 (double)lc);
   assert_same_scaler(fresh, cpu, "a step after loading");
@@ -434,8 +415,8 @@ Test(cuda_precision, wide_unaligned_logits_train_as_on_the_cpu) {
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
   mn_test_require_cuda_device();
   const mn_test_range ranges[] = {{"tokens", 0, 1031}, {"labels", 0, 1031}, {NULL, 0, 0}};
-  double err = mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
-                                              ranges, 3);
+  double err =
+      mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL, ranges, 3);
   cr_log_info("largest norm-wise difference: %.3g", err);
   mn_graph_free(g);
 }

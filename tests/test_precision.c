@@ -162,17 +162,11 @@ static void fill_mlp_data(mn_session *const *s, size_t n, const mn_graph *g) {
   }
 }
 
-static float step_loss(mn_session *s) {
-  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
-  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
-  return mn_session_read_loss(s);
-}
-
 Test(precision, outputs_read_back_exactly_as_stored) {
   mn_graph *g = mlp();
   mn_session *s = build(g, MN_PRECISION_BF16, true);
   fill_mlp_data(&s, 1, g);
-  step_loss(s);
+  mn_test_step_loss(s);
   float y[16 * 4];
   cr_assert_eq(mn_session_read_output_by_index(s, 1, y, 16 * 4), MN_OK);
   for (int i = 0; i < 16 * 4; i++)
@@ -191,7 +185,7 @@ Test(precision, master_weights_take_updates_smaller_than_a_bf16_ulp) {
     ones[i] = 1.0f;
   cr_assert_eq(mn_session_set_parameter(s, "w1", ones, 8 * 32), MN_OK);
   cr_assert_eq(mn_session_set_learning_rate(s, 1e-6f), MN_OK);
-  step_loss(s);
+  mn_test_step_loss(s);
   float after[8 * 32];
   cr_assert_eq(mn_session_read_param(s, "w1", after, 8 * 32), MN_OK);
   size_t moved = 0;
@@ -214,7 +208,7 @@ Test(precision, adamw_training_converges_like_fp32) {
   for (int k = 0; k < 3; k++) {
     cr_assert_eq(mn_session_set_adamw(s[k], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
     for (int i = 0; i < 40; i++) {
-      float l = step_loss(s[k]);
+      float l = mn_test_step_loss(s[k]);
       if (i == 0) first[k] = l;
       last[k] = l;
     }
@@ -313,11 +307,11 @@ Test(precision, resuming_a_bf16_run_from_a_checkpoint_is_bitwise_exact) {
   fill_mlp_data(both, 2, g);
   cr_assert_eq(mn_session_set_adamw(a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
   for (int i = 0; i < 5; i++)
-    step_loss(a);
+    mn_test_step_loss(a);
   cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_load_checkpoint(b, path), MN_OK, "%s", mn_last_error());
   for (int i = 0; i < 5; i++) {
-    float la = step_loss(a), lb = step_loss(b);
+    float la = mn_test_step_loss(a), lb = mn_test_step_loss(b);
     cr_expect_eq(la, lb, "step %d after resuming: %.9g vs %.9g", i, lb, la);
   }
   mn_test_assert_same_params(g, a, b, 0, "after resuming a bf16 run");
@@ -347,7 +341,7 @@ Test(precision, f16_loss_scaling_skips_overflowing_steps_and_leaves_parameters_a
   cr_assert_eq(mn_session_set_learning_rate(s, 1e-9f), MN_OK);
   cr_expect_eq(stats_of(s).loss_scale, 65536.0f);
   float *before = mn_test_read_params(g, s);
-  float loss = step_loss(s);
+  float loss = mn_test_step_loss(s);
   cr_expect(isfinite(loss), "the loss is computed before the scale: %g", loss);
   mn_session_stats st = stats_of(s);
   cr_expect_eq(st.skipped_steps, 1);
@@ -357,7 +351,7 @@ Test(precision, f16_loss_scaling_skips_overflowing_steps_and_leaves_parameters_a
             "an overflowing step changed the parameters");
   int steps = 1;
   while (stats_of(s).skipped_steps == (uint64_t)steps && steps < 30) {
-    step_loss(s);
+    mn_test_step_loss(s);
     steps++;
   }
   st = stats_of(s);
@@ -443,7 +437,7 @@ Test(precision, an_f16_checkpoint_keeps_the_loss_scale) {
   cr_assert_eq(mn_session_set_input(a, "t", t_big, 16 * 4), MN_OK);
   cr_assert_eq(mn_session_set_learning_rate(a, 1e-9f), MN_OK);
   for (int i = 0; i < 3; i++)
-    step_loss(a);
+    mn_test_step_loss(a);
   mn_session_stats sa = stats_of(a);
   cr_assert_lt(sa.loss_scale, 65536.0f, "the scale never fell");
   cr_assert_eq(mn_session_save_checkpoint(a, path), MN_OK, "%s", mn_last_error());
@@ -500,7 +494,7 @@ Test(precision, weights_load_exactly_into_any_precision) {
   mn_session *f32 = build(g, MN_PRECISION_F32, true);
   fill_mlp_data(&f32, 1, g);
   cr_assert_eq(mn_session_set_learning_rate(f32, 1e-2f), MN_OK);
-  step_loss(f32);
+  mn_test_step_loss(f32);
   cr_assert_eq(mn_session_save_checkpoint(f32, ck), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_load_checkpoint(low, ck), MN_OK, "%s", mn_last_error());
   mn_test_assert_same_params(g, low, f32, 0, "after loading an fp32 checkpoint into bf16");

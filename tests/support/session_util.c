@@ -94,3 +94,9 @@ void mn_test_assert_same_params(const mn_graph *g, mn_session *a, mn_session *b,
     free(vb);
   }
 }
+
+float mn_test_step_loss(mn_session *s) {
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  return mn_session_read_loss(s);
+}

@@ -28,6 +28,9 @@ void mn_test_init_uniform(const mn_graph *g, mn_session *s, mn_rng *r, float lo,
 /* The number of parameter elements in g. */
 size_t mn_test_param_count(const mn_graph *g);
 
+/* One step and its wait, asserted to succeed; returns the loss. */
+float mn_test_step_loss(mn_session *s);
+
 /* Every parameter of g read from s, concatenated in node order (mn_test_param_count(g)
  * floats); free() it. */
 float *mn_test_read_params(const mn_graph *g, mn_session *s);
