@@ -15,7 +15,6 @@
 #include "cuda/cuda_state.h"
 #include "host/error.h"
 #include "host/storage.h"
-#include "session/session.h"
 
 static bool low(const mn_session *s) { return mn_cu_low_storage(s->plan) != MN_DEV_F32; }
 
