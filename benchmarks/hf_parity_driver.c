@@ -6,12 +6,17 @@
  *
  * usage: bench_hf_parity_driver --model DIR --out DIR --batch B --seq T
  *            [--lr X] [--beta1 X] [--beta2 X] [--eps X] [--weight-decay X] [--finetune N]
+ *            [--precision f32|bf16|f16]
  *   DIR/config.json, DIR/model.safetensors, and the batch: DIR/input_ids.u32 and
  *   DIR/labels.u32, B*T little-endian uint32 each. The backend follows MN_BACKEND (cpu, cuda);
- *   matmuls are full fp32 (no TF32).
+ *   matmuls are full fp32 (no TF32). --precision bf16 or f16 runs both sessions (training and
+ *   the fine-tuned weights' inference) in that mixed precision (docs/precision.md): fp32
+ *   master weights, gradients and optimizer state, low-precision activations, so the logits
+ *   read back as the bf16/fp16 values stored; f32, the default, is the behaviour without it.
  * Writes to the --out folder (created if needed):
- *   result.txt           "prefix P", "loss X" (the first step), "step_loss I X" per fine-tune
- *                        step, and "param NAME NUMEL" for every parameter
+ *   result.txt           "backend B", "prefix P", "loss X" (the first step), "step_loss I X"
+ *                        per fine-tune step, and "param NAME NUMEL" for every parameter; with
+ *                        --precision other than f32 also "precision NAME" after the prefix
  *   logits.f32           output 1 of the first step, [B, T, V]
  *   grad/NAME.f32        dLoss/dNAME of the first step
  *   param/NAME.f32       NAME after the first AdamW update
@@ -31,6 +36,8 @@ typedef struct driver_args {
   long long batch, seq;
   double lr, beta1, beta2, eps, wd;
   int finetune;
+  const char *precision_name;
+  mn_precision precision;
 } driver_args;
 
 static void die(const char *what) {
@@ -44,12 +51,19 @@ static void expect_ok(mn_status st, const char *what) {
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_hf_parity_driver --model DIR --out DIR --batch B --seq T [--lr X] "
-                  "[--beta1 X] [--beta2 X] [--eps X] [--weight-decay X] [--finetune N]\n");
+                  "[--beta1 X] [--beta2 X] [--eps X] [--weight-decay X] [--finetune N] "
+                  "[--precision f32|bf16|f16]\n");
   exit(2);
 }
 
 static driver_args parse_args(int argc, char **argv) {
-  driver_args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01};
+  driver_args a = {.lr = 1e-3,
+                   .beta1 = 0.9,
+                   .beta2 = 0.999,
+                   .eps = 1e-8,
+                   .wd = 0.01,
+                   .precision_name = "f32",
+                   .precision = MN_PRECISION_F32};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage();
     const char *k = argv[i], *v = argv[i + 1];
@@ -73,7 +87,17 @@ static driver_args parse_args(int argc, char **argv) {
       a.wd = atof(v);
     else if (!strcmp(k, "--finetune"))
       a.finetune = atoi(v);
-    else
+    else if (!strcmp(k, "--precision")) {
+      a.precision_name = v;
+      if (!strcmp(v, "f32"))
+        a.precision = MN_PRECISION_F32;
+      else if (!strcmp(v, "bf16"))
+        a.precision = MN_PRECISION_BF16;
+      else if (!strcmp(v, "f16"))
+        a.precision = MN_PRECISION_F16;
+      else
+        usage();
+    } else
       usage();
   }
   if (!a.model || !a.out || a.batch < 1 || a.seq < 1) usage();
@@ -163,6 +187,7 @@ int main(int argc, char **argv) {
 
   mn_session_options o = mn_session_options_default();
   o.allow_tf32 = false;
+  o.precision = a.precision;
   mn_session *s = NULL;
   expect_ok(mn_build_session(g, &o, &s), "session");
   expect_ok(mn_session_load_safetensors(s, weights, true), "load");
@@ -180,7 +205,9 @@ int main(int argc, char **argv) {
   float loss = run_step(s);
   mn_session_stats stats;
   expect_ok(mn_session_get_stats(s, &stats), "stats");
-  fprintf(result, "backend %s\nprefix %s\nloss %.9g\n", stats.backend, prefix, (double)loss);
+  fprintf(result, "backend %s\nprefix %s\n", stats.backend, prefix);
+  if (a.precision != MN_PRECISION_F32) fprintf(result, "precision %s\n", a.precision_name);
+  fprintf(result, "loss %.9g\n", (double)loss);
   size_t nl = n * (size_t)c.vocab_size;
   float *logits = malloc(nl * sizeof *logits);
   if (!logits) die("out of memory");

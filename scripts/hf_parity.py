@@ -28,13 +28,28 @@ Without PyTorch (--numpy), the same driver runs against a float64 numpy implemen
 two forward passes written from transformers' modeling code (Conv1D [in, out], rotate_half,
 repeat_kv): logits, loss and the round trip only, no gradients.
 
+--precision bf16: the driver runs its sessions in bf16 mixed precision (fp32 master weights,
+bf16 activations, docs/precision.md) and the PyTorch side runs the same models under
+torch.autocast(device, dtype=torch.bfloat16) with fp32 parameters and fp32 AdamW, on CUDA when
+PyTorch has a device (else autocast on the CPU, whose casting lists differ a little). Logits,
+loss, every gradient, every parameter after one AdamW step and the round trip are compared
+with the bf16 tolerances explained at TOL_BF16 below; both bf16 sides are also measured
+against PyTorch in fp32 (TF32 off) and ours must be within the one-implementation tolerances
+of it. With --numpy and --precision bf16 (no PyTorch needed, e.g. on the CPU backend) the
+logits, loss and round trip are checked against the float64 forward pass and the gradients
+and updated parameters against the same driver run in fp32, with the one-implementation
+tolerances.
+
 usage: python3 scripts/hf_parity.py --driver BUILD/bench_hf_parity_driver
                                     [--backend cpu|cuda|both] [--numpy] [--keep DIR]
+                                    [--precision f32|bf16]
 Exit status 0 when every check passes.
 """
 import argparse
+import contextlib
 import copy
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -47,6 +62,60 @@ B, T = 2, 16
 LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 FINETUNE = 20
 TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_PARAM, TOL_UPDATE, TOL_ADAMW = 1e-5, 1e-5, 1e-4, 1e-5, 1e-3, 1e-6
+TOL_F32 = dict(logits=TOL_LOGITS, loss=TOL_LOSS, grad=TOL_GRAD, param=TOL_PARAM,
+               update=TOL_UPDATE, adamw=TOL_ADAMW, sign_factor=100.0)
+
+# ---- bf16 tolerances (--precision bf16)
+# u = 2^-8 is bf16's unit roundoff: round to nearest with 8 significant bits is off by at most
+# 2^-8 relative. Every bf16 rounding of a value the step stores (an activation, an activation
+# gradient, a product operand read in bf16) adds at most u relative error; matmuls accumulate
+# in fp32, so their own sums are far below u. The deterministic bound of k roundings in a row
+# is k*u, which through these models would pass almost anything (k = 64 gives 0.25). The errors
+# of distinct roundings are independent and of mean zero in practice, so, as in Higham and
+# Mary's probabilistic rounding error analysis (SIAM J. Sci. Comput. 41(5), 2019), the
+# norm-wise error of a whole tensor grows like sqrt(k)*u; we take sqrt(k)*u with k counted
+# along the deepest path, and for two implementations that round at different places (ours
+# stores the residual stream in bf16 as llm.c does, autocast keeps it in fp32 and rounds
+# attention scores instead) sqrt(2k)*u, their errors adding in quadrature.
+#   Depth. Two blocks. Forward, in roundings (per-op counts of docs/precision.md): a GPT-2
+#   block is ln_1 1, c_attn 3 (two operands and the result), attention 4, c_proj 3, residual
+#   1, ln_2 1, c_fc 3, gelu 1, c_proj 3, residual 1 = 21; a Llama block 26 (rope 2, SwiGLU 4).
+#   With the embeddings, the final norm and the head (3): 47 and 56, so k_fwd = 64 bounds both.
+#   Backward, to the first block's weights: the forward path again (2 * 64), and the norm and
+#   softmax gradients are projections that cancel: a norm's costs 2 + 6 rho = 14 (rho <= 2)
+#   where its forward pass cost 1, attention's 1 + 9 rho = 19 where it cost 4, so 2 blocks *
+#   (2 * 13 + 15) = 82 more: 210, and k_bwd = 256 bounds it.
+#   logits  one implementation sqrt(64) u = 8u = 0.031; two sqrt(128) u = 11.3u, we take 12u
+#           = 0.047.
+#   loss    one fp32 value from the logits: |dL| <= 2 max |dz| per position (softmax weights
+#           sum to 1, minus the label's), averaged over B*T positions; with each logit off by
+#           12u of |z|, |z| about 0.3 and L about log V = 6.9 here, 2 * 12u * 0.3 / 6.9 is
+#           about u: u = 0.0039 for either.
+#   grad    one sqrt(256) u = 16u = 0.0625; two sqrt(512) u = 22.6u, we take 23u = 0.090.
+#   param, update after the first AdamW step, which moves each element by
+#           lr * g / (|g| + eps) + lr * wd * p: the gradient's sign decides it, its size only
+#           through eps / |g|. The checks keep the elements whose sign the fp32 gradient
+#           determines for both gradients compared, |g32| > 4 |g - g32| (conditioned() with
+#           factor 4; fp32's 100 would leave out up to 2/3 of a tensor in bf16); elements
+#           left out (a gradient that is zero in exact arithmetic, as GPT-2's key bias, or
+#           below bf16's noise) are still covered by the grad and adamw checks. For those kept
+#           the two steps differ by at most lr * eps / (4 |g|) per element: update 1e-3 as in
+#           fp32. An update off by 1e-3 relative moves an element by 1e-3 * lr more; on the
+#           smallest parameters here, biases of rms 0.02, that is 1e-3 * 1e-3 / 0.02 = 5e-5
+#           relative: param 5e-5 (fp32 keeps 1e-5, its updates agree far better).
+#   adamw   our parameters against torch's AdamW formula applied to our own gradient: the
+#           optimizer is fp32 on fp32 master weights in every precision: 1e-6 as in fp32.
+# The round trip (logits of the fine-tuned file) uses the logits' tolerance.
+# Measured (2026-11-25, CPU backend's bf16 emulation, PyTorch 2.15 autocast on the CPU): logits
+# 1.7u against autocast, 1.5u to 2.2u against float64; loss below 0.02u; grads up to 3.7u
+# against autocast and 4.4u against fp32; param 4e-6; update 7e-5. CUDA: pending a GPU run.
+U_BF16 = 2.0 ** -8
+K_FWD, K_BWD = 64, 256
+TOL_BF16 = dict(logits=12 * U_BF16, loss=U_BF16, grad=23 * U_BF16, param=TOL_UPDATE * LR / 0.02,
+                update=TOL_UPDATE, adamw=TOL_ADAMW, sign_factor=4.0)
+TOL_BF16_ONE = dict(TOL_BF16, logits=math.sqrt(K_FWD) * U_BF16, grad=math.sqrt(K_BWD) * U_BF16)
+assert TOL_BF16["logits"] >= math.sqrt(2 * K_FWD) * U_BF16
+assert TOL_BF16["grad"] >= math.sqrt(2 * K_BWD) * U_BF16
 
 GPT2 = dict(model_type="gpt2", vocab_size=1000, n_positions=64, n_embd=96, n_layer=2,
             n_head=4, layer_norm_epsilon=1e-5)
@@ -59,7 +128,7 @@ CASES = [("gpt2", GPT2, True, False), ("gpt2-bare", GPT2, True, True),
          ("llama-tied", LLAMA, True, False)]
 
 
-def conditioned(g, g_ref):
+def conditioned(g, g_ref, factor=100.0):
     """The elements whose first AdamW step is determined by the gradient in fp32.
 
     The first step moves each element by about lr * sign(g) whatever |g| is, so where the
@@ -68,9 +137,11 @@ def conditioned(g, g_ref):
     step in opposite directions. Those elements (unless both gradients are the same, e.g.
     exactly zero for embedding rows no token used) are left out of the param and update
     checks; the gradient check covers them, and the adamw check below covers the update
-    rule applied to our own gradient on every element."""
+    rule applied to our own gradient on every element. factor is how much larger than the
+    difference of the gradients the reference gradient must be: 100 in fp32, 4 in bf16
+    (TOL_BF16)."""
     g, g_ref = np.asarray(g, np.float64).ravel(), np.asarray(g_ref, np.float64).ravel()
-    return (g == g_ref) | (np.abs(g_ref) > 100.0 * np.abs(g - g_ref) + EPS)
+    return (g == g_ref) | (np.abs(g_ref) > factor * np.abs(g - g_ref) + EPS)
 
 
 def adamw_step(p0, g):
@@ -100,10 +171,12 @@ class Report:
 
 # ---------------------------------------------------------------- the driver
 
-def run_driver(driver, model_dir, out_dir, backend):
+def run_driver(driver, model_dir, out_dir, backend, precision="f32"):
     cmd = [driver, "--model", model_dir, "--out", out_dir, "--batch", str(B), "--seq", str(T),
            "--lr", repr(LR), "--beta1", repr(BETA1), "--beta2", repr(BETA2), "--eps", repr(EPS),
            "--weight-decay", repr(WD), "--finetune", str(FINETUNE)]
+    if precision != "f32":
+        cmd += ["--precision", precision]
     done = subprocess.run(cmd, env=dict(os.environ, MN_BACKEND=backend))
     if done.returncode != 0:
         return None
@@ -124,11 +197,18 @@ def run_driver(driver, model_dir, out_dir, backend):
     return res
 
 
-def driver_ran(res, name, backend, report):
-    """The driver exited cleanly on the backend asked for (MN_BACKEND is honoured)."""
+def driver_ran(res, name, backend, report, precision="f32"):
+    """The driver exited cleanly on the backend asked for (MN_BACKEND is honoured), and in the
+    precision asked for (a driver without --precision prints none: f32)."""
     ok = res is not None and res.get("backend") == backend
-    report.check(f"{name}/{backend} driver ran on {res.get('backend') if res else 'nothing'}",
-                 0.0 if ok else 1.0, 0.0)
+    if precision == "f32":
+        report.check(f"{name}/{backend} driver ran on {res.get('backend') if res else 'nothing'}",
+                     0.0 if ok else 1.0, 0.0)
+        return ok
+    got = res.get("precision", "f32") if res else "nothing"
+    ok = ok and got == precision
+    report.check(f"{name}/{backend}/{precision} driver ran on "
+                 f"{res.get('backend') if res else 'nothing'} in {got}", 0.0 if ok else 1.0, 0.0)
     return ok
 
 
@@ -154,15 +234,93 @@ def write_batch(model_dir, seed, vocab):
     return ids, labels
 
 
+def check_step(label, out, pairs, grads, params, before, tol, report, undetermined, exact=None):
+    """Worst gradient, parameter, update and AdamW-rule errors over the parameters.
+
+    pairs: (key, name in the reference dicts, name in the driver's out folder) per parameter;
+    grads, params: the reference's gradient and parameters after the first AdamW step; before:
+    the parameters before it. exact: gradients of an fp32 run, when the reference is not one:
+    then the param and update checks keep the elements whose sign the fp32 gradient
+    determines for both gradients compared (conditioned() of each against it)."""
+    worst = {k: (0.0, "") for k in ("grad", "param", "update", "adamw")}
+    excluded = 0
+    for key, rn, on in pairs:
+        g = driver_tensor(out, "grad", on)
+        p = driver_tensor(out, "param", on)
+        g_ref, p_ref, p0 = (np.asarray(x).ravel() for x in (grads[rn], params[rn], before[rn]))
+        if exact is None:
+            keep = conditioned(g, g_ref, tol["sign_factor"])
+        else:
+            g32 = np.asarray(exact[rn]).ravel()
+            keep = (conditioned(g, g32, tol["sign_factor"])
+                    & conditioned(g_ref, g32, tol["sign_factor"]))
+        excluded += int(keep.size - keep.sum())
+        errs = {"grad": rel(g, g_ref), "param": rel(p[keep], p_ref[keep]),
+                "update": rel((p - p0)[keep], (p_ref - p0)[keep]),
+                "adamw": rel(p, adamw_step(p0, g))}
+        for k, e in errs.items():
+            if e > worst[k][0]:
+                worst[k] = (e, key)
+    print(f"    {excluded} element(s) whose AdamW step {undetermined} "
+          "left out of the param and update checks")
+    for k in ("grad", "param", "update", "adamw"):
+        e, key = worst[k]
+        report.check(f"{label} worst {k} ({key or '-'})", e, tol[k])
+
+
 # ---------------------------------------------------------------- PyTorch + transformers
 
-def torch_case(name, family, tied, bare, driver, backends, work, report):
+def torch_reference(model, ids, labels, device, dtype):
+    """One AdamW step and FINETUNE more of a copy of model (deepcopy keeps tied weights tied)
+    on device, under torch.autocast(dtype) when dtype is given (fp32 parameters, gradients and
+    optimizer, as meganeura's mixed precision), else in fp32. Returns numpy arrays: the
+    parameters before, the first step's logits (as float32), loss and gradients, the parameters
+    after its update, the fine-tune losses and the final parameters."""
     import torch
     import torch.nn.functional as F
+
+    m = copy.deepcopy(model).to(device)
+    ids, labels = ids.to(device), labels.to(device)
+    opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
+                            weight_decay=WD, foreach=False)
+
+    def cast():
+        return (torch.autocast(device.type, dtype=dtype) if dtype is not None
+                else contextlib.nullcontext())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with cast():
+            logits = m(input_ids=ids).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        return logits.detach().float().cpu().numpy(), float(loss.detach())
+
+    def host(x):
+        return x.detach().cpu().numpy().copy()
+
+    r = {"before": {n: host(p) for n, p in m.named_parameters()}}
+    r["logits"], r["loss"] = step()
+    r["grads"] = {n: host(p.grad) for n, p in m.named_parameters()}
+    opt.step()
+    r["params"] = {n: host(p) for n, p in m.named_parameters()}
+    r["losses"] = []
+    for _ in range(FINETUNE):
+        r["losses"].append(step()[1])
+        opt.step()
+    r["final"] = {n: host(p) for n, p in m.named_parameters()}
+    return r
+
+
+def torch_case(name, family, tied, bare, driver, backends, work, report, precision="f32"):
+    import torch
     import transformers as tf
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if precision != "f32":
+        # bf16 products accumulate in fp32, as ours do (cuBLAS may otherwise reduce in bf16).
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     is_gpt2 = family["model_type"] == "gpt2"
     kw = {k: v for k, v in family.items() if k != "model_type"}
     if is_gpt2:
@@ -188,72 +346,69 @@ def torch_case(name, family, tied, bare, driver, backends, work, report):
     ids, labels = write_batch(model_dir, 7, config.vocab_size)
     ids_t, labels_t = torch.tensor(ids.astype(np.int64)), torch.tensor(labels.astype(np.int64))
 
-    # The reference step, and FINETUNE more, on a copy (deepcopy keeps tied weights tied).
-    m = copy.deepcopy(model)
-    opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS,
-                            weight_decay=WD, foreach=False)
+    # The reference step, and FINETUNE more: fp32 on the CPU; for bf16, autocast on the GPU
+    # (on the CPU without one) and fp32 (TF32 off) on the same device.
+    if precision == "f32":
+        dev, ref32 = torch.device("cpu"), None
+        ref = torch_reference(model, ids_t, labels_t, dev, None)
+    else:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if dev.type == "cpu":
+            print(f"{name}: no CUDA device for PyTorch: autocast runs on the CPU")
+        ref = torch_reference(model, ids_t, labels_t, dev, torch.bfloat16)
+        ref32 = torch_reference(model, ids_t, labels_t, dev, None)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = m(input_ids=ids_t).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1))
-        loss.backward()
-        return logits.detach().numpy(), float(loss)
-
-    before = {n: p.detach().clone().numpy() for n, p in m.named_parameters()}
-    ref_logits, ref_loss = step()
-    ref_grads = {n: p.grad.detach().numpy().copy() for n, p in m.named_parameters()}
-    opt.step()
-    ref_params = {n: p.detach().numpy().copy() for n, p in m.named_parameters()}
-    ref_losses = []
-    for _ in range(FINETUNE):
-        ref_losses.append(step()[1])
-        opt.step()
-    ref_final = {n: p.detach().numpy().copy() for n, p in m.named_parameters()}
+    def cast():
+        return (torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
 
     tp = base_prefix(family)
+    tol = TOL_F32 if precision == "f32" else TOL_BF16
     for backend in backends:
-        print(f"{name} on {backend}:")
+        label = f"{name}/{backend}" if precision == "f32" else f"{name}/{backend}/{precision}"
+        print(f"{name} on {backend}:" if precision == "f32" else f"{name} on {backend} in "
+              f"{precision} against transformers under autocast on {dev.type}:")
         out = os.path.join(work, name, "out-" + backend)
-        res = run_driver(driver, model_dir, out, backend)
-        if not driver_ran(res, name, backend, report):
+        res = run_driver(driver, model_dir, out, backend, precision)
+        if not driver_ran(res, name, backend, report, precision):
             continue
         prefix = res["prefix"]
-        report.check(f"{name}/{backend} name prefix '{prefix}'",
+        report.check(f"{label} name prefix '{prefix}'",
                      0.0 if prefix == ("" if bare else tp) else 1.0, 0.0)
-        report.check(f"{name}/{backend} logits", rel(res["logits"], ref_logits), TOL_LOGITS)
-        report.check(f"{name}/{backend} loss", abs(res["loss"] - ref_loss) / abs(ref_loss),
-                     TOL_LOSS)
+        versus = "" if precision == "f32" else " vs autocast"
+        report.check(f"{label} logits{versus}", rel(res["logits"], ref["logits"]), tol["logits"])
+        report.check(f"{label} loss{versus}", abs(res["loss"] - ref["loss"]) / abs(ref["loss"]),
+                     tol["loss"])
+        if ref32 is not None:
+            # Each bf16 side against fp32: ours must be within one implementation's bound;
+            # autocast's distance is printed beside it for scale.
+            one = TOL_BF16_ONE
+            print(f"    autocast vs fp32: logits {rel(ref['logits'], ref32['logits']):.3g}, "
+                  f"loss {abs(ref['loss'] - ref32['loss']) / abs(ref32['loss']):.3g}, worst grad "
+                  f"{max(rel(ref['grads'][n], ref32['grads'][n]) for n in ref32['grads']):.3g}")
+            report.check(f"{label} logits vs fp32", rel(res["logits"], ref32["logits"]),
+                         one["logits"])
+            report.check(f"{label} loss vs fp32",
+                         abs(res["loss"] - ref32["loss"]) / abs(ref32["loss"]), one["loss"])
         ours = {canonical(n, prefix): n for n in res["params"]}
-        theirs = {canonical(n, tp): n for n in ref_grads}
-        report.check(f"{name}/{backend} parameter names match transformers'",
+        theirs = {canonical(n, tp): n for n in ref["grads"]}
+        report.check(f"{label} parameter names match transformers'",
                      0.0 if set(ours) == set(theirs) else 1.0, 0.0)
         if set(ours) != set(theirs):
             print("    only ours:", sorted(set(ours) - set(theirs)))
             print("    only transformers':", sorted(set(theirs) - set(ours)))
-        worst = {k: (0.0, "") for k in ("grad", "param", "update", "adamw")}
-        excluded = 0
-        for key in sorted(set(ours) & set(theirs)):
-            tn, on = theirs[key], ours[key]
-            g = driver_tensor(out, "grad", on)
-            p = driver_tensor(out, "param", on)
-            g_ref, p_ref, p0 = (x.ravel() for x in (ref_grads[tn], ref_params[tn], before[tn]))
-            keep = conditioned(g, g_ref)
-            excluded += int(keep.size - keep.sum())
-            errs = {"grad": rel(g, g_ref), "param": rel(p[keep], p_ref[keep]),
-                    "update": rel((p - p0)[keep], (p_ref - p0)[keep]),
-                    "adamw": rel(p, adamw_step(p0, g))}
-            for k, e in errs.items():
-                if e > worst[k][0]:
-                    worst[k] = (e, key)
-        print(f"    {excluded} element(s) whose AdamW step the fp32 gradient does not determine "
-              "left out of the param and update checks")
-        for k, tol in (("grad", TOL_GRAD), ("param", TOL_PARAM), ("update", TOL_UPDATE),
-                       ("adamw", TOL_ADAMW)):
-            e, key = worst[k]
-            report.check(f"{name}/{backend} worst {k} ({key or '-'})", e, tol)
+        pairs = [(k, theirs[k], ours[k]) for k in sorted(set(ours) & set(theirs))]
+        check_step(label, out, pairs, ref["grads"], ref["params"], ref["before"], tol, report,
+                   "the fp32 gradient does not determine" if precision == "f32"
+                   else "the fp32 gradient does not determine for both bf16 gradients",
+                   None if ref32 is None else ref32["grads"])
+        if ref32 is not None:
+            worst = max((rel(driver_tensor(out, "grad", on), ref32["grads"][rn]), key)
+                        for key, rn, on in pairs)
+            report.check(f"{label} worst grad vs fp32 ({worst[1]})", worst[0],
+                         TOL_BF16_ONE["grad"])
         print("    fine-tune losses, ours:  ", " ".join(f"{x:.4f}" for x in res["step_losses"]))
-        print("    fine-tune losses, torch: ", " ".join(f"{x:.4f}" for x in ref_losses))
+        print("    fine-tune losses, torch: ", " ".join(f"{x:.4f}" for x in ref["losses"]))
 
         # Round trip: transformers reads the file mn_session_save_safetensors wrote.
         rt = os.path.join(out, "finetuned")
@@ -262,14 +417,15 @@ def torch_case(name, family, tied, bare, driver, backends, work, report):
                                        attn_implementation="eager")
         allowed_missing = {"lm_head.weight"} if tied else set()
         bad = set(info["missing_keys"]) - allowed_missing
-        report.check(f"{name}/{backend} from_pretrained keys (missing {sorted(bad)}, "
+        report.check(f"{label} from_pretrained keys (missing {sorted(bad)}, "
                      f"unexpected {sorted(info['unexpected_keys'])})",
                      0.0 if not bad and not info["unexpected_keys"] else 1.0, 0.0)
-        with torch.no_grad():
-            rt_logits = hf.eval()(input_ids=ids_t).logits.numpy()
-        report.check(f"{name}/{backend} round-trip logits", rel(res["finetuned_logits"], rt_logits),
-                     TOL_LOGITS)
-        drift = max(rel(hf.state_dict()[n].numpy(), ref_final[n]) for n in ref_final)
+        hf = hf.eval().to(dev)
+        with torch.no_grad(), cast():
+            rt_logits = hf(input_ids=ids_t.to(dev)).logits.float().cpu().numpy()
+        report.check(f"{label} round-trip logits{versus}",
+                     rel(res["finetuned_logits"], rt_logits), tol["logits"])
+        drift = max(rel(hf.state_dict()[n].cpu().numpy(), ref["final"][n]) for n in ref["final"])
         print(f"    after {FINETUNE} more steps, largest parameter difference to torch: "
               f"{drift:.3g}")
 
@@ -418,7 +574,7 @@ def numpy_weights(family, tied, prefix, rng):
     return ws
 
 
-def numpy_case(name, family, tied, bare, driver, backends, work, report):
+def numpy_case(name, family, tied, bare, driver, backends, work, report, precision="f32"):
     rng = np.random.default_rng(3)
     prefix = "" if bare else base_prefix(family)
     config = dict(family, tie_word_embeddings=tied)
@@ -440,23 +596,40 @@ def numpy_case(name, family, tied, bare, driver, backends, work, report):
     lse = np.log(np.exp(z).sum(-1))
     ref_loss = float(np.mean(lse - np.take_along_axis(z, labels[..., None].astype(np.int64),
                                                       -1)[..., 0]))
+    # bf16: one implementation against exact references (float64 forward, the fp32 driver).
+    tol = TOL_F32 if precision == "f32" else TOL_BF16_ONE
     for backend in backends:
-        print(f"{name} on {backend} (numpy reference):")
+        label = f"{name}/{backend}" if precision == "f32" else f"{name}/{backend}/{precision}"
+        print(f"{name} on {backend} (numpy reference):" if precision == "f32" else
+              f"{name} on {backend} in {precision} (numpy float64 and fp32 driver references):")
         out = os.path.join(work, name, "out-" + backend)
-        res = run_driver(driver, model_dir, out, backend)
-        if not driver_ran(res, name, backend, report):
+        res = run_driver(driver, model_dir, out, backend, precision)
+        if not driver_ran(res, name, backend, report, precision):
             continue
-        report.check(f"{name}/{backend} name prefix '{res['prefix']}'",
+        report.check(f"{label} name prefix '{res['prefix']}'",
                      0.0 if res["prefix"] == prefix else 1.0, 0.0)
-        report.check(f"{name}/{backend} logits", rel(res["logits"], ref), TOL_LOGITS)
-        report.check(f"{name}/{backend} loss", abs(res["loss"] - ref_loss) / abs(ref_loss),
-                     TOL_LOSS)
+        report.check(f"{label} logits", rel(res["logits"], ref), tol["logits"])
+        report.check(f"{label} loss", abs(res["loss"] - ref_loss) / abs(ref_loss), tol["loss"])
+        if precision != "f32":
+            out32 = os.path.join(work, name, "out-" + backend + "-f32")
+            res32 = run_driver(driver, model_dir, out32, backend)
+            if not driver_ran(res32, name, backend, report):
+                continue
+            report.check(f"{label} parameters as the fp32 driver's",
+                         0.0 if res32["params"] == res["params"] else 1.0, 0.0)
+            names = sorted(set(res["params"]) & set(res32["params"]))
+            before = {n: weights[n] for n in names}
+            grads = {n: driver_tensor(out32, "grad", n) for n in names}
+            params = {n: driver_tensor(out32, "param", n) for n in names}
+            check_step(label, out, [(n, n, n) for n in names], grads, params, before, tol,
+                       report, "the fp32 gradient does not determine for the bf16 gradient")
+            print("    fine-tune losses, fp32:", " ".join(f"{x:.4f}" for x in res32["step_losses"]))
         print("    fine-tune losses:", " ".join(f"{x:.4f}" for x in res["step_losses"]))
         saved = read_safetensors(os.path.join(out, "finetuned", "model.safetensors"))
-        report.check(f"{name}/{backend} saved names are the file's",
+        report.check(f"{label} saved names are the file's",
                      0.0 if set(saved) == set(weights) else 1.0, 0.0)
-        report.check(f"{name}/{backend} round-trip logits",
-                     rel(res["finetuned_logits"], logits_of(saved)), TOL_LOGITS)
+        report.check(f"{label} round-trip logits",
+                     rel(res["finetuned_logits"], logits_of(saved)), tol["logits"])
 
 
 def main():
@@ -465,6 +638,9 @@ def main():
     ap.add_argument("--backend", default="both", choices=["cpu", "cuda", "both"])
     ap.add_argument("--numpy", action="store_true", help="numpy reference instead of PyTorch")
     ap.add_argument("--keep", help="work in this folder and keep it")
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"],
+                    help="bf16: the driver's sessions in bf16 mixed precision, PyTorch under "
+                         "autocast (tolerances at TOL_BF16)")
     args = ap.parse_args()
     backends = ["cpu", "cuda"] if args.backend == "both" else [args.backend]
     work = args.keep or tempfile.mkdtemp(prefix="mn_hf_parity_")
@@ -473,7 +649,7 @@ def main():
     run = numpy_case if args.numpy else torch_case
     try:
         for case in CASES:
-            run(*case, os.path.abspath(args.driver), backends, work, report)
+            run(*case, os.path.abspath(args.driver), backends, work, report, args.precision)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
