@@ -4,16 +4,22 @@
 # short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
-#                            [--tests REGEX] [--no-ctest] [--lm] [--sanitize]
+#                            [--tests REGEX] [--no-ctest] [--lm] [--quality] [--sanitize]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
 #   --tests REGEX      run only the ctest tests matching REGEX (and, with --sanitize, only
 #                      the GPU suites whose names match it)
 #   --no-ctest         build and benchmark only
-#   --lm               also HF parity (scripts/hf_parity.py) and the language-model steps
-#                      (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside transformers' models in
-#                      PyTorch eager and torch.compile (minutes)
+#   --lm               also HF parity (scripts/hf_parity.py: fp32, then bf16 against
+#                      transformers under torch.autocast, one PASS/FAIL line each) and the
+#                      language-model steps (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside
+#                      transformers' models in PyTorch eager and torch.compile (minutes)
+#   --quality          also the bf16 training-quality run (scripts/quality_run.py): a small
+#                      GPT-2 trained 1000 steps from one initialization on the same batches by
+#                      meganeura fp32, meganeura bf16 and PyTorch autocast bf16; writes
+#                      docs/quality-bf16.svg and .csv and prints whether the final losses are
+#                      within 1% of each other (minutes)
 #   --sanitize         also run every GPU suite (build/tests/test_cuda_*) under NVIDIA
 #                      compute-sanitizer, memcheck then racecheck, after the other parts; a
 #                      finding fails the script. Slow suites run a representative subset of
@@ -30,6 +36,7 @@ logs=""
 debs=""
 bench=1
 lm=0
+quality=0
 run_ctest=1
 sanitize=0
 filter=()
@@ -41,10 +48,11 @@ while [ $# -gt 0 ]; do
     --log-dir) logs=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
     --lm) lm=1; shift ;;
+    --quality) quality=1; shift ;;
     --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,30p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -129,6 +137,15 @@ if [ "$lm" = 1 ]; then
       >"$logs/hf_parity.log" 2>&1 && echo "HF-PARITY passed" | tee -a "$logs/bench.log" ||
       echo "HF-PARITY FAILED (see $logs/hf_parity.log)" | tee -a "$logs/bench.log"
     grep -E "^  (ok|FAIL) " "$logs/hf_parity.log" | tee -a "$logs/bench.log" >/dev/null || true
+    # bf16 sessions against the same models under torch.autocast (tolerances from bf16's unit
+    # roundoff, scripts/hf_parity.py TOL_BF16).
+    if python3 "$root/scripts/hf_parity.py" --driver "$build/bench_hf_parity_driver" \
+      --backend both --precision bf16 >"$logs/hf_parity_bf16.log" 2>&1; then
+      echo "HF-PARITY bf16 passed" | tee -a "$logs/bench.log"
+    else
+      echo "HF-PARITY bf16 FAILED (see $logs/hf_parity_bf16.log)" | tee -a "$logs/bench.log"
+    fi
+    grep -E "^  (ok|FAIL) " "$logs/hf_parity_bf16.log" | tee -a "$logs/bench.log" >/dev/null || true
   fi
   step "language-model steps"
   for model in gpt2 smollm2; do
@@ -147,6 +164,28 @@ if [ "$lm" = 1 ]; then
         echo "BENCH-FAILED torch_nanogpt.py $model" | tee -a "$logs/bench.log"
     fi
   done
+fi
+
+# The bf16 training-quality run (--quality); its lines come again after the summary.
+quality_lines=""
+if [ "$quality" = 1 ]; then
+  step "bf16 training quality (scripts/quality_run.py)"
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    set +e
+    python3 "$root/scripts/quality_run.py" --driver "$build/bench_quality_driver" --device cuda \
+      --out "$root/docs/quality-bf16.svg" 2>&1 | tee "$logs/quality.log"
+    quality_rc=${PIPESTATUS[0]}
+    set -e
+    case "$quality_rc" in
+      0) quality_lines="QUALITY passed: final losses within 1%" ;;
+      1) quality_lines="QUALITY FAILED: final losses not within 1% (see $logs/quality.log)" ;;
+      *) quality_lines="QUALITY FAILED: a run failed, exit $quality_rc (see $logs/quality.log)" ;;
+    esac
+    quality_lines+=$'\n'$(grep -A 4 '^final loss' "$logs/quality.log" || true)
+  else
+    quality_lines="QUALITY not run: PyTorch with CUDA is not available"
+  fi
+  echo "$quality_lines" | tee -a "$logs/bench.log"
 fi
 
 test_rc=0
@@ -293,6 +332,7 @@ fi
 step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1))"
 python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
   grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
+[ -z "$quality_lines" ] || printf '%s\n' "$quality_lines"
 if [ "$sanitize" = 1 ]; then
   {
     printf '\ncompute-sanitizer (%ss in all; logs %s/sanitize-*.log)\n' "$sanitize_secs" "$logs"
