@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "benchmarks/driver_util.h"
 #include "meganeura.h"
 
 typedef struct driver_args {
@@ -88,15 +89,9 @@ static driver_args parse_args(int argc, char **argv) {
     else if (!strcmp(k, "--finetune"))
       a.finetune = atoi(v);
     else if (!strcmp(k, "--precision")) {
+      bool tf32;
       a.precision_name = v;
-      if (!strcmp(v, "f32"))
-        a.precision = MN_PRECISION_F32;
-      else if (!strcmp(v, "bf16"))
-        a.precision = MN_PRECISION_BF16;
-      else if (!strcmp(v, "f16"))
-        a.precision = MN_PRECISION_F16;
-      else
-        usage();
+      if (!drv_precision(v, &a.precision, &tf32) || tf32) usage();
     } else
       usage();
   }
@@ -104,13 +99,7 @@ static driver_args parse_args(int argc, char **argv) {
   return a;
 }
 
-static const char *join_path(char *buf, size_t size, const char *dir, const char *name) {
-  if ((size_t)snprintf(buf, size, "%s/%s", dir, name) >= size) {
-    fprintf(stderr, "hf_parity_driver: path too long: %s/%s\n", dir, name);
-    exit(1);
-  }
-  return buf;
-}
+#define PROG "hf_parity_driver"
 
 static void make_dir(const char *path) {
   if (mkdir(path, 0755) != 0 && errno != EEXIST) {
@@ -125,17 +114,6 @@ static void write_f32(const char *path, const float *x, size_t n) {
     fprintf(stderr, "hf_parity_driver: cannot write %s\n", path);
     exit(1);
   }
-}
-
-static uint32_t *read_u32(const char *path, size_t n) {
-  uint32_t *x = malloc(n * sizeof *x);
-  FILE *f = fopen(path, "rb");
-  if (!x || !f || fread(x, sizeof *x, n, f) != n) {
-    fprintf(stderr, "hf_parity_driver: cannot read %zu uint32 from %s\n", n, path);
-    exit(1);
-  }
-  fclose(f);
-  return x;
 }
 
 static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
@@ -154,8 +132,8 @@ static float run_step(mn_session *s) {
 /* Writes grad/NAME.f32 and param/NAME.f32 for every parameter, and lists it in result. */
 static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE *result) {
   char dir[4096], path[4096], file[1024];
-  make_dir(join_path(dir, sizeof dir, out, "grad"));
-  make_dir(join_path(dir, sizeof dir, out, "param"));
+  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "grad"));
+  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "param"));
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
     mn_node_info info;
     if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
@@ -164,10 +142,10 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
     if (!x) die("out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
     expect_ok(mn_session_read_grad(s, info.name, x, n), info.name);
-    write_f32(join_path(path, sizeof path, out, file), x, n);
+    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
     expect_ok(mn_session_read_param(s, info.name, x, n), info.name);
-    write_f32(join_path(path, sizeof path, out, file), x, n);
+    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
     fprintf(result, "param %s %zu\n", info.name, n);
     free(x);
   }
@@ -177,9 +155,10 @@ int main(int argc, char **argv) {
   driver_args a = parse_args(argc, argv);
   char path[4096], weights[4096];
   mn_model_config c;
-  expect_ok(mn_model_config_load(join_path(path, sizeof path, a.model, "config.json"), &c),
-            "config");
-  join_path(weights, sizeof weights, a.model, "model.safetensors");
+  expect_ok(
+      mn_model_config_load(drv_join_path(PROG, path, sizeof path, a.model, "config.json"), &c),
+      "config");
+  drv_join_path(PROG, weights, sizeof weights, a.model, "model.safetensors");
   const char *prefix = NULL;
   expect_ok(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
   mn_graph *g = NULL;
@@ -192,15 +171,17 @@ int main(int argc, char **argv) {
   expect_ok(mn_build_session(g, &o, &s), "session");
   expect_ok(mn_session_load_safetensors(s, weights, true), "load");
   size_t n = (size_t)(a.batch * a.seq);
-  uint32_t *ids = read_u32(join_path(path, sizeof path, a.model, "input_ids.u32"), n);
-  uint32_t *labels = read_u32(join_path(path, sizeof path, a.model, "labels.u32"), n);
+  uint32_t *ids = drv_read_exact(
+      PROG, drv_join_path(PROG, path, sizeof path, a.model, "input_ids.u32"), sizeof(uint32_t), n);
+  uint32_t *labels = drv_read_exact(
+      PROG, drv_join_path(PROG, path, sizeof path, a.model, "labels.u32"), sizeof(uint32_t), n);
   set_batch(s, g, ids, labels, n);
   expect_ok(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
                                  (float)a.wd),
             "adamw");
 
   make_dir(a.out);
-  FILE *result = fopen(join_path(path, sizeof path, a.out, "result.txt"), "w");
+  FILE *result = fopen(drv_join_path(PROG, path, sizeof path, a.out, "result.txt"), "w");
   if (!result) die("result.txt");
   float loss = run_step(s);
   mn_session_stats stats;
@@ -212,17 +193,17 @@ int main(int argc, char **argv) {
   float *logits = malloc(nl * sizeof *logits);
   if (!logits) die("out of memory");
   expect_ok(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
-  write_f32(join_path(path, sizeof path, a.out, "logits.f32"), logits, nl);
+  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_params(g, s, a.out, result);
 
   if (a.finetune > 0) {
     for (int i = 0; i < a.finetune; i++)
       fprintf(result, "step_loss %d %.9g\n", i + 2, (double)run_step(s));
     char dir[4096];
-    make_dir(join_path(dir, sizeof dir, a.out, "finetuned"));
-    expect_ok(
-        mn_session_save_safetensors(s, join_path(path, sizeof path, dir, "model.safetensors")),
-        "save");
+    make_dir(drv_join_path(PROG, dir, sizeof dir, a.out, "finetuned"));
+    expect_ok(mn_session_save_safetensors(
+                  s, drv_join_path(PROG, path, sizeof path, dir, "model.safetensors")),
+              "save");
     /* The saved file read back by a fresh inference session: the logits transformers must
      * reproduce from the same file. */
     mn_session *inf = NULL;
@@ -231,7 +212,7 @@ int main(int argc, char **argv) {
     set_batch(inf, g, ids, labels, n);
     run_step(inf);
     expect_ok(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
-    write_f32(join_path(path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
+    write_f32(drv_join_path(PROG, path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
     mn_session_free(inf);
   }
   if (fclose(result) != 0) die("result.txt");

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "benchmarks/driver_util.h"
 #include "meganeura.h"
 
 typedef struct driver_args {
@@ -90,16 +91,7 @@ static driver_args parse_args(int argc, char **argv) {
       a.clip = atof(v);
     else if (!strcmp(k, "--precision")) {
       a.precision_name = v;
-      if (!strcmp(v, "f32"))
-        a.precision = MN_PRECISION_F32;
-      else if (!strcmp(v, "tf32"))
-        a.precision = MN_PRECISION_F32, a.tf32 = true;
-      else if (!strcmp(v, "bf16"))
-        a.precision = MN_PRECISION_BF16;
-      else if (!strcmp(v, "f16"))
-        a.precision = MN_PRECISION_F16;
-      else
-        usage();
+      if (!drv_precision(v, &a.precision, &a.tf32)) usage();
     } else
       usage();
   }
@@ -109,39 +101,16 @@ static driver_args parse_args(int argc, char **argv) {
   return a;
 }
 
-static const char *join_path(char *buf, size_t size, const char *dir, const char *name) {
-  if ((size_t)snprintf(buf, size, "%s/%s", dir, name) >= size) {
-    fprintf(stderr, "quality_driver: path too long: %s/%s\n", dir, name);
-    exit(1);
-  }
-  return buf;
-}
-
-/* Reads exactly n elements of size `size` from path (a file of any other length is refused). */
-static void *read_exact(const char *path, size_t size, size_t n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "quality_driver: cannot open %s: %s\n", path, strerror(errno));
-    exit(1);
-  }
-  void *x = malloc(n * size);
-  char extra;
-  if (!x || fread(x, size, n, f) != n || fread(&extra, 1, 1, f) != 0) {
-    fprintf(stderr, "quality_driver: %s does not hold exactly %zu values of %zu bytes\n", path, n,
-            size);
-    exit(1);
-  }
-  fclose(f);
-  return x;
-}
+#define PROG "quality_driver"
 
 int main(int argc, char **argv) {
   driver_args a = parse_args(argc, argv);
   char path[4096], init[4096];
   mn_model_config c;
-  expect_ok(mn_model_config_load(join_path(path, sizeof path, a.model, "config.json"), &c),
-            "config");
-  join_path(init, sizeof init, a.model, "init.safetensors");
+  expect_ok(
+      mn_model_config_load(drv_join_path(PROG, path, sizeof path, a.model, "config.json"), &c),
+      "config");
+  drv_join_path(PROG, init, sizeof init, a.model, "init.safetensors");
   const char *prefix = NULL;
   expect_ok(mn_model_name_prefix(&c, init, &prefix), "name prefix");
   mn_graph *g = NULL;
@@ -158,8 +127,8 @@ int main(int argc, char **argv) {
 
   size_t bt = (size_t)(a.batch * a.seq), w = (size_t)a.seq + 1;
   size_t per_step = (size_t)a.batch * w;
-  uint32_t *windows = read_exact(a.batches, sizeof(uint32_t), per_step * (size_t)a.steps);
-  float *lrs = read_exact(a.lrs, sizeof(float), (size_t)a.steps);
+  uint32_t *windows = drv_read_exact(PROG, a.batches, sizeof(uint32_t), per_step * (size_t)a.steps);
+  float *lrs = drv_read_exact(PROG, a.lrs, sizeof(float), (size_t)a.steps);
   uint32_t *ids = malloc(bt * sizeof *ids), *labels = malloc(bt * sizeof *labels);
   if (!ids || !labels) die("out of memory");
   for (size_t i = 0; i < per_step * (size_t)a.steps; i++)

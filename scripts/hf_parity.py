@@ -58,6 +58,8 @@ import tempfile
 
 import numpy as np
 
+from f32_safetensors import read_safetensors, write_safetensors
+
 B, T = 2, 16
 LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 FINETUNE = 20
@@ -432,36 +434,6 @@ def torch_case(name, family, tied, bare, driver, backends, work, report, precisi
 
 # ---------------------------------------------------------------- numpy reference (no torch)
 
-def write_safetensors(path, tensors):
-    header, offset = {}, 0
-    for n, a in tensors.items():
-        header[n] = {"dtype": "F32", "shape": list(a.shape),
-                     "data_offsets": [offset, offset + a.size * 4]}
-        offset += a.size * 4
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for a in tensors.values():
-            f.write(np.ascontiguousarray(a, "<f4").tobytes())
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", e
-        a, b = e["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], "<f4").reshape(e["shape"]).astype(np.float64)
-    return out
-
-
 def layer_norm(x, w, b, eps):
     m = x.mean(-1, keepdims=True)
     v = ((x - m) ** 2).mean(-1, keepdims=True)
@@ -625,7 +597,7 @@ def numpy_case(name, family, tied, bare, driver, backends, work, report, precisi
                        report, "the fp32 gradient does not determine for the bf16 gradient")
             print("    fine-tune losses, fp32:", " ".join(f"{x:.4f}" for x in res32["step_losses"]))
         print("    fine-tune losses:", " ".join(f"{x:.4f}" for x in res["step_losses"]))
-        saved = read_safetensors(os.path.join(out, "finetuned", "model.safetensors"))
+        saved = read_safetensors(os.path.join(out, "finetuned", "model.safetensors"), np.float64)
         report.check(f"{label} saved names are the file's",
                      0.0 if set(saved) == set(weights) else 1.0, 0.0)
         report.check(f"{label} round-trip logits",

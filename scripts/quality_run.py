@@ -51,6 +51,8 @@ import traceback
 
 import numpy as np
 
+from f32_safetensors import read_safetensors, write_safetensors
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BETA1, BETA2, ADAM_EPS, WEIGHT_DECAY, GRAD_CLIP = 0.9, 0.95, 1e-8, 0.1, 1.0
 FINAL_WINDOW = 50  # the final loss is the mean of this many last steps
@@ -181,36 +183,6 @@ def init_weights(cfg, seed):
     w[p + "ln_f.weight"] = np.ones(d, np.float32)
     w[p + "ln_f.bias"] = np.zeros(d, np.float32)
     return w
-
-
-def write_safetensors(path, tensors):
-    header, offset = {}, 0
-    for n, a in tensors.items():
-        header[n] = {"dtype": "F32", "shape": list(a.shape),
-                     "data_offsets": [offset, offset + a.size * 4]}
-        offset += a.size * 4
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for a in tensors.values():
-            f.write(np.ascontiguousarray(a, "<f4").tobytes())
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], "<f4").reshape(e["shape"]).copy()
-    return out
 
 
 def draw_windows(tokens, steps, batch, seq, seed):
