@@ -54,4 +54,36 @@ static inline bool drv_precision(const char *name, mn_precision *p, bool *tf32) 
   return true;
 }
 
+static inline void drv_expect_ok(const char *prog, mn_status st, const char *what) {
+  if (st == MN_OK) return;
+  fprintf(stderr, "%s: %s: %s\n", prog, what, mn_last_error());
+  exit(1);
+}
+
+/* The model of DIR/config.json as a training session of batch x seq windows with options o,
+ * its parameters loaded strictly from DIR/<weights> (names as transformers saves them; the
+ * name prefix is read from the file). */
+typedef struct drv_model {
+  mn_model_config config;
+  const char *prefix;
+  mn_graph *graph;
+  mn_session *session;
+} drv_model;
+
+static inline drv_model drv_load_model(const char *prog, const char *dir, const char *weights,
+                                       int64_t batch, int64_t seq, const mn_session_options *o) {
+  char path[4096], file[4096];
+  drv_model m = {.prefix = NULL};
+  drv_expect_ok(
+      prog,
+      mn_model_config_load(drv_join_path(prog, path, sizeof path, dir, "config.json"), &m.config),
+      "config");
+  drv_join_path(prog, file, sizeof file, dir, weights);
+  drv_expect_ok(prog, mn_model_name_prefix(&m.config, file, &m.prefix), "name prefix");
+  drv_expect_ok(prog, mn_model_build(&m.config, batch, seq, m.prefix, &m.graph), "build");
+  drv_expect_ok(prog, mn_build_session(m.graph, o, &m.session), "session");
+  drv_expect_ok(prog, mn_session_load_safetensors(m.session, file, true), "load weights");
+  return m;
+}
+
 #endif

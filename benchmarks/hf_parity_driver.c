@@ -153,23 +153,15 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
 
 int main(int argc, char **argv) {
   driver_args a = parse_args(argc, argv);
-  char path[4096], weights[4096];
-  mn_model_config c;
-  expect_ok(
-      mn_model_config_load(drv_join_path(PROG, path, sizeof path, a.model, "config.json"), &c),
-      "config");
-  drv_join_path(PROG, weights, sizeof weights, a.model, "model.safetensors");
-  const char *prefix = NULL;
-  expect_ok(mn_model_name_prefix(&c, weights, &prefix), "name prefix");
-  mn_graph *g = NULL;
-  expect_ok(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
-
+  char path[4096];
   mn_session_options o = mn_session_options_default();
   o.allow_tf32 = false;
   o.precision = a.precision;
-  mn_session *s = NULL;
-  expect_ok(mn_build_session(g, &o, &s), "session");
-  expect_ok(mn_session_load_safetensors(s, weights, true), "load");
+  drv_model m = drv_load_model(PROG, a.model, "model.safetensors", a.batch, a.seq, &o);
+  mn_model_config c = m.config;
+  const char *prefix = m.prefix;
+  mn_graph *g = m.graph;
+  mn_session *s = m.session;
   size_t n = (size_t)(a.batch * a.seq);
   uint32_t *ids = drv_read_exact(
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "input_ids.u32"), sizeof(uint32_t), n);

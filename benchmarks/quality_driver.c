@@ -105,23 +105,13 @@ static driver_args parse_args(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   driver_args a = parse_args(argc, argv);
-  char path[4096], init[4096];
-  mn_model_config c;
-  expect_ok(
-      mn_model_config_load(drv_join_path(PROG, path, sizeof path, a.model, "config.json"), &c),
-      "config");
-  drv_join_path(PROG, init, sizeof init, a.model, "init.safetensors");
-  const char *prefix = NULL;
-  expect_ok(mn_model_name_prefix(&c, init, &prefix), "name prefix");
-  mn_graph *g = NULL;
-  expect_ok(mn_model_build(&c, a.batch, a.seq, prefix, &g), "build");
-
   mn_session_options o = mn_session_options_default();
   o.allow_tf32 = a.tf32;
   o.precision = a.precision;
-  mn_session *s = NULL;
-  expect_ok(mn_build_session(g, &o, &s), "session");
-  expect_ok(mn_session_load_safetensors(s, init, true), "load init");
+  drv_model m = drv_load_model(PROG, a.model, "init.safetensors", a.batch, a.seq, &o);
+  mn_model_config c = m.config;
+  mn_graph *g = m.graph;
+  mn_session *s = m.session;
   expect_ok(mn_model_prepare_session(g, s), "position ids");
   if (a.clip > 0) expect_ok(mn_session_set_grad_clip(s, (float)a.clip), "grad clip");
 
