@@ -54,10 +54,14 @@ static inline bool drv_precision(const char *name, mn_precision *p, bool *tf32) 
   return true;
 }
 
-static inline void drv_expect_ok(const char *prog, mn_status st, const char *what) {
-  if (st == MN_OK) return;
+/* Exits naming what failed and the library's last error. */
+static inline void drv_die(const char *prog, const char *what) {
   fprintf(stderr, "%s: %s: %s\n", prog, what, mn_last_error());
   exit(1);
+}
+
+static inline void drv_expect_ok(const char *prog, mn_status st, const char *what) {
+  if (st != MN_OK) drv_die(prog, what);
 }
 
 /* The model of DIR/config.json as a training session of batch x seq windows with options o,

@@ -32,6 +32,8 @@
 #include "benchmarks/driver_util.h"
 #include "meganeura.h"
 
+#define PROG "hf_parity_driver"
+
 typedef struct driver_args {
   const char *model, *out;
   long long batch, seq;
@@ -40,15 +42,6 @@ typedef struct driver_args {
   const char *precision_name;
   mn_precision precision;
 } driver_args;
-
-static void die(const char *what) {
-  fprintf(stderr, "hf_parity_driver: %s: %s\n", what, mn_last_error());
-  exit(1);
-}
-
-static void expect_ok(mn_status st, const char *what) {
-  if (st != MN_OK) die(what);
-}
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_hf_parity_driver --model DIR --out DIR --batch B --seq T [--lr X] "
@@ -99,8 +92,6 @@ static driver_args parse_args(int argc, char **argv) {
   return a;
 }
 
-#define PROG "hf_parity_driver"
-
 static void make_dir(const char *path) {
   if (mkdir(path, 0755) != 0 && errno != EEXIST) {
     fprintf(stderr, "hf_parity_driver: mkdir %s: %s\n", path, strerror(errno));
@@ -118,14 +109,14 @@ static void write_f32(const char *path, const float *x, size_t n) {
 
 static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
                       size_t n) {
-  expect_ok(mn_model_prepare_session(g, s), "position ids");
-  expect_ok(mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
-  expect_ok(mn_session_set_input_u32(s, "labels", labels, n), "labels");
+  drv_expect_ok(PROG, mn_model_prepare_session(g, s), "position ids");
+  drv_expect_ok(PROG, mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
+  drv_expect_ok(PROG, mn_session_set_input_u32(s, "labels", labels, n), "labels");
 }
 
 static float run_step(mn_session *s) {
-  expect_ok(mn_session_step(s), "step");
-  expect_ok(mn_session_wait(s), "wait");
+  drv_expect_ok(PROG, mn_session_step(s), "step");
+  drv_expect_ok(PROG, mn_session_wait(s), "wait");
   return mn_session_read_loss(s);
 }
 
@@ -139,12 +130,12 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
     if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
     size_t n = (size_t)mn_tensor_type_numel(&info.type);
     float *x = malloc(n * sizeof *x);
-    if (!x) die("out of memory");
+    if (!x) drv_die(PROG, "out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
-    expect_ok(mn_session_read_grad(s, info.name, x, n), info.name);
+    drv_expect_ok(PROG, mn_session_read_grad(s, info.name, x, n), info.name);
     write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
-    expect_ok(mn_session_read_param(s, info.name, x, n), info.name);
+    drv_expect_ok(PROG, mn_session_read_param(s, info.name, x, n), info.name);
     write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
     fprintf(result, "param %s %zu\n", info.name, n);
     free(x);
@@ -168,23 +159,24 @@ int main(int argc, char **argv) {
   uint32_t *labels = drv_read_exact(
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "labels.u32"), sizeof(uint32_t), n);
   set_batch(s, g, ids, labels, n);
-  expect_ok(mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
-                                 (float)a.wd),
-            "adamw");
+  drv_expect_ok(PROG,
+                mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
+                                     (float)a.wd),
+                "adamw");
 
   make_dir(a.out);
   FILE *result = fopen(drv_join_path(PROG, path, sizeof path, a.out, "result.txt"), "w");
-  if (!result) die("result.txt");
+  if (!result) drv_die(PROG, "result.txt");
   float loss = run_step(s);
   mn_session_stats stats;
-  expect_ok(mn_session_get_stats(s, &stats), "stats");
+  drv_expect_ok(PROG, mn_session_get_stats(s, &stats), "stats");
   fprintf(result, "backend %s\nprefix %s\n", stats.backend, prefix);
   if (a.precision != MN_PRECISION_F32) fprintf(result, "precision %s\n", a.precision_name);
   fprintf(result, "loss %.9g\n", (double)loss);
   size_t nl = n * (size_t)c.vocab_size;
   float *logits = malloc(nl * sizeof *logits);
-  if (!logits) die("out of memory");
-  expect_ok(mn_session_read_output_by_index(s, 1, logits, nl), "logits");
+  if (!logits) drv_die(PROG, "out of memory");
+  drv_expect_ok(PROG, mn_session_read_output_by_index(s, 1, logits, nl), "logits");
   write_f32(drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_params(g, s, a.out, result);
 
@@ -193,21 +185,22 @@ int main(int argc, char **argv) {
       fprintf(result, "step_loss %d %.9g\n", i + 2, (double)run_step(s));
     char dir[4096];
     make_dir(drv_join_path(PROG, dir, sizeof dir, a.out, "finetuned"));
-    expect_ok(mn_session_save_safetensors(
-                  s, drv_join_path(PROG, path, sizeof path, dir, "model.safetensors")),
-              "save");
+    drv_expect_ok(PROG,
+                  mn_session_save_safetensors(
+                      s, drv_join_path(PROG, path, sizeof path, dir, "model.safetensors")),
+                  "save");
     /* The saved file read back by a fresh inference session: the logits transformers must
      * reproduce from the same file. */
     mn_session *inf = NULL;
-    expect_ok(mn_build_inference_session(g, &o, &inf), "inference session");
-    expect_ok(mn_session_load_safetensors(inf, path, true), "load finetuned");
+    drv_expect_ok(PROG, mn_build_inference_session(g, &o, &inf), "inference session");
+    drv_expect_ok(PROG, mn_session_load_safetensors(inf, path, true), "load finetuned");
     set_batch(inf, g, ids, labels, n);
     run_step(inf);
-    expect_ok(mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
+    drv_expect_ok(PROG, mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
     write_f32(drv_join_path(PROG, path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
     mn_session_free(inf);
   }
-  if (fclose(result) != 0) die("result.txt");
+  if (fclose(result) != 0) drv_die(PROG, "result.txt");
   free(logits);
   free(ids);
   free(labels);

@@ -27,6 +27,8 @@
 #include "benchmarks/driver_util.h"
 #include "meganeura.h"
 
+#define PROG "quality_driver"
+
 typedef struct driver_args {
   const char *model, *batches, *lrs, *losses, *save, *precision_name;
   long long batch, seq, steps;
@@ -34,15 +36,6 @@ typedef struct driver_args {
   mn_precision precision;
   bool tf32;
 } driver_args;
-
-static void die(const char *what) {
-  fprintf(stderr, "quality_driver: %s: %s\n", what, mn_last_error());
-  exit(1);
-}
-
-static void expect_ok(mn_status st, const char *what) {
-  if (st != MN_OK) die(what);
-}
 
 static void usage(void) {
   fprintf(stderr,
@@ -101,8 +94,6 @@ static driver_args parse_args(int argc, char **argv) {
   return a;
 }
 
-#define PROG "quality_driver"
-
 int main(int argc, char **argv) {
   driver_args a = parse_args(argc, argv);
   mn_session_options o = mn_session_options_default();
@@ -112,15 +103,15 @@ int main(int argc, char **argv) {
   mn_model_config c = m.config;
   mn_graph *g = m.graph;
   mn_session *s = m.session;
-  expect_ok(mn_model_prepare_session(g, s), "position ids");
-  if (a.clip > 0) expect_ok(mn_session_set_grad_clip(s, (float)a.clip), "grad clip");
+  drv_expect_ok(PROG, mn_model_prepare_session(g, s), "position ids");
+  if (a.clip > 0) drv_expect_ok(PROG, mn_session_set_grad_clip(s, (float)a.clip), "grad clip");
 
   size_t bt = (size_t)(a.batch * a.seq), w = (size_t)a.seq + 1;
   size_t per_step = (size_t)a.batch * w;
   uint32_t *windows = drv_read_exact(PROG, a.batches, sizeof(uint32_t), per_step * (size_t)a.steps);
   float *lrs = drv_read_exact(PROG, a.lrs, sizeof(float), (size_t)a.steps);
   uint32_t *ids = malloc(bt * sizeof *ids), *labels = malloc(bt * sizeof *labels);
-  if (!ids || !labels) die("out of memory");
+  if (!ids || !labels) drv_die(PROG, "out of memory");
   for (size_t i = 0; i < per_step * (size_t)a.steps; i++)
     if ((int64_t)windows[i] >= c.vocab_size) {
       fprintf(stderr, "quality_driver: token %u at %zu of %s is outside the vocabulary (%lld)\n",
@@ -134,7 +125,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   mn_session_stats stats;
-  expect_ok(mn_session_get_stats(s, &stats), "stats");
+  drv_expect_ok(PROG, mn_session_get_stats(s, &stats), "stats");
   fprintf(out, "# backend %s precision %s\n", stats.backend, a.precision_name);
   fprintf(stderr, "quality_driver: %s backend, %s, %lld steps of %lld x %lld tokens\n",
           stats.backend, a.precision_name, a.steps, a.batch, a.seq);
@@ -147,13 +138,14 @@ int main(int argc, char **argv) {
       memcpy(ids + b * a.seq, win + (size_t)b * w, (size_t)a.seq * sizeof *ids);
       memcpy(labels + b * a.seq, win + (size_t)b * w + 1, (size_t)a.seq * sizeof *ids);
     }
-    expect_ok(mn_session_set_input_u32(s, "input_ids", ids, bt), "input_ids");
-    expect_ok(mn_session_set_input_u32(s, "labels", labels, bt), "labels");
-    expect_ok(mn_session_set_adamw(s, lrs[step], (float)a.beta1, (float)a.beta2, (float)a.eps,
-                                   (float)a.wd),
-              "adamw");
-    expect_ok(mn_session_step(s), "step");
-    expect_ok(mn_session_wait(s), "wait");
+    drv_expect_ok(PROG, mn_session_set_input_u32(s, "input_ids", ids, bt), "input_ids");
+    drv_expect_ok(PROG, mn_session_set_input_u32(s, "labels", labels, bt), "labels");
+    drv_expect_ok(PROG,
+                  mn_session_set_adamw(s, lrs[step], (float)a.beta1, (float)a.beta2, (float)a.eps,
+                                       (float)a.wd),
+                  "adamw");
+    drv_expect_ok(PROG, mn_session_step(s), "step");
+    drv_expect_ok(PROG, mn_session_wait(s), "wait");
     float loss = mn_session_read_loss(s);
     fprintf(out, "%lld %.9g\n", step + 1, (double)loss);
     if (!isfinite(loss)) {
@@ -173,7 +165,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "quality_driver: cannot write %s\n", a.losses);
     return 1;
   }
-  if (a.save) expect_ok(mn_session_save_safetensors(s, a.save), "save");
+  if (a.save) drv_expect_ok(PROG, mn_session_save_safetensors(s, a.save), "save");
   free(windows);
   free(lrs);
   free(ids);
