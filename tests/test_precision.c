@@ -55,6 +55,34 @@ Test(precision, f16_rounds_to_nearest_even_with_subnormals_and_overflow) {
   cr_expect(isnan(mn_storage_round(MN_F16, NAN)));
 }
 
+/* The 16-bit patterns a 2-byte buffer holds (what the CUDA backend reads and writes through the
+ * API): each is the rounded value's encoding, and decodes back to it. */
+Test(precision, storage_bits_encode_the_rounded_value) {
+  cr_expect_eq(mn_storage_bits(MN_BF16, 1.0f), 0x3f80u);
+  cr_expect_eq(mn_storage_bits(MN_BF16, -2.0f), 0xc000u);
+  cr_expect_eq(mn_storage_bits(MN_F16, 1.0f), 0x3c00u);
+  cr_expect_eq(mn_storage_bits(MN_F16, -2.0f), 0xc000u);
+  cr_expect_eq(mn_storage_bits(MN_F16, 65504.0f), 0x7bffu, "the largest finite fp16");
+  cr_expect_eq(mn_storage_bits(MN_F16, 65520.0f), 0x7c00u, "overflow is infinity");
+  cr_expect_eq(mn_storage_bits(MN_F16, 0x1p-24f), 0x0001u, "the smallest subnormal");
+  cr_expect_eq(mn_storage_bits(MN_F16, 0x1p-14f), 0x0400u, "the smallest normal");
+  cr_expect_eq(mn_storage_bits(MN_F16, 1.0f + 0x1p-11f), 0x3c00u, "a tie goes to the even 1.0");
+  cr_expect(isnan(mn_storage_value(MN_F16, mn_storage_bits(MN_F16, NAN))));
+  cr_expect(isnan(mn_storage_value(MN_BF16, mn_storage_bits(MN_BF16, NAN))));
+  mn_rng r = mn_rng_new(7);
+  for (int i = 0; i < 4000; i++) {
+    float x = (float)(mn_rng_uniform(&r) * 2.0 - 1.0) * ldexpf(1.0f, (int)(i % 60) - 40);
+    for (int k = 0; k < 2; k++) {
+      mn_dtype dt = k ? MN_F16 : MN_BF16;
+      float want = mn_storage_round(dt, x);
+      float got = mn_storage_value(dt, mn_storage_bits(dt, x));
+      cr_assert(got == want || (isinf(got) && isinf(want) && got == want),
+                "%s: %.9g encodes to %.9g, rounds to %.9g", k ? "f16" : "bf16", (double)x,
+                (double)got, (double)want);
+    }
+  }
+}
+
 /* x [B, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t; outputs loss and the prediction. */
 static mn_graph *mlp(void) {
   mn_graph *g = mn_graph_new();
@@ -89,6 +117,39 @@ Test(precision, the_plan_stores_activations_low_and_keeps_the_rest_fp32) {
   cr_assert_eq(mn_plan_set_precision(p, MN_PRECISION_F32), MN_OK);
   for (size_t b = 0; b < p->num_buffers; b++)
     cr_expect_eq(p->buffers[b].storage, MN_F32);
+  mn_plan_free(p);
+  mn_graph_free(g);
+}
+
+/* A backend that stores low-precision values in 2 bytes sizes those buffers at 2 bytes a value
+ * (and padded rows by their pitch) and plans again: the arena shrinks, fp32 buffers keep
+ * their size. */
+Test(precision, narrow_storage_halves_the_low_precision_buffers) {
+  mn_graph *g = mlp();
+  mn_session_options o = cpu_options(MN_PRECISION_BF16);
+  mn_plan *p = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_plan_set_precision(p, MN_PRECISION_BF16), MN_OK);
+  size_t before = p->arena_bytes, padded = SIZE_MAX;
+  for (size_t b = 0; b < p->num_buffers && padded == SIZE_MAX; b++) {
+    const mn_tensor_type *t = &p->graph->nodes[p->buffers[b].node].type;
+    if (p->buffers[b].storage == MN_BF16 && t->rank == 2) padded = b;
+  }
+  cr_assert_neq(padded, SIZE_MAX, "a two-dimensional bf16 buffer");
+  p->buffers[padded].pitch = 64;
+  cr_assert_eq(mn_plan_store_narrow(p), MN_OK, "%s", mn_last_error());
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    const mn_tensor_type *t = &p->graph->nodes[d->node].type;
+    size_t n = (size_t)mn_tensor_type_numel(t);
+    if (b == padded)
+      cr_expect_eq(d->bytes, n / (size_t)t->shape[1] * 64 * 2, "rows of 64 values, 2 bytes each");
+    else if (d->storage == MN_BF16)
+      cr_expect_eq(d->bytes, n * 2);
+    else
+      cr_expect_eq(d->bytes, mn_tensor_type_bytes(t));
+  }
+  cr_expect_lt(p->arena_bytes, before, "arena %zu, was %zu", p->arena_bytes, before);
   mn_plan_free(p);
   mn_graph_free(g);
 }
