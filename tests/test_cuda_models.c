@@ -116,26 +116,24 @@ Test(cuda_models, mlp_adamw_with_clipping_matches_the_reference_for_20_steps) {
 }
 
 /* ---- two pre-norm transformer blocks (RoPE, causal GQA 6/2, SwiGLU), tied LM head */
-enum { TB_B = 2, TB_T = 40, TB_V = 97 };
-
 static mn_graph *transformer(void) {
-  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(96, 6, 2, 16, 160);
-  mn_graph *g = mn_test_lm(&cfg, TB_B, TB_T, TB_V, 2);
+  mn_graph *g = mn_test_two_block_lm();
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
 }
 
 static void feed_tokens(mn_session *s, int step) {
   mn_rng r = mn_rng_new(500 + (uint64_t)(step % 4));
-  uint32_t tok[TB_B * (TB_T + 1)], in[TB_B * TB_T], lab[TB_B * TB_T];
-  mn_rng_fill_u32(&r, tok, TB_B * (TB_T + 1), TB_V);
-  for (int b = 0; b < TB_B; b++)
-    for (int t = 0; t < TB_T; t++) {
-      in[b * TB_T + t] = tok[b * (TB_T + 1) + t];
-      lab[b * TB_T + t] = tok[b * (TB_T + 1) + t + 1];
+  uint32_t tok[MN_TEST_TB_B * (MN_TEST_TB_T + 1)], in[MN_TEST_TB_B * MN_TEST_TB_T],
+      lab[MN_TEST_TB_B * MN_TEST_TB_T];
+  mn_rng_fill_u32(&r, tok, MN_TEST_TB_B * (MN_TEST_TB_T + 1), MN_TEST_TB_V);
+  for (int b = 0; b < MN_TEST_TB_B; b++)
+    for (int t = 0; t < MN_TEST_TB_T; t++) {
+      in[b * MN_TEST_TB_T + t] = tok[b * (MN_TEST_TB_T + 1) + t];
+      lab[b * MN_TEST_TB_T + t] = tok[b * (MN_TEST_TB_T + 1) + t + 1];
     }
-  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, TB_B * TB_T), MN_OK);
-  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, TB_B * TB_T), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
 }
 
 static void adamw(mn_session *s) {

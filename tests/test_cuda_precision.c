@@ -14,38 +14,27 @@
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/models.h"
+#include "tests/support/precision_check.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
 
-static mn_session *session(const mn_graph *g, mn_backend backend, mn_precision prec,
-                           bool training) {
-  mn_session_options o = mn_session_options_default();
-  o.backend = backend;
-  o.precision = prec;
-  mn_session *s = NULL;
-  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
-  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-  return s;
-}
-
 /* ---- two pre-norm transformer blocks (RoPE, causal GQA 6/2, SwiGLU), tied LM head */
-enum { TB_B = 2, TB_T = 40, TB_V = 97, STEPS = 20 };
+enum { STEPS = 20 };
 
 static mn_graph *transformer(void) {
-  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(96, 6, 2, 16, 160);
-  mn_graph *g = mn_test_lm(&cfg, TB_B, TB_T, TB_V, 2);
+  mn_graph *g = mn_test_two_block_lm();
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
 }
 
 static void feed_tokens(mn_session *s, int step) {
   mn_rng r = mn_rng_new(900 + (uint64_t)(step % 4));
-  uint32_t in[TB_B * TB_T], lab[TB_B * TB_T];
-  mn_rng_fill_u32(&r, in, TB_B * TB_T, TB_V);
-  for (int i = 0; i < TB_B * TB_T; i++)
-    lab[i] = (in[i] * 7u + 3u) % TB_V; /* a learnable map */
-  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, TB_B * TB_T), MN_OK);
-  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, TB_B * TB_T), MN_OK);
+  uint32_t in[MN_TEST_TB_B * MN_TEST_TB_T], lab[MN_TEST_TB_B * MN_TEST_TB_T];
+  mn_rng_fill_u32(&r, in, MN_TEST_TB_B * MN_TEST_TB_T, MN_TEST_TB_V);
+  for (int i = 0; i < MN_TEST_TB_B * MN_TEST_TB_T; i++)
+    lab[i] = (in[i] * 7u + 3u) % MN_TEST_TB_V; /* a learnable map */
+  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
 }
 
 static float train_step(mn_session *s, int step) {
@@ -59,8 +48,8 @@ static float train_step(mn_session *s, int step) {
 static void follow_the_cpu(mn_precision prec, double loss_tol, double param_tol,
                            void (*check)(mn_session *gpu, mn_session *cpu, const char *when)) {
   mn_graph *g = transformer();
-  mn_session *cpu = session(g, MN_BACKEND_CPU, prec, true),
-             *gpu = session(g, MN_BACKEND_CUDA, prec, true);
+  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, prec, true),
+             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, prec, true);
   const char *name = mn_test_precision_name(prec);
   mn_rng r = mn_rng_new(11);
   mn_test_init_normal(g, (mn_session *[]){cpu, gpu}, 2, &r, 0.1f, true);
@@ -106,8 +95,8 @@ Test(cuda_precision, bf16_transformer_training_follows_the_cpu_emulation) {
 Test(cuda_precision, bf16_training_converges_like_fp32_on_the_gpu) {
   mn_test_require_cuda_device();
   mn_graph *g = transformer();
-  mn_session *s[2] = {session(g, MN_BACKEND_CUDA, MN_PRECISION_F32, true),
-                      session(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true)};
+  mn_session *s[2] = {mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F32, true),
+                      mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true)};
   mn_rng r = mn_rng_new(12);
   mn_test_init_normal(g, s, 2, &r, 0.1f, true);
   float first[2], last[2];
@@ -134,8 +123,8 @@ Test(cuda_precision, bf16_training_converges_like_fp32_on_the_gpu) {
 Test(cuda_precision, the_bf16_arena_stores_activations_in_two_bytes) {
   mn_test_require_cuda_device();
   mn_graph *g = transformer();
-  mn_session *f = session(g, MN_BACKEND_CUDA, MN_PRECISION_F32, true),
-             *b = session(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+  mn_session *f = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F32, true),
+             *b = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
   mn_memory_summary mf = mn_session_memory_summary(f), mb = mn_session_memory_summary(b);
   cr_log_info("arena: fp32 %zu bytes, bf16 %zu bytes", mf.total_buffer_bytes,
               mb.total_buffer_bytes);
@@ -154,8 +143,8 @@ Test(cuda_precision, written_parameters_reach_the_bf16_product) {
   mn_node x = mn_input(g, "x", (int64_t[]){4, 64}, 2);
   mn_node w = mn_parameter(g, "w", (int64_t[]){64, 32}, 2);
   mn_set_outputs(g, (mn_node[]){mn_matmul(g, x, w)}, 1);
-  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_BF16, false),
-             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, false);
+  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_BF16, false),
+             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, false);
   float xs[4 * 64], ws[64 * 32], yc[4 * 32], yg[4 * 32];
   mn_rng r = mn_rng_new(5);
   mn_rng_fill(&r, xs, 4 * 64, -1.0f, 1.0f);
@@ -224,37 +213,10 @@ Test(cuda_precision, f16_transformer_training_follows_the_cpu_emulation) {
   follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler);
 }
 
-/* x [16, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t (test_precision.c's MLP). */
-static mn_graph *mlp(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(16, 8)), t = mn_input(g, "t", MN_SHAPE(16, 4));
-  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(8, 32)), b1 = mn_parameter(g, "b1", MN_SHAPE(32));
-  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 4)), b2 = mn_parameter(g, "b2", MN_SHAPE(4));
-  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
-  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
-  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  return g;
-}
-
-/* Targets far from the predictions (`far`) give loss gradients of about 94 that overflow fp16
- * once multiplied by the initial scale of 65536, and keep overflowing until the scale falls
- * to 512 (the largest activation gradient is then 48400); near ones (in [-1, 1]) overflow at no
- * scale up to 65536 (at most 5900). Sets the same parameters in every session. */
-static void fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far) {
-  float x[16 * 8], t[16 * 4];
-  mn_rng r = mn_rng_new(11);
-  mn_rng_fill(&r, x, 16 * 8, -1, 1);
-  mn_rng_fill(&r, t, 16 * 4, -1, 1);
-  for (int i = 0; far && i < 16 * 4; i++)
-    t[i] = 3000.0f;
-  mn_rng w = mn_rng_new(3);
-  mn_test_init_normal(g, s, n, &w, 0.3f, false);
-  for (size_t i = 0; i < n; i++) {
-    cr_assert_eq(mn_session_set_input(s[i], "x", x, 16 * 8), MN_OK);
-    cr_assert_eq(mn_session_set_input(s[i], "t", t, 16 * 4), MN_OK);
-  }
-}
+/* The MLP of tests/support (mn_pc_mlp). Far targets give loss gradients of about 94 that
+ * overflow fp16 once multiplied by the initial scale of 65536, and keep overflowing until the
+ * scale falls to 512 (the largest activation gradient is then 48400); near ones (in [-1, 1])
+ * overflow at no scale up to 65536 (at most 5900). */
 
 /* A step whose scaled gradients overflow fp16 updates nothing on CUDA, exactly as on the CPU:
  * the parameters keep every bit, the skipped step counts, the scale halves, Adam's step count
@@ -262,12 +224,12 @@ static void fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far
  * the gradients read back unscaled, and every step stayed one graph launch. */
 Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
   mn_test_require_cuda_build();
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
   mn_test_require_cuda_device();
-  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
+  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  mn_pc_fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
   for (int k = 0; k < 2; k++)
     cr_assert_eq(mn_session_set_adamw(k ? gpu : cpu, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
   cr_assert_eq(stats_of(gpu).loss_scale, 65536.0f);
@@ -327,12 +289,12 @@ Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
  * step count, the round and the parameters. */
 Test(cuda_precision, f16_steps_in_flight_skip_and_accumulate_as_on_the_cpu) {
   mn_test_require_cuda_build();
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
   mn_test_require_cuda_device();
-  mn_session *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
+  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  mn_pc_fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
   for (int k = 0; k < 2; k++) {
     mn_session *s = k ? gpu : cpu;
     cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
@@ -364,12 +326,12 @@ Test(cuda_precision, f16_checkpoints_carry_the_device_loss_scaler) {
   mn_test_require_cuda_device();
   mn_tmp_dir t = mn_tmp_dir_make("mn_cuda_precision");
   const char *path = mn_tmp_path(&t, "ck.safetensors");
-  mn_graph *g = mlp();
-  mn_session *gpu = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true),
-             *cpu = session(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *fresh = session(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  fill_mlp((mn_session *[]){gpu}, 1, g, true);
-  fill_mlp((mn_session *[]){cpu, fresh}, 2, g, false);
+  mn_graph *g = mn_pc_mlp();
+  mn_session *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true),
+             *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
+             *fresh = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  mn_pc_fill_mlp((mn_session *[]){gpu}, 1, g, true);
+  mn_pc_fill_mlp((mn_session *[]){cpu, fresh}, 2, g, false);
   mn_session *all[3] = {gpu, cpu, fresh};
   for (int k = 0; k < 3; k++)
     cr_assert_eq(mn_session_set_adamw(all[k], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "session/session.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/precision_check.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
 
@@ -83,21 +84,8 @@ Test(precision, storage_bits_encode_the_rounded_value) {
   }
 }
 
-/* x [B, 8] -> relu(x w1 + b1) w2 + b2 -> mse against t; outputs loss and the prediction. */
-static mn_graph *mlp(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(16, 8)), t = mn_input(g, "t", MN_SHAPE(16, 4));
-  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(8, 32)), b1 = mn_parameter(g, "b1", MN_SHAPE(32));
-  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 4)), b2 = mn_parameter(g, "b2", MN_SHAPE(4));
-  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
-  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
-  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
-  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  return g;
-}
-
 Test(precision, the_plan_stores_activations_low_and_keeps_the_rest_fp32) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session_options o = cpu_options(MN_PRECISION_BF16);
   mn_plan *p = NULL;
   cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
@@ -125,7 +113,7 @@ Test(precision, the_plan_stores_activations_low_and_keeps_the_rest_fp32) {
  * (and padded rows by their pitch) and plans again: the arena shrinks, fp32 buffers keep
  * their size. */
 Test(precision, narrow_storage_halves_the_low_precision_buffers) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session_options o = cpu_options(MN_PRECISION_BF16);
   mn_plan *p = NULL;
   cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
@@ -155,7 +143,7 @@ Test(precision, narrow_storage_halves_the_low_precision_buffers) {
 }
 
 Test(precision, an_unknown_precision_builds_nothing) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session_options o = cpu_options((mn_precision)7);
   mn_session *s = NULL;
   cr_assert_eq(mn_build_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT);
@@ -167,11 +155,7 @@ Test(precision, an_unknown_precision_builds_nothing) {
 }
 
 static mn_session *build(const mn_graph *g, mn_precision prec, bool training) {
-  mn_session_options o = cpu_options(prec);
-  mn_session *s = NULL;
-  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
-  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-  return s;
+  return mn_test_session_precision(g, MN_BACKEND_CPU, prec, training);
 }
 
 /* Every pointwise op of one fp32 input: the op computes in fp32 and stores once, so the bf16
@@ -210,23 +194,10 @@ Test(precision, every_unary_pointwise_op_is_its_fp32_value_rounded_once) {
   }
 }
 
-static void fill_mlp_data(mn_session *const *s, size_t n, const mn_graph *g) {
-  float x[16 * 8], t[16 * 4];
-  mn_rng r = mn_rng_new(11);
-  mn_rng_fill(&r, x, 16 * 8, -1, 1);
-  mn_rng_fill(&r, t, 16 * 4, -1, 1);
-  mn_rng w = mn_rng_new(3);
-  mn_test_init_normal(g, s, n, &w, 0.3f, false);
-  for (size_t i = 0; i < n; i++) {
-    cr_assert_eq(mn_session_set_input(s[i], "x", x, 16 * 8), MN_OK);
-    cr_assert_eq(mn_session_set_input(s[i], "t", t, 16 * 4), MN_OK);
-  }
-}
-
 Test(precision, outputs_read_back_exactly_as_stored) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *s = build(g, MN_PRECISION_BF16, true);
-  fill_mlp_data(&s, 1, g);
+  mn_pc_fill_mlp(&s, 1, g, false);
   mn_test_step_loss(s);
   float y[16 * 4];
   cr_assert_eq(mn_session_read_output_by_index(s, 1, y, 16 * 4), MN_OK);
@@ -238,9 +209,9 @@ Test(precision, outputs_read_back_exactly_as_stored) {
 
 /* An update far below a bf16 ulp of the weight still moves the fp32 master weight. */
 Test(precision, master_weights_take_updates_smaller_than_a_bf16_ulp) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *s = build(g, MN_PRECISION_BF16, true);
-  fill_mlp_data(&s, 1, g);
+  mn_pc_fill_mlp(&s, 1, g, false);
   float ones[8 * 32];
   for (int i = 0; i < 8 * 32; i++)
     ones[i] = 1.0f;
@@ -261,10 +232,10 @@ Test(precision, master_weights_take_updates_smaller_than_a_bf16_ulp) {
 
 /* 40 AdamW steps from the same start: the bf16 and f16 runs converge as the fp32 one does. */
 Test(precision, adamw_training_converges_like_fp32) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *s[3] = {build(g, MN_PRECISION_F32, true), build(g, MN_PRECISION_BF16, true),
                       build(g, MN_PRECISION_F16, true)};
-  fill_mlp_data(s, 3, g);
+  mn_pc_fill_mlp(s, 3, g, false);
   float first[3], last[3];
   for (int k = 0; k < 3; k++) {
     cr_assert_eq(mn_session_set_adamw(s[k], 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
@@ -362,10 +333,10 @@ Test(precision, products_stay_within_the_operand_rounding_bound) {
 Test(precision, resuming_a_bf16_run_from_a_checkpoint_is_bitwise_exact) {
   mn_tmp_dir t = mn_tmp_dir_make("mn_precision");
   const char *path = mn_tmp_path(&t, "ck.safetensors");
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *a = build(g, MN_PRECISION_BF16, true), *b = build(g, MN_PRECISION_BF16, true);
   mn_session *both[2] = {a, b};
-  fill_mlp_data(both, 2, g);
+  mn_pc_fill_mlp(both, 2, g, false);
   cr_assert_eq(mn_session_set_adamw(a, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
   for (int i = 0; i < 5; i++)
     mn_test_step_loss(a);
@@ -392,9 +363,9 @@ static mn_session_stats stats_of(const mn_session *s) {
  * the initial scale; such a step updates nothing and halves the scale, and once the scale is
  * small enough the steps update again. */
 Test(precision, f16_loss_scaling_skips_overflowing_steps_and_leaves_parameters_alone) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *s = build(g, MN_PRECISION_F16, true);
-  fill_mlp_data(&s, 1, g);
+  mn_pc_fill_mlp(&s, 1, g, false);
   float t[16 * 4];
   for (int i = 0; i < 16 * 4; i++)
     t[i] = 3000.0f;
@@ -432,7 +403,7 @@ Test(precision, f16_loss_scaling_skips_overflowing_steps_and_leaves_parameters_a
 }
 
 Test(precision, only_f16_training_sessions_scale_the_loss) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   for (int prec = MN_PRECISION_F32; prec <= MN_PRECISION_BF16; prec++) {
     mn_session *s = build(g, (mn_precision)prec, true);
     cr_expect_eq(stats_of(s).loss_scale, 0.0f);
@@ -448,7 +419,7 @@ Test(precision, only_f16_training_sessions_scale_the_loss) {
 /* The loss-scale input is the library's: an F16 plan goes through the plan cache with it, and
  * a cache written for another precision is stale. */
 Test(precision, an_f16_plan_goes_through_the_plan_cache) {
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session_options o = cpu_options(MN_PRECISION_F16);
   mn_plan *p = NULL, *back = NULL;
   cr_assert_eq(mn_lower_training("test", g, &o, &p), MN_OK, "%s", mn_last_error());
@@ -488,10 +459,10 @@ Test(precision, names_the_library_keeps_are_refused) {
 Test(precision, an_f16_checkpoint_keeps_the_loss_scale) {
   mn_tmp_dir t = mn_tmp_dir_make("mn_precision");
   const char *path = mn_tmp_path(&t, "ck.safetensors");
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *a = build(g, MN_PRECISION_F16, true), *b = build(g, MN_PRECISION_F16, true);
   mn_session *both[2] = {a, b};
-  fill_mlp_data(both, 2, g);
+  mn_pc_fill_mlp(both, 2, g, false);
   float t_big[16 * 4];
   for (int i = 0; i < 16 * 4; i++)
     t_big[i] = 3000.0f;
@@ -541,7 +512,7 @@ Test(precision, weights_load_exactly_into_any_precision) {
                                 .bytes = n * sizeof(uint16_t)};
   }
   cr_assert_eq(mn_safetensors_write(bf16_path, tensors, 4, NULL, 0), MN_OK, "%s", mn_last_error());
-  mn_graph *g = mlp();
+  mn_graph *g = mn_pc_mlp();
   mn_session *low = build(g, MN_PRECISION_BF16, true);
   cr_assert_eq(mn_session_load_safetensors(low, bf16_path, true), MN_OK, "%s", mn_last_error());
   float got[MAX];
@@ -553,7 +524,7 @@ Test(precision, weights_load_exactly_into_any_precision) {
   /* An fp32 checkpoint of an fp32 run into the bf16 session: the master weights are exact. */
   const char *ck = mn_tmp_path(&t, "ck.safetensors");
   mn_session *f32 = build(g, MN_PRECISION_F32, true);
-  fill_mlp_data(&f32, 1, g);
+  mn_pc_fill_mlp(&f32, 1, g, false);
   cr_assert_eq(mn_session_set_learning_rate(f32, 1e-2f), MN_OK);
   mn_test_step_loss(f32);
   cr_assert_eq(mn_session_save_checkpoint(f32, ck), MN_OK, "%s", mn_last_error());

@@ -56,3 +56,8 @@ mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, 
   mn_set_outputs(g, &loss, 1);
   return g;
 }
+
+mn_graph *mn_test_two_block_lm(void) {
+  const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(96, 6, 2, 16, 160);
+  return mn_test_lm(&cfg, MN_TEST_TB_B, MN_TEST_TB_T, MN_TEST_TB_V, 2);
+}

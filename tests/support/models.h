@@ -42,4 +42,9 @@ mn_node mn_test_block(mn_graph *g, const mn_test_block_config *c, const mn_test_
 mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, int64_t vocab,
                      int layers);
 
+/* The LM the CUDA training suites run: two blocks of width 96 (6 heads of 16, 2 KV heads,
+ * SwiGLU 160), batch MN_TEST_TB_B x MN_TEST_TB_T tokens of a vocabulary of MN_TEST_TB_V. */
+enum { MN_TEST_TB_B = 2, MN_TEST_TB_T = 40, MN_TEST_TB_V = 97 };
+mn_graph *mn_test_two_block_lm(void);
+
 #endif

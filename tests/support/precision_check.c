@@ -1,4 +1,5 @@
 #include "tests/support/precision_check.h"
+#include "tests/support/session_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,4 +196,31 @@ mn_pc_result mn_precision_check(const char *what, mn_precision prec, const mn_gc
   }
   mn_graph_free(g);
   return res;
+}
+
+mn_graph *mn_pc_mlp(void) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(16, 8)), t = mn_input(g, "t", MN_SHAPE(16, 4));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(8, 32)), b1 = mn_parameter(g, "b1", MN_SHAPE(32));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 4)), b2 = mn_parameter(g, "b2", MN_SHAPE(4));
+  mn_node h = mn_relu(g, mn_bias_add(g, mn_matmul(g, x, w1), b1));
+  mn_node y = mn_bias_add(g, mn_matmul(g, h, w2), b2);
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t), y}, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  return g;
+}
+
+void mn_pc_fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far_targets) {
+  float x[16 * 8], t[16 * 4];
+  mn_rng r = mn_rng_new(11);
+  mn_rng_fill(&r, x, 16 * 8, -1, 1);
+  mn_rng_fill(&r, t, 16 * 4, -1, 1);
+  for (int i = 0; far_targets && i < 16 * 4; i++)
+    t[i] = 3000.0f;
+  mn_rng w = mn_rng_new(3);
+  mn_test_init_normal(g, s, n, &w, 0.3f, false);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(mn_session_set_input(s[i], "x", x, 16 * 8), MN_OK);
+    cr_assert_eq(mn_session_set_input(s[i], "t", t, 16 * 4), MN_OK);
+  }
 }

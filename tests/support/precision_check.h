@@ -53,4 +53,12 @@ mn_pc_result mn_precision_check(const char *what, mn_precision prec, const mn_gc
                                 int num_leaves, mn_gc_build build, void *user,
                                 const mn_pc_options *opts);
 
+/* The MLP of the whole-session precision tests: x [16, 8] -> relu(x w1 + b1) w2 + b2 -> mse
+ * against t [16, 4]; outputs the loss and the prediction. */
+mn_graph *mn_pc_mlp(void);
+/* The same data into every session: x and t in [-1, 1) (t = 3000 everywhere when
+ * `far_targets`, loss gradients of about 94 that overflow fp16 once scaled by 65536), and
+ * parameters normal(0, 0.3). */
+void mn_pc_fill_mlp(mn_session *const *s, size_t n, const mn_graph *g, bool far_targets);
+
 #endif

@@ -3,8 +3,14 @@
 #include <stdlib.h>
 
 mn_session *mn_test_session(const mn_graph *g, mn_backend backend, bool training) {
+  return mn_test_session_precision(g, backend, MN_PRECISION_F32, training);
+}
+
+mn_session *mn_test_session_precision(const mn_graph *g, mn_backend backend, mn_precision prec,
+                                      bool training) {
   mn_session_options o = mn_session_options_default();
   o.backend = backend;
+  o.precision = prec;
   mn_session *s = NULL;
   mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());

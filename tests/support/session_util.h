@@ -13,6 +13,9 @@
 /* A session of g on `backend` with otherwise default options: a training session when
  * `training`, else an inference one. Fails the test with the library's message on error. */
 mn_session *mn_test_session(const mn_graph *g, mn_backend backend, bool training);
+/* The same in a given precision (mn_session_options.precision). */
+mn_session *mn_test_session_precision(const mn_graph *g, mn_backend backend, mn_precision prec,
+                                      bool training);
 
 /* Sets every parameter of g, in each of the n sessions, to std * N(0, 1) drawn from r in node
  * order (the sessions get the same values). With norms_at_one, a parameter whose name contains
