@@ -213,10 +213,17 @@ Test(cuda_precision, f16_transformer_training_follows_the_cpu_emulation) {
   follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler);
 }
 
-/* The MLP of tests/support (mn_pc_mlp). Far targets give loss gradients of about 94 that
- * overflow fp16 once multiplied by the initial scale of 65536, and keep overflowing until the
- * scale falls to 512 (the largest activation gradient is then 48400); near ones (in [-1, 1])
- * overflow at no scale up to 65536 (at most 5900). */
+/* The MLP of tests/support (mn_pc_mlp) in f16 on both backends, with AdamW and far targets:
+ * loss gradients of about 94 overflow fp16 once multiplied by the initial scale of 65536, and
+ * keep overflowing until the scale falls to 512 (the largest activation gradient is then
+ * 48400); near targets (in [-1, 1]) overflow at no scale up to 65536 (at most 5900). */
+static void f16_mlp_pair(const mn_graph *g, mn_session **cpu, mn_session **gpu) {
+  *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true);
+  *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
+  mn_pc_fill_mlp((mn_session *[]){*cpu, *gpu}, 2, g, true);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mn_session_set_adamw(k ? *gpu : *cpu, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+}
 
 /* A step whose scaled gradients overflow fp16 updates nothing on CUDA, exactly as on the CPU:
  * the parameters keep every bit, the skipped step counts, the scale halves, Adam's step count
@@ -227,11 +234,8 @@ Test(cuda_precision, an_overflowing_f16_step_is_skipped_on_cuda_as_on_the_cpu) {
   mn_graph *g = mn_pc_mlp();
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
   mn_test_require_cuda_device();
-  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  mn_pc_fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
-  for (int k = 0; k < 2; k++)
-    cr_assert_eq(mn_session_set_adamw(k ? gpu : cpu, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+  mn_session *cpu, *gpu;
+  f16_mlp_pair(g, &cpu, &gpu);
   cr_assert_eq(stats_of(gpu).loss_scale, 65536.0f);
   float *before = mn_test_read_params(g, gpu);
   float lc = mn_test_step_loss(cpu), lg = mn_test_step_loss(gpu);
@@ -292,14 +296,10 @@ Test(cuda_precision, f16_steps_in_flight_skip_and_accumulate_as_on_the_cpu) {
   mn_graph *g = mn_pc_mlp();
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
   mn_test_require_cuda_device();
-  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_F16, true),
-             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_F16, true);
-  mn_pc_fill_mlp((mn_session *[]){cpu, gpu}, 2, g, true);
-  for (int k = 0; k < 2; k++) {
-    mn_session *s = k ? gpu : cpu;
-    cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
-    cr_assert_eq(mn_session_set_grad_accumulation(s, 2), MN_OK);
-  }
+  mn_session *cpu, *gpu;
+  f16_mlp_pair(g, &cpu, &gpu);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(mn_session_set_grad_accumulation(k ? gpu : cpu, 2), MN_OK);
   enum { N = 17 };
   for (int i = 0; i < N; i++) {
     mn_test_step_loss(cpu);
