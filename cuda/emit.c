@@ -70,9 +70,9 @@ int64_t mn_cu_row_pitch(const mn_plan *p, mn_node n) {
 }
 
 size_t mn_cu_stored_offset(const mn_plan *p, mn_cu_arg a) {
-  if (a.kind == MN_CU_ARG_SHADOW) return a.offset / 2;
-  if (a.kind != MN_CU_ARG_NODE || mn_cu_arg_storage(p, a) == MN_DEV_F32) return a.offset;
-  return a.offset / 2;
+  bool halved = (a.kind == MN_CU_ARG_NODE || a.kind == MN_CU_ARG_SHADOW) &&
+                mn_cu_arg_storage(p, a) != MN_DEV_F32;
+  return halved ? a.offset / 2 : a.offset;
 }
 
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...) {
@@ -162,19 +162,16 @@ mn_status mn_cu_launch(const mn_cu_op_ctx *c, int k, unsigned gx, unsigned gy, u
   return MN_OK;
 }
 
-/* n values from src into dst, converted between their storage types. */
+/* n values from src into dst, converted between their storage types (8 a thread). */
 static mn_status convert(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, int64_t n) {
   int k = mn_cu_kernel(c, 256, "mn_convert<%lldLL>", (long long)n);
-  unsigned blocks = mn_cu_blocks((n + 3) / 4, 256);
+  unsigned blocks = mn_cu_blocks((n + 7) / 8, 256);
   mn_cu_arg args[2] = {dst, src};
   return mn_cu_launch(c, k, blocks < 4096 ? blocks : 4096, 1, 1, 0, 2, args);
 }
 
-/* A product operand in a low-precision session: a parameter is read through its
- * low-precision copy; any other fp32 value (an input, scratch) is rounded into the staging
- * region first. rows x cols with pitch ld (0: dense), `batch` of them. */
-static mn_status low_operand(const mn_cu_op_ctx *c, mn_cu_arg *a, int64_t rows, int64_t cols,
-                             int64_t ld, int64_t batch, int64_t stride) {
+mn_status mn_cu_low_operand(const mn_cu_op_ctx *c, mn_cu_arg *a, int64_t rows, int64_t cols,
+                            int64_t ld, int64_t batch, int64_t stride) {
   if (mn_cu_arg_storage(c->plan, *a) != MN_DEV_F32) return MN_OK;
   if (a->kind == MN_CU_ARG_NODE && mn_plan_buffer_of(c->plan, a->node)->role == MN_BUF_PARAMETER) {
     a->kind = MN_CU_ARG_SHADOW;
@@ -199,11 +196,11 @@ mn_status mn_cu_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   mn_cu_matmul_desc mm = *d;
   if (mm.batch < 1) mm.batch = 1;
   if (mn_cu_low_storage(c->plan) != MN_DEV_F32) {
-    mn_status st = low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k, mm.lda,
-                               mm.batch, mm.stride_a);
+    mn_status st = mn_cu_low_operand(c, &mm.a, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k,
+                                     mm.lda, mm.batch, mm.stride_a);
     if (st == MN_OK)
-      st = low_operand(c, &mm.b, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb,
-                       mm.batch, mm.stride_b);
+      st = mn_cu_low_operand(c, &mm.b, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb,
+                             mm.batch, mm.stride_b);
     if (st != MN_OK) return st;
   }
   mn_cu_cmd *cmd = append(c, MN_CU_CMD_MATMUL);

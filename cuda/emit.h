@@ -178,6 +178,12 @@ mn_status mn_cu_oom(const mn_cu_op_ctx *c);
 /* In a low-precision session: `bytes` of the staging region (stored in the session's low
  * precision, like the values a product reads), for this dispatch only. */
 mn_cu_arg mn_cu_stage(const mn_cu_op_ctx *c, size_t bytes);
+/* An operand that a low-precision session reads in low precision (a product operand, a
+ * matmul_bias_act bias): a parameter through its low-precision copy, any other fp32 value (an
+ * input, scratch) rounded into the staging region first; a low-precision value as it is.
+ * rows x cols with row pitch ld (0: dense), `batch` of them `stride` apart. */
+mn_status mn_cu_low_operand(const mn_cu_op_ctx *c, mn_cu_arg *a, int64_t rows, int64_t cols,
+                            int64_t ld, int64_t batch, int64_t stride);
 
 /* How argument a stores float values: an mn_dev_storage. */
 int mn_cu_arg_storage(const mn_plan *p, mn_cu_arg a);

@@ -102,18 +102,11 @@ mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
    * (relu masks moved; 5.5% norm-wise in an MLP's weight gradient, docs/performance.md): in low
    * precision relu runs as the exact fallback. gelu and identity are continuous there. */
   if (low && act == MN_ACT_RELU) d.epilogue = MN_CU_EPI_NONE;
-  /* The storage table reads the bias in low precision: a parameter through its copy, another
-   * fp32 value rounded into the staging region. */
-  if (low && mn_plan_buffer_of(c->plan, c->node->inputs[2])->role == MN_BUF_PARAMETER) {
-    d.bias.kind = MN_CU_ARG_SHADOW;
-  } else if (low && mn_cu_arg_storage(c->plan, d.bias) == MN_DEV_F32) {
-    int64_t n = mn_tensor_type_numel(mn_cu_in_type(c, 2));
-    mn_cu_arg staged = mn_cu_stage(c, (size_t)n * 2);
-    int k = mn_cu_kernel(c, PW_BLOCK, "mn_convert<%lldLL>", (long long)n);
+  /* The storage table reads the bias in low precision, as a product operand. */
+  if (low) {
     mn_status st =
-        mn_cu_launch(c, k, pw_blocks((n + 7) / 8), 1, 1, 0, 2, (const mn_cu_arg[]){staged, d.bias});
+        mn_cu_low_operand(c, &d.bias, 1, mn_tensor_type_numel(mn_cu_in_type(c, 2)), 0, 1, 0);
     if (st != MN_OK) return st;
-    d.bias = staged;
   }
   if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
