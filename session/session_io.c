@@ -131,7 +131,7 @@ static size_t numel_of(const mn_session *s, mn_node id) {
 }
 
 mn_status mn_session_set_parameter(mn_session *s, const char *name, const float *data, size_t n) {
-  mn_param_view v;
+  mn_param_view v = {0};
   mn_status st = mn_session_find_param("mn_session_set_parameter", s, name, data, n, &v);
   if (st != MN_OK) return st;
   return mn_session_write_range(s, s->plan->node_buffer[v.node], numel_of(s, v.node), v.offset,
@@ -139,7 +139,7 @@ mn_status mn_session_set_parameter(mn_session *s, const char *name, const float 
 }
 
 mn_status mn_session_read_param(mn_session *s, const char *name, float *out, size_t n) {
-  mn_param_view v;
+  mn_param_view v = {0};
   mn_status st = mn_session_find_param("mn_session_read_param", s, name, out, n, &v);
   if (st != MN_OK) return st;
   return mn_session_read_range(s, s->plan->node_buffer[v.node], numel_of(s, v.node), v.offset, out,
