@@ -107,11 +107,13 @@ typedef struct mn_dev_scaler {
 #define MN_ATTN_MMA_ROWS 64
 
 /* What a forward kernel (template argument MODE) writes: the output, or for the backward
- * ops the per-row statistics into scratch, with or without delta = sum_s P_s dP_s. */
+ * ops the per-row statistics into scratch, with or without delta = sum_s P_s dP_s, or both the
+ * output and the statistics (a training plan's forward, read by the _saved gradients). */
 enum mn_attn_mode {
   MN_ATTN_OUTPUT = 0,
   MN_ATTN_STATS_DELTA = 1,
   MN_ATTN_STATS = 2,
+  MN_ATTN_OUTPUT_STATS = 3, /* the output and the statistics (no delta), for the _saved gradients */
 };
 /* Operand precision of the tensor-core kernels (template argument PREC). */
 enum mn_attn_prec {

@@ -2,14 +2,15 @@
  * dims that are multiples of 32 up to 128 (16 with 16-bit operands), the tensor-core kernels of
  * attention_mma.cuh (same launches and statistics layout).
  *
- * Forward: one flash-style launch (grid: query tiles x heads x batches). Each backward op
- * is its own dispatch of two launches: the statistics pre-pass (the forward kernel in a
- * mode that writes each query row's max, 1 / sum and delta = sum_s P_s dP_s into scratch
- * instead of the output), then dQ per query tile or dK / dV per key tile. The forward and
- * the backward ops are separate plan nodes that share no buffer (scratch is reused by every
- * dispatch), so each backward op recomputes the statistics rather than reading the forward's.
- * Cached attention splits the cache over blocks of 128 keys and merges the partial
- * softmaxes. */
+ * Forward: one flash-style launch (grid: query tiles x heads x batches); a forward whose
+ * variant is 1 also writes each query row's max and 1 / sum into its statistics (ops.h).
+ * Each backward op is its own dispatch of two launches. attention_grad_*: the statistics
+ * pre-pass (the forward kernel in a mode that writes each query row's max, 1 / sum and delta =
+ * sum_s P_s dP_s into scratch instead of the output), then dQ per query tile or dK / dV per key
+ * tile. attention_grad_*_saved (optimizer/attention_stats.h) read the forward's statistics and
+ * replace the pre-pass, a second pass over every score, by delta = dy . y, one pass over dy and
+ * the forward's output. Cached attention splits the cache over blocks of 128 keys and merges
+ * the partial softmaxes. */
 #include <string.h>
 
 #include "cuda/emit.h"
@@ -87,7 +88,8 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
   /* q, k and v tiles; then the probability tile (output), or dy rows (delta), or for
    * MN_ATTN_STATS only q and k. */
   size_t ld = row_stride(d);
-  size_t smem = mode == MN_ATTN_OUTPUT        ? 4 * ((br + 2 * bc) * ld + br * (bc + 4))
+  bool out = mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS;
+  size_t smem = out                           ? 4 * ((br + 2 * bc) * ld + br * (bc + 4))
                 : mode == MN_ATTN_STATS_DELTA ? 4 * (2 * (br + bc) * ld)
                                               : 4 * ((br + bc) * ld);
   int k =
@@ -132,7 +134,9 @@ static size_t mma_smem(const attn_tc *tc, int tiles, size_t extra) {
 
 static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
                                     int mode, const mn_cu_arg *args, int nargs) {
-  int tiles = mode == MN_ATTN_OUTPUT ? 3 : mode == MN_ATTN_STATS_DELTA ? 4 : 2;
+  int tiles = mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS ? 3
+              : mode == MN_ATTN_STATS_DELTA                          ? 4
+                                                                     : 2;
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>", tc->name,
                        tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
                        d->kv_heads, d->causal ? "true" : "false", mode);
@@ -140,14 +144,32 @@ static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, c
                       (unsigned)d->batches, mma_smem(tc, tiles, 0), nargs, args);
 }
 
+/* The row maxima and 1 / sums in an attention's statistics (F32 [2 * n], n = B * H * T). */
+static void stats_args(const attn_dims *d, mn_cu_arg stats, mn_cu_arg *m, mn_cu_arg *inv_l) {
+  *m = *inv_l = stats;
+  inv_l->offset += (size_t)(d->batches * d->heads * d->t_len) * sizeof(float);
+}
+
 static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
   attn_dims d;
   mn_status st = dims_of(c, causal, &d);
   if (st != MN_OK) return st;
-  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
+  mn_cu_arg args[6] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
+  int mode = MN_ATTN_OUTPUT, nargs = 4;
+  if (c->node->attrs.variant == 1) {
+    mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
+    if (stats == MN_NO_NODE)
+      return mn_fail(MN_ERR_STATE,
+                     "cuda backend: node %u (%s) has no extra_output for its "
+                     "statistics",
+                     c->id, mn_op_name(c->node->op));
+    stats_args(&d, mn_cu_node_arg(stats), &args[4], &args[5]);
+    mode = MN_ATTN_OUTPUT_STATS;
+    nargs = 6;
+  }
   attn_tc tc = tensor_core(c, &d);
-  if (tc.on) return launch_mma_forward(c, &d, &tc, MN_ATTN_OUTPUT, args, 4);
-  return launch_forward(c, &d, MN_ATTN_OUTPUT, args, 4);
+  if (tc.on) return launch_mma_forward(c, &d, &tc, mode, args, nargs);
+  return launch_forward(c, &d, mode, args, nargs);
 }
 
 mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, true); }
@@ -189,17 +211,34 @@ static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const
  * two passes. */
 #define MMA_KV_ONE_PASS_MAX_HD 64
 
-/* Pre-pass into scratch (row max, 1 / row sum and, except for dV alone, delta per
- * (b, h, t)), then the gradient kernels reading them. */
-static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
+/* delta = dy . y per (b, h, t) into args[6], from the forward's output (input 4). */
+static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, const mn_cu_arg *args) {
+  long long rows = (long long)(d->batches * d->t_len) * d->heads;
+  unsigned warps = MN_ATTN_BLOCK / 32;
+  long long blocks = (rows + warps - 1) / warps;
+  if (blocks > 0x7fffffffLL) return unsupported(c, "too many attention rows for one grid", rows);
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_delta<%d, %lldLL, %d, %lldLL>", d->head_dim,
+                       (long long)d->t_len, d->heads, rows);
+  mn_cu_arg delta_args[3] = {mn_cu_in(c, 4), mn_cu_in(c, 3), args[6]};
+  return mn_cu_launch(c, k, (unsigned)blocks, 1, 1, 0, 3, delta_args);
+}
+
+/* The statistics the gradient kernels read (row max, 1 / row sum and, except for dV alone,
+ * delta per (b, h, t)): from a pre-pass into scratch, or for the _saved ops the forward's
+ * statistics and delta = dy . y; then the gradient kernels. */
+static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved) {
   attn_dims d;
   mn_status st = dims_of(c, c->node->attrs.variant == 1, &d);
   if (st != MN_OK) return st;
   if (d.kv_heads > GRID_YZ_MAX) return unsupported(c, "too many kv heads for one grid", d.kv_heads);
   size_t stat_bytes = align256((size_t)(d.batches * d.heads * d.t_len) * sizeof(float));
-  mn_cu_arg m = mn_cu_scratch(c, 3 * stat_bytes), inv_l = m, delta = m;
-  inv_l.offset = stat_bytes;
-  delta.offset = 2 * stat_bytes;
+  mn_cu_arg m = mn_cu_scratch(c, (saved ? 1 : 3) * stat_bytes), inv_l = m, delta = m;
+  if (saved) {
+    stats_args(&d, mn_cu_in(c, 5), &m, &inv_l);
+  } else {
+    inv_l.offset = stat_bytes;
+    delta.offset = 2 * stat_bytes;
+  }
   mn_cu_arg args[8] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
                        inv_l,          delta,          mn_cu_out(c)};
   /* The dV half of a packed row starts kv_width floats in. */
@@ -211,9 +250,12 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   const char *causal = d.causal ? "true" : "false";
   int mode = which == GRAD_V ? MN_ATTN_STATS : MN_ATTN_STATS_DELTA;
   attn_tc tc = tensor_core(c, &d);
-  if (tc.on) {
-    st = launch_mma_forward(c, &d, &tc, mode, args, 7);
+  if (saved) {
+    st = launch_delta(c, &d, args);
     if (st != MN_OK) return st;
+  }
+  if (tc.on) {
+    if (!saved && (st = launch_mma_forward(c, &d, &tc, mode, args, 7)) != MN_OK) return st;
     if (which == GRAD_Q) {
       int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>", tc.name,
                            tc.first, d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
@@ -228,8 +270,7 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
     st = launch_mma_dkv(c, &d, &tc, MN_ATTN_DK, true, args);
     return st != MN_OK ? st : launch_mma_dkv(c, &d, &tc, MN_ATTN_DV, true, args);
   }
-  st = launch_forward(c, &d, mode, args, 7);
-  if (st != MN_OK) return st;
+  if (!saved && (st = launch_forward(c, &d, mode, args, 7)) != MN_OK) return st;
   if (which == GRAD_Q) {
     attn_tile t = backward_tile(&d, d.t_len);
     size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
@@ -246,11 +287,23 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which) {
   return st != MN_OK ? st : launch_simt_dkv(c, &d, false, 2 * kv_width, v_args);
 }
 
-mn_status mn_cu_lower_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_Q); }
-mn_status mn_cu_lower_ATTENTION_GRAD_K(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_K); }
-mn_status mn_cu_lower_ATTENTION_GRAD_V(const mn_cu_op_ctx *c) { return lower_backward(c, GRAD_V); }
+mn_status mn_cu_lower_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_Q, false);
+}
+mn_status mn_cu_lower_ATTENTION_GRAD_K(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_K, false);
+}
+mn_status mn_cu_lower_ATTENTION_GRAD_V(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_V, false);
+}
 mn_status mn_cu_lower_ATTENTION_GRAD_KV(const mn_cu_op_ctx *c) {
-  return lower_backward(c, GRAD_KV);
+  return lower_backward(c, GRAD_KV, false);
+}
+mn_status mn_cu_lower_ATTENTION_GRAD_Q_SAVED(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_Q, true);
+}
+mn_status mn_cu_lower_ATTENTION_GRAD_KV_SAVED(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_KV, true);
 }
 
 /* q [1, H*hd] against rows 0..kv_len-1 of the caches; kv_len (input 3) is read on the

@@ -70,7 +70,7 @@ static int arity(const mn_fused_instr *in) { return mn_op_table[in->op].arity; }
  * result comes in as r. */
 typedef struct elem_fn {
   bool need[MN_FUSED_MAX_INSTRS];
-  bool reads[MN_MAX_INPUTS];
+  bool reads[MN_FUSED_MAX_INPUTS];
   int row;
   int num_outs;
   int outs[MN_MAX_EXTRA_OUTPUTS + 3];
@@ -314,7 +314,7 @@ mn_status mn_cu_lower_FUSED(const mn_cu_op_ctx *c) {
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (fused): bad program: %s", c->id,
                    p ? why : "none");
   int extra = mn_fused_prog_num_extra(p);
-  mn_cu_arg args[1 + MN_MAX_INPUTS + MN_MAX_EXTRA_OUTPUTS] = {mn_cu_out(c)};
+  mn_cu_arg args[1 + MN_FUSED_MAX_INPUTS + MN_MAX_EXTRA_OUTPUTS] = {mn_cu_out(c)};
   for (int i = 0; i < ni; i++)
     args[1 + i] = mn_cu_in(c, i);
   for (int k = 1; k <= extra; k++)

@@ -402,6 +402,9 @@ mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p) {
 int mn_node_num_extra_outputs(const mn_node_rec *n) {
   switch (n->op) {
   case MN_OP_MATMUL_AT_BGRAD: return 1;
+  case MN_OP_CAUSAL_ATTENTION:
+  case MN_OP_FULL_ATTENTION:
+  case MN_OP_CROSS_ATTENTION: return n->attrs.variant == 1; /* its row statistics */
   case MN_OP_FUSED: return n->fused ? mn_fused_prog_num_extra(n->fused) : 0;
   default: return 0;
   }
@@ -487,7 +490,7 @@ static bool instr_ok(const mn_fused_instr *in, int i, bool *seen_row, char *why,
 }
 
 bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size_t why_size) {
-  if (num_inputs < 1 || num_inputs > MN_MAX_INPUTS) {
+  if (num_inputs < 1 || num_inputs > MN_FUSED_MAX_INPUTS) {
     snprintf(why, why_size, "%d inputs", num_inputs);
     return false;
   }
@@ -496,7 +499,7 @@ bool mn_fused_prog_check(const mn_fused_prog *p, int num_inputs, char *why, size
     return false;
   }
   /* used: 1 read elementwise, 2 read as a row vector */
-  unsigned char used[MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS] = {0};
+  unsigned char used[MN_FUSED_MAX_INPUTS + MN_FUSED_MAX_INSTRS] = {0};
   int outs[MN_MAX_EXTRA_OUTPUTS + 1] = {0};
   bool seen_row = false;
   for (int i = 0; i < p->num_instrs; i++) {

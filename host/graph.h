@@ -5,8 +5,13 @@
 #include "host/ops.h"
 #include "meganeura.h"
 
-#define MN_MAX_INPUTS 4
-#define MN_ERROR_CAP  512
+/* Inputs of one node: the attention gradients that read the forward's output and statistics
+ * take six (ops.h). */
+#define MN_MAX_INPUTS 6
+/* Values one fused node reads (optimizer/fusion.c groups no more, and the kernels it generates
+ * take no more). */
+#define MN_FUSED_MAX_INPUTS 4
+#define MN_ERROR_CAP        512
 
 /* Op attributes. Unused fields stay zero so that two nodes with equal attributes
  * compare and hash equal byte for byte. */

@@ -3,7 +3,7 @@
  *
  * X(ENUM, "printable name", number of inputs, flags)
  *   number of inputs: -1 only for leaves that take none but carry data;
- *     MN_ARITY_VARIADIC: 1 to MN_MAX_INPUTS (fused, whose program says how many).
+ *     MN_ARITY_VARIADIC: 1 to MN_FUSED_MAX_INPUTS (fused, whose program says how many).
  *   flags: MN_OPF_* below. */
 #ifndef MN_HOST_OPS_H
 #define MN_HOST_OPS_H
@@ -63,6 +63,8 @@ enum {
   X(LAYER_NORM, "layer_norm", 3, MN_OPF_REDUCTION | MN_OPF_DIFF)                                   \
   X(ROPE, "rope", 1, MN_OPF_DIFF)                                                                  \
   X(ROPE_DYNAMIC, "rope_dynamic_offset", 2, MN_OPF_DIFF)                                           \
+  /* attention: (q, k, v); variant 1 (set by optimizer/attention_stats.c) also writes the      */ \
+  /* row statistics as extra value 1: F32 [2, B * H * T], base-2 row maxima then 1 / sums       */ \
   X(CAUSAL_ATTENTION, "causal_attention", 3, MN_OPF_DIFF)                                          \
   X(FULL_ATTENTION, "full_attention", 3, MN_OPF_DIFF)                                              \
   X(CROSS_ATTENTION, "cross_attention", 3, MN_OPF_DIFF)                                            \
@@ -131,6 +133,11 @@ enum {
   X(ATTENTION_GRAD_V, "attention_grad_v", 4, MN_BWD)                                               \
   /* dK and dV of one pass, packed per row: [.., S, 2 * KVH * hd] = [dK row | dV row] */           \
   X(ATTENTION_GRAD_KV, "attention_grad_kv", 4, MN_BWD)                                             \
+  /* dQ, and packed dK | dV, from (q, k, v, dy, y, stats): y the forward's output and stats its */ \
+  /* row statistics (its extra value 1, graph.h), made by optimizer/attention_stats.c: no       */ \
+  /* statistics pre-pass, and delta = dy . y per query row                                      */ \
+  X(ATTENTION_GRAD_Q_SAVED, "attention_grad_q_saved", 6, MN_BWD)                                   \
+  X(ATTENTION_GRAD_KV_SAVED, "attention_grad_kv_saved", 6, MN_BWD)                                 \
   /* vision */                                                                                     \
   X(CONV2D_GRAD_INPUT, "conv2d_grad_input", 2, MN_BWD)   /* (dy, kernel) -> [N,Ci,H,W] */          \
   X(CONV2D_GRAD_KERNEL, "conv2d_grad_kernel", 2, MN_BWD) /* (x, dy) -> [Co,Ci,kh,kw] */            \

@@ -23,6 +23,32 @@ static bool product_ok(const mn_graph *g, const mn_node_rec *r, int64_t *n) {
          mn_tensor_type_numel(&r->type) == mn_tensor_type_numel(a) / k * *n;
 }
 
+static bool is_attention(mn_op op) {
+  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION || op == MN_OP_CROSS_ATTENTION;
+}
+
+int64_t mn_attention_stats_numel(const mn_graph *g, const mn_node_rec *attention) {
+  const mn_tensor_type *q = &g->nodes[attention->inputs[0]].type;
+  int64_t batches = q->rank == 3 ? q->shape[0] : 1;
+  return 2 * batches * attention->attrs.num_heads * q->shape[q->rank - 2];
+}
+
+/* (q, k, v, dy, y, stats): y is the output of an attention over the same q, k and v with the
+ * same heads (causal exactly when the gradient is), and stats is that attention's extra value
+ * 1, so the kernels read the statistics of the very scores they recompute. */
+static bool saved_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
+  const mn_node_rec *y = &g->nodes[r->inputs[4]], *stats = &g->nodes[r->inputs[5]];
+  if (!is_attention(y->op) || y->attrs.variant != 1 || stats->op != MN_OP_EXTRA_OUTPUT ||
+      stats->inputs[0] != r->inputs[4] || stats->attrs.variant != 1)
+    return false;
+  for (int k = 0; k < 3; k++)
+    if (y->inputs[k] != r->inputs[k]) return false;
+  return (y->op == MN_OP_CAUSAL_ATTENTION) == (r->attrs.variant == 1) &&
+         y->attrs.num_heads == r->attrs.num_heads &&
+         y->attrs.num_kv_heads == r->attrs.num_kv_heads && y->attrs.head_dim == r->attrs.head_dim &&
+         mn_type_same_shape(&y->type, &g->nodes[r->inputs[3]].type);
+}
+
 static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
   int64_t n = 0;
   switch (r->op) {
@@ -44,6 +70,8 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
            mn_tensor_type_numel(&r->type) == m * cols;
   }
   case MN_OP_GROUP_NORM: return r->attrs.act == MN_ACT_NONE || r->attrs.act == MN_ACT_SILU;
+  case MN_OP_ATTENTION_GRAD_Q_SAVED:
+  case MN_OP_ATTENTION_GRAD_KV_SAVED: return saved_attention_grad_ok(g, r);
   default: return true;
   }
 }
@@ -61,6 +89,10 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
   if (extra->type.dtype != MN_F32) return false;
   switch (producer->op) {
   case MN_OP_FUSED: return mn_type_same_shape(&extra->type, &producer->type);
+  case MN_OP_CAUSAL_ATTENTION:
+  case MN_OP_FULL_ATTENTION:
+  case MN_OP_CROSS_ATTENTION:
+    return mn_tensor_type_numel(&extra->type) == mn_attention_stats_numel(g, producer);
   case MN_OP_MATMUL_AT_BGRAD: {
     const mn_tensor_type *summed =
         &g->nodes[producer->inputs[producer->attrs.variant ? 1 : 0]].type;

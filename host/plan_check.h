@@ -10,8 +10,11 @@ mn_status mn_plan_check_optimizer_ops(const mn_graph *g);
 
 /* Whether extra_output node `extra` has the type of the value `producer` writes for it:
  * a fused node's values have its own shape; a bias gradient has one value per column of the
- * summed operand. */
+ * summed operand; an attention's statistics two per (batch, head, query). */
 bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
                            const mn_node_rec *extra);
+
+/* Floats in the row statistics of an attention node (ops.h): 2 * batches * heads * queries. */
+int64_t mn_attention_stats_numel(const mn_graph *g, const mn_node_rec *attention);
 
 #endif

@@ -131,12 +131,20 @@ static mn_status mark_weight_gradients(const mn_plan *p, bool *weight_grad) {
   return MN_OK;
 }
 
+/* An attention's row statistics (its extra value, ops.h): maxima and 1 / sums of a softmax. */
+static bool is_attention_stats(const mn_graph *g, const mn_node_rec *n) {
+  if (n->op != MN_OP_EXTRA_OUTPUT) return false;
+  mn_op src = g->nodes[n->inputs[0]].op;
+  return src == MN_OP_CAUSAL_ATTENTION || src == MN_OP_FULL_ATTENTION ||
+         src == MN_OP_CROSS_ATTENTION;
+}
+
 static bool stays_f32(const mn_plan *p, mn_node id, const bool *weight_grad) {
   const mn_node_rec *n = &p->graph->nodes[id];
   mn_buffer_role role = mn_plan_buffer_of(p, id)->role;
   if (role != MN_BUF_ACTIVATION && role != MN_BUF_OUTPUT) return true;
   return n->type.dtype != MN_F32 || (mn_op_flags(n->op) & MN_OPF_LOSS) ||
-         mn_tensor_type_numel(&n->type) == 1 || weight_grad[id];
+         mn_tensor_type_numel(&n->type) == 1 || weight_grad[id] || is_attention_stats(p->graph, n);
 }
 
 uint16_t mn_storage_bits(mn_dtype dt, float x) {

@@ -291,7 +291,7 @@ static mn_status read_instr(reader *r, size_t i, int k, const cJSON *obj, mn_fus
   const cJSON *v;
   cJSON_ArrayForEach(v, args) {
     long long x;
-    if (!get_int(v, 0, MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS, &x))
+    if (!get_int(v, 0, MN_FUSED_MAX_INPUTS + MN_FUSED_MAX_INSTRS, &x))
       return CORRUPT(r, "node %zu: instruction %d: bad operand", i, k);
     in->args[na++] = (uint8_t)x;
   }
@@ -359,7 +359,7 @@ static mn_status read_node(reader *r, size_t i, const cJSON *obj, mn_node_rec *n
   const cJSON *in = node->in;
   if (in && !cJSON_IsArray(in)) return CORRUPT(r, "node %zu: in is not an array", i);
   int count = in ? cJSON_GetArraySize(in) : 0;
-  if (mn_op_table[n->op].arity == MN_ARITY_VARIADIC && count >= 1 && count <= MN_MAX_INPUTS)
+  if (mn_op_table[n->op].arity == MN_ARITY_VARIADIC && count >= 1 && count <= MN_FUSED_MAX_INPUTS)
     arity = count;
   if (count != arity || arity > MN_MAX_INPUTS)
     return CORRUPT(r, "node %zu: %s takes %d inputs, not %d", i, op, arity, count);

@@ -98,10 +98,11 @@ bool mn_fuser_leaves(const mn_fuser *f, int32_t gid, mn_node v) {
 
 /* A candidate group (the members of gid) as the pass weighs it. */
 typedef struct shape {
-  mn_node ext[MN_MAX_INPUTS]; /* the values it reads, in the order its members first read them */
-  int ne, num_extra;          /* extra: members but the root whose value leaves */
-  double max_in, min_out;     /* latest place it reads from, earliest place that reads it */
-  double cost;                /* as one fused node */
+  mn_node
+      ext[MN_FUSED_MAX_INPUTS]; /* the values it reads, in the order its members first read them */
+  int ne, num_extra;            /* extra: members but the root whose value leaves */
+  double max_in, min_out;       /* latest place it reads from, earliest place that reads it */
+  double cost;                  /* as one fused node */
 } shape;
 
 /* Operand k of row op n is read as a row vector (its weight or bias). */
@@ -109,11 +110,11 @@ static bool row_vector_operand(const mn_node_rec *n, int k) {
   return mn_fused_is_row_op(n->op) && (k == 1 || (k == 2 && n->op == MN_OP_LAYER_NORM));
 }
 
-/* Reads of group gid: false when it reads more than MN_MAX_INPUTS values, holds two row ops,
+/* Reads of group gid: false when it reads more than MN_FUSED_MAX_INPUTS values, holds two row ops,
  * computes a row op's weight or bias itself, or reads a value both as a row and elementwise
  * (the kernels take a weight as a pointer to one row). */
 static bool reads(const mn_fuser *f, int32_t gid, const mn_node *mem, size_t nm, shape *s) {
-  unsigned char how[MN_MAX_INPUTS] = {0};
+  unsigned char how[MN_FUSED_MAX_INPUTS] = {0};
   int rows = 0;
   s->ne = 0;
   s->max_in = -INFINITY;
@@ -131,7 +132,7 @@ static bool reads(const mn_fuser *f, int32_t gid, const mn_node *mem, size_t nm,
       while (j < s->ne && s->ext[j] != v)
         j++;
       if (j == s->ne) {
-        if (s->ne == MN_MAX_INPUTS) return false;
+        if (s->ne == MN_FUSED_MAX_INPUTS) return false;
         s->ext[s->ne++] = v;
         if (f->pos[v] > s->max_in) s->max_in = f->pos[v];
       }
@@ -150,7 +151,7 @@ static bool weigh(const mn_fuser *f, int32_t gid, const mn_node *mem, size_t nm,
   const mn_graph *g = f->g;
   s->num_extra = 0;
   s->min_out = INFINITY;
-  const mn_tensor_type *ins[MN_MAX_INPUTS];
+  const mn_tensor_type *ins[MN_FUSED_MAX_INPUTS];
   for (int k = 0; k < s->ne; k++)
     ins[k] = &g->nodes[s->ext[k]].type;
   mn_node root = mem[nm - 1];
@@ -231,7 +232,7 @@ static void grow(mn_fuser *f, mn_node r) {
   }
   for (bool grew = true; grew && nm < MN_FUSED_MAX_INSTRS;) {
     grew = false;
-    mn_node ext[MN_MAX_INPUTS];
+    mn_node ext[MN_FUSED_MAX_INPUTS];
     int ne = s.ne;
     memcpy(ext, s.ext, (size_t)ne * sizeof *ext);
     /* Latest first: a value is tried after its users, which may have to join first. */

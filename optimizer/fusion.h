@@ -7,7 +7,7 @@
  * (the root) gives the fused node's value; every other member whose value is a graph output
  * or read outside the group is written as an extra value of the fused node (at most
  * MN_MAX_EXTRA_OUTPUTS), read through an extra_output node. A group reads at most
- * MN_MAX_INPUTS distinct values and runs at most MN_FUSED_MAX_INSTRS ops, takes each member
+ * MN_FUSED_MAX_INPUTS distinct values and runs at most MN_FUSED_MAX_INSTRS ops, takes each member
  * only when the cost model (cost.h) prices the group with it below the group without it plus
  * the member on its own, and must leave the graph acyclic: the pass keeps every node and group
  * at a place between what it reads and what reads it, and a group for which no such place

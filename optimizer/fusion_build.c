@@ -30,7 +30,7 @@ static int program_of(const mn_fuser *f, size_t k, mn_fused_prog *p, mn_node *ex
       if (f->group_of[v] == gid) {
         while (mem[slot] != v)
           slot++;
-        slot += MN_MAX_INPUTS; /* renumbered below, once the inputs are counted */
+        slot += MN_FUSED_MAX_INPUTS; /* renumbered below, once the inputs are counted */
       } else {
         while (slot < ne && ext[slot] != v)
           slot++;
@@ -41,8 +41,8 @@ static int program_of(const mn_fuser *f, size_t k, mn_fused_prog *p, mn_node *ex
   }
   for (size_t m = 0; m < nm; m++)
     for (int a = 0; a < mn_op_table[p->instrs[m].op].arity; a++)
-      if (p->instrs[m].args[a] >= MN_MAX_INPUTS)
-        p->instrs[m].args[a] = (uint8_t)(p->instrs[m].args[a] - MN_MAX_INPUTS + ne);
+      if (p->instrs[m].args[a] >= MN_FUSED_MAX_INPUTS)
+        p->instrs[m].args[a] = (uint8_t)(p->instrs[m].args[a] - MN_FUSED_MAX_INPUTS + ne);
   return ne;
 }
 
@@ -67,7 +67,7 @@ typedef enum emit_result { EMITTED, EMIT_OOM, EMIT_MISORDER } emit_result;
 static emit_result emit_group(const mn_fuser *f, size_t k, mn_graph *c, mn_node *new_id) {
   size_t nm;
   const mn_node *mem = mn_fuser_group(f, k, &nm);
-  mn_node ext[MN_MAX_INPUTS];
+  mn_node ext[MN_FUSED_MAX_INPUTS];
   int out_of[MN_FUSED_MAX_INSTRS];
   mn_node_rec *dst = &c->nodes[c->num_nodes];
   mn_node fused = (mn_node)c->num_nodes++; /* counted first so that mn_graph_free releases it */

@@ -66,6 +66,8 @@ static void put_stage(writer *w, const char *what, const mn_optimize_stage_repor
   put(w, "%s cse %zu, dead-code %zu\n", any ? "," : "", s->cse, s->dead);
   put(w, "  fusions applied: %zu\n", s->fusions);
   put(w, "  multi-output fusions: %zu\n", s->multi_output_fusions);
+  if (s->saved_attention_stats)
+    put(w, "  attention gradients reading saved statistics: %zu\n", s->saved_attention_stats);
   put(w, "  sibling groups: %zu\n", s->sibling_groups);
   put(w, "  time: saturation %.3f ms, extraction %.3f ms, stage %.3f ms\n", s->saturation_ms,
       s->extraction_ms, s->total_ms);

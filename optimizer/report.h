@@ -15,12 +15,14 @@ typedef struct mn_optimize_stage_report {
   size_t eclasses, enodes;                    /* the e-graph when saturation stopped */
   int iterations;
   bool saturated, hit_node_limit, hit_iteration_limit, hit_time_limit;
-  size_t fired[MN_MAX_RULES];  /* per row of mn_rule_table */
-  size_t cse;                  /* nodes merged into an equal node (hash-consing, congruence) */
-  size_t dead;                 /* nodes that no output needs */
-  size_t fusions;              /* fused nodes made (optimizer/fusion.h; full stage only) */
-  size_t multi_output_fusions; /* matmul_at + sum_rows pairs made one (bgrad.h; full stage) */
-  size_t sibling_groups;       /* products over one derived parameter (siblings.h; forward stage) */
+  size_t fired[MN_MAX_RULES];   /* per row of mn_rule_table */
+  size_t cse;                   /* nodes merged into an equal node (hash-consing, congruence) */
+  size_t dead;                  /* nodes that no output needs */
+  size_t fusions;               /* fused nodes made (optimizer/fusion.h; full stage only) */
+  size_t multi_output_fusions;  /* matmul_at + sum_rows pairs made one (bgrad.h; full stage) */
+  size_t saved_attention_stats; /* attention gradients reading the forward's statistics
+                                   (attention_stats.h; full stage, low precision) */
+  size_t sibling_groups; /* products over one derived parameter (siblings.h; forward stage) */
   double cost_before, cost_after; /* cost model estimate (cost.h), bytes */
   double saturation_ms, extraction_ms, total_ms;
 } mn_optimize_stage_report;

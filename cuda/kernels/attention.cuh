@@ -282,19 +282,44 @@ __device__ __forceinline__ void mn_attn_store_stats(const IO &io, long long i, f
   if constexpr (DELTA) mn_out<6>(io)[i] = dsum * inv_l;
 }
 
+// delta = dy . y for every (batch, query, head) row of T * H per batch, stored at (b * H + h) *
+// T + t as the pre-pass stores its delta: the _saved gradients' shift of the softmax gradient
+// (sum_s P_s dP_s = dy . sum_s P_s v_s), read from the forward's stored output instead of a
+// second pass over the scores. One warp per row, its lanes over the head dim (coalesced);
+// grid ceil(ROWS / 4). io = y, dy, delta.
+template <int HD, long long T, int H, long long ROWS, class IO>
+__device__ void mn_attn_delta(const IO &io) {
+  const long long row = (long long)blockIdx.x * (MN_ATTN_BLOCK / 32) + (threadIdx.x >> 5);
+  if (row >= ROWS) return;
+  const int lane = threadIdx.x & 31;
+  const auto y = mn_in<0>(io) + row * HD;
+  const auto dy = mn_in<1>(io) + row * HD;
+  float s = 0.0f;
+  for (int d = lane; d < HD; d += 32)
+    s = fmaf((float)dy[d], (float)y[d], s);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) {
+    const long long b = row / (T * H), t = row / H % T, h = row % H;
+    mn_out<2>(io)[(b * H + h) * T + t] = s;
+  }
+}
+
 // Forward over one (query tile, head, batch) block: grid (ceil(T / BR), H, B).
 // MODE (an mn_attn_mode of cuda/device_abi.h) MN_ATTN_OUTPUT writes the output: io = q, k,
-// v, out. MN_ATTN_STATS_DELTA and MN_ATTN_STATS are the backward pre-pass: io = q, k, v, dy,
-// m, inv_l, delta; they write per (b, h, t) at (b * H + h) * T + t the row max m and 1 / sum
-// of exp(score - m), so that P = exp(score - m) * inv_l, and MN_ATTN_STATS_DELTA also delta = sum_s
-// P_s dP_s with dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same
-// mn_attn_dot as in the gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0
-// exactly).
+// v, out; MN_ATTN_OUTPUT_STATS also the row statistics: io = q, k, v, out, m, inv_l.
+// MN_ATTN_STATS_DELTA and MN_ATTN_STATS are the backward pre-pass: io = q, k, v, dy, m, inv_l,
+// delta; they write per (b, h, t) at (b * H + h) * T + t the row max m and 1 / sum of exp(score -
+// m), so that P = exp(score - m) * inv_l, and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with
+// dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the
+// gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
           int MODE, class IO>
 __device__ void mn_attn_fwd(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4;
+  constexpr bool OUT = MODE == MN_ATTN_OUTPUT || MODE == MN_ATTN_OUTPUT_STATS;
   extern __shared__ __align__(16) float mn_attn_smem[];
   float *qs = mn_attn_smem;  // [BR][LDA]
   float *ks = qs + BR * LDA; // [BC][LDA]
@@ -310,7 +335,7 @@ __device__ void mn_attn_fwd(const IO &io) {
   mn_attn_load_q<HD, HDP, BR, LDA, T, H, MODE == MN_ATTN_STATS_DELTA>(qs, ps, io, qt.qoff, q0);
   // acc: the unnormalized output (MN_ATTN_OUTPUT); dsum: sum_s exp(score_s - m) dP_s
   // (MN_ATTN_STATS_DELTA).
-  float acc[MODE == MN_ATTN_OUTPUT ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
+  float acc[OUT ? RM : 1][DN4][4], m[RM], l[RM], dsum[RM];
   mn_attn_fill(m, mn_attn_neg_inf());
   mn_attn_fill(l, 0.0f);
   mn_attn_fill(dsum, 0.0f);
@@ -344,13 +369,13 @@ __device__ void mn_attn_fwd(const IO &io) {
       for (int j = 0; j < CN; j++) {
         s[i][j] = expf(s[i][j] - m_new);
         sum += s[i][j];
-        if constexpr (MODE == MN_ATTN_OUTPUT) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
+        if constexpr (OUT) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
         if constexpr (MODE == MN_ATTN_STATS_DELTA) dpart = fmaf(s[i][j], dp[i][j], dpart);
       }
       l[i] = l[i] * alpha + mn_attn_row_sum(sum);
       m[i] = m_new;
       if constexpr (MODE == MN_ATTN_STATS_DELTA) dsum[i] = dsum[i] * alpha + mn_attn_row_sum(dpart);
-      if constexpr (MODE == MN_ATTN_OUTPUT) {
+      if constexpr (OUT) {
 #pragma unroll
         for (int u = 0; u < DN4; u++)
 #pragma unroll
@@ -358,20 +383,21 @@ __device__ void mn_attn_fwd(const IO &io) {
             acc[i][u][e] *= alpha;
       }
     }
-    if constexpr (MODE == MN_ATTN_OUTPUT) {
+    if constexpr (OUT) {
       __syncwarp(); // a warp reads back only the probability rows it wrote
       mn_attn_acc<RM, DN4, BC, LDP, LDA>(acc, ps + rbase * LDP, vs + cg * 4);
     }
   }
 
-  if constexpr (MODE == MN_ATTN_OUTPUT) {
+  if constexpr (OUT) {
     const auto ob = mn_out<3>(io) + qt.qoff;
 #pragma unroll
     for (int i = 0; i < RM; i++) {
       const long long r = q0 + rbase + i;
       if (r < T) mn_attn_store_row<HD, DN4>(ob + r * H * HD, acc[i], 1.0f / l[i], cg);
     }
-  } else {
+  }
+  if constexpr (MODE != MN_ATTN_OUTPUT) {
     const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
     for (int i = 0; i < RM; i++) {

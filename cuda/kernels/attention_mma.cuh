@@ -368,7 +368,8 @@ template <int LP, int HD> struct mn_attn_lp_ops {
 };
 
 // Forward over one (query tile, head, batch) block: grid (ceil(T / 64), H, B); O: an operand
-// policy. MODE MN_ATTN_OUTPUT writes the output: io = q, k, v, out.
+// policy. MODE MN_ATTN_OUTPUT writes the output: io = q, k, v, out; MN_ATTN_OUTPUT_STATS also
+// the row statistics m and inv_l below: io = q, k, v, out, m, inv_l.
 // MN_ATTN_STATS_DELTA and MN_ATTN_STATS, the backward pre-pass: io = q, k, v, dy, m, inv_l,
 // delta; per (b, h, t) at (b * H + h) * T + t they write the base-2 row max m and 1 / sum,
 // and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with dP_s = dy . v_s.
@@ -377,6 +378,7 @@ template <class O, int HD, long long T, long long S, int H, int KVH, bool CAUSAL
 __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
   using E = typename O::elem;
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = O::LD, NT = BC / 8;
+  constexpr bool OUT = MODE == MN_ATTN_OUTPUT || MODE == MN_ATTN_OUTPUT_STATS;
   extern __shared__ __align__(16) float mn_attn_smem[];
   E *qs = reinterpret_cast<E *>(mn_attn_smem); // [BR][LD]
   E *ks = qs + BR * LD;                        // [BC][LD]
@@ -392,7 +394,7 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
   O::template load<BR>(qs, mn_in<0>(io) + qt.qoff, (long long)H * HD, q0, T);
   if constexpr (MODE == MN_ATTN_STATS_DELTA)
     O::template load<BR>(dys, mn_in<3>(io) + qt.qoff, (long long)H * HD, q0, T);
-  float acc[MODE == MN_ATTN_OUTPUT ? HD / 8 : 1][4], m[2], l[2], dsum[2];
+  float acc[OUT ? HD / 8 : 1][4], m[2], l[2], dsum[2];
   mn_attn_fill(m, mn_attn_neg_inf());
   mn_attn_fill(l, 0.0f);
   mn_attn_fill(dsum, 0.0f);
@@ -441,7 +443,7 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
       if constexpr (MODE == MN_ATTN_STATS_DELTA)
         dsum[i] = dsum[i] * alpha[i] + mn_quad_sum(dpart[i]);
     }
-    if constexpr (MODE == MN_ATTN_OUTPUT) {
+    if constexpr (OUT) {
 #pragma unroll
       for (int n = 0; n < HD / 8; n++)
 #pragma unroll
@@ -451,15 +453,19 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
     }
   }
 
-  if constexpr (MODE == MN_ATTN_OUTPUT) {
+  if constexpr (OUT) {
     mn_mma_store<HD>(mn_out<3>(io) + qt.qoff, (long long)H * HD, q0 + wrow, T, acc, 1.0f / l[0],
                      1.0f / l[1], g, t);
-  } else if (t == 0) {
-    const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
+  }
+  if constexpr (MODE != MN_ATTN_OUTPUT) {
+    if (t == 0) {
+      const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const long long r = q0 + wrow + g + 8 * i;
-      if (r < T) mn_attn_store_stats<MODE == MN_ATTN_STATS_DELTA>(io, sb + r, m[i], l[i], dsum[i]);
+      for (int i = 0; i < 2; i++) {
+        const long long r = q0 + wrow + g + 8 * i;
+        if (r < T)
+          mn_attn_store_stats<MODE == MN_ATTN_STATS_DELTA>(io, sb + r, m[i], l[i], dsum[i]);
+      }
     }
   }
 }

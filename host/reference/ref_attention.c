@@ -55,6 +55,37 @@ static mn_status attend_batches(const mn_ref_ctx *c, const attn_shape *sh, size_
   return MN_OK;
 }
 
+/* The row statistics a training plan's attention also writes (ops.h), as the CUDA kernels keep
+ * them: per (batch, head, query) at (b * H + h) * T + t the base-2 maximum of the scaled scores,
+ * then, n = B * H * T floats on, 1 / the sum of exp2(score - maximum). */
+static void row_stats(const attn_shape *sh, size_t batches, const float *q, const float *k,
+                      float *stats) {
+  size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
+  size_t group = sh->heads / sh->kv_heads, n = batches * sh->heads * sh->t_len;
+  double scale2 = 1.4426950408889634 / sqrt((double)hd);
+  for (size_t b = 0; b < batches; b++)
+    for (size_t h = 0; h < sh->heads; h++)
+      for (size_t t = 0; t < sh->t_len; t++) {
+        const float *qh = q + (b * sh->t_len + t) * q_stride + h * hd;
+        const float *kb = k + b * sh->s_len * kv_stride + (h / group) * hd;
+        size_t n_keys = sh->causal ? t + 1 : sh->s_len;
+        double max = -INFINITY, sum = 0;
+        for (int pass = 0; pass < 2; pass++)
+          for (size_t j = 0; j < n_keys; j++) {
+            double dot = 0;
+            for (size_t d = 0; d < hd; d++)
+              dot += (double)qh[d] * kb[j * kv_stride + d];
+            if (pass == 0)
+              max = dot * scale2 > max ? dot * scale2 : max;
+            else
+              sum += exp2(dot * scale2 - max);
+          }
+        size_t i = (b * sh->heads + h) * sh->t_len + t;
+        stats[i] = (float)max;
+        stats[n + i] = (float)(1.0 / sum);
+      }
+}
+
 static mn_status attention(const mn_ref_ctx *c, bool causal) {
   const mn_tensor_type *tq = mn_ref_in_type(c, 0), *tk = mn_ref_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
@@ -65,6 +96,8 @@ static mn_status attention(const mn_ref_ctx *c, bool causal) {
                    .head_dim = (size_t)a->head_dim,
                    .causal = causal};
   size_t batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1;
+  if (a->variant == 1)
+    row_stats(&sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), c->extra_out[0]);
   return attend_batches(c, &sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1),
                         mn_ref_in_f32(c, 2), mn_ref_out_f32(c));
 }

@@ -1,10 +1,13 @@
 /* Reference kernels of the attention gradients. Inputs are (q, k, v, dy) with the forward
  * attrs; variant 1 is causal. Per (batch, query, head) the softmax probabilities P are
  * recomputed in double, then
- *   dV[s] += P[s] dy,  dS[s] = P[s] (dy.v[s] - sum_s' P[s'] dy.v[s']),
+ *   dV[s] += P[s] dy,  dS[s] = P[s] (dy.v[s] - delta),  delta = sum_s' P[s'] dy.v[s'],
  *   dQ = scale sum_s dS[s] k[s],  dK[s] += scale dS[s] q,
  * with dK and dV summing over the query heads that share a kv head. attention_grad_kv
- * writes dK and dV side by side in each row. */
+ * writes dK and dV side by side in each row. The _saved forms also read the forward's output
+ * y (input 4) and statistics (input 5): their delta is dy . y, the same sum written through
+ * the stored output, as the CUDA kernels take it; the probabilities are recomputed here as
+ * for the others (the statistics only spare the CUDA kernels a pass). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -29,9 +32,10 @@ static attn_dims dims_of(const mn_ref_ctx *c) {
                      .causal = a->variant == 1};
 }
 
-/* Turns p into dS in place: dS[s] = p[s] (dy.v[s] - sum_s' p[s'] dy.v[s']). */
-static void score_grad(const float *dyh, const float *v, size_t kv_stride, size_t n_keys, size_t hd,
-                       double *p, double *dp) {
+/* Turns p into dS in place: dS[s] = p[s] (dy.v[s] - delta), delta = sum_s' p[s'] dy.v[s'],
+ * or dy.y when the output row yh is given. */
+static void score_grad(const float *dyh, const float *yh, const float *v, size_t kv_stride,
+                       size_t n_keys, size_t hd, double *p, double *dp) {
   double mean = 0;
   for (size_t s = 0; s < n_keys; s++) {
     const float *vs = v + s * kv_stride;
@@ -41,13 +45,19 @@ static void score_grad(const float *dyh, const float *v, size_t kv_stride, size_
     dp[s] = dot;
     mean += p[s] * dot;
   }
+  if (yh) {
+    mean = 0;
+    for (size_t d = 0; d < hd; d++)
+      mean += (double)dyh[d] * yh[d];
+  }
   for (size_t s = 0; s < n_keys; s++)
     p[s] *= dp[s] - mean;
 }
 
 /* One batch: adds this batch's gradient of `which` into acc (laid out like that input). */
 static void backward_batch(const attn_dims *sh, grad_of which, const float *q, const float *k,
-                           const float *v, const float *dy, double *acc, double *p, double *dp) {
+                           const float *v, const float *dy, const float *y, double *acc, double *p,
+                           double *dp) {
   size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
   size_t group = sh->heads / sh->kv_heads;
   double scale = 1.0 / sqrt((double)hd);
@@ -65,7 +75,7 @@ static void backward_batch(const attn_dims *sh, grad_of which, const float *q, c
         }
         continue;
       }
-      score_grad(dyh, v + kv_off, kv_stride, n_keys, hd, p, dp);
+      score_grad(dyh, y ? y + q_off : NULL, v + kv_off, kv_stride, n_keys, hd, p, dp);
       if (which == GRAD_Q) {
         double *dq = acc + q_off;
         for (size_t s = 0; s < n_keys; s++) {
@@ -92,9 +102,10 @@ static void gradient_of(const mn_ref_ctx *c, const attn_dims *sh, grad_of which,
   size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
   const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
   const float *dy = mn_ref_in_f32(c, 3);
+  const float *y = c->node->num_inputs > 4 ? mn_ref_in_f32(c, 4) : NULL;
   for (size_t b = 0; b < sh->batches; b++)
     backward_batch(sh, which, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, dy + b * q_batch,
-                   acc + b * out_batch, p, dp);
+                   y ? y + b * q_batch : NULL, acc + b * out_batch, p, dp);
 }
 
 static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
@@ -118,8 +129,12 @@ mn_status mn_ref_ATTENTION_GRAD_Q(const mn_ref_ctx *c) { return attention_backwa
 mn_status mn_ref_ATTENTION_GRAD_K(const mn_ref_ctx *c) { return attention_backward(c, GRAD_K); }
 mn_status mn_ref_ATTENTION_GRAD_V(const mn_ref_ctx *c) { return attention_backward(c, GRAD_V); }
 
+mn_status mn_ref_ATTENTION_GRAD_Q_SAVED(const mn_ref_ctx *c) {
+  return attention_backward(c, GRAD_Q);
+}
+
 /* dK and dV side by side in each row of the output. */
-mn_status mn_ref_ATTENTION_GRAD_KV(const mn_ref_ctx *c) {
+static mn_status attention_backward_kv(const mn_ref_ctx *c) {
   attn_dims sh = dims_of(c);
   size_t n_out = mn_ref_numel(c), half = n_out / 2, width = sh.kv_heads * sh.head_dim;
   double *acc = calloc(n_out + 2 * sh.s_len, sizeof *acc);
@@ -137,3 +152,6 @@ mn_status mn_ref_ATTENTION_GRAD_KV(const mn_ref_ctx *c) {
   free(acc);
   return MN_OK;
 }
+
+mn_status mn_ref_ATTENTION_GRAD_KV(const mn_ref_ctx *c) { return attention_backward_kv(c); }
+mn_status mn_ref_ATTENTION_GRAD_KV_SAVED(const mn_ref_ctx *c) { return attention_backward_kv(c); }

@@ -48,7 +48,7 @@ mn_status mn_ref_FUSED(const mn_ref_ctx *c) {
   mn_status st = MN_OK;
   for (size_t at = 0, total = mn_ref_numel(c); st == MN_OK && at < total; at += chunk) {
     size_t len = total - at < chunk ? total - at : chunk;
-    const float *slot[MN_MAX_INPUTS + MN_FUSED_MAX_INSTRS];
+    const float *slot[MN_FUSED_MAX_INPUTS + MN_FUSED_MAX_INSTRS];
     for (int k = 0; k < ni; k++)
       slot[k] = mn_ref_in_f32(c, k) + (mn_fused_input_is_row(p, k) ? 0 : at);
     for (int r = 0; st == MN_OK && r < nr; r++) {
