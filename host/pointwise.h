@@ -9,8 +9,8 @@
  * rows: the factor expression over v, the first element of the input after the element-wise
  * ones, s, and n, the element count). Values are mn_pw_real: double on the host, float on
  * the device, so the reference computes each op in double and rounds once to float on
- * store, while the kernels keep float speed. Ops whose float form loses too much (GELU and
- * its gradient, the loss gradients) say double explicitly and are the same on both sides.
+ * store, while the kernels keep float speed. Ops whose float form loses too much (the loss
+ * gradients) say double explicitly and are the same on both sides.
  *
  * MN_PW_OP_ROWS are ops of the op table (host/ops.h) by the same name; every op flagged
  * MN_OPF_POINTWISE has one, which the assertions at the end check at compile time.
@@ -58,17 +58,43 @@ MN_PW_FN mn_pw_real mn_pw_silu_slope(mn_pw_real x) {
   return s * (1 + x * (1 - s));
 }
 
-/* In double on the device too: below x of about -3, 1 + tanh(u) cancels and a float result
- * keeps only a few correct bits (seen: 30% relative error at x = -4.6). */
-MN_PW_FN double mn_pw_gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + tanh(MN_PW_GELU_K * (x + MN_PW_GELU_C * x * x * x)));
-}
-
-MN_PW_FN double mn_pw_gelu_tanh_grad(double x) {
-  double t = tanh(MN_PW_GELU_K * (x + MN_PW_GELU_C * x * x * x));
-  return 0.5 * (1.0 + t) +
-         0.5 * x * (1.0 - t * t) * MN_PW_GELU_K * (1.0 + 3.0 * MN_PW_GELU_C * x * x);
-}
+/* GELU's tanh approximation 0.5 x (1 + tanh(u)), u = K (x + C x^3), as x sigmoid(2u): the
+ * same function, since 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)). The tanh form cancels below x
+ * of about -3, where 1 + tanh(u) nears 0 (in float one element at x = -4.6 came out 30% off),
+ * and so ran in double on the device; the sigmoid form has no such difference and float keeps
+ * a few ulps (tests/test_math.c measures it; docs/performance.md). Its slope is
+ *   s (1 + x (1 - s) 2K (1 + 3C x^2)),  s = sigmoid(2u).
+ * s and 1 - s come from e = exp(-|2u|) <= 1 as 1 / (1 + e) and e / (1 + e), whichever each is
+ * by the sign of u: neither is a difference near 0, and nothing overflows. Where s is 0 (x
+ * below about -10.7 in float, or -inf) the value is -0 and the slope 0, their limits, not
+ * -inf * 0; where 1 - s is 0 (above about 10.7, or +inf) the slope is s, not the 0 * inf of an
+ * overflowing x^2. NaN stays NaN.
+ * Defined for a float type T and its exp: the rows' mn_pw_real, and on the host also float
+ * (suffix _f32), the device's arithmetic, for the tests. */
+#define MN_PW_GELU_FNS(T, SUFFIX, EXP)                                                             \
+  MN_PW_FN void mn_pw_gelu_sigmoid##SUFFIX(T x, T *s, T *one_minus_s) {                            \
+    T z = (T)(2 * MN_PW_GELU_K) * x * (1 + (T)MN_PW_GELU_C * x * x);                               \
+    T e = EXP(z < 0 ? z : -z), r = 1 / (1 + e);                                                    \
+    *s = z < 0 ? e * r : r;                                                                        \
+    *one_minus_s = z < 0 ? r : e * r;                                                              \
+  }                                                                                                \
+  MN_PW_FN T mn_pw_gelu_tanh##SUFFIX(T x) {                                                        \
+    T s, t;                                                                                        \
+    mn_pw_gelu_sigmoid##SUFFIX(x, &s, &t);                                                         \
+    return s == 0 ? -(T)0 : x * s;                                                                 \
+  }                                                                                                \
+  MN_PW_FN T mn_pw_gelu_tanh_grad##SUFFIX(T x) {                                                   \
+    T s, t;                                                                                        \
+    mn_pw_gelu_sigmoid##SUFFIX(x, &s, &t);                                                         \
+    if (s == 0) return 0;                                                                          \
+    if (t == 0) return s;                                                                          \
+    return s * (1 + x * t * (T)(2 * MN_PW_GELU_K) * (1 + (T)(3 * MN_PW_GELU_C) * x * x));          \
+  }
+MN_PW_GELU_FNS(mn_pw_real, , mn_pw_exp)
+#ifndef __CUDACC_RTC__
+MN_PW_GELU_FNS(float, _f32, expf)
+#endif
+#undef MN_PW_GELU_FNS
 
 /* log floored at -100, as PyTorch's binary cross-entropy does. */
 MN_PW_FN double mn_pw_clamped_log(double v) {
@@ -100,7 +126,7 @@ MN_PW_FN double mn_pw_bce_grad_pred(double p, double t, double k) {
   X(EXP, 1, 0, 0, mn_pw_exp(a))                                                                    \
   X(RECIP, 1, 0, 0, 1 / a)                                                                         \
   X(SILU, 1, 0, 0, a *mn_pw_sigmoid(a))                                                            \
-  X(GELU, 1, 0, 0, (mn_pw_real)mn_pw_gelu_tanh(a))                                                 \
+  X(GELU, 1, 0, 0, mn_pw_gelu_tanh(a))                                                             \
   X(SWIGLU, 2, 0, 0, a *mn_pw_sigmoid(a) * b) /* (gate, up) */                                     \
   /* gradients: a is the forward input or output the op names, b is dy; 0 * b keeps NaN */         \
   X(RELU_GRAD, 2, 0, 0, a > 0 ? b : 0 * b)                                                         \
@@ -108,7 +134,7 @@ MN_PW_FN double mn_pw_bce_grad_pred(double p, double t, double k) {
   X(TANH_GRAD, 2, 0, 0, b *(1 - a * a))                                                            \
   X(ABS_GRAD, 2, 0, 0, a > 0 ? b : (a < 0 ? -b : 0 * b))                                           \
   X(SILU_GRAD, 2, 0, 0, b *mn_pw_silu_slope(a))                                                    \
-  X(GELU_GRAD, 2, 0, 0, (mn_pw_real)((double)b * mn_pw_gelu_tanh_grad(a)))                         \
+  X(GELU_GRAD, 2, 0, 0, b *mn_pw_gelu_tanh_grad(a))                                                \
   X(SWIGLU_GRAD_GATE, 3, 0, 0, c *b *mn_pw_silu_slope(a)) /* (gate, up, dy) */                     \
   X(EXPAND_SCALAR, 0, MN_PW_SCALAR | MN_PW_ATTR, (double)(v * s), (mn_pw_real)k)                   \
   /* loss gradients (pred, target, dy[1]): k is dy[0] / n, times 2 for the squared error */        \
