@@ -1,7 +1,11 @@
 /* Matrix products and element-wise ops (host/build_math.c): builder errors and forward
- * values on the reference backend against hand-computed values and numpy fixtures. */
+ * values on the reference backend against hand-computed values and numpy fixtures; GELU's
+ * float form (the device's) against long double. */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 
+#include "host/pointwise.h"
 #include "tests/fixtures/math_fixtures.h"
 #include "tests/support/mn_test.h"
 
@@ -493,4 +497,119 @@ Test(math, bias_add_and_broadcast_add_hand_computed) {
   free(o1);
   mn_session_free(s);
   mn_graph_free(g);
+}
+
+/* ---------------------------------------------------------------- GELU's float form */
+
+/* The device computes GELU and its slope in float (host/pointwise.h, suffix _f32 on the host);
+ * these measure that arithmetic against the tanh formula in long double, written as
+ * x sigmoid(2u) as well, since 0.5 (1 + tanh(u)) loses digits even in long double below x of
+ * about -4. */
+typedef struct gelu_ref {
+  long double value, slope;
+  long double slope_terms; /* |s| + |x s (1 - s) 2K (1 + 3C x^2)|: the slope's scale at its zero */
+  long double amp;         /* -2u where u < 0, else 0: how exp magnifies an error in u */
+} gelu_ref;
+
+#define GELU_K 0.79788456080286535587989211986876373695L /* sqrt(2 / pi) */
+#define GELU_C 0.044715L
+
+static gelu_ref gelu_long_double(float xf) {
+  long double x = xf, u = GELU_K * (x + GELU_C * x * x * x), e = expl(-2 * u);
+  long double s = 1 / (1 + e), one_minus_s = e / (1 + e);
+  long double w = 2 * x * s * one_minus_s * GELU_K * (1 + 3 * GELU_C * x * x);
+  return (gelu_ref){x * s, s + w, fabsl(s) + fabsl(w), u < 0 ? -2 * u : 0};
+}
+
+/* The identity the reference rests on, checked where the tanh form does not cancel in long
+ * double. */
+Test(math, gelu_reference_matches_the_tanh_formula) {
+  for (int i = 0; i <= 16000; i++) {
+    float x = -4.0f + (float)i * 1e-3f;
+    long double xl = x, t = tanhl(GELU_K * (xl + GELU_C * xl * xl * xl));
+    long double value = 0.5L * xl * (1 + t);
+    long double slope =
+        0.5L * (1 + t) + 0.5L * xl * (1 - t * t) * GELU_K * (1 + 3 * GELU_C * xl * xl);
+    gelu_ref r = gelu_long_double(x);
+    cr_assert_leq(fabsl(value - r.value), 1e-13L * fabsl(r.value), "x = %.9g", (double)x);
+    cr_assert_leq(fabsl(slope - r.slope), 1e-13L * r.slope_terms, "x = %.9g", (double)x);
+  }
+}
+
+/* Bound, in ulps of 1 (FLT_EPSILON): 3, for the few roundings of the sigmoid and the product
+ * (measured up to 1.4 for the value and 1.9 for the slope), plus 2 per unit of -2u where u < 0:
+ * u is rounded a few times before exp, and exp turns an error d in -2u into a relative d |2u|
+ * of s = e / (1 + e) (measured up to 1.6 per unit). That growth is GELU's own: its condition
+ * number |x f' / f| is at least |2u| there, and the error beyond 3 ulp stays below 0.8 of what
+ * a relative change of 2^-23 in x does, so the float form costs about one more ulp of input.
+ * Relative to the value, and for the slope to its terms' magnitudes (it crosses 0 at
+ * x = -0.7518). Both are floored at 2^-100 (the value is below it for x under -9.27): smaller
+ * values matter to no sum, and from 2^-126 (x under -10.1) they are float subnormals with
+ * fewer bits to be relative to. */
+static long double gelu_bound(long double amp, long double scale) {
+  return (3 + 2 * amp) * FLT_EPSILON * fmaxl(scale, 0x1p-100L);
+}
+
+Test(math, gelu_float_form_within_a_few_ulps) {
+  enum { N = 240000 };
+  double worst_value = 0, worst_slope = 0, at_value = 0, at_slope = 0;
+  double worst_value_core = 0, worst_slope_core = 0; /* u >= 0, where nothing magnifies */
+  for (int i = 0; i <= N; i++) {
+    float x = (float)(-12.0 + 24.0 * i / N);
+    gelu_ref r = gelu_long_double(x);
+    float value = mn_pw_gelu_tanh_f32(x), slope = mn_pw_gelu_tanh_grad_f32(x);
+    cr_assert(!isnan(value) && !isnan(slope), "x = %.9g: %g, slope %g", (double)x, value, slope);
+    long double ev = fabsl(value - r.value), es = fabsl(slope - r.slope);
+    double qv = (double)(ev / gelu_bound(r.amp, fabsl(r.value)));
+    double qs = (double)(es / gelu_bound(r.amp, r.slope_terms));
+    cr_assert_leq(qv, 1.0, "x = %.9g: gelu %.9g, long double %.12Lg", (double)x, value, r.value);
+    cr_assert_leq(qs, 1.0, "x = %.9g: slope %.9g, long double %.12Lg", (double)x, slope, r.slope);
+    if (qv > worst_value) worst_value = qv, at_value = x;
+    if (qs > worst_slope) worst_slope = qs, at_slope = x;
+    if (r.amp == 0) {
+      worst_value_core = fmax(worst_value_core, (double)(ev / fabsl(r.value)) / FLT_EPSILON);
+      worst_slope_core = fmax(worst_slope_core, (double)(es / r.slope_terms) / FLT_EPSILON);
+    }
+  }
+  cr_log_info("gelu: at most %.2f of the bound (x = %g), %.2f ulp where u >= 0; slope: %.2f of "
+              "the bound (x = %g), %.2f ulp",
+              worst_value, at_value, worst_value_core, worst_slope, at_slope, worst_slope_core);
+  /* The rows compute in double on the host and round once. */
+  for (int i = 0; i <= N; i += 7) {
+    float x = (float)(-12.0 + 24.0 * i / N);
+    gelu_ref r = gelu_long_double(x);
+    long double value = (float)mn_pw_gelu_tanh(x), slope = (float)mn_pw_gelu_tanh_grad(x);
+    cr_assert_leq(fabsl(value - r.value), 0x1.01p-24L * fmaxl(fabsl(r.value), 0x1p-100L), "x = %g",
+                  (double)x);
+    cr_assert_leq(fabsl(slope - r.slope), 0x1.01p-24L * fmaxl(r.slope_terms, 0x1p-100L), "x = %g",
+                  (double)x);
+  }
+}
+
+/* The limits where exp under- or overflows, and what the float form makes of 0, tiny, huge,
+ * infinite and NaN inputs, the same as the rows. */
+Test(math, gelu_float_form_limits) {
+  static const struct {
+    float x, value, slope;
+  } cases[] = {
+      {0.0f, 0.0f, 0.5f},       {0x1p-149f, 0.0f, 0.5f},  {1e-30f, 5e-31f, 0.5f},
+      {-1e-30f, -5e-31f, 0.5f}, {11.0f, 11.0f, 1.0f},     {1e4f, 1e4f, 1.0f},
+      {1e20f, 1e20f, 1.0f},     {FLT_MAX, FLT_MAX, 1.0f}, {INFINITY, INFINITY, 1.0f},
+      {-11.0f, -0.0f, 0.0f},    {-1e4f, -0.0f, 0.0f},     {-1e20f, -0.0f, 0.0f},
+      {-FLT_MAX, -0.0f, 0.0f},  {-INFINITY, -0.0f, 0.0f},
+  };
+  for (size_t i = 0; i < LEN(cases); i++) {
+    float x = cases[i].x;
+    float v[2] = {mn_pw_gelu_tanh_f32(x), (float)mn_pw_gelu_tanh(x)};
+    float d[2] = {mn_pw_gelu_tanh_grad_f32(x), (float)mn_pw_gelu_tanh_grad(x)};
+    for (int k = 0; k < 2; k++) {
+      cr_expect_eq(v[k], cases[i].value, "%s gelu(%g) = %g", k ? "double" : "float", x, v[k]);
+      cr_expect_eq(!!signbit(v[k]), !!signbit(cases[i].value), "%s gelu(%g) = %g",
+                   k ? "double" : "float", x, v[k]);
+      cr_expect_eq(d[k], cases[i].slope, "%s gelu'(%g) = %g", k ? "double" : "float", x, d[k]);
+    }
+  }
+  cr_expect(signbit(mn_pw_gelu_tanh_f32(-0.0f)), "gelu(-0) is -0");
+  cr_expect(isnan(mn_pw_gelu_tanh_f32(NAN)) && isnan(mn_pw_gelu_tanh_grad_f32(NAN)));
+  cr_expect(isnan(mn_pw_gelu_tanh(NAN)) && isnan(mn_pw_gelu_tanh_grad(NAN)));
 }
