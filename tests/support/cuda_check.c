@@ -198,12 +198,22 @@ bool mn_test_cuda_device_present(void) {
 #endif
 }
 
-void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
-                        uint64_t seed) {
+static void check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges, uint64_t seed,
+                       double bf16_tol) {
   mn_test_assert_compiles(g, training);
   if (!mn_test_cuda_device_present()) return;
   mn_test_compare_cuda(g, training, 1e-5, ranges, seed);
-  mn_test_compare_cuda_precision(g, training, MN_PRECISION_BF16, MN_TEST_BF16_TOL, ranges, seed);
+  mn_test_compare_cuda_precision(g, training, MN_PRECISION_BF16, bf16_tol, ranges, seed);
+}
+
+void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
+                        uint64_t seed) {
+  check_cuda(g, training, ranges, seed, MN_TEST_BF16_TOL);
+}
+
+void mn_test_check_cuda_model(const mn_graph *g, bool training, const mn_test_range *ranges,
+                              uint64_t seed) {
+  check_cuda(g, training, ranges, seed, MN_TEST_BF16_MODEL_TOL);
 }
 
 void mn_test_finish_training_graph(mn_graph *g, mn_node y) {

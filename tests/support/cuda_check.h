@@ -47,6 +47,14 @@ double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_preci
 /* Two bf16 units of roundoff (u = 2^-8, docs/precision.md), norm-wise: a stored value that
  * rounds the other way is off by one ulp, at most 2u relative. */
 #define MN_TEST_BF16_TOL 0x1p-7
+/* Eight units (2^-5), norm-wise, for whole models (layers of products, norms, attention). A
+ * rounding that went the other way reaches a parameter's gradient through every op behind it, and
+ * the backward ops on that path (layer norm and attention: projections, 15 and 19 u for one op
+ * against fp32 in docs/precision.md's per-op table) carry a difference in their inputs on amplified
+ * before adding their own, so the 2u of one op compounds over depth: the ln_1.bias gradient of a
+ * two-block GPT stack came out 0.00965 (2.5u) apart on an H100. 8u keeps about three times
+ * that for other seeds and shapes; a wrong kernel is off by far more (order 1). */
+#define MN_TEST_BF16_MODEL_TOL 0x1p-5
 
 /* True when this build has the CUDA backend and a device is usable. */
 bool mn_test_cuda_device_present(void);
@@ -55,6 +63,9 @@ bool mn_test_cuda_device_present(void);
  * device is usable, compares g on both backends at 1e-5, then in bf16 at MN_TEST_BF16_TOL. */
 void mn_test_check_cuda(const mn_graph *g, bool training, const mn_test_range *ranges,
                         uint64_t seed);
+/* The same for a whole model rather than one op: bf16 at MN_TEST_BF16_MODEL_TOL. */
+void mn_test_check_cuda_model(const mn_graph *g, bool training, const mn_test_range *ranges,
+                              uint64_t seed);
 
 /* Makes y the subject of a training graph: loss = mse(y * c, t) with inputs c and t of
  * y's shape (c makes the upstream gradient differ per element); outputs loss, then y. */
