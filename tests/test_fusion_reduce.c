@@ -436,7 +436,7 @@ Test(fusion_reduce_cuda, row_kernels_match_the_cpu) {
   mn_graph_free(zoo);
   mn_graph *models[] = {gpt_stack(2, 8), gpt_stack(1, 64), norm_mlp()};
   for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-    mn_test_check_cuda(models[i], true, NULL, 72 + i);
+    mn_test_check_cuda_model(models[i], true, NULL, 72 + i);
     mn_graph_free(models[i]);
   }
 }
