@@ -335,15 +335,27 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
   }
 }
 
-// Weight gradient, pass 2 of 2: dw[i] = sum over the CHUNKS partials of column i, in
-// chunk order. p[0] partials (scratch, double), p[1] dw.
+// Weight gradient, pass 2 of 2: dw[i] = the sum of the CHUNKS partials of column i. A block of
+// 8 warps takes 32 columns (a lane each, so every read of a chunk's row is one coalesced line);
+// warp w adds chunks w, w + 8, ... in order, then warp 0 adds the 8 warp sums in order: a fixed
+// order, the same bits every run. p[0] partials (scratch, double), p[1] dw. Grid ceil(N / 32)
+// of 256 threads.
 template <long long N, int CHUNKS, class IO> __device__ void mn_norm_grad_w_sum(const IO &io) {
+  __shared__ double sh[8][32];
   const double *part = mn_arg<const double>(io, 0);
-  auto dw = mn_out<1>(io);
-  MN_FOR_EACH(i, N) {
-    double s = 0.0;
-    for (int c = 0; c < CHUNKS; c++)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long i = (long long)blockIdx.x * 32 + lane;
+  double s = 0.0;
+  if (i < N)
+    for (int c = warp; c < CHUNKS; c += 8)
       s += part[(long long)c * N + i];
-    dw[i] = (float)s;
+  sh[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && i < N) {
+    double t = 0.0;
+#pragma unroll
+    for (int w = 0; w < 8; w++)
+      t += sh[w][lane];
+    mn_out<1>(io)[i] = (float)t;
   }
 }
