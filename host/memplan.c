@@ -57,6 +57,38 @@ static void lifetimes(const mn_plan *p, size_t *first, size_t *last) {
   }
 }
 
+/* The buffer whose memory b takes (b itself when none). */
+static uint32_t root_of(const uint32_t *share, uint32_t b) {
+  while (share[b] != b)
+    b = share[b];
+  return b;
+}
+
+/* share[b]: an op that may overwrite its input 0 (MN_OPF_MAY_OVERWRITE, ops.h; a language
+ * model's logits gradient, as large as the logits) writes its value into that input's memory
+ * when the input is an activation that no later dispatch reads and the two have the same size,
+ * storage and row pitch; the pair then holds one interval, from the input's first dispatch to
+ * the output's last. */
+static void share_overwritten(const mn_plan *p, const bool *placed, uint32_t *share, size_t *first,
+                              size_t *last) {
+  for (size_t b = 0; b < p->num_buffers; b++)
+    share[b] = (uint32_t)b;
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    mn_node id = p->dispatches[d].node;
+    const mn_node_rec *n = &p->graph->nodes[id];
+    if (!(mn_op_flags(n->op) & MN_OPF_MAY_OVERWRITE) || n->num_inputs < 1) continue;
+    uint32_t out = p->node_buffer[id], in = root_of(share, p->node_buffer[n->inputs[0]]);
+    const mn_buffer_desc *bo = &p->buffers[out], *bi = &p->buffers[in];
+    if (in == out || placed[in] || placed[out] || bi->role != MN_BUF_ACTIVATION ||
+        bo->role != MN_BUF_ACTIVATION || first[in] == SIZE_MAX || last[in] != d ||
+        first[out] != d || bi->bytes != bo->bytes || bi->storage != bo->storage ||
+        bi->pitch != bo->pitch)
+      continue;
+    share[out] = in;
+    last[in] = last[out];
+  }
+}
+
 /* Greedy best-fit in decreasing size: each buffer goes to the lowest offset that no
  * already placed, time-overlapping buffer occupies. */
 static size_t place(interval *iv, size_t n, size_t base) {
@@ -136,18 +168,21 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t *first = malloc((nb ? nb : 1) * sizeof *first),
          *last = malloc((nb ? nb : 1) * sizeof *last);
   interval *iv = malloc((nb ? nb : 1) * sizeof *iv);
-  if (!first || !last || !iv) {
+  uint32_t *share = malloc((nb ? nb : 1) * sizeof *share);
+  if (!first || !last || !iv || !share) {
     free(placed);
     free(first);
     free(last);
     free(iv);
+    free(share);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory (%zu buffers)", nb);
   }
   lifetimes(p, first, last);
+  share_overwritten(p, placed, share, first, last);
   size_t count = 0;
   for (size_t b = 0; b < nb; b++) {
     mn_buffer_desc *buf = &p->buffers[b];
-    if (placed[b]) continue;
+    if (placed[b] || share[b] != b) continue;
     bool shared = buf->role == MN_BUF_ACTIVATION && first[b] != SIZE_MAX;
     if (!shared) {
       buf->offset = pinned_end;
@@ -160,6 +195,9 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t end = place(iv, count, pinned_end);
   for (size_t i = 0; i < count && end != SIZE_MAX; i++)
     p->buffers[iv[i].buffer].offset = iv[i].offset;
+  for (size_t b = 0; b < nb; b++)
+    if (share[b] != b) p->buffers[b].offset = p->buffers[root_of(share, (uint32_t)b)].offset;
+  free(share);
   free(placed);
   free(first);
   free(last);

@@ -20,6 +20,10 @@ enum {
    * of attrs.variant k that reads it (mn_node_num_extra_outputs in graph.h says how many). */
   MN_OPF_MULTI_OUTPUT = 1 << 7,
   MN_OPF_EXTRA_OUTPUT = 1 << 8, /* extra_output: a value its input writes; no kernel of its own */
+  /* May write its value over input 0 when nothing reads that input after it and the two have
+   * the same size and layout (host/memplan.c): its kernels read each element of input 0
+   * before they write that element, and nothing else. */
+  MN_OPF_MAY_OVERWRITE = 1 << 9,
 };
 
 #define MN_ARITY_VARIADIC (-2)
@@ -63,7 +67,7 @@ enum {
   X(LAYER_NORM, "layer_norm", 3, MN_OPF_REDUCTION | MN_OPF_DIFF)                                   \
   X(ROPE, "rope", 1, MN_OPF_DIFF)                                                                  \
   X(ROPE_DYNAMIC, "rope_dynamic_offset", 2, MN_OPF_DIFF)                                           \
-  /* attention: (q, k, v); variant 1 (set by optimizer/attention_stats.c) also writes the      */ \
+  /* attention: (q, k, v); variant 1 (set by optimizer/attention_stats.c) also writes the      */  \
   /* row statistics as extra value 1: F32 [2, B * H * T], base-2 row maxima then 1 / sums       */ \
   X(CAUSAL_ATTENTION, "causal_attention", 3, MN_OPF_DIFF)                                          \
   X(FULL_ATTENTION, "full_attention", 3, MN_OPF_DIFF)                                              \
@@ -115,7 +119,8 @@ enum {
   X(SOFTMAX_GRAD, "softmax_grad", 2, MN_BWD | MN_OPF_REDUCTION)         /* (y, dy) */              \
   X(LOG_SOFTMAX_GRAD, "log_softmax_grad", 2, MN_BWD | MN_OPF_REDUCTION) /* (y, dy) */              \
   X(CROSS_ENTROPY_GRAD, "cross_entropy_grad", 3, MN_BWD)                /* (logits, t, dy[1]) */   \
-  X(SPARSE_CROSS_ENTROPY_GRAD, "sparse_cross_entropy_grad", 3, MN_BWD)  /* (logits, labels, dy) */ \
+  X(SPARSE_CROSS_ENTROPY_GRAD, "sparse_cross_entropy_grad", 3,                                     \
+    MN_BWD | MN_OPF_MAY_OVERWRITE)   /* (logits, labels, dy): the logits' gradient over them */    \
   X(BCE_GRAD, "bce_grad", 3, MN_BWD) /* (p, t, dy); variant 0: d pred, 1: d target */              \
   X(MSE_GRAD, "mse_grad", 3, MN_BWD) /* (p, t, dy) -> d pred */                                    \
   X(L1_GRAD, "l1_grad", 3, MN_BWD)   /* (p, t, dy) -> d pred */                                    \

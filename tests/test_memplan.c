@@ -2,6 +2,7 @@
  * overlap, pinned buffers never share, and a planned session computes exactly what a
  * session with one buffer per node computes. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "host/memplan.h"
 #include "session/session.h"
@@ -11,8 +12,9 @@
 
 enum { B = 2, T = 8, V = 11 };
 
-/* Unlike mn_test_lm: no final norm, and the logits are a second output, compared bit for bit. */
-static mn_graph *lm_graph(void) {
+/* Unlike mn_test_lm: no final norm, and the logits are a second output, compared bit for bit
+ * (with_logits), or the loss is the only output, as in a training loop. */
+static mn_graph *lm_graph_with(bool with_logits) {
   const mn_test_block_config *cfg = &mn_test_tiny_block;
   mn_graph *g = mn_graph_new();
   mn_node tokens = mn_input_u32(g, "tokens", MN_SHAPE(B, T));
@@ -26,10 +28,12 @@ static mn_graph *lm_graph(void) {
   mn_node outs[2];
   outs[1] = mn_matmul_bt(g, h, emb);
   outs[0] = mn_sparse_cross_entropy_loss(g, outs[1], labels);
-  mn_set_outputs(g, outs, 2);
+  mn_set_outputs(g, outs, with_logits ? 2 : 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
 }
+
+static mn_graph *lm_graph(void) { return lm_graph_with(true); }
 
 static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
   mn_session_options o = mn_session_options_default();
@@ -120,4 +124,51 @@ Test(memplan, no_live_buffers_overlap) {
   free(last);
   mn_plan_free(p);
   mn_graph_free(g);
+}
+
+/* The node of the only op of `op` in p's graph. */
+static mn_node only_node(const mn_plan *p, mn_op op) {
+  mn_node found = MN_NO_NODE;
+  for (size_t i = 0; i < p->graph->num_nodes; i++)
+    if (p->graph->nodes[i].op == op) {
+      cr_assert_eq(found, MN_NO_NODE, "two %s nodes", mn_op_name(op));
+      found = (mn_node)i;
+    }
+  cr_assert_neq(found, MN_NO_NODE, "no %s node", mn_op_name(op));
+  return found;
+}
+
+/* When the loss is the only output, the logits are an activation that the cross-entropy
+ * gradient reads last, and it writes the gradient over them (MN_OPF_MAY_OVERWRITE): one
+ * buffer's memory for both, and the same training as with a buffer per node, bit for bit. As an
+ * output the logits keep their own memory. */
+Test(memplan, logits_gradient_overwrites_the_logits) {
+  for (int with_logits = 0; with_logits < 2; with_logits++) {
+    mn_graph *g = lm_graph_with(with_logits);
+    mn_session *planned = session_with_layout(g, MN_LAYOUT_PLANNED);
+    mn_session *flat = session_with_layout(g, MN_LAYOUT_ONE_PER_BUFFER);
+    const mn_plan *p = mn_session_plan(planned);
+    mn_node grad = only_node(p, MN_OP_SPARSE_CROSS_ENTROPY_GRAD);
+    const mn_buffer_desc *gb = mn_plan_buffer_of(p, grad);
+    const mn_buffer_desc *lb = mn_plan_buffer_of(p, p->graph->nodes[grad].inputs[0]);
+    cr_assert_eq(gb->offset == lb->offset, !with_logits, "logits output %d: offsets %zu and %zu",
+                 with_logits, gb->offset, lb->offset);
+    for (int step = 0; step < 3; step++) {
+      mn_session *ss[2] = {planned, flat};
+      for (int k = 0; k < 2; k++) {
+        cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+        cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+      }
+      cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat),
+                "step %d: %.9g vs %.9g", step, mn_session_read_loss(planned),
+                mn_session_read_loss(flat));
+    }
+    float wa[V * 16], wb[V * 16];
+    mn_session_read_param(planned, "embed", wa, V * 16);
+    mn_session_read_param(flat, "embed", wb, V * 16);
+    cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
+    mn_session_free(planned);
+    mn_session_free(flat);
+    mn_graph_free(g);
+  }
 }
