@@ -9,7 +9,11 @@
  *        [--profile]
  * --no-optimize turns the graph optimizer off (the row is named with "_noopt");
  * --siblings-always concatenates sibling products whatever the cost model says ("_sib");
- * --profile also prints the time of every op (mn_cuda_profile_step) after the timing. */
+ * --profile also prints the time of every op (mn_cuda_profile_step) after the timing.
+ * The loss is the graph's only output, as in a training loop and in the PyTorch bar
+ * (benchmarks/torch_nanogpt.py returns the loss alone), so the logits are an activation that
+ * their gradient overwrites; --with-logits keeps mn_model_build's second output, the logits,
+ * readable after each step in memory of their own ("_logits"). */
 #include "benchmarks/bench_util.h"
 
 static const char GPT2[] =
@@ -34,13 +38,13 @@ int main(int argc, char **argv) {
     fprintf(
         stderr,
         "usage: bench_lm_step gpt2|smollm2 [--tf32] [--precision P] [--no-optimize] [--batch B] "
-        "[--seq T] [--steps N] [--profile] [--siblings-always]\n");
+        "[--seq T] [--steps N] [--profile] [--siblings-always] [--with-logits]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
   long batch = gpt2 ? 16 : 8, seq = 1024, steps = 10;
   mn_session_options o = mn_session_options_default();
-  bool profile = false;
+  bool profile = false, with_logits = false;
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--tf32") == 0)
       o.allow_tf32 = true;
@@ -60,6 +64,8 @@ int main(int argc, char **argv) {
       o.siblings = MN_SIBLINGS_ALWAYS;
     else if (strcmp(argv[i], "--profile") == 0)
       profile = true;
+    else if (strcmp(argv[i], "--with-logits") == 0)
+      with_logits = true;
     else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
       batch = atol(argv[++i]);
     else if (i + 1 < argc && strcmp(argv[i], "--seq") == 0)
@@ -79,6 +85,13 @@ int main(int argc, char **argv) {
   bench_check(mn_model_config_parse(gpt2 ? GPT2 : SMOLLM2, &cfg), "config");
   mn_graph *g = NULL;
   bench_check(mn_model_build(&cfg, batch, seq, NULL, &g), "model");
+  if (!with_logits) {
+    const mn_node *outs = NULL;
+    mn_graph_outputs(g, &outs);
+    mn_node loss = outs[0];
+    mn_set_outputs(g, &loss, 1);
+    bench_check(mn_graph_status(g), "outputs");
+  }
 
   size_t used0 = device_used_bytes();
   double t0 = bench_now_ms();
@@ -104,7 +117,7 @@ int main(int argc, char **argv) {
   mn_session_stats st;
   mn_session_get_stats(s, &st);
   mn_memory_summary mem = mn_session_memory_summary(s);
-  printf("BENCH lm_%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
+  printf("BENCH lm_%s%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",
          argv[1],
@@ -112,9 +125,9 @@ int main(int argc, char **argv) {
          : o.precision == MN_PRECISION_F16 ? "_f16"
          : o.allow_tf32                    ? "_tf32"
                                            : "",
-         o.optimize ? "" : "_noopt", o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "", st.backend,
-         batch, seq, step_ms, (double)bt / (step_ms * 1e-3),
-         mn_plan_num_dispatches(mn_session_plan(s)),
+         o.optimize ? "" : "_noopt", o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "",
+         with_logits ? "_logits" : "", st.backend, batch, seq, step_ms,
+         (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
          (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,
          mn_session_read_loss(s));
