@@ -246,6 +246,12 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot read --init-from");
   if (mn_model_build(&r->cfg, a->batch, a->seq, r->prefix, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
+  /* Training reads the loss alone: without the logits output, their gradient overwrites them
+   * (a [batch, seq, vocab] buffer less on the device). */
+  const mn_node *outs = NULL;
+  mn_graph_outputs(r->g, &outs);
+  mn_node loss = outs[0];
+  mn_set_outputs(r->g, &loss, 1);
   if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_session_set_grad_accumulation(r->s, (int)a->grad_accum) != MN_OK)
