@@ -149,7 +149,8 @@ if [ "$lm" = 1 ]; then
   fi
   step "language-model steps"
   for model in gpt2 smollm2; do
-    for flag in "" "--tf32" "--tf32 --no-optimize" "--precision bf16"; do
+    for flag in "" "--tf32" "--tf32 --no-optimize" "--precision bf16" \
+      "--precision bf16 --with-logits"; do
       "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
         echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
     done

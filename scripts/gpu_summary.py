@@ -76,6 +76,26 @@ def bar_table(lm):
     for row in rows:
         r = lm["torch_nanogpt_" + row]
         print(f"{row:28} {r.get('step_ms', '-'):>9} {r.get('peak_mib', '-'):>7}")
+    # meganeura's rows beside the bar of the same model and precision (tf32 and bf16): the
+    # ratios the issues ask about, step time and device memory against each peak.
+    print(f"{'vs the bar':22} {'meganeura ms':>12} {'MiB':>6} {'eager ms':>9} {'MiB':>6} "
+          f"{'x eager':>7} {'compile ms':>10} {'MiB':>6} {'x compile':>9}")
+    for key in sorted(k for k in lm if k.startswith("lm_") and not k.endswith("_noopt")):
+        row = key[3:]
+        e = lm.get(f"torch_nanogpt_{row.replace('_logits', '')}_eager")
+        c = lm.get(f"torch_nanogpt_{row.replace('_logits', '')}_compile")
+        if not e and not c:
+            continue
+        o = lm[key]
+        def ratio(t):
+            try:
+                return f"{float(o['step_ms']) / float(t['step_ms']):.2f}"
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                return "-"
+        e, c = e or {}, c or {}
+        print(f"{row:22} {o.get('step_ms', '-'):>12} {o.get('device_mib', '-'):>6} "
+              f"{e.get('step_ms', '-'):>9} {e.get('peak_mib', '-'):>6} {ratio(e):>7} "
+              f"{c.get('step_ms', '-'):>10} {c.get('peak_mib', '-'):>6} {ratio(c):>9}")
 
 
 if __name__ == "__main__":
