@@ -15,15 +15,7 @@
  * their gradient overwrites; --with-logits keeps mn_model_build's second output, the logits,
  * readable after each step in memory of their own ("_logits"). */
 #include "benchmarks/bench_util.h"
-
-static const char GPT2[] =
-    "{\"model_type\":\"gpt2\",\"vocab_size\":50257,\"n_embd\":768,\"n_layer\":12,"
-    "\"n_head\":12,\"n_positions\":1024,\"activation_function\":\"gelu_new\"}";
-static const char SMOLLM2[] =
-    "{\"model_type\":\"llama\",\"vocab_size\":49152,\"hidden_size\":576,"
-    "\"num_hidden_layers\":30,\"num_attention_heads\":9,\"num_key_value_heads\":3,"
-    "\"intermediate_size\":1536,\"max_position_embeddings\":8192,\"rms_norm_eps\":1e-5,"
-    "\"rope_theta\":100000,\"tie_word_embeddings\":true,\"hidden_act\":\"silu\"}";
+#include "benchmarks/lm_configs.h"
 
 static size_t device_used_bytes(void) {
 #ifdef MN_WITH_CUDA
@@ -82,7 +74,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   mn_model_config cfg;
-  bench_check(mn_model_config_parse(gpt2 ? GPT2 : SMOLLM2, &cfg), "config");
+  bench_check(mn_model_config_parse(gpt2 ? MN_BENCH_GPT2 : MN_BENCH_SMOLLM2, &cfg), "config");
   mn_graph *g = NULL;
   bench_check(mn_model_build(&cfg, batch, seq, NULL, &g), "model");
   if (!with_logits) {

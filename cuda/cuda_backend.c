@@ -16,8 +16,8 @@
 #include "cuda/cuda_state.h"
 #include "cuda/loss_scale.h"
 #include "cuda/nvtx.h"
+#include "cuda/storage_layout.h"
 #include "host/error.h"
-#include "host/storage.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -232,10 +232,7 @@ static mn_status cuda_create(mn_session *s) {
     rc = mn_cu_check(cudaEventCreateWithFlags(&st->inputs_consumed, cudaEventDisableTiming),
                      "an event");
   /* Values stored in 2 bytes take 2 bytes of the arena. */
-  if (rc == MN_OK && mn_cu_low_storage(s->plan) != MN_DEV_F32) {
-    mn_cu_low_pitch_rows(s->plan);
-    rc = mn_plan_store_narrow(s->plan);
-  }
+  if (rc == MN_OK) rc = mn_cu_size_plan(s->plan);
   double tl = now_ms();
   mn_nvtx_push("meganeura: lower");
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);

@@ -26,7 +26,7 @@ typedef struct mn_cu_matmul_plan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
-  bool fused; /* the epilogue runs in cuBLASLt; its fallback commands are skipped */
+  bool fused;             /* the epilogue runs in cuBLASLt; its fallback commands are skipped */
   bool plain_to_fallback; /* not fused: the plain product goes to the desc's c_fallback */
 } mn_cu_matmul_plan;
 
@@ -67,7 +67,7 @@ typedef struct cuda_state {
   size_t *shadow_at;
   int *shadow_kernel;      /* per buffer: a parameter outside the update block, else < 0 */
   int shadow_block_kernel; /* the update block's parameters, < 0 without one */
-  bool shadow_dirty; /* a parameter was written since its copy was refreshed */
+  bool shadow_dirty;       /* a parameter was written since its copy was refreshed */
 
   /* F16 training (loss_scale.c): the scaler's kernels (-1 without a loss scale), the host's
    * state as pinned memory that every step copies in, the session's scaler, step count and
@@ -110,9 +110,6 @@ void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a);
  * shares another's parameters, which may have changed them); and converts between a
  * buffer's stored values and the floats the API speaks. */
 mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s);
-/* Before the arena is planned: pads the rows of wide low-precision logits and their
- * gradient (mn_buffer_desc.pitch) when every op that touches them reads the pitch. */
-void mn_cu_low_pitch_rows(mn_plan *p);
 mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s);
 mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s);
 void mn_cu_low_free(cuda_state *st);

@@ -13,15 +13,11 @@
 #include <string.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/storage_layout.h"
 #include "host/error.h"
 #include "host/storage.h"
 
 static bool low(const mn_session *s) { return mn_cu_low_storage(s->plan) != MN_DEV_F32; }
-
-static bool in_update_block(const mn_plan *p, const mn_buffer_desc *d) {
-  return d->offset >= p->update_params_offset &&
-         d->offset < p->update_params_offset + p->update_bytes;
-}
 
 /* mn_convert of n values into the low-precision storage; -1 when out of memory. */
 static int convert_kernel(cuda_state *st, const mn_plan *p, long long n) {
@@ -59,7 +55,7 @@ mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
   for (size_t b = 0; b < p->num_buffers; b++) {
     const mn_buffer_desc *d = &p->buffers[b];
     st->shadow_kernel[b] = -2;
-    if (d->role != MN_BUF_PARAMETER || (p->update_bytes && in_update_block(p, d))) continue;
+    if (d->role != MN_BUF_PARAMETER || (p->update_bytes && mn_cu_in_update_block(p, d))) continue;
     st->shadow_kernel[b] =
         convert_kernel(st, p, mn_tensor_type_numel(&p->graph->nodes[d->node].type));
     if (st->shadow_kernel[b] == -1)
@@ -68,69 +64,12 @@ mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
   return MN_OK;
 }
 
-/* Rows of at least this many values whose bf16 / fp16 rows are not 16-byte multiples: cuBLASLt
- * keeps such matrices off its fast kernels (GPT-2's 50257-wide logits). */
-#define PITCH_MIN_COLS 1024
-#define PITCH_ALIGN    64 /* values: 128-byte rows */
-
-/* Whether op reads or writes the node at input k (k < 0: as its output) through a row
- * pitch: the products and the sparse cross-entropy kernels do. */
-static bool pitch_aware(mn_op op, int k) {
-  switch (op) {
-  case MN_OP_MATMUL: return k <= 0;
-  case MN_OP_MATMUL_BT: return k < 0;
-  case MN_OP_MATMUL_AT: return k == 0;
-  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS: return k == 0;
-  case MN_OP_SPARSE_CROSS_ENTROPY_GRAD: return k <= 0;
-  default: return false;
-  }
-}
-
-void mn_cu_low_pitch_rows(mn_plan *p) {
-  const mn_graph *g = p->graph;
-  if (mn_cu_low_storage(p) == MN_DEV_F32) return;
-  for (size_t b = 0; b < p->num_buffers; b++) {
-    mn_buffer_desc *d = &p->buffers[b];
-    const mn_node_rec *n = &g->nodes[d->node];
-    int64_t cols = n->type.shape[n->type.rank - 1];
-    bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
-    if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
-        cols % 8 == 0 || !pitch_aware(n->op, -1))
-      continue;
-    bool all = true;
-    for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
-      for (int k = 0; k < g->nodes[u].num_inputs && all; k++)
-        if (g->nodes[u].inputs[k] == d->node) all = pitch_aware(g->nodes[u].op, k);
-    if (all) d->pitch = (cols + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
-  }
-  /* The gradient kernel walks the logits and its output with one alignment: both padded or
-   * neither. */
-  for (size_t i = 0; i < g->num_nodes; i++) {
-    if (g->nodes[i].op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD) continue;
-    mn_buffer_desc *out = &p->buffers[p->node_buffer[i]],
-                   *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
-    if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
-  }
-}
-
 mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {
   const mn_plan *p = s->plan;
   if (!low(s)) return MN_OK;
   st->shadow_at = malloc((p->num_buffers ? p->num_buffers : 1) * sizeof *st->shadow_at);
   if (!st->shadow_at) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  size_t end = p->update_bytes / 2;
-  for (size_t b = 0; b < p->num_buffers; b++) {
-    const mn_buffer_desc *d = &p->buffers[b];
-    st->shadow_at[b] = SIZE_MAX;
-    if (d->role != MN_BUF_PARAMETER) continue;
-    size_t half = (d->bytes / 2 + 255) / 256 * 256;
-    if (p->update_bytes && in_update_block(p, d)) {
-      st->shadow_at[b] = (d->offset - p->update_params_offset) / 2;
-    } else {
-      st->shadow_at[b] = end;
-      end += half;
-    }
-  }
+  size_t end = mn_cu_low_shadow_layout(p, st->shadow_at);
   mn_status rc = mn_cu_check(cudaMalloc((void **)&st->shadow, end ? end : 256),
                              "the weights' low-precision copy");
   if (rc == MN_OK && st->prog.stage_bytes)

@@ -11,9 +11,8 @@
 #include <string.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/storage_layout.h"
 #include "host/error.h"
-
-#define MN_LT_WORKSPACE_BYTES (32u << 20)
 
 static mn_status lt_check(cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return MN_OK;

@@ -34,11 +34,8 @@ static int by_offset(const void *a, const void *b) {
   return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Lifetime of every activation buffer: written by the dispatch of its node (for an extra
- * output, the dispatch of the node whose value it is), read up to the last dispatch that
- * takes it as an input. Inclusive ends keep a kernel's outputs apart from the inputs it
- * reads. */
-static void lifetimes(const mn_plan *p, size_t *first, size_t *last) {
+/* Inclusive ends keep a kernel's outputs apart from the inputs it reads. */
+void mn_memplan_lifetimes(const mn_plan *p, size_t *first, size_t *last) {
   const mn_graph *g = p->graph;
   for (size_t b = 0; b < p->num_buffers; b++)
     first[b] = last[b] = SIZE_MAX;
@@ -177,7 +174,7 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
     free(share);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory (%zu buffers)", nb);
   }
-  lifetimes(p, first, last);
+  mn_memplan_lifetimes(p, first, last);
   share_overwritten(p, placed, share, first, last);
   size_t count = 0;
   for (size_t b = 0; b < nb; b++) {

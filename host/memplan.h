@@ -15,6 +15,12 @@ typedef enum mn_layout_mode {
 /* Sets every buffer's offset and p->arena_bytes. */
 mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode);
 
+/* The dispatch that first writes each buffer, its node's (for an extra output, that of the
+ * node whose value it is), and the last one that writes or reads it; SIZE_MAX where there is
+ * none (first: a leaf). Activations whose [first, last] do not overlap may share memory.
+ * first and last have num_buffers entries. */
+void mn_memplan_lifetimes(const mn_plan *p, size_t *first, size_t *last);
+
 /* Sum of all buffers' aligned sizes: what the arena would be without reuse. */
 size_t mn_memplan_unplanned_bytes(const mn_plan *p);
 

@@ -1,0 +1,78 @@
+#include "cuda/storage_layout.h"
+
+#include <stdint.h>
+
+#include "cuda/emit.h"
+#include "host/storage.h"
+
+/* Rows of at least this many values whose bf16 / fp16 rows are not 16-byte multiples: cuBLASLt
+ * keeps such matrices off its fast kernels (GPT-2's 50257-wide logits). */
+#define PITCH_MIN_COLS 1024
+#define PITCH_ALIGN    64 /* values: 128-byte rows */
+
+/* Whether op reads or writes the node at input k (k < 0: as its output) through a row
+ * pitch: the products and the sparse cross-entropy kernels do. */
+static bool pitch_aware(mn_op op, int k) {
+  switch (op) {
+  case MN_OP_MATMUL: return k <= 0;
+  case MN_OP_MATMUL_BT: return k < 0;
+  case MN_OP_MATMUL_AT: return k == 0;
+  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS: return k == 0;
+  case MN_OP_SPARSE_CROSS_ENTROPY_GRAD: return k <= 0;
+  default: return false;
+  }
+}
+
+void mn_cu_low_pitch_rows(mn_plan *p) {
+  const mn_graph *g = p->graph;
+  if (mn_cu_low_storage(p) == MN_DEV_F32) return;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    mn_buffer_desc *d = &p->buffers[b];
+    const mn_node_rec *n = &g->nodes[d->node];
+    int64_t cols = n->type.shape[n->type.rank - 1];
+    bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
+    if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
+        cols % 8 == 0 || !pitch_aware(n->op, -1))
+      continue;
+    bool all = true;
+    for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
+      for (int k = 0; k < g->nodes[u].num_inputs && all; k++)
+        if (g->nodes[u].inputs[k] == d->node) all = pitch_aware(g->nodes[u].op, k);
+    if (all) d->pitch = (cols + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+  }
+  /* The gradient kernel walks the logits and its output with one alignment: both padded or
+   * neither. */
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    if (g->nodes[i].op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD) continue;
+    mn_buffer_desc *out = &p->buffers[p->node_buffer[i]],
+                   *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
+    if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
+  }
+}
+
+mn_status mn_cu_size_plan(mn_plan *p) {
+  if (mn_cu_low_storage(p) == MN_DEV_F32) return MN_OK;
+  mn_cu_low_pitch_rows(p);
+  return mn_plan_store_narrow(p);
+}
+
+bool mn_cu_in_update_block(const mn_plan *p, const mn_buffer_desc *d) {
+  return d->offset >= p->update_params_offset &&
+         d->offset < p->update_params_offset + p->update_bytes;
+}
+
+size_t mn_cu_low_shadow_layout(const mn_plan *p, size_t *shadow_at) {
+  size_t end = p->update_bytes / 2;
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    size_t at = SIZE_MAX;
+    if (d->role == MN_BUF_PARAMETER && p->update_bytes && mn_cu_in_update_block(p, d)) {
+      at = (d->offset - p->update_params_offset) / 2;
+    } else if (d->role == MN_BUF_PARAMETER) {
+      at = end;
+      end += (d->bytes / 2 + 255) / 256 * 256;
+    }
+    if (shadow_at) shadow_at[b] = at;
+  }
+  return end;
+}
