@@ -209,17 +209,37 @@ static void report_peak(const mn_plan *p, const size_t *first, const size_t *las
 static void report_backend(const mn_plan *p, size_t arena_with_adam, size_t shadow) {
   mn_cu_program prog;
   drv_expect_ok(PROG, mn_cu_program_build(p, false, &prog), "CUDA lowering");
+  bool *fused = malloc((prog.num_cmds ? prog.num_cmds : 1) * sizeof *fused);
+  if (!fused) drv_die(PROG, "out of memory");
+  size_t products = 0, epilogues = 0;
+  mn_node widest = MN_NO_NODE;
+  size_t widest_bytes = 0;
+  for (size_t i = 0; i < prog.num_cmds; i++) {
+    const mn_cu_cmd *c = &prog.cmds[i];
+    fused[i] = true;
+    if (c->kind != MN_CU_CMD_MATMUL) continue;
+    products++;
+    epilogues += c->mm.epilogue != MN_CU_EPI_NONE;
+    if (c->mm.fallback_scratch > widest_bytes) {
+      widest_bytes = c->mm.fallback_scratch;
+      widest = c->node;
+    }
+  }
+  size_t all_fuse = mn_cu_program_scratch_bytes(&prog, fused),
+         none_fuse = mn_cu_program_scratch_bytes(&prog, NULL);
   printf("beside the plan (CUDA backend, MiB):\n");
-  printf("  %-34s %9.1f  the most any dispatch asks for (fallback products of epilogues "
-         "included)\n",
-         "scratch", MIB(prog.scratch_bytes));
+  printf("  %-34s %9.1f  every dispatch's own; %.1f if no epilogue fuses (the fp32 product of "
+         "node %u, %s; %zu of %zu products offer an epilogue)\n",
+         "scratch", MIB(all_fuse), MIB(none_fuse), widest,
+         widest == MN_NO_NODE ? "-" : mn_op_name(p->graph->nodes[widest].op), epilogues, products);
   printf("  %-34s %9.1f  rounded product operands, padded head weight\n", "staging",
          MIB(prog.stage_bytes));
   printf("  %-34s %9.1f\n", "cuBLASLt workspace", MIB(MN_LT_WORKSPACE_BYTES));
-  size_t total =
-      arena_with_adam + shadow + prog.scratch_bytes + prog.stage_bytes + MN_LT_WORKSPACE_BYTES;
-  printf("  %-34s %9.1f  (without the CUDA context, kernels and graph)\n",
+  size_t total = arena_with_adam + shadow + all_fuse + prog.stage_bytes + MN_LT_WORKSPACE_BYTES;
+  printf("  %-34s %9.1f  (every epilogue fused; without the CUDA context, kernels and "
+         "graph)\n",
          "= device memory of the session", MIB(total));
+  free(fused);
   mn_cu_program_free(&prog);
 }
 #endif

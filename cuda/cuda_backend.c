@@ -147,8 +147,10 @@ static mn_status allocate(cuda_state *st, const mn_session *s) {
   const mn_plan *p = s->plan;
   st->arena_bytes = p->arena_bytes ? p->arena_bytes : 256;
   mn_status rc = mn_cu_check(cudaMalloc((void **)&st->arena, st->arena_bytes), "the arena");
-  if (rc == MN_OK && st->prog.scratch_bytes)
-    rc = mn_cu_check(cudaMalloc((void **)&st->scratch, st->prog.scratch_bytes), "scratch memory");
+  /* What every dispatch needs; fit_scratch adds the epilogues that fall back. */
+  st->scratch_bytes = st->prog.scratch_bytes;
+  if (rc == MN_OK && st->scratch_bytes)
+    rc = mn_cu_check(cudaMalloc((void **)&st->scratch, st->scratch_bytes), "scratch memory");
   if (rc == MN_OK) rc = mn_cu_check(cudaMalloc((void **)&st->misc, sizeof *st->misc), "scalars");
   if (rc == MN_OK)
     rc = mn_cu_check(cudaMalloc((void **)&st->norm_partials, MN_CU_NORM_BLOCKS * sizeof(double)),
@@ -170,6 +172,20 @@ static mn_status allocate(cuda_state *st, const mn_session *s) {
     rc =
         mn_cu_check(cudaMemsetAsync(st->misc, 0, sizeof *st->misc, st->stream), "clearing scalars");
   return rc;
+}
+
+/* The fp32 product of an epilogue that cuBLASLt does not fuse goes to scratch: the largest
+ * such product (GPT-2's MLP projection, 201 MB at batch 16 x 1024) is reserved only when one
+ * falls back, which is known once the algorithms are chosen. Those choices read the scratch's
+ * address only for its alignment, which any cudaMalloc gives (256 bytes), so it may move;
+ * nothing has been captured yet. */
+static mn_status fit_scratch(cuda_state *st) {
+  size_t need = mn_cu_matmuls_scratch_bytes(st);
+  if (need <= st->scratch_bytes) return MN_OK;
+  cudaFree(st->scratch);
+  st->scratch = NULL;
+  st->scratch_bytes = need;
+  return mn_cu_check(cudaMalloc((void **)&st->scratch, need), "scratch memory");
 }
 
 static mn_status upload_constants(cuda_state *st, const mn_session *s) {
@@ -256,6 +272,7 @@ static mn_status cuda_create(mn_session *s) {
   double tm = now_ms();
   mn_nvtx_push("meganeura: choose matmul algorithms");
   if (rc == MN_OK) rc = mn_cu_matmuls_prepare(st, s);
+  if (rc == MN_OK) rc = fit_scratch(st);
   mn_nvtx_pop();
   st->matmul_ms = now_ms() - tm;
   if (rc == MN_OK) rc = poison(st, s, false);
@@ -552,7 +569,7 @@ static mn_status poison(cuda_state *st, const mn_session *s, bool gradients) {
     if (rc != MN_OK) return rc;
   }
   if (st->scratch)
-    return mn_cu_check(cudaMemsetAsync(st->scratch, 0xff, st->prog.scratch_bytes, st->stream),
+    return mn_cu_check(cudaMemsetAsync(st->scratch, 0xff, st->scratch_bytes, st->stream),
                        "poisoning scratch");
   return MN_OK;
 }

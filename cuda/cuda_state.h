@@ -41,7 +41,7 @@ typedef struct cuda_state {
   int device;
   cudaStream_t stream;
   unsigned char *arena, *scratch;
-  size_t arena_bytes;
+  size_t arena_bytes, scratch_bytes;
   mn_cu_device_misc *misc; /* device: scalars and the error record */
   double *norm_partials;   /* device: one per norm block */
   float *adam;             /* device: m then v, 2 * update_bytes; NULL until Adam is used */
@@ -123,6 +123,9 @@ mn_status mn_cu_low_read(cuda_state *st, mn_dtype storage, const void *src, floa
 /* cuBLASLt: plans for every MATMUL command, chosen at build time; enqueue. */
 mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s);
 void mn_cu_matmuls_destroy(cuda_state *st);
+/* The scratch the step needs once the plans are chosen: the program's, and the fp32 product of
+ * every epilogue that cuBLASLt did not fuse (mn_cu_program_scratch_bytes). */
+size_t mn_cu_matmuls_scratch_bytes(const cuda_state *st);
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd);
 
 /* Whether command i of the program is not run (an epilogue fallback, see emit.h). */

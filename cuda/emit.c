@@ -242,6 +242,21 @@ mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes) {
   return (mn_cu_arg){.kind = MN_CU_ARG_SCRATCH};
 }
 
+void mn_cu_fallback_scratch(mn_cu_matmul_desc *d, size_t bytes) {
+  d->c_fallback = (mn_cu_arg){.kind = MN_CU_ARG_SCRATCH};
+  d->fallback_scratch = (bytes + 255) / 256 * 256;
+}
+
+size_t mn_cu_program_scratch_bytes(const mn_cu_program *prog, const bool *fused) {
+  size_t bytes = prog->scratch_bytes;
+  for (size_t i = 0; i < prog->num_cmds; i++) {
+    const mn_cu_cmd *cmd = &prog->cmds[i];
+    if (cmd->kind != MN_CU_CMD_MATMUL || cmd->mm.fallback_scratch <= bytes) continue;
+    if (!fused || !fused[i] || cmd->mm.epilogue == MN_CU_EPI_NONE) bytes = cmd->mm.fallback_scratch;
+  }
+  return bytes;
+}
+
 mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out) {
   memset(out, 0, sizeof *out);
   for (size_t d = 0; d < p->num_dispatches; d++) {

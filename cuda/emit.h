@@ -89,9 +89,12 @@ typedef struct mn_cu_matmul_desc {
   mn_cu_arg aux;  /* dgelu: the gelu input */
   int64_t aux_ld; /* row pitch of aux in elements */
   /* Where the plain product goes when the epilogue is not fused (kind NONE: c). A
-   * low-precision session puts it in fp32 scratch, so that the fallback rounds once, after
-   * the epilogue, as the fused product does. */
+   * low-precision session puts it in fp32 scratch (mn_cu_fallback_scratch), so that the
+   * fallback rounds once, after the epilogue, as the fused product does; those
+   * fallback_scratch bytes count only when the epilogue does not fuse
+   * (mn_cu_program_scratch_bytes). */
   mn_cu_arg c_fallback;
+  size_t fallback_scratch;
   uint32_t fallback_cmds;
 } mn_cu_matmul_desc;
 
@@ -131,9 +134,11 @@ typedef struct mn_cu_program {
   size_t num_kernels, cap_kernels;
   char **generated; /* kernel templates generated while lowering (mn_cu_kernel_generated) */
   size_t num_generated, cap_generated;
-  size_t scratch_bytes; /* largest scratch any dispatch asked for */
-  size_t stage_bytes;   /* largest staging of rounded product operands */
-  size_t stage_cursor;  /* staging taken by the dispatch being lowered */
+  /* Largest scratch any dispatch needs whatever cuBLASLt decides; the plain products of
+   * epilogues that do not fuse may need more (mn_cu_program_scratch_bytes). */
+  size_t scratch_bytes;
+  size_t stage_bytes;  /* largest staging of rounded product operands */
+  size_t stage_cursor; /* staging taken by the dispatch being lowered */
 } mn_cu_program;
 
 /* What a lowering function sees. */
@@ -174,6 +179,13 @@ mn_status mn_cu_copy(const mn_cu_op_ctx *c, mn_cu_arg dst, mn_cu_arg src, size_t
 /* Reserves `bytes` of scratch for this dispatch (shared by all dispatches, which run in
  * order); returns the argument for offset 0 of it. */
 mn_cu_arg mn_cu_scratch(const mn_cu_op_ctx *c, size_t bytes);
+/* The scratch where the plain product of d goes (d->c_fallback) when its epilogue is not
+ * fused: `bytes` of it, which the session reserves only if the epilogue falls back. */
+void mn_cu_fallback_scratch(mn_cu_matmul_desc *d, size_t bytes);
+/* The scratch a session of this program needs once it is known which products fused their
+ * epilogue (fused[cmd], per command; NULL: none did, the most it can need). A product
+ * without an epilogue to offer always runs its fallback. */
+size_t mn_cu_program_scratch_bytes(const mn_cu_program *prog, const bool *fused);
 mn_status mn_cu_oom(const mn_cu_op_ctx *c);
 /* In a low-precision session: `bytes` of the staging region (stored in the session's low
  * precision, like the values a product reads), for this dispatch only. */

@@ -108,7 +108,7 @@ mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
         mn_cu_low_operand(c, &d.bias, 1, mn_tensor_type_numel(mn_cu_in_type(c, 2)), 0, 1, 0);
     if (st != MN_OK) return st;
   }
-  if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
+  if (low) mn_cu_fallback_scratch(&d, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
   if (st != MN_OK) return st;
   size_t at = c->prog->num_cmds - 1;
@@ -137,7 +137,7 @@ mn_status mn_cu_lower_MATMUL_DGELU(const mn_cu_op_ctx *c) {
   d.aux = mn_cu_in(c, 2);
   d.aux_ld = d.n;
   bool low = low_precision(c);
-  if (low) d.c_fallback = mn_cu_scratch(c, (size_t)mn_cu_numel(c) * sizeof(float));
+  if (low) mn_cu_fallback_scratch(&d, (size_t)mn_cu_numel(c) * sizeof(float));
   mn_status st = mn_cu_matmul(c, &d);
   if (st != MN_OK) return st;
   size_t at = c->prog->num_cmds - 1;

@@ -282,6 +282,16 @@ mn_status mn_cu_matmuls_prepare(cuda_state *st, const mn_session *s) {
   return rc;
 }
 
+size_t mn_cu_matmuls_scratch_bytes(const cuda_state *st) {
+  bool *fused = calloc(st->prog.num_cmds ? st->prog.num_cmds : 1, sizeof *fused);
+  /* Without host memory for the flags, as if nothing fused: more scratch, never too little. */
+  for (size_t i = 0; fused && st->matmuls && i < st->prog.num_cmds; i++)
+    fused[i] = st->matmuls[i].fused;
+  size_t bytes = mn_cu_program_scratch_bytes(&st->prog, fused);
+  free(fused);
+  return bytes;
+}
+
 void mn_cu_matmuls_destroy(cuda_state *st) {
   for (size_t i = 0; st->matmuls && i < st->prog.num_cmds; i++) {
     mn_cu_matmul_plan *mp = &st->matmuls[i];

@@ -280,6 +280,60 @@ Test(cuda_epilogue, lowering_offers_each_epilogue_with_its_fallback) {
 #endif
 }
 
+#ifdef MN_WITH_CUDA
+/* The fp32 scratch that the fallback of g's one product of op `op` needs in a bf16 session,
+ * and what the session reserves when its epilogue fuses and when it does not. */
+static void bf16_scratch(const mn_graph *g, mn_op op, size_t *fallback, size_t *if_fused,
+                         size_t *if_not) {
+  mn_plan *plan = lower(g);
+  cr_assert_eq(mn_plan_set_precision(plan, MN_PRECISION_BF16), MN_OK, "%s", mn_last_error());
+  mn_cu_program prog;
+  cr_assert_eq(mn_cu_program_build(plan, false, &prog), MN_OK, "%s", mn_last_error());
+  bool *fused = calloc(prog.num_cmds, sizeof *fused);
+  *fallback = 0;
+  for (size_t i = 0; i < prog.num_cmds; i++) {
+    const mn_cu_cmd *c = &prog.cmds[i];
+    if (c->kind != MN_CU_CMD_MATMUL || plan->graph->nodes[c->node].op != op) continue;
+    cr_assert_eq(c->mm.c_fallback.kind, MN_CU_ARG_SCRATCH, "the plain product goes to scratch");
+    *fallback = c->mm.fallback_scratch;
+    fused[i] = true;
+  }
+  *if_fused = mn_cu_program_scratch_bytes(&prog, fused);
+  *if_not = mn_cu_program_scratch_bytes(&prog, NULL);
+  free(fused);
+  mn_cu_program_free(&prog);
+  mn_plan_free(plan);
+}
+#endif
+
+/* In low precision an epilogue that cuBLASLt does not fuse computes the plain product into
+ * fp32 scratch; that scratch is the session's only when the epilogue falls back (GPT-2's MLP
+ * projection reserved 201 MB while cuBLASLt fused it). relu and silu never fuse in bf16. */
+Test(cuda_epilogue, fallback_scratch_only_when_the_epilogue_falls_back) {
+  mn_test_require_cuda_build();
+#ifdef MN_WITH_CUDA
+  for (int act = 0; act < MN_ACT_COUNT; act++) {
+    mn_graph *g = bias_act_graph(MN_SHAPE(37, 29), 64, 0, (mn_act)act, false);
+    size_t fallback, if_fused, if_not;
+    bf16_scratch(g, MN_OP_MATMUL_BIAS_ACT, &fallback, &if_fused, &if_not);
+    size_t product = (37 * 64 * sizeof(float) + 255) / 256 * 256;
+    cr_expect_eq(fallback, product, "%s: fallback scratch %zu", act_name((mn_act)act), fallback);
+    cr_expect_eq(if_not, product, "%s: not fused", act_name((mn_act)act));
+    bool never_fuses = act == MN_ACT_RELU || act == MN_ACT_SILU;
+    cr_expect_eq(if_fused, never_fuses ? product : 0u, "%s: fused, %zu bytes",
+                 act_name((mn_act)act), if_fused);
+    mn_graph_free(g);
+  }
+  mn_graph *g = dgelu_graph(MN_SHAPE(37, 29), 64, 1);
+  size_t fallback, if_fused, if_not;
+  bf16_scratch(g, MN_OP_MATMUL_DGELU, &fallback, &if_fused, &if_not);
+  cr_expect_eq(fallback, (37 * 64 * sizeof(float) + 255) / 256 * 256);
+  cr_expect_eq(if_not, fallback);
+  cr_expect_eq(if_fused, 0u);
+  mn_graph_free(g);
+#endif
+}
+
 /* ------------------------------------------------------------------ matmul_bias_act */
 
 static void bias_act_cases(const int64_t *sa, int ra, int64_t n, bool bias_2d, uint64_t seed) {
