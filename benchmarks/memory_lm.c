@@ -32,9 +32,20 @@ static const char *PROG = "bench_memory_lm";
 
 static size_t aligned(size_t v) { return (v + 255) / 256 * 256; }
 
-/* Whether buffer b shares the arena by lifetime (memplan.c's rule). */
-static bool shared(const mn_plan *p, size_t b, const size_t *first) {
+/* An activation some dispatch computes: it lives from that dispatch to its last reader. */
+static bool computed(const mn_plan *p, size_t b, const size_t *first) {
   return p->buffers[b].role == MN_BUF_ACTIVATION && first[b] != SIZE_MAX;
+}
+
+/* One computed in a gradient's memory, free within the step until the gradient is written
+ * (memplan.h): it costs no memory of its own. */
+static bool in_gradients(const mn_plan *p, size_t b, const size_t *first) {
+  return computed(p, b, first) && mn_plan_in_update_block(p, &p->buffers[b]);
+}
+
+/* One in the arena's shared part (memplan.c's rule: by lifetime). */
+static bool shared(const mn_plan *p, size_t b, const size_t *first) {
+  return computed(p, b, first) && !in_gradients(p, b, first);
 }
 
 /* Where the shared part of the arena starts: after every buffer of its own. */
@@ -100,7 +111,7 @@ static size_t dispatch_of(const mn_plan *p, const size_t *at, mn_node id) {
 static void report_roles(const mn_plan *p, const size_t *first, size_t shadow_bytes) {
   size_t role_bytes[MN_BUF_GRADIENT + 1] = {0};
   for (size_t b = 0; b < p->num_buffers; b++)
-    if (!shared(p, b, first)) role_bytes[p->buffers[b].role] += aligned(p->buffers[b].bytes);
+    if (!computed(p, b, first)) role_bytes[p->buffers[b].role] += aligned(p->buffers[b].bytes);
   printf("memory by role (MiB):\n");
   printf("  %-34s %9.1f\n", "parameters (fp32 master weights)", MIB(role_bytes[MN_BUF_PARAMETER]));
   printf("  %-34s %9.1f\n", "parameter gradients (fp32)", MIB(role_bytes[MN_BUF_GRADIENT]));
@@ -131,7 +142,7 @@ static size_t live_profile(const mn_plan *p, const size_t *first, const size_t *
   long long *delta = calloc(nd + 1, sizeof *delta);
   if (!delta) drv_die(PROG, "out of memory");
   for (size_t b = 0; b < p->num_buffers; b++) {
-    if (!shared(p, b, first)) continue;
+    if (!computed(p, b, first)) continue;
     delta[first[b]] += (long long)aligned(p->buffers[b].bytes);
     delta[last[b] + 1] -= (long long)aligned(p->buffers[b].bytes);
   }
@@ -163,19 +174,24 @@ static void report_peak(const mn_plan *p, const size_t *first, const size_t *las
   mn_node pn = p->dispatches[peak_at].node;
   char label[240];
   label_of(p, pn, label, sizeof label);
-  size_t region = p->arena_bytes - pinned_end(p, first);
+  size_t region = p->arena_bytes - pinned_end(p, first), borrowed = 0;
+  for (size_t b = 0; b < p->num_buffers; b++)
+    if (in_gradients(p, b, first) && first[b] <= peak_at && last[b] >= peak_at)
+      borrowed += aligned(p->buffers[b].bytes);
   printf("arena activations: %.1f MiB planned; at most %.1f MiB live at once, at dispatch %zu of "
-         "%zu (node %u, %s; the loss is dispatch %zu): the placement leaves %.1f MiB unused "
-         "there\n",
-         MIB(region), MIB(peak), peak_at, nd, pn, label, loss_at, MIB(region - peak));
+         "%zu (node %u, %s; the loss is dispatch %zu), %.1f MiB of it in gradients' memory (free "
+         "until each gradient is written): the placement leaves %.1f MiB unused there\n",
+         MIB(region), MIB(peak), peak_at, nd, pn, label, loss_at, MIB(borrowed),
+         MIB(region + borrowed - peak));
   size_t ng = 0;
   for (size_t b = 0; b < p->num_buffers; b++) {
-    if (!shared(p, b, first) || first[b] > peak_at || last[b] < peak_at) continue;
+    if (!computed(p, b, first) || first[b] > peak_at || last[b] < peak_at) continue;
     const mn_buffer_desc *d = &p->buffers[b];
     char l[200], key[240];
     label_of(p, d->node, l, sizeof l);
     bool fwd = dispatch_of(p, at, d->node) < loss_at;
-    snprintf(key, sizeof key, "%s %s", fwd ? "fwd" : "bwd", l);
+    snprintf(key, sizeof key, "%s %s%s", fwd ? "fwd" : "bwd", l,
+             in_gradients(p, b, first) ? " (in gradients)" : "");
     size_t g = 0;
     while (g < ng && strcmp(groups[g].label, key))
       g++;
@@ -228,10 +244,11 @@ static void report_backend(const mn_plan *p, size_t arena_with_adam, size_t shad
   size_t all_fuse = mn_cu_program_scratch_bytes(&prog, fused),
          none_fuse = mn_cu_program_scratch_bytes(&prog, NULL);
   printf("beside the plan (CUDA backend, MiB):\n");
-  printf("  %-34s %9.1f  every dispatch's own; %.1f if no epilogue fuses (the fp32 product of "
-         "node %u, %s; %zu of %zu products offer an epilogue)\n",
-         "scratch", MIB(all_fuse), MIB(none_fuse), widest,
-         widest == MN_NO_NODE ? "-" : mn_op_name(p->graph->nodes[widest].op), epilogues, products);
+  printf("  %-34s %9.1f  every dispatch's own; %.1f if no epilogue fuses", "scratch", MIB(all_fuse),
+         MIB(none_fuse));
+  if (widest != MN_NO_NODE)
+    printf(" (the fp32 product of node %u, %s)", widest, mn_op_name(p->graph->nodes[widest].op));
+  printf("; %zu of %zu products offer an epilogue\n", epilogues, products);
   printf("  %-34s %9.1f  rounded product operands, padded head weight\n", "staging",
          MIB(prog.stage_bytes));
   printf("  %-34s %9.1f\n", "cuBLASLt workspace", MIB(MN_LT_WORKSPACE_BYTES));

@@ -563,7 +563,8 @@ static mn_status poison(cuda_state *st, const mn_session *s, bool gradients) {
     const mn_buffer_desc *d = &p->buffers[b];
     bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT ||
                     (gradients && d->role == MN_BUF_GRADIENT);
-    if (!computed) continue;
+    /* An activation in a gradient's memory is poisoned with the gradients, if at all. */
+    if (!computed || (d->role == MN_BUF_ACTIVATION && mn_plan_in_update_block(p, d))) continue;
     mn_status rc = mn_cu_check(cudaMemsetAsync(st->arena + d->offset, 0xff, d->bytes, st->stream),
                                "poisoning buffers");
     if (rc != MN_OK) return rc;

@@ -142,6 +142,38 @@ static mn_status place_update_blocks(mn_plan *p, bool *placed, size_t *end) {
   return MN_OK;
 }
 
+/* A value whose last reader is the element-wise op that writes a parameter gradient of its
+ * size, such as the head's partial gradient of a tied embedding that the embedding's own
+ * gradient is added to at the end of the backward pass, is computed in that gradient's memory
+ * instead of the arena's shared part. A gradient is written once a step, by that op, and read
+ * only after the step (by the optimizer, read_grad), so its memory is free until then; an
+ * element-wise op reads each element before it writes it, so its output may overwrite an
+ * input it reads last. Fused nodes are left out: a row op reads a whole row first. One value
+ * per gradient; marks what it placed. */
+static void borrow_gradients(mn_plan *p, const size_t *first, const size_t *last, bool *placed) {
+  const mn_graph *g = p->graph;
+  for (size_t d = 0; d < p->num_dispatches; d++) {
+    mn_node id = p->dispatches[d].node;
+    const mn_node_rec *n = &g->nodes[id];
+    const mn_buffer_desc *grad = &p->buffers[p->node_buffer[id]];
+    if (!(mn_op_flags(n->op) & MN_OPF_POINTWISE) || n->op == MN_OP_FUSED ||
+        grad->role != MN_BUF_GRADIENT || !placed[p->node_buffer[id]] ||
+        first[p->node_buffer[id]] != d)
+      continue;
+    for (int k = 0; k < n->num_inputs; k++) {
+      uint32_t b = p->node_buffer[n->inputs[k]];
+      mn_buffer_desc *v = &p->buffers[b];
+      if (placed[b] || v->role != MN_BUF_ACTIVATION || first[b] == SIZE_MAX || last[b] != d ||
+          v->bytes != grad->bytes || v->storage != grad->storage ||
+          mn_tensor_type_numel(&g->nodes[v->node].type) != mn_tensor_type_numel(&n->type))
+        continue;
+      v->offset = grad->offset;
+      placed[b] = true;
+      break;
+    }
+  }
+}
+
 mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
   size_t nb = p->num_buffers;
   bool *placed = calloc(nb ? nb : 1, sizeof *placed);
@@ -175,6 +207,7 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "memory planning: out of memory (%zu buffers)", nb);
   }
   mn_memplan_lifetimes(p, first, last);
+  borrow_gradients(p, first, last, placed);
   share_overwritten(p, placed, share, first, last);
   size_t count = 0;
   for (size_t b = 0; b < nb; b++) {

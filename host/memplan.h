@@ -1,7 +1,10 @@
 /* Memory planning: arena offsets for the buffers of a plan. Pinned buffers (inputs,
  * parameters, constants, outputs, gradients, KV caches) each keep memory of their own
  * for the whole session; activations share memory with any other activation whose
- * lifetime (first write to last read, in dispatch order) does not overlap. */
+ * lifetime (first write to last read, in dispatch order) does not overlap. An activation
+ * whose last reader is the element-wise op that writes a parameter gradient of its size (a
+ * tied weight's partial gradient) lives in that gradient's memory, which is free within a
+ * step until the gradient is written (mn_plan_in_update_block says which). */
 #ifndef MN_HOST_MEMPLAN_H
 #define MN_HOST_MEMPLAN_H
 

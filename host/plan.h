@@ -95,4 +95,13 @@ static inline const mn_buffer_desc *mn_plan_buffer_of(const mn_plan *p, mn_node 
   return &p->buffers[p->node_buffer[id]];
 }
 
+/* Whether buffer d lies in the update block: a parameter that has a gradient, that gradient,
+ * or an activation computed in a gradient's memory before the gradient is written (memplan.h).
+ * Backends leave such an activation out when they poison buffers, which would poison the
+ * gradient (it reads as zeros before the first step). */
+static inline bool mn_plan_in_update_block(const mn_plan *p, const mn_buffer_desc *d) {
+  return p->update_bytes && d->offset >= p->update_params_offset &&
+         d->offset < p->update_grads_offset + p->update_bytes;
+}
+
 #endif

@@ -1,6 +1,7 @@
 /* The memory planner: activations share arena memory only when their lifetimes do not
- * overlap, pinned buffers never share, and a planned session computes exactly what a
- * session with one buffer per node computes. */
+ * overlap, pinned buffers never share (a gradient's memory only until the gradient is
+ * written), and a planned session computes exactly what a session with one buffer per node
+ * computes. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,8 +86,25 @@ Test(memplan, planned_equals_one_buffer_per_node) {
   mn_graph_free(g);
 }
 
+/* Whether buffers x and y meet only at dispatch d, an element-wise op (not fused) that reads x
+ * there for the last time and writes y: it may write over what it reads. */
+static bool in_place(const mn_plan *p, uint32_t x, uint32_t y, const size_t *first,
+                     const size_t *last) {
+  size_t d = first[y];
+  if (d == SIZE_MAX || last[x] != d || d >= p->num_dispatches) return false;
+  mn_node id = p->dispatches[d].node;
+  const mn_node_rec *n = &p->graph->nodes[id];
+  if (p->node_buffer[id] != y || n->op == MN_OP_FUSED || !(mn_op_flags(n->op) & MN_OPF_POINTWISE))
+    return false;
+  for (int k = 0; k < n->num_inputs; k++)
+    if (p->node_buffer[n->inputs[k]] == x) return true;
+  return false;
+}
+
 /* Checks the layout directly: no two buffers that are alive at the same time overlap
- * in memory, and pinned buffers overlap nothing. */
+ * in memory, and pinned buffers overlap nothing, except that a gradient's memory is free
+ * within a step until the dispatch that writes it (nothing reads a gradient before the step
+ * has ended) and that an element-wise op may write over an input it reads last. */
 Test(memplan, no_live_buffers_overlap) {
   mn_graph *g = lm_graph();
   mn_session_options o = mn_session_options_default();
@@ -96,13 +114,19 @@ Test(memplan, no_live_buffers_overlap) {
   size_t *first = malloc(nb * sizeof *first), *last = malloc(nb * sizeof *last);
   for (size_t b = 0; b < nb; b++) {
     bool pinned = p->buffers[b].role != MN_BUF_ACTIVATION;
-    first[b] = pinned ? 0 : SIZE_MAX;
+    bool from_write =
+        p->buffers[b].role == MN_BUF_ACTIVATION || p->buffers[b].role == MN_BUF_GRADIENT;
+    first[b] = from_write ? SIZE_MAX : 0;
     last[b] = pinned ? SIZE_MAX : 0;
   }
   for (size_t d = 0; d < p->num_dispatches; d++) {
     const mn_node_rec *n = &p->graph->nodes[p->dispatches[d].node];
     uint32_t ob = p->node_buffer[p->dispatches[d].node];
     if (d < first[ob]) first[ob] = d;
+    for (int k = 1; k <= mn_node_num_extra_outputs(n); k++) {
+      uint32_t eb = p->node_buffer[mn_plan_extra_output(p, p->dispatches[d].node, k)];
+      if (d < first[eb]) first[eb] = d;
+    }
     if (d > last[ob] && last[ob] != SIZE_MAX) last[ob] = d;
     for (int k = 0; k < n->num_inputs; k++) {
       uint32_t ib = p->node_buffer[n->inputs[k]];
@@ -114,7 +138,9 @@ Test(memplan, no_live_buffers_overlap) {
     for (size_t b = a + 1; b < nb; b++) {
       const mn_buffer_desc *x = &p->buffers[a], *y = &p->buffers[b];
       bool mem = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
-      bool time = first[a] <= last[b] && first[b] <= last[a];
+      bool time = first[a] <= last[b] && first[b] <= last[a] &&
+                  !in_place(p, (uint32_t)a, (uint32_t)b, first, last) &&
+                  !in_place(p, (uint32_t)b, (uint32_t)a, first, last);
       cr_assert(!(mem && time), "buffers %zu and %zu overlap in memory and time", a, b);
       shared += mem;
     }
@@ -171,4 +197,57 @@ Test(memplan, logits_gradient_overwrites_the_logits) {
     mn_session_free(flat);
     mn_graph_free(g);
   }
+}
+
+/* The tied embedding's gradient sums the head's partial gradient and the embedding's: the
+ * head's is computed early in the backward pass and read last by that sum, so it lives in the
+ * gradient's own memory (free until the sum writes it) instead of the shared arena. The
+ * planned sessions above compute the same bits; here the gradient also reads as zeros before
+ * the first step (poisoning the partial would have poisoned it) and as the flat session's
+ * after each step. */
+Test(memplan, a_partial_gradient_lives_in_its_gradients_memory) {
+  mn_graph *g = lm_graph();
+  mn_session *planned = session_with_layout(g, MN_LAYOUT_PLANNED);
+  mn_session *flat = session_with_layout(g, MN_LAYOUT_ONE_PER_BUFFER);
+  const mn_plan *p = mn_session_plan(planned);
+  const mn_graph *pg = p->graph;
+  mn_node emb = mn_graph_find_leaf(pg, MN_OP_PARAMETER, "embed");
+  const mn_buffer_desc *grad = NULL;
+  for (size_t i = 0; i < p->num_params; i++)
+    if (p->params[i].param == emb) grad = mn_plan_buffer_of(p, p->params[i].grad);
+  cr_assert_not_null(grad);
+  const mn_node_rec *sum = &pg->nodes[grad->node];
+  cr_assert_eq(sum->op, MN_OP_ADD, "the embedding's gradient is a sum of two partials, not %s",
+               mn_op_name(sum->op));
+  size_t borrowed = 0;
+  for (int k = 0; k < sum->num_inputs; k++) {
+    const mn_buffer_desc *part = mn_plan_buffer_of(p, sum->inputs[k]);
+    cr_expect_eq(part->role, MN_BUF_ACTIVATION);
+    if (part->offset != grad->offset) continue;
+    borrowed++;
+    cr_expect(mn_plan_in_update_block(p, part));
+  }
+  cr_assert_eq(borrowed, 1, "one partial in the gradient's memory, not %zu", borrowed);
+  size_t n = (size_t)mn_tensor_type_numel(&pg->nodes[emb].type);
+  float *a = calloc(n, sizeof *a), *b = calloc(n, sizeof *b);
+  float *zeros = calloc(n, sizeof *zeros);
+  cr_assert_eq(mn_session_read_grad(planned, "embed", a, n), MN_OK, "%s", mn_last_error());
+  cr_assert(memcmp(a, zeros, n * sizeof *a) == 0, "the gradient reads as zeros before a step");
+  for (int step = 0; step < 3; step++) {
+    mn_session *ss[2] = {planned, flat};
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+    }
+    cr_assert_eq(mn_session_read_grad(planned, "embed", a, n), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_grad(flat, "embed", b, n), MN_OK, "%s", mn_last_error());
+    cr_assert(memcmp(a, b, n * sizeof *a) == 0, "the embedding's gradient differs at step %d",
+              step);
+  }
+  free(a);
+  free(b);
+  free(zeros);
+  mn_session_free(planned);
+  mn_session_free(flat);
+  mn_graph_free(g);
 }

@@ -41,7 +41,8 @@ static void poison(mn_session *s) {
   const mn_plan *p = s->plan;
   for (size_t i = 0; i < p->num_buffers; i++) {
     const mn_buffer_desc *b = &p->buffers[i];
-    if (b->role != MN_BUF_ACTIVATION && b->role != MN_BUF_OUTPUT) continue;
+    if ((b->role != MN_BUF_ACTIVATION && b->role != MN_BUF_OUTPUT) || mn_plan_in_update_block(p, b))
+      continue;
     unsigned char *dst = buffer_ptr(s, (uint32_t)i);
     if (p->graph->nodes[b->node].type.dtype == MN_F32) {
       float *f = (float *)dst;
