@@ -142,6 +142,26 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   return mn_cu_launch(c, k, r.grid, 1, 1, 0, 5, args);
 }
 
+/* The loss (the mean of row partials in scratch) and, as extra value 1, its gradient, from one
+ * pass over the logits (optimizer/loss_grad.h); the gradient may be written over them. */
+mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
+  row_cfg r = input_rows(c);
+  mn_node grad = mn_plan_extra_output(c->plan, c->id, 1);
+  if (grad == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its gradient",
+                   c->id, mn_op_name(c->node->op));
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
+  int k = mn_cu_kernel(c, (unsigned)r.block,
+                       "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
+                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
+                       (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
+                       (long long)mn_cu_row_pitch(c->plan, grad));
+  mn_cu_arg args[6] = {mn_cu_node_arg(grad), mn_cu_in(c, 0),    mn_cu_in(c, 1),
+                       mn_cu_in(c, 2),       mn_cu_error_arg(), scratch};
+  mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 6, args);
+  return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
+}
+
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {

@@ -19,6 +19,7 @@ static bool pitch_aware(mn_op op, int k) {
   case MN_OP_MATMUL_AT: return k == 0;
   case MN_OP_SPARSE_CROSS_ENTROPY_LOSS: return k == 0;
   case MN_OP_SPARSE_CROSS_ENTROPY_GRAD: return k <= 0;
+  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD: return k == 0; /* its gradient: see below */
   default: return false;
   }
 }
@@ -31,8 +32,11 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
     const mn_node_rec *n = &g->nodes[d->node];
     int64_t cols = n->type.shape[n->type.rank - 1];
     bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
+    /* The loss-and-gradient kernel writes its gradient (extra value 1) through a pitch. */
+    bool loss_grad = n->op == MN_OP_EXTRA_OUTPUT &&
+                     g->nodes[n->inputs[0]].op == MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD;
     if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
-        cols % 8 == 0 || !pitch_aware(n->op, -1))
+        cols % 8 == 0 || !(loss_grad || pitch_aware(n->op, -1)))
       continue;
     bool all = true;
     for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
@@ -43,8 +47,12 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
   /* The gradient kernel walks the logits and its output with one alignment: both padded or
    * neither. */
   for (size_t i = 0; i < g->num_nodes; i++) {
-    if (g->nodes[i].op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD) continue;
-    mn_buffer_desc *out = &p->buffers[p->node_buffer[i]],
+    mn_op op = g->nodes[i].op;
+    if (op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD && op != MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD)
+      continue;
+    mn_node value =
+        op == MN_OP_SPARSE_CROSS_ENTROPY_GRAD ? (mn_node)i : mn_plan_extra_output(p, (mn_node)i, 1);
+    mn_buffer_desc *out = &p->buffers[p->node_buffer[value]],
                    *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
     if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
   }

@@ -20,9 +20,9 @@ enum {
    * of attrs.variant k that reads it (mn_node_num_extra_outputs in graph.h says how many). */
   MN_OPF_MULTI_OUTPUT = 1 << 7,
   MN_OPF_EXTRA_OUTPUT = 1 << 8, /* extra_output: a value its input writes; no kernel of its own */
-  /* May write its value over input 0 when nothing reads that input after it and the two have
-   * the same size and layout (host/memplan.c): its kernels read each element of input 0
-   * before they write that element, and nothing else. */
+  /* May write its value (for a multi-output op, its extra value 1) over input 0 when nothing
+   * reads that input after it and the two have the same size and layout (host/memplan.c): its
+   * kernels read each element of input 0 before they write that element, and nothing else. */
   MN_OPF_MAY_OVERWRITE = 1 << 9,
 };
 
@@ -120,7 +120,11 @@ enum {
   X(LOG_SOFTMAX_GRAD, "log_softmax_grad", 2, MN_BWD | MN_OPF_REDUCTION) /* (y, dy) */              \
   X(CROSS_ENTROPY_GRAD, "cross_entropy_grad", 3, MN_BWD)                /* (logits, t, dy[1]) */   \
   X(SPARSE_CROSS_ENTROPY_GRAD, "sparse_cross_entropy_grad", 3,                                     \
-    MN_BWD | MN_OPF_MAY_OVERWRITE)   /* (logits, labels, dy): the logits' gradient over them */    \
+    MN_BWD | MN_OPF_MAY_OVERWRITE) /* (logits, labels, dy): the logits' gradient over them */      \
+  /* (logits, labels, dy): the loss, and as value 1 its gradient, from one pass over the logits */                                                                                                \
+  /* (optimizer/loss_grad.c); the gradient may overwrite the logits */                                                                                                \
+  X(SPARSE_CROSS_ENTROPY_LOSS_GRAD, "sparse_cross_entropy_loss_grad", 3,                           \
+    MN_BWD | MN_OPF_REDUCTION | MN_OPF_LOSS | MN_OPF_MULTI_OUTPUT | MN_OPF_MAY_OVERWRITE)          \
   X(BCE_GRAD, "bce_grad", 3, MN_BWD) /* (p, t, dy); variant 0: d pred, 1: d target */              \
   X(MSE_GRAD, "mse_grad", 3, MN_BWD) /* (p, t, dy) -> d pred */                                    \
   X(L1_GRAD, "l1_grad", 3, MN_BWD)   /* (p, t, dy) -> d pred */                                    \

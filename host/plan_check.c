@@ -93,6 +93,8 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
   case MN_OP_FULL_ATTENTION:
   case MN_OP_CROSS_ATTENTION:
     return mn_tensor_type_numel(&extra->type) == mn_attention_stats_numel(g, producer);
+  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD:
+    return mn_type_same_shape(&extra->type, &g->nodes[producer->inputs[0]].type);
   case MN_OP_MATMUL_AT_BGRAD: {
     const mn_tensor_type *summed =
         &g->nodes[producer->inputs[producer->attrs.variant ? 1 : 0]].type;

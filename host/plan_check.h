@@ -10,7 +10,8 @@ mn_status mn_plan_check_optimizer_ops(const mn_graph *g);
 
 /* Whether extra_output node `extra` has the type of the value `producer` writes for it:
  * a fused node's values have its own shape; a bias gradient has one value per column of the
- * summed operand; an attention's statistics two per (batch, head, query). */
+ * summed operand; an attention's statistics two per (batch, head, query); a loss's gradient
+ * the shape of its logits. */
 bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
                            const mn_node_rec *extra);
 

@@ -68,6 +68,8 @@ static void put_stage(writer *w, const char *what, const mn_optimize_stage_repor
   put(w, "  multi-output fusions: %zu\n", s->multi_output_fusions);
   if (s->saved_attention_stats)
     put(w, "  attention gradients reading saved statistics: %zu\n", s->saved_attention_stats);
+  if (s->loss_gradients)
+    put(w, "  losses computed with their gradient in one pass: %zu\n", s->loss_gradients);
   if (s->recomputed) put(w, "  activations recomputed for the backward: %zu\n", s->recomputed);
   put(w, "  sibling groups: %zu\n", s->sibling_groups);
   put(w, "  time: saturation %.3f ms, extraction %.3f ms, stage %.3f ms\n", s->saturation_ms,

@@ -36,9 +36,11 @@ static mn_graph *lm_graph_with(bool with_logits) {
 
 static mn_graph *lm_graph(void) { return lm_graph_with(true); }
 
-static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
+static mn_session *session_with_layout_as(const mn_graph *g, mn_layout_mode mode,
+                                          mn_precision prec) {
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
+  o.precision = prec;
   mn_plan *plan = NULL;
   cr_assert_eq(mn_lower_training("test", g, &o, &plan), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_memplan_layout(plan, mode), MN_OK);
@@ -54,6 +56,10 @@ static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
   mn_session_set_input_u32(s, "labels", lab, B * T);
   cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.99f, 1e-8f, 0.01f), MN_OK);
   return s;
+}
+
+static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
+  return session_with_layout_as(g, mode, MN_PRECISION_F32);
 }
 
 Test(memplan, planned_equals_one_buffer_per_node) {
@@ -247,6 +253,38 @@ Test(memplan, a_partial_gradient_lives_in_its_gradients_memory) {
   free(a);
   free(b);
   free(zeros);
+  mn_session_free(planned);
+  mn_session_free(flat);
+  mn_graph_free(g);
+}
+
+/* In low precision the loss and its gradient come from one node (optimizer/loss_grad.h), whose
+ * gradient, its extra value, takes the logits' memory when the loss is the only output; training
+ * matches the layout with a buffer per node bit for bit. */
+Test(memplan, one_pass_loss_gradient_overwrites_the_logits) {
+  mn_graph *g = lm_graph_with(false);
+  mn_session *planned = session_with_layout_as(g, MN_LAYOUT_PLANNED, MN_PRECISION_BF16);
+  mn_session *flat = session_with_layout_as(g, MN_LAYOUT_ONE_PER_BUFFER, MN_PRECISION_BF16);
+  const mn_plan *p = mn_session_plan(planned);
+  mn_node loss = only_node(p, MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD);
+  cr_assert_eq(p->graph->nodes[loss].num_inputs, 3);
+  mn_node grad = mn_plan_extra_output(p, loss, 1);
+  cr_assert_neq(grad, MN_NO_NODE);
+  cr_assert_eq(mn_plan_buffer_of(p, grad)->offset,
+               mn_plan_buffer_of(p, p->graph->nodes[loss].inputs[0])->offset);
+  for (int step = 0; step < 3; step++) {
+    mn_session *ss[2] = {planned, flat};
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+    }
+    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
+              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
+  }
+  float wa[V * 16], wb[V * 16];
+  mn_session_read_param(planned, "embed", wa, V * 16);
+  mn_session_read_param(flat, "embed", wb, V * 16);
+  cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
   mn_session_free(planned);
   mn_session_free(flat);
   mn_graph_free(g);

@@ -82,12 +82,16 @@ __device__ void mn_loss_ce_grad(const IO &io) {
 }
 
 // sparse_cross_entropy_grad: dy[0]/ROWS * (softmax - onehot(label)). p[0] out (rows OP
-// values apart), p[1] logits (rows XP apart), p[2] labels, p[3] dy [1], p[4] the error
+// values apart), p[1] logits (rows XP values apart), p[2] labels, p[3] dy [1], p[4] the error
 // record. The labels are checked again (the kernel may run without its forward): a bad row
-// is reported and set to NaN.
-template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
-          class IO>
-__device__ void mn_loss_sparse_ce_grad(const IO &io) {
+// is reported and set to NaN. With LOSS (sparse_cross_entropy_loss_grad) the same pass also
+// writes the loss's row partial -log_softmax(x)[label] into p[5] (double [ROWS], NaN for a bad
+// row), which mn_red_all_final averages next. Every lane reads the label's logit before the
+// group's row statistics, whose reductions no lane leaves before all arrive, so a gradient
+// written over the logits (host/memplan.c) never changes what the loss reads.
+template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
+          long long OP, class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   __shared__ float sh[32];
   const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -98,15 +102,21 @@ __device__ void mn_loss_sparse_ce_grad(const IO &io) {
   for (long long i = N + lane; i < OP; i += G)
     o[i] = 0.0f;
   if (label >= N) {
-    if (lane == 0) mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
+    if (lane == 0) {
+      mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
+      if constexpr (LOSS) mn_arg<double>(io, 5)[row] = (double)mn_nan();
+    }
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
     return;
   }
   const auto x = mn_in<1>(io) + row * XP;
   const float k = (float)((double)mn_in<3>(io)[0] / (double)ROWS);
+  const float at_label = LOSS ? (float)x[label] : 0.0f;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
+  if constexpr (LOSS)
+    if (lane == 0) mn_arg<double>(io, 5)[row] = -(double)((at_label - m) - ls);
   const long long l = label;
   mn_red_row_each<G, N, false>(x, x, lane, [&](long long i, float4 a, float4, int w) {
     mn_red_store(o + i,
@@ -116,4 +126,15 @@ __device__ void mn_loss_sparse_ce_grad(const IO &io) {
                              k * (expf((a.w - m) - ls) - (i + 3 == l ? 1.0f : 0.0f))),
                  w);
   });
+}
+
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
+          class IO>
+__device__ void mn_loss_sparse_ce_grad(const IO &io) {
+  mn_loss_sparse_ce_grad_rows<false, BLOCK, G, ROWS, N, NODE, XP, OP>(io);
+}
+template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
+          class IO>
+__device__ void mn_loss_sparse_ce_loss_grad(const IO &io) {
+  mn_loss_sparse_ce_grad_rows<true, BLOCK, G, ROWS, N, NODE, XP, OP>(io);
 }

@@ -88,3 +88,18 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   }
   return MN_OK;
 }
+
+/* The loss and, as extra value 1, its gradient (optimizer/loss_grad.h): the loss kernel, then
+ * the gradient kernel into the extra value, in that order because the gradient may be written
+ * over the logits (host/memplan.c). */
+mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_ref_ctx *c) {
+  mn_status st = mn_ref_SPARSE_CROSS_ENTROPY_LOSS(c);
+  if (st != MN_OK) return st;
+  mn_node_rec grad = *c->node;
+  grad.op = MN_OP_SPARSE_CROSS_ENTROPY_GRAD;
+  grad.type = *mn_ref_in_type(c, 0);
+  mn_ref_ctx gc = *c;
+  gc.node = &grad;
+  gc.out = c->extra_out[0];
+  return mn_ref_SPARSE_CROSS_ENTROPY_GRAD(&gc);
+}
