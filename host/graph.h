@@ -130,6 +130,10 @@ mn_graph *mn_graph_clone(const mn_graph *g);
 /* mn_graph_toposort with its status (the public function returns only the graph). */
 mn_status mn_graph_toposort_status(const mn_graph *g, mn_graph **sorted);
 
+/* The end of a rewriting pass: *g becomes `work` sorted (a pass appends nodes that earlier
+ * ones now read) and both old graphs are freed; on failure *g stays and work is freed. */
+mn_status mn_graph_replace_sorted(mn_graph **g, mn_graph *work);
+
 /* Node index by input/parameter name, or MN_NO_NODE. op restricts the search
  * (MN_OP_INPUT or MN_OP_PARAMETER); with several matches, the first. A hash lookup: the index
  * follows nodes appended (mn_graph_append) or written past the indexed ones, and a graph whose

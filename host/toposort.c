@@ -118,3 +118,13 @@ done:
   *sorted = out;
   return st;
 }
+
+mn_status mn_graph_replace_sorted(mn_graph **g, mn_graph *work) {
+  mn_graph *sorted = NULL;
+  mn_status st = mn_graph_toposort_status(work, &sorted);
+  mn_graph_free(work);
+  if (st != MN_OK) return st;
+  mn_graph_free(*g);
+  *g = sorted;
+  return MN_OK;
+}

@@ -69,15 +69,8 @@ mn_status mn_attention_save_stats(mn_graph **g, size_t *made) {
     (*made)++;
   }
   free(stats);
-  if (!work) return MN_OK;
   /* The statistics nodes were appended after the gradients that now read them. */
-  mn_graph *sorted = NULL;
-  mn_status st = mn_graph_toposort_status(work, &sorted);
-  mn_graph_free(work);
-  if (st != MN_OK) return st;
-  mn_graph_free(*g);
-  *g = sorted;
-  return MN_OK;
+  return work ? mn_graph_replace_sorted(g, work) : MN_OK;
 oom:
   free(stats);
   mn_graph_free(work);

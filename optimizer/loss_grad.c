@@ -60,15 +60,8 @@ mn_status mn_fuse_loss_gradients(mn_graph **g, size_t *made) {
   }
   free(seen);
   free(stack);
-  if (!work) return MN_OK;
   /* The loss now reads dy, which may stand after it. */
-  mn_graph *sorted = NULL;
-  mn_status st = mn_graph_toposort_status(work, &sorted);
-  mn_graph_free(work);
-  if (st != MN_OK) return st;
-  mn_graph_free(*g);
-  *g = sorted;
-  return MN_OK;
+  return work ? mn_graph_replace_sorted(g, work) : MN_OK;
 oom:
   free(seen);
   free(stack);

@@ -123,11 +123,5 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
   }
   /* The copies stand at the end; the sort places each right before its first late reader
    * (a depth-first sort in node order reaches it from there first). */
-  mn_graph *sorted = NULL;
-  st = mn_graph_toposort_status(work, &sorted);
-  mn_graph_free(work);
-  if (st != MN_OK) return st;
-  mn_graph_free(*g);
-  *g = sorted;
-  return MN_OK;
+  return mn_graph_replace_sorted(g, work);
 }

@@ -170,6 +170,24 @@ static mn_node only_node(const mn_plan *p, mn_op op) {
   return found;
 }
 
+/* Three AdamW steps of both sessions: the same loss every step and the same tied embedding after,
+ * bit for bit. */
+static void train_alike(mn_session *planned, mn_session *flat) {
+  for (int step = 0; step < 3; step++) {
+    mn_session *ss[2] = {planned, flat};
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+    }
+    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
+              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
+  }
+  float wa[V * 16], wb[V * 16];
+  mn_session_read_param(planned, "embed", wa, V * 16);
+  mn_session_read_param(flat, "embed", wb, V * 16);
+  cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
+}
+
 /* When the loss is the only output, the logits are an activation that the cross-entropy
  * gradient reads last, and it writes the gradient over them (MN_OPF_MAY_OVERWRITE): one
  * buffer's memory for both, and the same training as with a buffer per node, bit for bit. As an
@@ -185,20 +203,7 @@ Test(memplan, logits_gradient_overwrites_the_logits) {
     const mn_buffer_desc *lb = mn_plan_buffer_of(p, p->graph->nodes[grad].inputs[0]);
     cr_assert_eq(gb->offset == lb->offset, !with_logits, "logits output %d: offsets %zu and %zu",
                  with_logits, gb->offset, lb->offset);
-    for (int step = 0; step < 3; step++) {
-      mn_session *ss[2] = {planned, flat};
-      for (int k = 0; k < 2; k++) {
-        cr_assert_eq(mn_session_step(ss[k]), MN_OK);
-        cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
-      }
-      cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat),
-                "step %d: %.9g vs %.9g", step, mn_session_read_loss(planned),
-                mn_session_read_loss(flat));
-    }
-    float wa[V * 16], wb[V * 16];
-    mn_session_read_param(planned, "embed", wa, V * 16);
-    mn_session_read_param(flat, "embed", wb, V * 16);
-    cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
+    train_alike(planned, flat);
     mn_session_free(planned);
     mn_session_free(flat);
     mn_graph_free(g);
@@ -272,19 +277,7 @@ Test(memplan, one_pass_loss_gradient_overwrites_the_logits) {
   cr_assert_neq(grad, MN_NO_NODE);
   cr_assert_eq(mn_plan_buffer_of(p, grad)->offset,
                mn_plan_buffer_of(p, p->graph->nodes[loss].inputs[0])->offset);
-  for (int step = 0; step < 3; step++) {
-    mn_session *ss[2] = {planned, flat};
-    for (int k = 0; k < 2; k++) {
-      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
-      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
-    }
-    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
-              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
-  }
-  float wa[V * 16], wb[V * 16];
-  mn_session_read_param(planned, "embed", wa, V * 16);
-  mn_session_read_param(flat, "embed", wb, V * 16);
-  cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
+  train_alike(planned, flat);
   mn_session_free(planned);
   mn_session_free(flat);
   mn_graph_free(g);
