@@ -23,12 +23,14 @@ static bool depends(const mn_graph *g, mn_node from, mn_node target, unsigned ch
   return false;
 }
 
-/* The loss over the same logits and labels as gradient node `grad`, or MN_NO_NODE. */
-static mn_node loss_of(const mn_graph *g, const mn_node_rec *grad) {
+/* The loss over the same logits and labels as gradient node `grad` that no gradient took
+ * yet (`work`, when there is one, shows the losses already fused), or MN_NO_NODE. */
+static mn_node loss_of(const mn_graph *g, const mn_graph *work, const mn_node_rec *grad) {
   for (size_t i = 0; i < g->num_nodes; i++) {
     const mn_node_rec *n = &g->nodes[i];
     if (n->op == MN_OP_SPARSE_CROSS_ENTROPY_LOSS && n->inputs[0] == grad->inputs[0] &&
-        n->inputs[1] == grad->inputs[1])
+        n->inputs[1] == grad->inputs[1] &&
+        (!work || work->nodes[i].op == MN_OP_SPARSE_CROSS_ENTROPY_LOSS))
       return (mn_node)i;
   }
   return MN_NO_NODE;
@@ -45,7 +47,7 @@ mn_status mn_fuse_loss_gradients(mn_graph **g, size_t *made) {
   for (size_t i = 0; i < n; i++) {
     const mn_node_rec *grad = &in->nodes[i];
     if (grad->op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD) continue;
-    mn_node loss = loss_of(in, grad);
+    mn_node loss = loss_of(in, work, grad);
     if (loss == MN_NO_NODE || depends(in, grad->inputs[2], loss, seen, stack)) continue;
     if (!work && !(work = mn_graph_clone(in))) goto oom;
     mn_node_rec *l = &work->nodes[loss], *d = &work->nodes[i];

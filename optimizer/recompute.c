@@ -45,6 +45,16 @@ static bool cheap_activation(const mn_node_rec *n) {
   return (mn_op_flags(n->op) & MN_OPF_POINTWISE) && n->op != MN_OP_FUSED && n->num_inputs <= 2;
 }
 
+/* A saved attention gradient names the very q, k and v its forward read (host/plan_check.c):
+ * a value it reads in those slots stays the forward's. */
+static bool reads_as_attention_operand(const mn_node_rec *reader, mn_node value) {
+  if (reader->op != MN_OP_ATTENTION_GRAD_Q_SAVED && reader->op != MN_OP_ATTENTION_GRAD_KV_SAVED)
+    return false;
+  for (int k = 0; k < 3; k++)
+    if (reader->inputs[k] == value) return true;
+  return false;
+}
+
 static bool is_output(const mn_graph *g, mn_node id) {
   for (size_t i = 0; i < g->num_outputs; i++)
     if (g->outputs[i] == id) return true;
@@ -53,7 +63,8 @@ static bool is_output(const mn_graph *g, mn_node id) {
 
 /* The first late reader of node i (MN_NO_NODE when none): the first reader at least
  * MN_RECOMPUTE_MIN_GAP nodes after the reader before it (or after i), provided every input of
- * i is read again at or after it, so that recomputing there keeps no input alive longer. */
+ * i is read again at or after it, so that recomputing there keeps no input alive longer, and no
+ * late reader is a saved attention gradient taking i as q, k or v. */
 static mn_node first_late_reader(const mn_graph *g, const users *u, mn_node i) {
   mn_node prev = i, late = MN_NO_NODE;
   for (size_t r = u->start[i]; r < u->start[i + 1]; r++) {
@@ -65,6 +76,9 @@ static mn_node first_late_reader(const mn_graph *g, const users *u, mn_node i) {
     prev = reader;
   }
   if (late == MN_NO_NODE) return MN_NO_NODE;
+  for (size_t r = u->start[i]; r < u->start[i + 1]; r++)
+    if (u->readers[r] >= late && reads_as_attention_operand(&g->nodes[u->readers[r]], i))
+      return MN_NO_NODE;
   const mn_node_rec *n = &g->nodes[i];
   for (int k = 0; k < n->num_inputs; k++) {
     mn_node in = n->inputs[k];

@@ -6,6 +6,7 @@
  * a cached plan keeps the rewrite. The CUDA kernels are checked against this CPU emulation by
  * test_cuda_attention (bf16 backward of every shape). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "host/backend.h"
@@ -183,5 +184,35 @@ Test(attention_stats, cached_plans_keep_the_saved_statistics) {
   for (int i = 0; i < 3; i++)
     mn_session_free(s[i]);
   mn_tmp_dir_remove(&dir);
+  mn_graph_free(g);
+}
+
+/* q a single pointwise op (silu) whose input the backward reads long after the attention's
+ * gradient: recompute.c must leave it to the forward's value, which the saved gradients name as
+ * their q (host/plan_check.c refuses a plan where they differ). The plan builds, saves the
+ * statistics and trains. */
+Test(attention_stats, a_pointwise_q_is_not_recomputed_under_a_saved_gradient) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(B, T, D)), t = mn_input(g, "t", MN_SHAPE(B, T, D));
+  mn_node q = mn_silu(g, mn_matmul(g, x, mn_parameter(g, "wq", MN_SHAPE(D, HEADS * HD))));
+  mn_node k = mn_matmul(g, x, mn_parameter(g, "wk", MN_SHAPE(D, KV_HEADS * HD)));
+  mn_node v = mn_matmul(g, x, mn_parameter(g, "wv", MN_SHAPE(D, KV_HEADS * HD)));
+  mn_node y = mn_matmul(g, mn_causal_attention(g, q, k, v, HEADS, KV_HEADS, HD),
+                        mn_parameter(g, "wo", MN_SHAPE(HEADS * HD, D)));
+  for (int l = 0; l < 12; l++) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", l);
+    y = mn_tanh(g, mn_matmul(g, y, mn_parameter(g, name, MN_SHAPE(D, D))));
+  }
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  mn_optimize_report *r = NULL;
+  mn_session *s = build(g, MN_PRECISION_BF16, true, &r);
+  cr_assert_eq(r->stage[MN_OPTIMIZE_FULL].saved_attention_stats, 2);
+  feed(g, &s, 1);
+  float loss = mn_test_step_loss(s);
+  cr_assert(isfinite(loss), "loss %g", (double)loss);
+  mn_session_free(s);
+  mn_optimize_report_free(r);
   mn_graph_free(g);
 }

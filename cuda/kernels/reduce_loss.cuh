@@ -115,8 +115,12 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   const float at_label = LOSS ? (float)x[label] : 0.0f;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
-  if constexpr (LOSS)
+  if constexpr (LOSS) {
     if (lane == 0) mn_arg<double>(io, 5)[row] = -(double)((at_label - m) - ls);
+    // A warp's shuffles order no memory: every lane's read of the label's logit comes before
+    // any lane's store over it (groups wider than a warp met at a block barrier already).
+    __syncwarp();
+  }
   const long long l = label;
   mn_red_row_each<G, N, false>(x, x, lane, [&](long long i, float4 a, float4, int w) {
     mn_red_store(o + i,
