@@ -34,7 +34,7 @@ static mn_status mark_needs_grad(const char *fn, mn_ad_ctx *c, const mn_vjp_rule
   for (size_t i = 0; i < c->num_forward; i++) {
     const mn_node_rec *n = &g->nodes[i];
     if (n->op == MN_OP_PARAMETER) {
-      c->needs_grad[i] = 1;
+      c->needs_grad[i] = !mn_param_is_frozen(n);
       continue;
     }
     bool reached = false;

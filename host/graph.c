@@ -342,6 +342,17 @@ oom:
   return NULL;
 }
 
+void mn_set_trainable(mn_graph *g, mn_node param, bool trainable) {
+  if (!mn_graph_check_inputs(g, "mn_set_trainable", &param, 1)) return;
+  mn_node_rec *n = &g->nodes[param];
+  if (n->op != MN_OP_PARAMETER) {
+    mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "mn_set_trainable: node %u (%s) is not a parameter",
+                  param, mn_op_name(n->op));
+    return;
+  }
+  n->attrs.variant = trainable ? 0 : MN_PARAM_FROZEN;
+}
+
 void mn_set_outputs(mn_graph *g, const mn_node *outputs, size_t n) {
   if (!mn_graph_check_inputs(g, "mn_set_outputs", NULL, 0)) return;
   if (n > 0 && !outputs) {

@@ -78,6 +78,14 @@ typedef struct mn_node_rec {
   mn_fused_prog *fused; /* fused nodes; owned */
 } mn_node_rec;
 
+/* attrs.variant of a parameter that mn_set_trainable froze (host/param_layout.h's
+ * MN_PARAM_DERIVED is 1; a derived parameter stacks trainable ones only). */
+#define MN_PARAM_FROZEN 2
+
+static inline bool mn_param_is_frozen(const mn_node_rec *n) {
+  return n->op == MN_OP_PARAMETER && n->attrs.variant == MN_PARAM_FROZEN;
+}
+
 struct mn_graph {
   mn_node_rec *nodes;
   size_t num_nodes, cap_nodes;

@@ -159,6 +159,13 @@ MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_n
                                    mn_node kv_len_u32, int num_heads, int num_kv_heads,
                                    int head_dim);
 
+/* Whether parameter `param` is trained (the default). A frozen parameter (trainable false) gets
+ * no gradient buffer, no optimizer state and no update, and the backward computes only what the
+ * trainable parameters need; mn_session_read_grad gives zeros for it, and its values are read,
+ * written, loaded and saved as any parameter's. Call before building sessions of g. A node that is
+ * not a parameter is MN_ERR_INVALID_ARGUMENT, recorded as the graph's sticky error. */
+MN_API void mn_set_trainable(mn_graph *g, mn_node param, bool trainable);
+
 /* outputs and inspection */
 MN_API void mn_set_outputs(mn_graph *g, const mn_node *outputs, size_t n);
 MN_API size_t mn_graph_outputs(const mn_graph *g, const mn_node **outputs);

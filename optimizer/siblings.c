@@ -126,9 +126,10 @@ static bool candidate(const pass *p, mn_node i) {
   const mn_node_rec *m = &p->g->nodes[i];
   if (m->op != MN_OP_MATMUL_BT || m->num_inputs != 2 || p->is_output[i]) return false;
   const mn_node_rec *x = &p->g->nodes[m->inputs[0]], *w = &p->g->nodes[m->inputs[1]];
-  return w->op == MN_OP_PARAMETER && !mn_param_is_derived(w) && w->type.dtype == MN_F32 &&
-         w->type.rank == 2 && p->uses[m->inputs[1]] == 1 && !p->is_output[m->inputs[1]] &&
-         x->type.dtype == MN_F32 && x->type.rank >= 1 && m->inputs[0] != m->inputs[1];
+  return w->op == MN_OP_PARAMETER && !mn_param_is_derived(w) && !mn_param_is_frozen(w) &&
+         w->type.dtype == MN_F32 && w->type.rank == 2 && p->uses[m->inputs[1]] == 1 &&
+         !p->is_output[m->inputs[1]] && x->type.dtype == MN_F32 && x->type.rank >= 1 &&
+         m->inputs[0] != m->inputs[1];
 }
 
 /* Whether source w gets a gradient from the unoptimized graph: autodiff of it, run once and
