@@ -115,6 +115,18 @@ done
 grep -q "removed the stale temporary file keep/model.safetensors.tmp.$dead.0" keep.log ||
   fail "no notice of the removed file: $(cat keep.log)"
 
+# ---- a run without held-out data and with --freeze resumes from its checkpoint alone, bit for
+# bit, still frozen; another --freeze is refused
+F=(--config config.json --data text.txt --batch 2 --seq 16 --lr 1e-2 --seed 3 --freeze 'h\.0\.')
+"$mn" train "${F[@]}" --steps 4 --checkpoint-every 2 --out frz 2>frz.log || fail "frozen run: $(cat frz.log)"
+cp frz/model.safetensors frz-straight.safetensors
+"$mn" train --resume frz/checkpoint-000002.safetensors --out frz2 2>frz2.log ||
+  fail "resume without held-out data: $(cat frz2.log)"
+grep -q "froze 12 of 28 parameters" frz2.log || fail "the resumed run is not frozen: $(cat frz2.log)"
+cmp -s frz-straight.safetensors frz2/model.safetensors ||
+  fail "the resumed frozen run's weights differ from the uninterrupted run's"
+expect 2 "--freeze h\.1\. differs from the checkpoint's h\.0\." train --resume frz/checkpoint-000002.safetensors --freeze 'h\.1\.'
+
 if ((fails)); then
   echo "$fails check(s) failed" >&2
   exit 1

@@ -47,6 +47,7 @@ static const recorded_option recorded[] = {
     {"--plot", "train.plot", DEFAULT_ONLY, PATH, ARG(plot), false},
     {"--precision", "train.precision", SAME_TEXT, PATH, ARG(precision), false},
     {"--grad-accum", "train.grad_accum", SAME_NUMBER, LONG, ARG(grad_accum), false},
+    {"--freeze", "train.freeze", SAME_TEXT, PATH, ARG(freeze), false},
 };
 #define NUM_RECORDED (sizeof recorded / sizeof recorded[0])
 

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,7 +19,7 @@ static const char USAGE[] =
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
-    "         [--grad-accum K] [--allow-nonfinite]\n"
+    "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -34,6 +35,8 @@ static const char USAGE[] =
     "CUDA device of compute capability 8.0 or newer, else f32; a resumed run keeps its own.\n"
     "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
+    "--freeze REGEX: parameters whose names match the POSIX extended regular expression (say\n"
+    "'h\\.[0-5]\\.' or 'wte|wpe') are frozen: no gradient, no optimizer state, no update.\n"
     "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n";
 
 enum {
@@ -62,6 +65,7 @@ enum {
   O_EVAL_BATCHES,
   O_PRECISION,
   O_GRAD_ACCUM,
+  O_FREEZE,
   O_ALLOW_NONFINITE,
   O_COUNT
 };
@@ -138,6 +142,16 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
   a->plot = o[O_PLOT].value;
   a->out = o[O_OUT].seen ? o[O_OUT].value : "meganeura-out";
   a->allow_nonfinite = o[O_ALLOW_NONFINITE].seen;
+  a->freeze = o[O_FREEZE].value;
+  if (a->freeze) {
+    regex_t re;
+    if (regcomp(&re, a->freeze, REG_EXTENDED | REG_NOSUB) != 0) {
+      fprintf(stderr, "%s: --freeze '%s' is not a POSIX extended regular expression\n", CMD,
+              a->freeze);
+      return CLI_USAGE;
+    }
+    regfree(&re);
+  }
   return CLI_OK;
 }
 
@@ -239,6 +253,32 @@ static int load_data(const train_args *a, const resume_point *rp, run *r) {
   return CLI_OK;
 }
 
+/* --freeze: the parameters whose names match `pattern` (checked by check_args) are frozen; a
+ * pattern that matches none is a usage error, as a typo would train everything. */
+static int freeze(const char *pattern, mn_graph *g) {
+  regex_t re;
+  if (regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB) != 0) return CLI_USAGE;
+  size_t frozen = 0, params = 0;
+  int64_t values = 0;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    mn_node_info info;
+    if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter")) continue;
+    params++;
+    if (regexec(&re, info.name, 0, NULL, 0) != 0) continue;
+    mn_set_trainable(g, (mn_node)i, false);
+    frozen++;
+    values += mn_tensor_type_numel(&info.type);
+  }
+  regfree(&re);
+  if (!frozen) {
+    fprintf(stderr, "%s: --freeze '%s' matches no parameter\n", CMD, pattern);
+    return CLI_USAGE;
+  }
+  fprintf(stderr, "%s: froze %zu of %zu parameters (%lld values)\n", CMD, frozen, params,
+          (long long)values);
+  return CLI_OK;
+}
+
 static int build(const train_args *a, const resume_point *rp, run *r) {
   r->prefix = r->cfg.family == MN_MODEL_GPT2 ? "transformer." : "model.";
   if (rp->self_contained) r->prefix = rp->name_prefix;
@@ -252,6 +292,7 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   mn_graph_outputs(r->g, &outs);
   mn_node loss = outs[0];
   mn_set_outputs(r->g, &loss, 1);
+  if (a->freeze && freeze(a->freeze, r->g)) return CLI_USAGE;
   if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_session_set_grad_accumulation(r->s, (int)a->grad_accum) != MN_OK)
@@ -264,8 +305,8 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
   if (r->val) {
-    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq, a->eval_batches,
-                      r->val, r->n_val))
+    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq,
+                      a->eval_batches ? a->eval_batches : 8, r->val, r->n_val))
       return CLI_FAIL;
     r->evaluating = true;
   }
@@ -448,6 +489,7 @@ int cli_train(int argc, char **argv) {
       [O_EVAL_BATCHES] = {"--eval-batches", 1, NULL, 0},
       [O_PRECISION] = {"--precision", 1, NULL, 0},
       [O_GRAD_ACCUM] = {"--grad-accum", 1, NULL, 0},
+      [O_FREEZE] = {"--freeze", 1, NULL, 0},
       [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
@@ -456,7 +498,9 @@ int cli_train(int argc, char **argv) {
                   .grad_accum = 1,
                   .seed = 0,
                   .wd = 0.01f,
-                  .eval_batches = 8,
+                  /* 0: not given (8 batches when evaluating); unrecorded, so a resumed
+                   * run without held-out data does not take it for a given option */
+                  .eval_batches = 0,
                   .options = mn_session_options_default()};
   resume_point rp = {0};
   mn_safetensors *ck = NULL;

@@ -12,6 +12,7 @@ typedef struct train_args {
   const char *precision;      /* the precision used: --precision, else the default */
   mn_session_options options; /* of the training and evaluation sessions */
   bool allow_nonfinite;       /* --init-from may hold NaN or infinity */
+  const char *freeze;         /* --freeze: a regular expression over parameter names, or NULL */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last, grad_accum;
   float lr, wd, clip, val_fraction;
 } train_args;
