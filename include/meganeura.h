@@ -162,8 +162,10 @@ MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_n
 /* Whether parameter `param` is trained (the default). A frozen parameter (trainable false) gets
  * no gradient buffer, no optimizer state and no update, and the backward computes only what the
  * trainable parameters need; mn_session_read_grad gives zeros for it, and its values are read,
- * written, loaded and saved as any parameter's. Call before building sessions of g. A node that is
- * not a parameter is MN_ERR_INVALID_ARGUMENT, recorded as the graph's sticky error. */
+ * written, loaded and saved as any parameter's; a checkpoint holds optimizer state for the
+ * trainable ones only, so mn_session_load_checkpoint needs a session with the same parameters
+ * frozen (MN_ERR_FORMAT names the first that differs). Call before building sessions of g. A node
+ * that is not a parameter is MN_ERR_INVALID_ARGUMENT, recorded as the graph's sticky error. */
 MN_API void mn_set_trainable(mn_graph *g, mn_node param, bool trainable);
 
 /* outputs and inspection */
