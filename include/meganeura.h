@@ -164,8 +164,9 @@ MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_n
  * trainable parameters need; mn_session_read_grad gives zeros for it, and its values are read,
  * written, loaded and saved as any parameter's; a checkpoint holds optimizer state for the
  * trainable ones only, so mn_session_load_checkpoint needs a session with the same parameters
- * frozen (MN_ERR_FORMAT names the first that differs). Call before building sessions of g. A node
- * that is not a parameter is MN_ERR_INVALID_ARGUMENT, recorded as the graph's sticky error. */
+ * frozen (MN_ERR_NOT_FOUND names the first state that differs). Call before building sessions of g.
+ * A node that is not a parameter is MN_ERR_INVALID_ARGUMENT, recorded as the graph's sticky error.
+ */
 MN_API void mn_set_trainable(mn_graph *g, mn_node param, bool trainable);
 
 /* outputs and inspection */
