@@ -62,6 +62,17 @@ static mn_session *session_with_layout(const mn_graph *g, mn_layout_mode mode) {
   return session_with_layout_as(g, mode, MN_PRECISION_F32);
 }
 
+/* One step of both sessions, which must report the same loss bit for bit. */
+static void step_alike(mn_session *planned, mn_session *flat, int step) {
+  mn_session *ss[2] = {planned, flat};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(mn_session_step(ss[k]), MN_OK);
+    cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
+  }
+  cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
+            step, mn_session_read_loss(planned), mn_session_read_loss(flat));
+}
+
 Test(memplan, planned_equals_one_buffer_per_node) {
   mn_graph *g = lm_graph();
   mn_session *planned = session_with_layout(g, MN_LAYOUT_PLANNED);
@@ -72,13 +83,7 @@ Test(memplan, planned_equals_one_buffer_per_node) {
   cr_assert_eq(fp->arena_bytes, mn_memplan_unplanned_bytes(fp));
   static float la[B * T * V], lb[B * T * V];
   for (int step = 0; step < 3; step++) {
-    mn_session *ss[2] = {planned, flat};
-    for (int k = 0; k < 2; k++) {
-      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
-      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
-    }
-    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
-              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
+    step_alike(planned, flat, step);
     mn_session_read_output_by_index(planned, 1, la, B * T * V);
     mn_session_read_output_by_index(flat, 1, lb, B * T * V);
     cr_assert(memcmp(la, lb, sizeof la) == 0, "logits differ at step %d", step);
@@ -173,15 +178,8 @@ static mn_node only_node(const mn_plan *p, mn_op op) {
 /* Three AdamW steps of both sessions: the same loss every step and the same tied embedding after,
  * bit for bit. */
 static void train_alike(mn_session *planned, mn_session *flat) {
-  for (int step = 0; step < 3; step++) {
-    mn_session *ss[2] = {planned, flat};
-    for (int k = 0; k < 2; k++) {
-      cr_assert_eq(mn_session_step(ss[k]), MN_OK);
-      cr_assert_eq(mn_session_wait(ss[k]), MN_OK, "%s", mn_last_error());
-    }
-    cr_assert(mn_session_read_loss(planned) == mn_session_read_loss(flat), "step %d: %.9g vs %.9g",
-              step, mn_session_read_loss(planned), mn_session_read_loss(flat));
-  }
+  for (int step = 0; step < 3; step++)
+    step_alike(planned, flat, step);
   float wa[V * 16], wb[V * 16];
   mn_session_read_param(planned, "embed", wa, V * 16);
   mn_session_read_param(flat, "embed", wb, V * 16);
