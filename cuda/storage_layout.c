@@ -10,18 +10,24 @@
 #define PITCH_MIN_COLS 1024
 #define PITCH_ALIGN    64 /* values: 128-byte rows */
 
-/* Whether op reads or writes the node at input k (k < 0: as its output) through a row
- * pitch: the products and the sparse cross-entropy kernels do. */
+/* Whether op reads or writes the node at input k (k < 0: as its value, or for a multi-output op
+ * its extra value 1) through a row pitch: the products and the sparse cross-entropy kernels do.
+ */
 static bool pitch_aware(mn_op op, int k) {
   switch (op) {
   case MN_OP_MATMUL: return k <= 0;
   case MN_OP_MATMUL_BT: return k < 0;
   case MN_OP_MATMUL_AT: return k == 0;
   case MN_OP_SPARSE_CROSS_ENTROPY_LOSS: return k == 0;
-  case MN_OP_SPARSE_CROSS_ENTROPY_GRAD: return k <= 0;
-  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD: return k == 0; /* its gradient: see below */
+  case MN_OP_SPARSE_CROSS_ENTROPY_GRAD:
+  case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD: return k <= 0; /* the logits and their gradient */
   default: return false;
   }
+}
+
+/* The op whose kernel writes node n: its own, or an extra_output's producer. */
+static mn_op writer_of(const mn_graph *g, const mn_node_rec *n) {
+  return n->op == MN_OP_EXTRA_OUTPUT ? g->nodes[n->inputs[0]].op : n->op;
 }
 
 void mn_cu_low_pitch_rows(mn_plan *p) {
@@ -32,11 +38,8 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
     const mn_node_rec *n = &g->nodes[d->node];
     int64_t cols = n->type.shape[n->type.rank - 1];
     bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
-    /* The loss-and-gradient kernel writes its gradient (extra value 1) through a pitch. */
-    bool loss_grad = n->op == MN_OP_EXTRA_OUTPUT &&
-                     g->nodes[n->inputs[0]].op == MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD;
     if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
-        cols % 8 == 0 || !(loss_grad || pitch_aware(n->op, -1)))
+        cols % 8 == 0 || !pitch_aware(writer_of(g, n), -1))
       continue;
     bool all = true;
     for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
@@ -50,9 +53,7 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
     mn_op op = g->nodes[i].op;
     if (op != MN_OP_SPARSE_CROSS_ENTROPY_GRAD && op != MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD)
       continue;
-    mn_node value =
-        op == MN_OP_SPARSE_CROSS_ENTROPY_GRAD ? (mn_node)i : mn_plan_extra_output(p, (mn_node)i, 1);
-    mn_buffer_desc *out = &p->buffers[p->node_buffer[value]],
+    mn_buffer_desc *out = &p->buffers[p->node_buffer[mn_plan_overwriting_value(p, (mn_node)i)]],
                    *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
     if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
   }

@@ -78,6 +78,11 @@ typedef struct mn_node_rec {
   mn_fused_prog *fused; /* fused nodes; owned */
 } mn_node_rec;
 
+/* The attention forward ops, which a training plan may have write their row statistics. */
+static inline bool mn_op_is_attention(mn_op op) {
+  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION || op == MN_OP_CROSS_ATTENTION;
+}
+
 /* attrs.variant of a parameter that mn_set_trainable froze (host/param_layout.h's
  * MN_PARAM_DERIVED is 1; a derived parameter stacks trainable ones only). */
 #define MN_PARAM_FROZEN 2

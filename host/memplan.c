@@ -74,8 +74,8 @@ static void share_overwritten(const mn_plan *p, const bool *placed, uint32_t *sh
     mn_node id = p->dispatches[d].node;
     const mn_node_rec *n = &p->graph->nodes[id];
     if (!(mn_op_flags(n->op) & MN_OPF_MAY_OVERWRITE) || n->num_inputs < 1) continue;
-    mn_node value = mn_node_num_extra_outputs(n) ? mn_plan_extra_output(p, id, 1) : id;
-    uint32_t out = p->node_buffer[value], in = root_of(share, p->node_buffer[n->inputs[0]]);
+    uint32_t out = p->node_buffer[mn_plan_overwriting_value(p, id)],
+             in = root_of(share, p->node_buffer[n->inputs[0]]);
     const mn_buffer_desc *bo = &p->buffers[out], *bi = &p->buffers[in];
     if (in == out || placed[in] || placed[out] || bi->role != MN_BUF_ACTIVATION ||
         bo->role != MN_BUF_ACTIVATION || first[in] == SIZE_MAX || last[in] != d ||

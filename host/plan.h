@@ -91,6 +91,12 @@ static inline mn_node mn_plan_extra_output(const mn_plan *p, mn_node id, int k) 
   return p->extra_outputs[(size_t)id * MN_MAX_EXTRA_OUTPUTS + (size_t)(k - 1)];
 }
 
+/* The node holding the value that dispatch `id` may write over its input 0
+ * (MN_OPF_MAY_OVERWRITE, ops.h): its own, or a multi-output op's extra value 1. */
+static inline mn_node mn_plan_overwriting_value(const mn_plan *p, mn_node id) {
+  return mn_node_num_extra_outputs(&p->graph->nodes[id]) ? mn_plan_extra_output(p, id, 1) : id;
+}
+
 static inline const mn_buffer_desc *mn_plan_buffer_of(const mn_plan *p, mn_node id) {
   return &p->buffers[p->node_buffer[id]];
 }

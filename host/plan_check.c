@@ -23,10 +23,6 @@ static bool product_ok(const mn_graph *g, const mn_node_rec *r, int64_t *n) {
          mn_tensor_type_numel(&r->type) == mn_tensor_type_numel(a) / k * *n;
 }
 
-static bool is_attention(mn_op op) {
-  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION || op == MN_OP_CROSS_ATTENTION;
-}
-
 int64_t mn_attention_stats_numel(const mn_graph *g, const mn_node_rec *attention) {
   const mn_tensor_type *q = &g->nodes[attention->inputs[0]].type;
   int64_t batches = q->rank == 3 ? q->shape[0] : 1;
@@ -38,7 +34,7 @@ int64_t mn_attention_stats_numel(const mn_graph *g, const mn_node_rec *attention
  * 1, so the kernels read the statistics of the very scores they recompute. */
 static bool saved_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
   const mn_node_rec *y = &g->nodes[r->inputs[4]], *stats = &g->nodes[r->inputs[5]];
-  if (!is_attention(y->op) || y->attrs.variant != 1 || stats->op != MN_OP_EXTRA_OUTPUT ||
+  if (!mn_op_is_attention(y->op) || y->attrs.variant != 1 || stats->op != MN_OP_EXTRA_OUTPUT ||
       stats->inputs[0] != r->inputs[4] || stats->attrs.variant != 1)
     return false;
   for (int k = 0; k < 3; k++)

@@ -133,10 +133,7 @@ static mn_status mark_weight_gradients(const mn_plan *p, bool *weight_grad) {
 
 /* An attention's row statistics (its extra value, ops.h): maxima and 1 / sums of a softmax. */
 static bool is_attention_stats(const mn_graph *g, const mn_node_rec *n) {
-  if (n->op != MN_OP_EXTRA_OUTPUT) return false;
-  mn_op src = g->nodes[n->inputs[0]].op;
-  return src == MN_OP_CAUSAL_ATTENTION || src == MN_OP_FULL_ATTENTION ||
-         src == MN_OP_CROSS_ATTENTION;
+  return n->op == MN_OP_EXTRA_OUTPUT && mn_op_is_attention(g->nodes[n->inputs[0]].op);
 }
 
 static bool stays_f32(const mn_plan *p, mn_node id, const bool *weight_grad) {

@@ -5,14 +5,10 @@
 #include "host/error.h"
 #include "host/plan_check.h"
 
-static bool is_forward(mn_op op) {
-  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION || op == MN_OP_CROSS_ATTENTION;
-}
-
 /* Whether forward node f computes the probabilities backward node b recomputes: the same q,
  * k and v, heads and masking, and an output typed like b's upstream gradient. */
 static bool same_attention(const mn_graph *g, const mn_node_rec *f, const mn_node_rec *b) {
-  if (!is_forward(f->op) || f->attrs.variant > 1) return false;
+  if (!mn_op_is_attention(f->op) || f->attrs.variant > 1) return false;
   for (int k = 0; k < 3; k++)
     if (f->inputs[k] != b->inputs[k]) return false;
   return (f->op == MN_OP_CAUSAL_ATTENTION) == (b->attrs.variant == 1) &&

@@ -13,10 +13,12 @@ typedef struct attn_shape {
 
 /* One batch of attention. q is [T, H*hd], k and v are [S, KVH*hd]; query row t attends
  * to keys 0..t when causal, else to all S keys. scores (S doubles) and acc (hd doubles)
- * are scratch. */
+ * are scratch. stats, when not NULL, is this batch's part of the row statistics a training
+ * plan's attention also writes (ops.h): the base-2 maxima of the heads' rows [H, T], then, n
+ * floats on (n = B * H * T), their 1 / sums. */
 
 static void attend(const attn_shape *sh, const float *q, const float *k, const float *v, float *out,
-                   double *scores, double *acc) {
+                   double *scores, double *acc, float *stats, size_t n) {
   size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
   size_t group = sh->heads / sh->kv_heads;
   double scale = 1.0 / sqrt((double)hd);
@@ -25,7 +27,12 @@ static void attend(const attn_shape *sh, const float *q, const float *k, const f
     for (size_t h = 0; h < sh->heads; h++) {
       const float *qh = q + t * q_stride + h * hd;
       size_t kv_off = (h / group) * hd;
-      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, scores);
+      float st[2];
+      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, scores, st);
+      if (stats) {
+        stats[h * sh->t_len + t] = st[0];
+        stats[n + h * sh->t_len + t] = st[1];
+      }
       for (size_t d = 0; d < hd; d++)
         acc[d] = 0;
       for (size_t s = 0; s < n_keys; s++) {
@@ -42,48 +49,19 @@ static void attend(const attn_shape *sh, const float *q, const float *k, const f
 
 /* Runs attend over every batch with scratch sized for s_len keys. */
 static mn_status attend_batches(const mn_ref_ctx *c, const attn_shape *sh, size_t batches,
-                                const float *q, const float *k, const float *v, float *out) {
+                                const float *q, const float *k, const float *v, float *out,
+                                float *stats) {
   double *scores = malloc((sh->s_len + sh->head_dim) * sizeof *scores);
   if (!scores)
     return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention scores", sh->s_len);
   size_t q_batch = sh->t_len * sh->heads * sh->head_dim;
   size_t kv_batch = sh->s_len * sh->kv_heads * sh->head_dim;
+  size_t n = batches * sh->heads * sh->t_len, stats_batch = sh->heads * sh->t_len;
   for (size_t b = 0; b < batches; b++)
     attend(sh, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, out + b * q_batch, scores,
-           scores + sh->s_len);
+           scores + sh->s_len, stats ? stats + b * stats_batch : NULL, n);
   free(scores);
   return MN_OK;
-}
-
-/* The row statistics a training plan's attention also writes (ops.h), as the CUDA kernels keep
- * them: per (batch, head, query) at (b * H + h) * T + t the base-2 maximum of the scaled scores,
- * then, n = B * H * T floats on, 1 / the sum of exp2(score - maximum). */
-static void row_stats(const attn_shape *sh, size_t batches, const float *q, const float *k,
-                      float *stats) {
-  size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
-  size_t group = sh->heads / sh->kv_heads, n = batches * sh->heads * sh->t_len;
-  double scale2 = 1.4426950408889634 / sqrt((double)hd);
-  for (size_t b = 0; b < batches; b++)
-    for (size_t h = 0; h < sh->heads; h++)
-      for (size_t t = 0; t < sh->t_len; t++) {
-        const float *qh = q + (b * sh->t_len + t) * q_stride + h * hd;
-        const float *kb = k + b * sh->s_len * kv_stride + (h / group) * hd;
-        size_t n_keys = sh->causal ? t + 1 : sh->s_len;
-        double max = -INFINITY, sum = 0;
-        for (int pass = 0; pass < 2; pass++)
-          for (size_t j = 0; j < n_keys; j++) {
-            double dot = 0;
-            for (size_t d = 0; d < hd; d++)
-              dot += (double)qh[d] * kb[j * kv_stride + d];
-            if (pass == 0)
-              max = dot * scale2 > max ? dot * scale2 : max;
-            else
-              sum += exp2(dot * scale2 - max);
-          }
-        size_t i = (b * sh->heads + h) * sh->t_len + t;
-        stats[i] = (float)max;
-        stats[n + i] = (float)(1.0 / sum);
-      }
 }
 
 static mn_status attention(const mn_ref_ctx *c, bool causal) {
@@ -96,10 +74,9 @@ static mn_status attention(const mn_ref_ctx *c, bool causal) {
                    .head_dim = (size_t)a->head_dim,
                    .causal = causal};
   size_t batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1;
-  if (a->variant == 1)
-    row_stats(&sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), c->extra_out[0]);
   return attend_batches(c, &sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1),
-                        mn_ref_in_f32(c, 2), mn_ref_out_f32(c));
+                        mn_ref_in_f32(c, 2), mn_ref_out_f32(c),
+                        a->variant == 1 ? c->extra_out[0] : NULL);
 }
 
 mn_status mn_ref_CAUSAL_ATTENTION(const mn_ref_ctx *c) { return attention(c, true); }
@@ -139,5 +116,5 @@ mn_status mn_ref_CACHED_ATTENTION(const mn_ref_ctx *c) {
                    .head_dim = (size_t)a->head_dim,
                    .causal = false};
   return attend_batches(c, &sh, 1, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2),
-                        mn_ref_out_f32(c));
+                        mn_ref_out_f32(c), NULL);
 }

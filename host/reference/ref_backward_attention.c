@@ -66,7 +66,7 @@ static void backward_batch(const attn_dims *sh, grad_of which, const float *q, c
     for (size_t h = 0; h < sh->heads; h++) {
       size_t q_off = t * q_stride + h * hd, kv_off = (h / group) * hd;
       const float *qh = q + q_off, *dyh = dy + q_off;
-      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, p);
+      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, p, NULL);
       if (which == GRAD_V) {
         for (size_t s = 0; s < n_keys; s++) {
           double *dv = acc + s * kv_stride + kv_off;

@@ -36,7 +36,7 @@ void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction) {
 }
 
 void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
-                            size_t head_dim, double scale, double *p) {
+                            size_t head_dim, double scale, double *p, float stats[2]) {
   double max = -INFINITY;
   for (size_t s = 0; s < n_keys; s++) {
     const float *ks = k + s * kv_stride;
@@ -53,6 +53,10 @@ void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, s
   }
   for (size_t s = 0; s < n_keys; s++)
     p[s] /= sum;
+  if (stats) {
+    stats[0] = (float)(max * 1.4426950408889634); /* log2(e): exp(x) = exp2(x log2(e)) */
+    stats[1] = (float)(1.0 / sum);
+  }
 }
 
 void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out) {

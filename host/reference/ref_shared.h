@@ -48,8 +48,10 @@ mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n);
 void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction);
 
 /* p[s] = softmax over the n_keys visible keys of scale * q.k[s], for one query head;
- * k points at the head's slice of row 0 and rows are kv_stride floats apart. */
+ * k points at the head's slice of row 0 and rows are kv_stride floats apart. stats, when not
+ * NULL, gets the row's statistics as the CUDA kernels keep them: the base-2 maximum of the
+ * scaled scores and 1 / the sum of exp(score - maximum). */
 void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
-                            size_t head_dim, double scale, double *p);
+                            size_t head_dim, double scale, double *p, float stats[2]);
 
 #endif
