@@ -12,7 +12,10 @@
 #include "host/backend.h"
 #include "host/plan.h"
 #include "optimizer/report.h"
+#include "session/session.h"
+#include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
 
@@ -58,6 +61,20 @@ static void feed(const mn_graph *g, mn_session *const *s, size_t n) {
     cr_assert_eq(mn_session_set_input(s[i], "x", x, B * T * D), MN_OK, "%s", mn_last_error());
     cr_assert_eq(mn_session_set_input(s[i], "t", t, B * T * D), MN_OK, "%s", mn_last_error());
   }
+}
+
+/* A session of the plan lowered for bf16 (which holds the _saved attention gradients and the
+ * one-pass loss gradient) that computes in fp32: the ops themselves, without roundings. */
+static mn_session *saved_ops_in_fp32(const mn_graph *g, mn_backend backend) {
+  mn_session_options o = mn_session_options_default();
+  o.backend = backend;
+  o.precision = MN_PRECISION_BF16;
+  mn_plan *plan = NULL;
+  cr_assert_eq(mn_lower_training("test", g, &o, &plan), MN_OK, "%s", mn_last_error());
+  o.precision = MN_PRECISION_F32;
+  mn_session *s = NULL;
+  cr_assert_eq(mn_session_create("test", plan, &o, true, &s), MN_OK, "%s", mn_last_error());
+  return s;
 }
 
 static size_t count_op(const mn_plan *p, mn_op op) {
@@ -214,5 +231,84 @@ Test(attention_stats, a_pointwise_q_is_not_recomputed_under_a_saved_gradient) {
   cr_assert(isfinite(loss), "loss %g", (double)loss);
   mn_session_free(s);
   mn_optimize_report_free(r);
+  mn_graph_free(g);
+}
+
+/* The _saved gradients (delta = dy . y, the forward's statistics) and the one-pass loss gradient
+ * compute the same function as the ops they replace: in fp32, every weight gradient and the loss
+ * of a plan that holds them equal the plain fp32 session's within 1e-6 (the sums only run in
+ * another order). On a device the CUDA kernels of those ops match the CPU at 1e-5. */
+static void check_saved_ops_fp32(mn_backend backend) {
+  mn_graph *g = attention_block();
+  const mn_node *outs = NULL;
+  mn_graph_outputs(g, &outs);
+  mn_node loss = outs[0];
+  mn_set_outputs(g, &loss, 1);
+  mn_session *s[2] = {saved_ops_in_fp32(g, backend), build(g, MN_PRECISION_F32, true, NULL)};
+  cr_assert_eq(count_op(s[0]->plan, MN_OP_ATTENTION_GRAD_KV_SAVED), 1);
+  feed(g, s, 2);
+  float l0 = mn_test_step_loss(s[0]), l1 = mn_test_step_loss(s[1]);
+  double tol = backend == MN_BACKEND_CPU ? 1e-6 : 1e-5;
+  cr_assert_leq(fabs((double)l0 - l1), tol * fabs((double)l1), "loss %.9g vs %.9g", (double)l0,
+                (double)l1);
+  const char *names[] = {"wq", "wk", "wv", "wo"};
+  const size_t sizes[] = {D * HEADS * HD, D * KV_HEADS * HD, D * KV_HEADS * HD, HEADS * HD * D};
+  for (int i = 0; i < 4; i++) {
+    float *a = grad_of(s[0], names[i], sizes[i]), *b = grad_of(s[1], names[i], sizes[i]);
+    double e = mn_test_rel_err(a, b, sizes[i]);
+    cr_assert_leq(e, tol, "gradient of %s: relative error %.3g", names[i], e);
+    free(a);
+    free(b);
+  }
+  mn_session_free(s[0]);
+  mn_session_free(s[1]);
+  mn_graph_free(g);
+}
+
+Test(attention_stats, saved_ops_compute_the_same_function_in_fp32) {
+  check_saved_ops_fp32(MN_BACKEND_CPU);
+}
+
+Test(attention_stats, saved_ops_in_fp32_on_cuda_match_the_cpu) {
+  mn_test_require_cuda_device();
+  check_saved_ops_fp32(MN_BACKEND_CUDA);
+}
+
+/* The same for a two-block language model, whose loss is a sparse cross-entropy: the one-pass
+ * loss gradient (and the gradient written over the logits) and the _saved attention gradients
+ * against the plain fp32 session, every parameter's gradient. */
+Test(attention_stats, a_language_model_with_saved_ops_matches_in_fp32) {
+  mn_graph *g = mn_test_lm(&mn_test_tiny_block, 2, 8, 11, 2);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  mn_session *s[2] = {saved_ops_in_fp32(g, MN_BACKEND_CPU), build(g, MN_PRECISION_F32, true, NULL)};
+  cr_assert_eq(count_op(s[0]->plan, MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD), 1);
+  cr_assert_eq(count_op(s[0]->plan, MN_OP_ATTENTION_GRAD_Q_SAVED), 2);
+  mn_rng r = mn_rng_new(4);
+  mn_test_init_normal(g, s, 2, &r, 0.3f, false);
+  uint32_t tok[16], lab[16];
+  mn_rng_fill_u32(&r, tok, 16, 11);
+  mn_rng_fill_u32(&r, lab, 16, 11);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mn_session_set_input_u32(s[i], "tokens", tok, 16), MN_OK);
+    cr_assert_eq(mn_session_set_input_u32(s[i], "labels", lab, 16), MN_OK);
+  }
+  float l0 = mn_test_step_loss(s[0]), l1 = mn_test_step_loss(s[1]);
+  cr_assert_leq(fabs((double)l0 - l1), 1e-6 * fabs((double)l1), "loss %.9g vs %.9g", (double)l0,
+                (double)l1);
+  size_t checked = 0;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_PARAMETER) continue;
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    float *a = grad_of(s[0], n->name, count), *b = grad_of(s[1], n->name, count);
+    double e = mn_test_rel_err(a, b, count);
+    cr_assert_leq(e, 1e-6, "gradient of %s: relative error %.3g", n->name, e);
+    free(a);
+    free(b);
+    checked++;
+  }
+  cr_assert_gt(checked, 10);
+  mn_session_free(s[0]);
+  mn_session_free(s[1]);
   mn_graph_free(g);
 }
