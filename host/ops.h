@@ -121,8 +121,8 @@ enum {
   X(CROSS_ENTROPY_GRAD, "cross_entropy_grad", 3, MN_BWD)                /* (logits, t, dy[1]) */   \
   X(SPARSE_CROSS_ENTROPY_GRAD, "sparse_cross_entropy_grad", 3,                                     \
     MN_BWD | MN_OPF_MAY_OVERWRITE) /* (logits, labels, dy): the logits' gradient over them */      \
-  /* (logits, labels, dy): the loss, and as value 1 its gradient, from one pass over the logits */                                                                                                \
-  /* (optimizer/loss_grad.c); the gradient may overwrite the logits */                                                                                                \
+  /* (logits, labels, dy): the loss, and as value 1 its gradient, from one pass over the logits */ \
+  /* (optimizer/loss_grad.c); the gradient may overwrite the logits */                             \
   X(SPARSE_CROSS_ENTROPY_LOSS_GRAD, "sparse_cross_entropy_loss_grad", 3,                           \
     MN_BWD | MN_OPF_REDUCTION | MN_OPF_LOSS | MN_OPF_MULTI_OUTPUT | MN_OPF_MAY_OVERWRITE)          \
   X(BCE_GRAD, "bce_grad", 3, MN_BWD) /* (p, t, dy); variant 0: d pred, 1: d target */              \
