@@ -335,9 +335,21 @@ MN_API mn_status mn_session_load_safetensors(mn_session *s, const char *path, bo
  * holding a NaN or infinity with MN_ERR_FORMAT naming it, loading nothing, unless
  * MN_LOAD_ALLOW_NONFINITE is given (for inspecting a broken checkpoint). Unknown flags:
  * MN_ERR_INVALID_ARGUMENT. */
-typedef enum mn_load_flags { MN_LOAD_STRICT = 1, MN_LOAD_ALLOW_NONFINITE = 2 } mn_load_flags;
+/* MN_LOAD_STRICT_FROZEN is strict for the frozen parameters only (mn_set_trainable): a base
+ * checkpoint under adapters that it does not hold. */
+typedef enum mn_load_flags {
+  MN_LOAD_STRICT = 1,
+  MN_LOAD_ALLOW_NONFINITE = 2,
+  MN_LOAD_STRICT_FROZEN = 4,
+} mn_load_flags;
 MN_API mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path, unsigned flags);
 MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);
+/* Saves n parameters, F32: names[i] under the tensor name keys[i] (keys NULL: their own names),
+ * with the __metadata__ {"format": "pt"} that transformers asks for. MN_ERR_NOT_FOUND names a
+ * parameter the session lacks; MN_ERR_INVALID_ARGUMENT a key given twice or empty. */
+MN_API mn_status mn_session_save_parameters(mn_session *s, const char *path,
+                                            const char *const *names, const char *const *keys,
+                                            size_t n);
 
 typedef struct mn_safetensors mn_safetensors;
 typedef struct mn_safetensors_info {
@@ -477,11 +489,73 @@ MN_API mn_status mn_model_prepare_session(const mn_graph *g, mn_session *s);
 
 /* Sets every parameter of g in s as transformers' _init_weights does, for training from
  * scratch: norm weights 1, biases 0, every other weight normal(0, initializer_range), and
- * GPT-2's attn.c_proj and mlp.c_proj weights normal(0, initializer_range / sqrt(2 * n_layer)).
+ * GPT-2's attn.c_proj and mlp.c_proj weights normal(0, initializer_range / sqrt(2 * n_layer)),
+ * and as PEFT does LoRA's lora_A uniform(-1/sqrt(in), 1/sqrt(in)) and lora_B zeros.
  * Draws are seeded (same seed, same values, on every platform) in the graph's parameter
  * order. Then runs mn_model_prepare_session. */
 MN_API mn_status mn_model_init_parameters(const mn_model_config *c, const mn_graph *g,
                                           mn_session *s, uint64_t seed);
+
+/* ---------------------------------------------------------------- LoRA adapters
+ *
+ * Low-rank adapters as PEFT's LoraConfig (task_type CAUSAL_LM, bias "none"): every targeted
+ * linear layer y = x W^T (GPT-2's Conv1D: x W + b) gains (alpha / r) B A dropout(x), with
+ * "{module}.lora_A.weight" A [r, in] and "{module}.lora_B.weight" B [out, r] trainable and
+ * every other parameter frozen. Modules are named as transformers names them
+ * ("model.layers.0.self_attn.q_proj", "transformer.h.0.attn.c_attn"), and a target matches a
+ * module whose name is the target or ends with "." and the target, as in PEFT:
+ *   Llama  q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+ *   GPT-2  c_attn, attn.c_proj, mlp.c_proj (both by c_proj), c_fc
+ * "all-linear" targets all of them (never the output head). */
+#define MN_LORA_TEXT_CAP 512
+typedef struct mn_lora_config {
+  int64_t rank;                          /* r */
+  float alpha;                           /* lora_alpha: the product is scaled by alpha / r */
+  float dropout;                         /* lora_dropout, on the adapter's input in training */
+  char target_modules[MN_LORA_TEXT_CAP]; /* comma-separated targets, or "all-linear" */
+  char base_model[MN_LORA_TEXT_CAP];     /* base_model_name_or_path ("" when unknown) */
+} mn_lora_config;
+
+/* PEFT's defaults: r 8, lora_alpha 8, lora_dropout 0, "all-linear". */
+MN_API mn_lora_config mn_lora_config_default(void);
+/* Reads ADAPTER_DIR/adapter_config.json: peft_type "LORA" with r, lora_alpha, lora_dropout,
+ * target_modules (a list, or the string "all-linear") and base_model_name_or_path. MN_ERR_IO:
+ * unreadable; MN_ERR_FORMAT naming the key: not JSON, a key missing or of the wrong type;
+ * MN_ERR_UNSUPPORTED naming the option: another peft_type, bias other than "none", a regular
+ * expression for target_modules, use_dora, use_rslora, rank_pattern or alpha_pattern,
+ * layers_to_transform. */
+MN_API mn_status mn_lora_config_load(const char *adapter_dir, mn_lora_config *out);
+
+/* What mn_model_build_with builds besides the graph of mn_model_build. Zeros are
+ * mn_model_build's defaults. */
+typedef struct mn_model_options {
+  const char *name_prefix;    /* as mn_model_build's */
+  const mn_lora_config *lora; /* adapters on the targeted layers, the rest frozen; NULL: none */
+  bool loss_only;             /* output 0 only (no logits output: less memory in training) */
+} mn_model_options;
+/* mn_model_build with options (o NULL: none). A LoRA configuration with r < 1, alpha <= 0,
+ * dropout outside [0, 1), or a target that matches no module of the family is
+ * MN_ERR_INVALID_ARGUMENT naming it. */
+MN_API mn_status mn_model_build_with(const mn_model_config *c, int64_t batch, int64_t seq,
+                                     const mn_model_options *o, mn_graph **out);
+
+/* Writes ADAPTER_DIR (created when missing) as PEFT saves an adapter: adapter_config.json
+ * (lora's values, peft_type LORA, task_type CAUSAL_LM, bias none, fan_in_fan_out true for
+ * GPT-2's Conv1D layers) and adapter_model.safetensors holding every adapter of g under
+ * "base_model.model.{module}.lora_A.weight" / ".lora_B.weight", read from s. A graph without
+ * adapters is MN_ERR_INVALID_ARGUMENT. */
+MN_API mn_status mn_lora_save(mn_session *s, const mn_graph *g, const mn_lora_config *lora,
+                              const char *adapter_dir);
+/* Loads ADAPTER_DIR/adapter_model.safetensors (PEFT's names, F32/F16/BF16) into the adapters
+ * of g in s. Every adapter of g must be in the file with its shape (MN_ERR_NOT_FOUND,
+ * MN_ERR_SHAPE naming it); a file tensor for a module without an adapter in g is
+ * MN_ERR_NOT_FOUND too (other targets, or another rank). */
+MN_API mn_status mn_lora_load(mn_session *s, const mn_graph *g, const char *adapter_dir);
+/* Writes a safetensors file of the base model with every adapter merged into its layer
+ * (W += alpha / r * B A, transposed for Conv1D) under transformers' names, without adapter
+ * tensors: transformers loads it without peft. s is left as it was. */
+MN_API mn_status mn_lora_save_merged(mn_session *s, const mn_graph *g, const mn_lora_config *lora,
+                                     const char *path);
 
 #ifdef __cplusplus
 }

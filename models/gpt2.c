@@ -18,49 +18,56 @@
 
 #include "models/model_internal.h"
 
-/* x @ W + b for a Conv1D "{prefix}h.{layer}.{what}" with weight [in, out]. */
-static mn_node conv1d(mn_graph *g, const char *p, int layer, const char *what, mn_node x,
-                      int64_t in, int64_t out) {
-  mn_node w = mn_model_param(g, p, MN_SHAPE(in, out), "h.%d.%s.weight", layer, what);
-  mn_node b = mn_model_param(g, p, MN_SHAPE(out), "h.%d.%s.bias", layer, what);
-  return mn_bias_add(g, mn_matmul(g, x, w), b);
+/* x @ W + b for the Conv1D "{prefix}h.{layer}.{what}" with weight [in, out], and its
+ * adapter. */
+static mn_node conv1d(const mn_model_ctx *m, int layer, const char *what, mn_node x, int64_t in,
+                      int64_t out) {
+  mn_node w = mn_model_param(m->g, m->prefix, MN_SHAPE(in, out), "h.%d.%s.weight", layer, what);
+  mn_node b = mn_model_param(m->g, m->prefix, MN_SHAPE(out), "h.%d.%s.bias", layer, what);
+  char module[64];
+  snprintf(module, sizeof module, "h.%d.%s", layer, what);
+  return mn_model_linear(m, x, w, b, true, module);
 }
 
-static mn_node layer_norm(mn_graph *g, const char *p, const char *what, mn_node x, int64_t d,
-                          float eps) {
-  mn_node w = mn_model_param(g, p, MN_SHAPE(d), "%s.weight", what);
-  mn_node b = mn_model_param(g, p, MN_SHAPE(d), "%s.bias", what);
-  return mn_layer_norm(g, x, w, b, eps);
+static mn_node layer_norm(const mn_model_ctx *m, const char *what, mn_node x) {
+  int64_t d = m->c->hidden_size;
+  mn_node w = mn_model_param(m->g, m->prefix, MN_SHAPE(d), "%s.weight", what);
+  mn_node b = mn_model_param(m->g, m->prefix, MN_SHAPE(d), "%s.bias", what);
+  return mn_layer_norm(m->g, x, w, b, m->c->norm_eps);
 }
 
-static mn_node block(mn_graph *g, const mn_model_config *c, const char *p, int i, mn_node h) {
+static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
+  mn_graph *g = m->g;
+  const mn_model_config *c = m->c;
   int64_t d = c->hidden_size;
   int heads = (int)c->num_heads, hd = (int)c->head_dim;
   char ln[32];
   snprintf(ln, sizeof ln, "h.%d.ln_1", i);
-  mn_node a = layer_norm(g, p, ln, h, d, c->norm_eps);
-  mn_node qkv = conv1d(g, p, i, "attn.c_attn", a, d, 3 * d);
+  mn_node a = layer_norm(m, ln, h);
+  mn_node qkv = conv1d(m, i, "attn.c_attn", a, d, 3 * d);
   mn_node q = mn_slice_last(g, qkv, 0, d), k = mn_slice_last(g, qkv, d, d);
   mn_node v = mn_slice_last(g, qkv, 2 * d, d);
   mn_node att = mn_causal_attention(g, q, k, v, heads, heads, hd);
-  h = mn_add(g, h, conv1d(g, p, i, "attn.c_proj", att, d, d));
+  h = mn_add(g, h, conv1d(m, i, "attn.c_proj", att, d, d));
   snprintf(ln, sizeof ln, "h.%d.ln_2", i);
-  mn_node m = layer_norm(g, p, ln, h, d, c->norm_eps);
-  mn_node f = mn_gelu(g, conv1d(g, p, i, "mlp.c_fc", m, d, c->intermediate_size));
-  return mn_add(g, h, conv1d(g, p, i, "mlp.c_proj", f, c->intermediate_size, d));
+  mn_node x = layer_norm(m, ln, h);
+  mn_node f = mn_gelu(g, conv1d(m, i, "mlp.c_fc", x, d, c->intermediate_size));
+  return mn_add(g, h, conv1d(m, i, "mlp.c_proj", f, c->intermediate_size, d));
 }
 
-mn_node mn_gpt2_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
-                       const char *p) {
+mn_node mn_gpt2_logits(const mn_model_ctx *m) {
+  mn_graph *g = m->g;
+  const mn_model_config *c = m->c;
+  const char *p = m->prefix;
   int64_t d = c->hidden_size;
-  mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(batch, seq));
-  mn_node pos = mn_input_u32(g, "position_ids", MN_SHAPE(batch, seq));
+  mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(m->batch, m->seq));
+  mn_node pos = mn_input_u32(g, "position_ids", MN_SHAPE(m->batch, m->seq));
   mn_node wte = mn_model_param(g, p, MN_SHAPE(c->vocab_size, d), "wte.weight");
   mn_node wpe = mn_model_param(g, p, MN_SHAPE(c->max_positions, d), "wpe.weight");
   mn_node h = mn_add(g, mn_embedding(g, ids, wte), mn_embedding(g, pos, wpe));
   for (int i = 0; i < (int)c->num_layers; i++)
-    h = block(g, c, p, i, h);
-  h = layer_norm(g, p, "ln_f", h, d, c->norm_eps);
+    h = block(m, i, h);
+  h = layer_norm(m, "ln_f", h);
   /* The head is outside the base model: never prefixed. */
   mn_node head = c->tie_word_embeddings
                      ? wte

@@ -13,9 +13,14 @@
  * nn.Linear weights are stored [out, in] and used through mn_matmul_bt, so loading and saving
  * never transpose. RoPE is transformers' rotate-half form with positions 0..T-1 in each row,
  * which mn_rope computes, so Llama needs no position input. */
+#include <stdio.h>
+
 #include "models/model_internal.h"
 
-static mn_node block(mn_graph *g, const mn_model_config *c, const char *p, int i, mn_node h) {
+static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
+  mn_graph *g = m->g;
+  const mn_model_config *c = m->c;
+  const char *p = m->prefix;
   int64_t d = c->hidden_size, ff = c->intermediate_size;
   int heads = (int)c->num_heads, kv_heads = (int)c->num_kv_heads, hd = (int)c->head_dim;
   int64_t q_dim = c->num_heads * c->head_dim, kv_dim = c->num_kv_heads * c->head_dim;
@@ -31,26 +36,34 @@ static mn_node block(mn_graph *g, const mn_model_config *c, const char *p, int i
   mn_node ln1 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.input_layernorm.weight", i);
   mn_node ln2 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.post_attention_layernorm.weight", i);
 
+  char mod[7][64];
+  const char *what[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                         "mlp.down_proj"};
+  for (int k = 0; k < 7; k++)
+    snprintf(mod[k], sizeof mod[k], "layers.%d.%s", i, what[k]);
   mn_node a = mn_rms_norm(g, h, ln1, c->norm_eps);
-  mn_node q = mn_rope(g, mn_matmul_bt(g, a, wq), c->rope_theta, hd);
-  mn_node k = mn_rope(g, mn_matmul_bt(g, a, wk), c->rope_theta, hd);
-  mn_node v = mn_matmul_bt(g, a, wv);
+  mn_node q = mn_rope(g, mn_model_linear(m, a, wq, MN_NO_NODE, false, mod[0]), c->rope_theta, hd);
+  mn_node k = mn_rope(g, mn_model_linear(m, a, wk, MN_NO_NODE, false, mod[1]), c->rope_theta, hd);
+  mn_node v = mn_model_linear(m, a, wv, MN_NO_NODE, false, mod[2]);
   mn_node att = mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
-  h = mn_add(g, h, mn_matmul_bt(g, att, wo));
-  mn_node m = mn_rms_norm(g, h, ln2, c->norm_eps);
-  mn_node ffn = mn_swiglu(g, mn_matmul_bt(g, m, wgate), mn_matmul_bt(g, m, wup));
-  return mn_add(g, h, mn_matmul_bt(g, ffn, wdown));
+  h = mn_add(g, h, mn_model_linear(m, att, wo, MN_NO_NODE, false, mod[3]));
+  mn_node x = mn_rms_norm(g, h, ln2, c->norm_eps);
+  mn_node ffn = mn_swiglu(g, mn_model_linear(m, x, wgate, MN_NO_NODE, false, mod[4]),
+                          mn_model_linear(m, x, wup, MN_NO_NODE, false, mod[5]));
+  return mn_add(g, h, mn_model_linear(m, ffn, wdown, MN_NO_NODE, false, mod[6]));
 }
 
-mn_node mn_llama_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
-                        const char *p) {
+mn_node mn_llama_logits(const mn_model_ctx *m) {
+  mn_graph *g = m->g;
+  const mn_model_config *c = m->c;
   int64_t d = c->hidden_size;
-  mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(batch, seq));
-  mn_node emb = mn_model_param(g, p, MN_SHAPE(c->vocab_size, d), "embed_tokens.weight");
+  mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(m->batch, m->seq));
+  mn_node emb = mn_model_param(g, m->prefix, MN_SHAPE(c->vocab_size, d), "embed_tokens.weight");
   mn_node h = mn_embedding(g, ids, emb);
   for (int i = 0; i < (int)c->num_layers; i++)
-    h = block(g, c, p, i, h);
-  mn_node norm = mn_model_param(g, p, MN_SHAPE(d), "norm.weight");
+    h = block(m, i, h);
+  mn_node norm = mn_model_param(g, m->prefix, MN_SHAPE(d), "norm.weight");
   h = mn_rms_norm(g, h, norm, c->norm_eps);
   /* The head is outside the base model: never prefixed. */
   mn_node head = c->tie_word_embeddings

@@ -36,9 +36,44 @@ static const char *default_prefix(mn_model_family f) {
   return f == MN_MODEL_GPT2 ? MN_GPT2_PREFIX : MN_LLAMA_PREFIX;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+  size_t ls = strlen(s), lx = strlen(suffix);
+  return ls >= lx && strcmp(s + ls - lx, suffix) == 0;
+}
+
+static bool is_adapter(const char *name) {
+  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
+}
+
+/* Freezes every parameter but the adapters, and refuses a target that named no layer. */
+static mn_status finish_lora(const char *fn, mn_graph *g, const mn_lora_config *l) {
+  mn_node_info info;
+  size_t adapters = 0;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
+    if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
+    if (is_adapter(info.name))
+      adapters++;
+    else
+      mn_set_trainable(g, (mn_node)i, false);
+  }
+  if (!adapters)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: LoRA targets \"%s\" name no layer of the model",
+                   fn, l->target_modules);
+  return mn_graph_status(g);
+}
+
 mn_status mn_model_build(const mn_model_config *c, int64_t batch, int64_t seq,
                          const char *name_prefix, mn_graph **out) {
+  mn_model_options o = {.name_prefix = name_prefix};
+  return mn_model_build_with(c, batch, seq, &o, out);
+}
+
+mn_status mn_model_build_with(const mn_model_config *c, int64_t batch, int64_t seq,
+                              const mn_model_options *o, mn_graph **out) {
   const char *fn = "mn_model_build";
+  const mn_model_options none = {0};
+  if (!o) o = &none;
+  const char *name_prefix = o->name_prefix;
   if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   *out = NULL;
   if (!c) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: config is NULL", fn);
@@ -67,13 +102,18 @@ mn_status mn_model_build(const mn_model_config *c, int64_t batch, int64_t seq,
   if (strlen(prefix) > MN_MODEL_PREFIX_CAP)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: name_prefix is %zu bytes long, at most %d", fn,
                    strlen(prefix), MN_MODEL_PREFIX_CAP);
+  if (o->lora && (st = mn_lora_config_check(fn, c->family, o->lora)) != MN_OK) return st;
   mn_graph *g = mn_graph_new();
   if (!g) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(g, c, batch, seq, prefix)
-                                              : mn_llama_logits(g, c, batch, seq, prefix);
+  mn_model_ctx m = {.g = g, .c = c, .batch = batch, .seq = seq, .prefix = prefix, .lora = o->lora};
+  mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
   mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch, seq));
   mn_node outputs[2] = {mn_sparse_cross_entropy_loss(g, logits, labels), logits};
-  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, outputs, 2);
+  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, outputs, o->loss_only ? 1 : 2);
+  if (o->lora && mn_graph_status(g) == MN_OK && (st = finish_lora(fn, g, o->lora)) != MN_OK) {
+    mn_graph_free(g);
+    return st;
+  }
   if ((st = mn_graph_status(g)) != MN_OK) {
     /* A size the builders refuse (say B * T * V past the element limit): their message. */
     mn_fail(st, "%s: %s", fn, mn_graph_error(g));
@@ -91,11 +131,6 @@ static bool has_name(const char *const *names, size_t n, const char *prefix, con
   for (size_t i = 0; i < n; i++)
     if (strncmp(names[i], prefix, lp) == 0 && strcmp(names[i] + lp, rest) == 0) return true;
   return false;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t ls = strlen(s), lx = strlen(suffix);
-  return ls >= lx && strcmp(s + ls - lx, suffix) == 0;
 }
 
 /* The tensor names of a safetensors file, or of a sharded checkpoint's index (its weight_map
@@ -215,13 +250,20 @@ static void fill_normal(float *w, size_t n, double std, uint64_t *state) {
   }
 }
 
+/* PEFT's lora_A: kaiming_uniform_ with a = sqrt(5), i.e. uniform(-b, b), b = 1 / sqrt(fan_in). */
+static void fill_kaiming_uniform(float *w, size_t n, int64_t fan_in, uint64_t *state) {
+  double bound = 1.0 / sqrt((double)fan_in);
+  for (size_t i = 0; i < n; i++)
+    w[i] = (float)(bound * (2.0 * uniform01(state) - 1.0));
+}
+
 /* What transformers' _init_weights gives a parameter, judged by its name: norm weights 1
  * (GPT-2's ln_1, ln_2, ln_f; Llama's *layernorm and norm), biases 0, the rest
  * normal(0, initializer_range); GPT-2 scales its residual projections (attn.c_proj and
  * mlp.c_proj) by 1/sqrt(2 * n_layer) as in the GPT-2 paper. Returns the std, or -1 / -2 for
  * the constants 1 and 0. */
 static double init_std(const mn_model_config *c, const char *name) {
-  if (ends_with(name, ".bias")) return -2;
+  if (ends_with(name, ".bias") || ends_with(name, ".lora_B.weight")) return -2;
   const char *last = strrchr(name, '.');
   if (last && strcmp(last, ".weight") == 0) {
     const char *start = last;
@@ -252,7 +294,9 @@ mn_status mn_model_init_parameters(const mn_model_config *c, const mn_graph *g, 
     float *w = malloc((n ? n : 1) * sizeof *w);
     if (!w) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory for %s", fn, info.name);
     double std = init_std(c, info.name);
-    if (std < 0)
+    if (ends_with(info.name, ".lora_A.weight"))
+      fill_kaiming_uniform(w, n, info.type.shape[1], &state);
+    else if (std < 0)
       for (size_t k = 0; k < n; k++)
         w[k] = std == -1 ? 1.0f : 0.0f;
     else

@@ -40,12 +40,43 @@ mn_status mn_model_config_check(const char *fn, const mn_model_config *c);
  * it is not JSON. */
 mn_status mn_model_read_json(const char *fn, const char *path, cJSON **out);
 
+/* What the family builders build with: the graph, its config and sizes, the prefix of the
+ * base model's names, and the adapters (lora NULL: none). */
+typedef struct mn_model_ctx {
+  mn_graph *g;
+  const mn_model_config *c;
+  int64_t batch, seq;
+  const char *prefix;
+  const mn_lora_config *lora;
+} mn_model_ctx;
+
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are
  * left in the graph (sticky), and the result is then MN_NO_NODE. */
-mn_node mn_gpt2_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
-                       const char *prefix);
-mn_node mn_llama_logits(mn_graph *g, const mn_model_config *c, int64_t batch, int64_t seq,
-                        const char *prefix);
+mn_node mn_gpt2_logits(const mn_model_ctx *m);
+mn_node mn_llama_logits(const mn_model_ctx *m);
+
+/* A linear layer of the module "{prefix}{module}" with weight w: x w^T (Linear, w [out, in])
+ * or, when conv1d, x w (GPT-2's Conv1D, w [in, out]), plus bias unless MN_NO_NODE; plus its
+ * adapter when m->lora targets the module, declaring "{prefix}{module}.lora_A.weight" and
+ * ".lora_B.weight". */
+mn_node mn_model_linear(const mn_model_ctx *m, mn_node x, mn_node w, mn_node bias, bool conv1d,
+                        const char *module);
+
+/* The next comma-separated item of *list, spaces trimmed, into item (cut to cap - 1 bytes);
+ * false at the end of the list. */
+bool mn_lora_next_target(const char **list, char *item, size_t cap);
+/* Whether target list `targets` (comma-separated, or "all-linear") names the module. */
+bool mn_lora_targets_module(const char *targets, const char *module);
+/* Checks a LoRA configuration against a family: MN_ERR_INVALID_ARGUMENT naming the field or
+ * the target that matches no linear layer of the family. */
+mn_status mn_lora_config_check(const char *fn, mn_model_family f, const mn_lora_config *l);
+
+/* "dir/file" into out (MN_LORA_PATH_CAP bytes), or MN_ERR_INVALID_ARGUMENT when too long. */
+#define MN_LORA_PATH_CAP 4096
+mn_status mn_lora_path(const char *fn, const char *dir, const char *file, char *out);
+/* Writes adapter_config.json at path. */
+mn_status mn_lora_write_config(const char *fn, const char *path, const mn_lora_config *l,
+                               bool fan_in_fan_out);
 
 #endif

@@ -226,12 +226,13 @@ static bool convertible(const char *dtype) {
 /* Matches every parameter with its tensor (entry[i], -1 when the source lacks it) and checks
  * dtype and shape; parameters the source lacks go to `missing`. */
 static mn_status match(const source *src, const mn_io_param *params, size_t np, long *entry,
-                       mn_io_name_list *missing) {
+                       mn_io_name_list *missing, mn_io_name_list *missing_frozen) {
   for (size_t i = 0; i < np; i++) {
     const mn_io_param *p = &params[i];
     entry[i] = find_entry(src, p->name);
     if (entry[i] < 0) {
       mn_io_name_list_add(missing, p->name);
+      if (p->frozen) mn_io_name_list_add(missing_frozen, p->name);
       continue;
     }
     const mn_safetensors *file = src->files[src->entries[entry[i]].file];
@@ -325,17 +326,21 @@ static mn_status load(const char *fn, mn_session *s, const char *path, unsigned 
   size_t np = 0;
   long *entry = NULL;
   float *stage = NULL;
-  mn_io_name_list missing = {0};
+  mn_io_name_list missing = {0}, missing_frozen = {0};
   mn_status st = ends_with(path, ".json") ? open_index(&src) : open_single(&src);
   if (st == MN_OK) st = index_entries(&src);
   if (st == MN_OK) st = mn_io_params(fn, s, &params, &np);
   if (st == MN_OK && !(entry = malloc((np ? np : 1) * sizeof *entry)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  if (st == MN_OK) st = match(&src, params, np, entry, &missing);
-  if (st == MN_OK && strict && (missing.count || missing.dropped)) {
-    size_t nm = missing.count + missing.dropped;
-    st = mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s not in the file: %s", fn, path,
-                 nm, nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(&missing));
+  if (st == MN_OK) st = match(&src, params, np, entry, &missing, &missing_frozen);
+  mn_io_name_list *refused = strict                            ? &missing
+                             : (flags & MN_LOAD_STRICT_FROZEN) ? &missing_frozen
+                                                               : NULL;
+  if (st == MN_OK && refused && (refused->count || refused->dropped)) {
+    size_t nm = refused->count + refused->dropped;
+    st = mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s%s not in the file: %s", fn,
+                 path, nm, refused == &missing ? "" : "frozen ",
+                 nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(refused));
   }
   if (st == MN_OK && !(stage = malloc(mn_io_params_max_numel(params, np) * sizeof *stage)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", fn, path);
@@ -356,32 +361,30 @@ mn_status mn_session_load_safetensors(mn_session *s, const char *path, bool stri
 
 mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path, unsigned flags) {
   const char *fn = "mn_session_load_safetensors_flags";
-  const unsigned known = MN_LOAD_STRICT | MN_LOAD_ALLOW_NONFINITE;
+  const unsigned known = MN_LOAD_STRICT | MN_LOAD_ALLOW_NONFINITE | MN_LOAD_STRICT_FROZEN;
   if (flags & ~known)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: unknown flags 0x%x", fn, flags & ~known);
   return load(fn, s, path, flags);
 }
 
-mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
-  const char *fn = "mn_session_save_safetensors";
-  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
-  if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
-  mn_io_param *params = NULL;
-  size_t np = 0, floats = 0;
-  mn_st_tensor *tensors = NULL;
-  float *data = NULL;
-  mn_status st = mn_io_params(fn, s, &params, &np);
-  for (size_t i = 0; st == MN_OK && i < np; i++)
-    floats += params[i].numel;
-  if (st == MN_OK && (!(tensors = calloc(np ? np : 1, sizeof *tensors)) ||
-                      !(data = malloc((floats ? floats : 1) * sizeof *data))))
+/* Writes params[pick[i]] under keys[i] (NULL: their names), i < n. */
+static mn_status save_some(const char *fn, mn_session *s, const char *path,
+                           const mn_io_param *params, const size_t *pick, const char *const *keys,
+                           size_t n) {
+  size_t floats = 0;
+  for (size_t i = 0; i < n; i++)
+    floats += params[pick[i]].numel;
+  mn_st_tensor *tensors = calloc(n ? n : 1, sizeof *tensors);
+  float *data = malloc((floats ? floats : 1) * sizeof *data);
+  mn_status st = MN_OK;
+  if (!tensors || !data)
     st =
         mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory staging %zu floats", fn, path, floats);
   float *dst = data;
-  for (size_t i = 0; st == MN_OK && i < np; i++) {
-    const mn_io_param *p = &params[i];
+  for (size_t i = 0; st == MN_OK && i < n; i++) {
+    const mn_io_param *p = &params[pick[i]];
     st = mn_io_param_read(s, p, dst);
-    tensors[i] = (mn_st_tensor){.name = p->name,
+    tensors[i] = (mn_st_tensor){.name = keys ? keys[i] : p->name,
                                 .dtype = "F32",
                                 .rank = p->type->rank,
                                 .data = dst,
@@ -391,10 +394,58 @@ mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
   }
   /* transformers refuses safetensors files without format "pt" in their metadata. */
   const mn_st_meta meta[] = {{"format", "pt"}};
-  if (st == MN_OK && (st = mn_safetensors_write(path, tensors, np, meta, 1)) != MN_OK)
+  if (st == MN_OK && (st = mn_safetensors_write(path, tensors, n, meta, 1)) != MN_OK)
     st = mn_io_rewrap(st, fn);
   free(tensors);
   free(data);
+  return st;
+}
+
+mn_status mn_session_save_safetensors(mn_session *s, const char *path) {
+  const char *fn = "mn_session_save_safetensors";
+  if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+  if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
+  mn_io_param *params = NULL;
+  size_t np = 0, *pick = NULL;
+  mn_status st = mn_io_params(fn, s, &params, &np);
+  if (st == MN_OK && !(pick = malloc((np ? np : 1) * sizeof *pick)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (size_t i = 0; st == MN_OK && i < np; i++)
+    pick[i] = i;
+  if (st == MN_OK) st = save_some(fn, s, path, params, pick, NULL, np);
+  free(pick);
+  free(params);
+  return st;
+}
+
+mn_status mn_session_save_parameters(mn_session *s, const char *path, const char *const *names,
+                                     const char *const *keys, size_t n) {
+  const char *fn = "mn_session_save_parameters";
+  if (!s || !path || (n && !names))
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                   !s      ? "session"
+                   : !path ? "path"
+                           : "names");
+  mn_io_param *params = NULL;
+  size_t np = 0, *pick = NULL;
+  mn_status st = mn_io_params(fn, s, &params, &np);
+  if (st == MN_OK && !(pick = malloc((n ? n : 1) * sizeof *pick)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (size_t i = 0; st == MN_OK && i < n; i++) {
+    long k = names[i] ? mn_io_param_index(params, np, names[i]) : -1;
+    const char *key = keys ? keys[i] : names[i];
+    if (k < 0)
+      st = mn_fail(MN_ERR_NOT_FOUND, "%s: the session has no parameter \"%s\"", fn,
+                   names[i] ? names[i] : "(NULL)");
+    else if (!key || !key[0])
+      st = mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: the key of \"%s\" is empty", fn, names[i]);
+    for (size_t j = 0; st == MN_OK && j < i; j++)
+      if (strcmp(keys ? keys[j] : names[j], key) == 0)
+        st = mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: the key \"%s\" is given twice", fn, key);
+    pick[i] = (size_t)k;
+  }
+  if (st == MN_OK) st = save_some(fn, s, path, params, pick, keys, n);
+  free(pick);
   free(params);
   return st;
 }

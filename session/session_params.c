@@ -37,6 +37,7 @@ mn_status mn_io_params(const char *fn, const mn_session *s, mn_io_param **out, s
       q->numel = (size_t)mn_tensor_type_numel(q->type);
       q->buffer = p->node_buffer[i];
       q->slot = slot;
+      q->frozen = mn_param_is_frozen(node);
       q->offset = ns ? src[m].offset : 0;
       q->buffer_numel = all;
     }

@@ -13,7 +13,8 @@ typedef struct mn_io_param {
   const mn_tensor_type *type;
   size_t numel;
   uint32_t buffer;
-  long slot; /* plan parameter slot that has Adam moments (a gradient), else -1 */
+  long slot;   /* plan parameter slot that has Adam moments (a gradient), else -1 */
+  bool frozen; /* marked not trainable (mn_set_trainable) */
   /* Elements [offset, offset + numel) of the buffer's buffer_numel: a source of a derived
    * parameter (host/backend.h) is a range of it; any other parameter is all of its buffer. */
   size_t offset, buffer_numel;
