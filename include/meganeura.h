@@ -32,6 +32,10 @@ MN_API const char *mn_version(void);
 typedef uint32_t mn_node;
 #define MN_NO_NODE  ((mn_node)UINT32_MAX)
 #define MN_MAX_RANK 6
+/* A label that mn_sparse_cross_entropy_loss does not count: -100 as a uint32, the
+ * ignore_index that PyTorch's cross-entropy and transformers' labels use (e.g. for the prompt
+ * tokens of an instruction example, so that only the completion is trained). */
+#define MN_IGNORE_LABEL 0xFFFFFF9Cu
 
 /* A shape literal and its rank, for the (shape, rank) argument pairs:
  * mn_input(g, "x", MN_SHAPE(32, 784)). */
@@ -114,6 +118,13 @@ MN_API mn_node mn_log_softmax(mn_graph *g, mn_node x);
 
 /* losses, each -> [1] */
 MN_API mn_node mn_cross_entropy_loss(mn_graph *g, mn_node logits, mn_node target_probs);
+/* logits [.., C], labels U32 [..] (logits' shape without C; [1] for logits [C]): the mean over
+ * the counted rows of -log_softmax(logits)[label]. A row whose label is MN_IGNORE_LABEL counts
+ * for nothing, as PyTorch's F.cross_entropy(..., ignore_index=-100, reduction='mean') has it:
+ * the mean divides by the number of the other rows, and the logits' gradient is zero on the
+ * ignored rows and (softmax - onehot(label)) / count on the counted ones. Any other label >= C,
+ * or a batch in which every label is MN_IGNORE_LABEL (a mean over no rows), fails the step, the
+ * forward or the evaluation with MN_ERR_INVALID_ARGUMENT. */
 MN_API mn_node mn_sparse_cross_entropy_loss(mn_graph *g, mn_node logits, mn_node labels);
 MN_API mn_node mn_bce_loss(mn_graph *g, mn_node pred, mn_node target);
 MN_API mn_node mn_mse_loss(mn_graph *g, mn_node pred, mn_node target);
@@ -424,9 +435,10 @@ MN_API const char *mn_tokenizer_token(const mn_tokenizer *t, uint32_t id);
  * The graph of mn_model_build (batch B, sequence T, vocabulary V):
  *   inputs   "input_ids" U32 [B, T]; "labels" U32 [B, T], the token each position should
  *            predict (already shifted: unlike transformers' labels argument, position t is
- *            scored against labels[t]); GPT-2 also "position_ids" U32 [B, T], which
+ *            scored against labels[t]), or MN_IGNORE_LABEL for a position the loss does not
+ *            count (the mean is over the others); GPT-2 also "position_ids" U32 [B, T], which
  *            mn_model_prepare_session sets to 0..T-1
- *   output 0 the mean cross-entropy of the logits against the labels, [1] (the loss)
+ *   output 0 the mean cross-entropy of the logits against the counted labels, [1] (the loss)
  *   output 1 the logits [B, T, V]
  * GPT-2 (GPT2LMHeadModel): learned positions, layer_norm, gelu (tanh), Conv1D weights
  * [in, out] through mn_matmul, q, k and v cut from c_attn's output by mn_slice_last; the head

@@ -1,6 +1,7 @@
 /* Reference kernels of the softmax and loss gradients. The loss gradients read the
  * upstream gradient of the [1] loss as dy[0]; the mean's 1/count is applied here. */
 #include <math.h>
+#include <string.h>
 
 #include "host/reference/ref_shared.h"
 
@@ -60,16 +61,20 @@ mn_status mn_ref_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* d logits = dy[0]/R * (softmax - onehot(label)). The forward pass of the same step
- * validated the labels, but this kernel checks them again before reading any row, so
- * that it is safe on its own (e.g. run from another plan). */
+/* d logits = dy[0]/count * (softmax - onehot(label)) on the rows that count, zero on those
+ * whose label is MN_IGNORE_LABEL. The forward pass of the same step validated the labels, but
+ * this kernel checks them again before reading any row, so that it is safe on its own (e.g.
+ * run from another plan). */
 mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
   const float *x = mn_ref_in_f32(c, 0);
   const uint32_t *labels = mn_ref_in_u32(c, 1);
   const mn_tensor_type *ty = mn_ref_in_type(c, 1);
   float *o = mn_ref_out_f32(c);
   size_t n = mn_ref_last_dim(&c->node->type), rows = numel(ty), total = mn_ref_numel(c);
+  size_t counted = 0;
   for (size_t r = 0; r < rows; r++) {
+    if (labels[r] == MN_IGNORE_LABEL) continue;
+    counted++;
     if (labels[r] < n) continue;
     for (size_t i = 0; i < total; i++)
       o[i] = NAN;
@@ -80,8 +85,17 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_GRAD(const mn_ref_ctx *c) {
                        labels[r], r, c->node->inputs[1], mn_shape_str(ty, ys, sizeof ys),
                        c->node->inputs[0], mn_shape_str(&c->node->type, ls, sizeof ls), n);
   }
-  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)rows;
+  if (counted == 0) {
+    for (size_t i = 0; i < total; i++)
+      o[i] = NAN;
+    return mn_ref_all_labels_ignored(c);
+  }
+  double k = (double)mn_ref_in_f32(c, 2)[0] / (double)counted;
   for (size_t r = 0; r < rows; r++, x += n, o += n) {
+    if (labels[r] == MN_IGNORE_LABEL) {
+      memset(o, 0, n * sizeof *o);
+      continue;
+    }
     mn_ref_row_stats st = mn_ref_row_stats_of(x, n);
     for (size_t i = 0; i < n; i++)
       o[i] = (float)(k * (softmax_at(x, st, i) - (i == labels[r] ? 1.0 : 0.0)));

@@ -93,7 +93,10 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
   float *o = mn_ref_out_f32(c);
   /* Validate every label before reading any logits row, so a bad label never indexes
    * past its row. */
+  size_t counted = 0;
   for (size_t r = 0; r < rows; r++) {
+    if (labels[r] == MN_IGNORE_LABEL) continue;
+    counted++;
     if (labels[r] >= n) {
       o[0] = NAN;
       char idx[24 * MN_MAX_RANK], ls[96], ys[96];
@@ -105,10 +108,15 @@ mn_status mn_ref_SPARSE_CROSS_ENTROPY_LOSS(const mn_ref_ctx *c) {
                          c->node->inputs[0], mn_shape_str(tl, ls, sizeof ls), n);
     }
   }
+  if (counted == 0) {
+    o[0] = NAN;
+    return mn_ref_all_labels_ignored(c);
+  }
   double acc = 0;
   for (size_t r = 0; r < rows; r++, x += n)
-    acc -= log_softmax_at(x, mn_ref_row_stats_of(x, n), labels[r]);
-  o[0] = (float)(acc / (double)rows);
+    if (labels[r] != MN_IGNORE_LABEL)
+      acc -= log_softmax_at(x, mn_ref_row_stats_of(x, n), labels[r]);
+  o[0] = (float)(acc / (double)counted);
   return MN_OK;
 }
 

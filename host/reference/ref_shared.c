@@ -67,3 +67,12 @@ void mn_ref_column_sums(const float *x, size_t rows, size_t cols, float *out) {
     out[j] = (float)acc;
   }
 }
+
+mn_status mn_ref_all_labels_ignored(const mn_ref_ctx *c) {
+  const mn_tensor_type *ty = mn_ref_in_type(c, 1);
+  char ys[96];
+  return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
+                     "every label of labels node %u %s is the ignore label MN_IGNORE_LABEL (%u): "
+                     "the mean cross-entropy over no counted rows is undefined",
+                     c->node->inputs[1], mn_shape_str(ty, ys, sizeof ys), MN_IGNORE_LABEL);
+}

@@ -42,6 +42,10 @@ typedef struct mn_ref_row_stats {
 } mn_ref_row_stats;
 mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n);
 
+/* The failure of a sparse cross-entropy (labels: input 1) whose every label is
+ * MN_IGNORE_LABEL: its mean would be over no rows. */
+mn_status mn_ref_all_labels_ignored(const mn_ref_ctx *c);
+
 /* Rotate-half RoPE of input 0 (x [T, D] or [B, T, D]) into the node's output with the
  * node's attrs; positions restart at `offset` in each batch. direction +1 rotates by
  * the angle (the forward op), -1 by its negative (the gradient). */
