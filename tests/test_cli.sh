@@ -119,6 +119,51 @@ assert all(a[k] != b[k] for k in a if ".h.1." in k and k.endswith("weight")), "h
 PY
 fi
 
+# ---- LoRA: adapters on c_attn and c_fc of the run above, saved as PEFT saves them, merged
+# into a plain model that generates what the base with the adapter generates
+expect 2 "meganeura train: --lora-alpha needs --lora-rank" train "${T[@]}" --batch 2 --lora-alpha 8
+expect 2 "meganeura train: --freeze and --lora-rank cannot be used together" train "${T[@]}" --batch 2 --lora-rank 4 --freeze 'h\.0\.'
+expect 1 "LoRA target \"q_proj\" matches no linear layer of GPT-2" train "${T[@]}" --batch 2 --lora-rank 4 --lora-targets q_proj --out "$tmp/lbad"
+lora=$tmp/lora
+# Other text than the base's, so that the adapter visibly changes what is generated.
+for _ in $(seq 40); do echo "zebras zigzag: 123 456 789 zebras zigzag."; done >"$tmp/text2.txt"
+"$mn" train "${T[@]/$text/$tmp/text2.txt}" --batch 4 --steps 30 --lr 1e-1 --init-from "$out/model.safetensors" --lora-rank 4 \
+  --lora-targets c_attn,c_fc --merge-lora --out "$lora" 2>"$tmp/lora.log" || fail "train --lora-rank: $(cat "$tmp/lora.log")"
+for f in adapter_config.json adapter_model.safetensors merged/model.safetensors merged/config.json; do
+  [[ -s $lora/$f ]] || fail "train --lora-rank: no $f"
+done
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$lora" "$out/model.safetensors" <<'PY' || fail "--lora-rank: the adapter is not in PEFT's layout"
+import json, struct, sys
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in head.items() if k != "__metadata__"}
+cfg = json.load(open(sys.argv[1] + "/adapter_config.json"))
+assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM", cfg
+assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and cfg["target_modules"] == ["c_attn", "c_fc"], cfg
+assert cfg["fan_in_fan_out"] is True and cfg["bias"] == "none", cfg
+ad = tensors(sys.argv[1] + "/adapter_model.safetensors")
+assert len(ad) == 8, sorted(ad)
+assert "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight" in ad, sorted(ad)
+base, merged = tensors(sys.argv[2]), tensors(sys.argv[1] + "/merged/model.safetensors")
+assert sorted(base) == sorted(merged), "the merged file holds the base's tensors"
+assert merged["transformer.h.0.attn.c_attn.weight"] != base["transformer.h.0.attn.c_attn.weight"]
+assert merged["transformer.h.0.ln_1.weight"] == base["transformer.h.0.ln_1.weight"]
+PY
+fi
+G=(generate --config "$cfg" --prompt "the quick" --tokens 24 --greedy)
+"$mn" "${G[@]}" --weights "$out/model.safetensors" --adapter "$lora" >"$tmp/gen_adapter.txt" 2>"$tmp/gen.log" ||
+  fail "generate --adapter: $(cat "$tmp/gen.log")"
+"$mn" "${G[@]}" --weights "$lora/merged/model.safetensors" >"$tmp/gen_merged.txt" 2>"$tmp/gen.log" ||
+  fail "generate merged: $(cat "$tmp/gen.log")"
+cmp -s "$tmp/gen_adapter.txt" "$tmp/gen_merged.txt" ||
+  fail "generate --adapter and the merged weights differ: '$(cat "$tmp/gen_adapter.txt")' vs '$(cat "$tmp/gen_merged.txt")'"
+"$mn" "${G[@]}" --weights "$out/model.safetensors" >"$tmp/gen_base.txt" 2>/dev/null
+cmp -s "$tmp/gen_adapter.txt" "$tmp/gen_base.txt" && fail "generate --adapter gives the base model's text: '$(cat "$tmp/gen_base.txt")' ($(tail -1 "$tmp/lora.log"))"
+
 # ---- --precision: bf16 mixed precision trains (CPU backend), the CSV records it, a resume
 # keeps it, and an unknown name is a usage error
 expect 2 "meganeura train: --precision must be f32, tf32, bf16 or f16, got 'fp8'" train "${T[@]}" --batch 2 --precision fp8

@@ -71,6 +71,8 @@ int cli_prepare_out_dir(const char *cmd, const char *dir);
 int cli_check_output_file(const char *cmd, const char *option, const char *path);
 /* Keeps the newest `keep` checkpoint-N.safetensors files of dir (and their .step files). */
 int cli_keep_last(const char *cmd, const char *dir, long keep);
+/* Copies the file `from` to `to` (replacing it); prints the failure. */
+int cli_copy_file(const char *cmd, const char *from, const char *to);
 
 int cli_train(int argc, char **argv);
 int cli_generate(int argc, char **argv);

@@ -12,13 +12,16 @@ static const char USAGE[] =
     "usage: meganeura generate (--checkpoint FILE | --weights FILE.safetensors)\n"
     "         --config CONFIG.json --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
     "         [--greedy] [--seed S] [--seq T] [--tokenizer tokenizer.json]\n"
-    "         [--allow-nonfinite] [--precision f32|tf32|bf16|f16]\n"
+    "         [--allow-nonfinite] [--precision f32|tf32|bf16|f16] [--adapter DIR]\n"
     "Prints the prompt and N (default 200) sampled tokens: bytes, or with --tokenizer\n"
     "decoded ids. The window is the config's positions (or --seq, default at most 1024).\n"
     "--weights holding NaN or infinity are refused unless --allow-nonfinite; logits that\n"
     "are not finite stop generation with an error.\n"
     "--precision defaults to bf16 on a CUDA device of compute capability 8.0 or newer, else\n"
-    "f32.\n";
+    "f32.\n"
+    "--adapter DIR applies a LoRA adapter as PEFT saves it (adapter_config.json,\n"
+    "adapter_model.safetensors, e.g. meganeura train --lora-rank's OUT) to the base model of\n"
+    "--weights.\n";
 
 enum {
   O_CKPT,
@@ -34,6 +37,7 @@ enum {
   O_TOKENIZER,
   O_ALLOW_NONFINITE,
   O_PRECISION,
+  O_ADAPTER,
   O_COUNT
 };
 
@@ -95,7 +99,12 @@ typedef struct gen {
 
 static int setup(cli_opt *o, gen *r, const mn_session_options *options, long seq,
                  const char *prefix) {
-  if (mn_model_build(&r->cfg, 1, seq, prefix, &r->g) != MN_OK)
+  mn_lora_config lora;
+  const char *adapter = o[O_ADAPTER].value;
+  if (adapter && mn_lora_config_load(adapter, &lora) != MN_OK)
+    return cli_lib_fail(CMD, "cannot read --adapter");
+  mn_model_options mo = {.name_prefix = prefix, .lora = adapter ? &lora : NULL};
+  if (mn_model_build_with(&r->cfg, 1, seq, &mo, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
   if (mn_build_inference_session(r->g, options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
@@ -103,10 +112,14 @@ static int setup(cli_opt *o, gen *r, const mn_session_options *options, long seq
     return cli_lib_fail(CMD, "cannot prepare the session");
   if (o[O_CKPT].seen && mn_session_load_checkpoint(r->s, o[O_CKPT].value) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --checkpoint");
-  unsigned flags = MN_LOAD_STRICT | (o[O_ALLOW_NONFINITE].seen ? MN_LOAD_ALLOW_NONFINITE : 0);
+  /* Under an adapter the base file holds every frozen weight and no adapter. */
+  unsigned flags = (adapter ? MN_LOAD_STRICT_FROZEN : MN_LOAD_STRICT) |
+                   (o[O_ALLOW_NONFINITE].seen ? MN_LOAD_ALLOW_NONFINITE : 0);
   if (o[O_WEIGHTS].seen &&
       mn_session_load_safetensors_flags(r->s, o[O_WEIGHTS].value, flags) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --weights");
+  if (adapter && o[O_WEIGHTS].seen && mn_lora_load(r->s, r->g, adapter) != MN_OK)
+    return cli_lib_fail(CMD, "cannot load --adapter");
   return CLI_OK;
 }
 
@@ -125,6 +138,7 @@ int cli_generate(int argc, char **argv) {
       [O_TOKENIZER] = {"--tokenizer", 1, NULL, 0},
       [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
       [O_PRECISION] = {"--precision", 1, NULL, 0},
+      [O_ADAPTER] = {"--adapter", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;

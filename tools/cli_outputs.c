@@ -147,3 +147,24 @@ int cli_keep_last(const char *cmd, const char *dir, long keep) {
   free(files);
   return CLI_OK;
 }
+
+int cli_copy_file(const char *cmd, const char *from, const char *to) {
+  FILE *in = fopen(from, "rb");
+  if (!in) {
+    fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, from, strerror(errno));
+    return CLI_FAIL;
+  }
+  FILE *out = fopen(to, "wb");
+  bool ok = out != NULL;
+  char buf[1 << 14];
+  for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;)
+    ok = fwrite(buf, 1, n, out) == n;
+  ok = ok && !ferror(in);
+  if (out && fclose(out) != 0) ok = false;
+  fclose(in);
+  if (!ok) {
+    fprintf(stderr, "%s: cannot write '%s': %s\n", cmd, to, strerror(errno));
+    return CLI_FAIL;
+  }
+  return CLI_OK;
+}

@@ -48,6 +48,10 @@ static const recorded_option recorded[] = {
     {"--precision", "train.precision", SAME_TEXT, PATH, ARG(precision), false},
     {"--grad-accum", "train.grad_accum", SAME_NUMBER, LONG, ARG(grad_accum), false},
     {"--freeze", "train.freeze", SAME_TEXT, PATH, ARG(freeze), false},
+    {"--lora-rank", "train.lora_rank", SAME_NUMBER, LONG, ARG(lora_rank), true},
+    {"--lora-alpha", "train.lora_alpha", SAME_NUMBER, FLOAT, ARG(lora_alpha), true},
+    {"--lora-dropout", "train.lora_dropout", SAME_NUMBER, FLOAT, ARG(lora_dropout), true},
+    {"--lora-targets", "train.lora_targets", SAME_TEXT, PATH, ARG(lora_targets), false},
 };
 #define NUM_RECORDED (sizeof recorded / sizeof recorded[0])
 

@@ -20,6 +20,8 @@ static const char USAGE[] =
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
     "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite]\n"
+    "         [--lora-rank R [--lora-alpha A] [--lora-targets LIST] [--lora-dropout P]\n"
+    "          [--merge-lora]]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -37,7 +39,13 @@ static const char USAGE[] =
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
     "--freeze REGEX: parameters whose names match the POSIX extended regular expression (say\n"
     "'h\\.[0-5]\\.' or 'wte|wpe') are frozen: no gradient, no optimizer state, no update.\n"
-    "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n";
+    "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n"
+    "--lora-rank R: LoRA fine-tuning as PEFT does it: adapters of rank R on the layers named\n"
+    "by --lora-targets (comma-separated module names, default all-linear: q_proj,...,down_proj\n"
+    "for Llama, c_attn,c_proj,c_fc for GPT-2), scaled by A / R (--lora-alpha, default 2R),\n"
+    "--lora-dropout on their input (default 0); the base is frozen. OUT gets the adapter as\n"
+    "PEFT saves it (adapter_config.json, adapter_model.safetensors); --merge-lora also writes\n"
+    "OUT/model.safetensors with the adapters merged, which transformers loads without peft.\n";
 
 enum {
   O_CONFIG,
@@ -67,6 +75,11 @@ enum {
   O_GRAD_ACCUM,
   O_FREEZE,
   O_ALLOW_NONFINITE,
+  O_LORA_RANK,
+  O_LORA_ALPHA,
+  O_LORA_TARGETS,
+  O_LORA_DROPOUT,
+  O_MERGE_LORA,
   O_COUNT
 };
 
@@ -87,6 +100,56 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
   else
     snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+/* --lora-*: the adapters' configuration, checked against the family later by the build. */
+static int lora_args(cli_opt *o, train_args *a) {
+  if (cli_pos_long(CMD, &o[O_LORA_RANK], &a->lora_rank) ||
+      cli_pos_float(CMD, &o[O_LORA_ALPHA], &a->lora_alpha) ||
+      cli_nonneg_float(CMD, &o[O_LORA_DROPOUT], &a->lora_dropout))
+    return CLI_USAGE;
+  const int needs_rank[] = {O_LORA_ALPHA, O_LORA_TARGETS, O_LORA_DROPOUT, O_MERGE_LORA};
+  for (size_t i = 0; i < sizeof needs_rank / sizeof *needs_rank; i++)
+    if (o[needs_rank[i]].seen && !o[O_LORA_RANK].seen) {
+      fprintf(stderr, "%s: %s needs --lora-rank\n", CMD, o[needs_rank[i]].name);
+      return CLI_USAGE;
+    }
+  a->merge_lora = o[O_MERGE_LORA].seen;
+  if (!a->lora_rank) return CLI_OK;
+  if (a->freeze) {
+    fprintf(stderr,
+            "%s: --freeze and --lora-rank cannot be used together (LoRA freezes the "
+            "whole base)\n",
+            CMD);
+    return CLI_USAGE;
+  }
+  if (a->lora_rank > 65536 || a->lora_dropout >= 1) {
+    fprintf(stderr, "%s: %s\n", CMD,
+            a->lora_dropout >= 1 ? "--lora-dropout must be below 1"
+                                 : "--lora-rank must be at most 65536");
+    return CLI_USAGE;
+  }
+  a->lora_targets = o[O_LORA_TARGETS].seen ? o[O_LORA_TARGETS].value : "all-linear";
+  mn_lora_config l = mn_lora_config_default();
+  l.rank = a->lora_rank;
+  l.alpha = a->lora_alpha > 0 ? a->lora_alpha : 2.0f * (float)a->lora_rank;
+  l.dropout = a->lora_dropout;
+  if (strlen(a->lora_targets) >= sizeof l.target_modules) {
+    fprintf(stderr, "%s: --lora-targets is longer than %zu bytes\n", CMD,
+            sizeof l.target_modules - 1);
+    return CLI_USAGE;
+  }
+  snprintf(l.target_modules, sizeof l.target_modules, "%s", a->lora_targets);
+  /* base_model_name_or_path: the folder of the --init-from file, where config.json lies. */
+  if (a->init) {
+    const char *slash = strrchr(a->init, '/');
+    if (slash)
+      snprintf(l.base_model, sizeof l.base_model, "%.*s", (int)(slash - a->init), a->init);
+    else
+      snprintf(l.base_model, sizeof l.base_model, ".");
+  }
+  a->lora = l;
+  return CLI_OK;
 }
 
 static int check_args(cli_opt *o, train_args *a, bool config_known) {
@@ -152,7 +215,7 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
     }
     regfree(&re);
   }
-  return CLI_OK;
+  return lora_args(o, a);
 }
 
 typedef struct run {
@@ -284,14 +347,12 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   if (rp->self_contained) r->prefix = rp->name_prefix;
   if (a->init && mn_model_name_prefix(&r->cfg, a->init, &r->prefix) != MN_OK)
     return cli_lib_fail(CMD, "cannot read --init-from");
-  if (mn_model_build(&r->cfg, a->batch, a->seq, r->prefix, &r->g) != MN_OK)
-    return cli_lib_fail(CMD, "cannot build the model");
   /* Training reads the loss alone: without the logits output, their gradient overwrites them
    * (a [batch, seq, vocab] buffer less on the device). */
-  const mn_node *outs = NULL;
-  mn_graph_outputs(r->g, &outs);
-  mn_node loss = outs[0];
-  mn_set_outputs(r->g, &loss, 1);
+  mn_model_options mo = {
+      .name_prefix = r->prefix, .lora = a->lora_rank ? &a->lora : NULL, .loss_only = true};
+  if (mn_model_build_with(&r->cfg, a->batch, a->seq, &mo, &r->g) != MN_OK)
+    return cli_lib_fail(CMD, "cannot build the model");
   if (a->freeze && freeze(a->freeze, r->g)) return CLI_USAGE;
   if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
@@ -299,7 +360,9 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot set --grad-accum");
   if (mn_model_init_parameters(&r->cfg, r->g, r->s, (uint64_t)a->seed) != MN_OK)
     return cli_lib_fail(CMD, "cannot initialize the parameters");
-  unsigned load = MN_LOAD_STRICT | (a->allow_nonfinite ? MN_LOAD_ALLOW_NONFINITE : 0);
+  /* Under adapters the base file holds every frozen weight and no adapter. */
+  unsigned load = (a->lora_rank ? MN_LOAD_STRICT_FROZEN : MN_LOAD_STRICT) |
+                  (a->allow_nonfinite ? MN_LOAD_ALLOW_NONFINITE : 0);
   if (a->init && mn_session_load_safetensors_flags(r->s, a->init, load) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --init-from");
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
@@ -338,6 +401,28 @@ static int open_metrics(const train_args *a, long start, run *r) {
 static int save_final(const train_args *a, run *r) {
   char path[4200];
   snprintf(path, sizeof path, "%s/model.safetensors", a->out);
+  if (a->lora_rank) {
+    if (mn_lora_save(r->s, r->g, &a->lora, a->out) != MN_OK)
+      return cli_lib_fail(CMD, "cannot save the adapter");
+    fprintf(stderr, "%s: adapter saved to %s (adapter_config.json, adapter_model.safetensors)\n",
+            CMD, a->out);
+    if (!a->merge_lora) return CLI_OK;
+    /* A folder of its own: beside adapter_config.json, transformers would load the adapter
+     * onto the merged weights. */
+    snprintf(path, sizeof path, "%s/merged", a->out);
+    if (cli_mkdir_p(path)) {
+      fprintf(stderr, "%s: cannot create '%s': %s\n", CMD, path, strerror(errno));
+      return CLI_FAIL;
+    }
+    snprintf(path, sizeof path, "%s/merged/model.safetensors", a->out);
+    if (mn_lora_save_merged(r->s, r->g, &a->lora, path) != MN_OK)
+      return cli_lib_fail(CMD, "cannot save the merged weights");
+    snprintf(path, sizeof path, "%s/merged/config.json", a->out);
+    if (a->config && cli_copy_file(CMD, a->config, path)) return CLI_FAIL;
+    fprintf(stderr, "%s: merged weights saved to %s/merged (model.safetensors, config.json)\n", CMD,
+            a->out);
+    return CLI_OK;
+  }
   if (mn_session_save_safetensors(r->s, path) != MN_OK)
     return cli_lib_fail(CMD, "cannot save the final weights");
   fprintf(stderr, "%s: weights saved to %s\n", CMD, path);
@@ -491,6 +576,11 @@ int cli_train(int argc, char **argv) {
       [O_GRAD_ACCUM] = {"--grad-accum", 1, NULL, 0},
       [O_FREEZE] = {"--freeze", 1, NULL, 0},
       [O_ALLOW_NONFINITE] = {"--allow-nonfinite", 0, NULL, 0},
+      [O_LORA_RANK] = {"--lora-rank", 1, NULL, 0},
+      [O_LORA_ALPHA] = {"--lora-alpha", 1, NULL, 0},
+      [O_LORA_TARGETS] = {"--lora-targets", 1, NULL, 0},
+      [O_LORA_DROPOUT] = {"--lora-dropout", 1, NULL, 0},
+      [O_MERGE_LORA] = {"--merge-lora", 0, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;

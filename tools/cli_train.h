@@ -15,6 +15,13 @@ typedef struct train_args {
   const char *freeze;         /* --freeze: a regular expression over parameter names, or NULL */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last, grad_accum;
   float lr, wd, clip, val_fraction;
+  /* LoRA (--lora-rank R > 0): the adapters' configuration; the targets and base model point
+   * into the options or a->base_model. */
+  long lora_rank;
+  float lora_alpha, lora_dropout;
+  const char *lora_targets;
+  bool merge_lora;     /* --merge-lora: also OUT/model.safetensors, merged */
+  mn_lora_config lora; /* filled from the four above when lora_rank > 0 */
 } train_args;
 
 /* What --resume restores beyond the session: where the run stood and what it was. */
