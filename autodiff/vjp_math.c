@@ -142,3 +142,12 @@ mn_status mn_vjp_MEAN_ALL(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return vjp_reduce_all(c, y, dy,
                         1.0 / (double)mn_tensor_type_numel(mn_type_of(c->g, IN(c, y, 0))));
 }
+
+/* The same mask on dy: the gradient node takes the forward's p and seed. */
+mn_status mn_vjp_DROPOUT(mn_ad_ctx *c, mn_node y, mn_node dy) {
+  mn_node x = IN(c, y, 0);
+  mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
+  if (mn_ad_wants(c, x))
+    mn_ad_accumulate(c, x, mn_ad_node(c, MN_OP_DROPOUT_GRAD, &dy, 1, mn_type_of(c->g, x), &attrs));
+  return c->g->status;
+}

@@ -400,7 +400,8 @@ static void fill_scalars(const mn_session *s, uint64_t step, bool apply, mn_dev_
                           .accum_first = s->accum_index == 0,
                           .accum_apply = apply,
                           .accum_k = (float)(s->grad_accum > 1 ? s->grad_accum : 1),
-                          .accum_steps = s->grad_accum > 1 ? s->grad_accum : 1};
+                          .accum_steps = s->grad_accum > 1 ? s->grad_accum : 1,
+                          .micro_step = s->micro_steps};
 }
 
 static mn_status cuda_step(mn_session *s) {

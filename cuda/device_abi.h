@@ -55,6 +55,9 @@ typedef struct mn_dev_scalars {
   unsigned int accum_first, accum_apply;
   float accum_k;
   unsigned int accum_steps;
+  /* The session's micro-step counter (mn_session.micro_steps) as this step reads it: dropout's
+   * masks are drawn from it on the device, so the captured graph draws a new one each step. */
+  unsigned long long micro_step;
 } mn_dev_scalars;
 
 /* The first runtime failure since the last mn_session_wait (an index out of range).
@@ -138,7 +141,7 @@ MN_ABI_ASSERT(sizeof(unsigned long long) == 8 && MN_ABI_ALIGNOF(unsigned long lo
               "64-bit unsigned long long");
 MN_ABI_ASSERT(sizeof(double) == 8 && MN_ABI_ALIGNOF(double) == 8, "64-bit double");
 MN_ABI_ASSERT(sizeof(mn_ptrs) == 8 * MN_DEV_MAX_ARGS, "mn_ptrs: the pointers, no padding");
-MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 64, "mn_dev_scalars: no padding");
+MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 72, "mn_dev_scalars: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_error) == 40, "mn_dev_error: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_scaler) == 32, "mn_dev_scaler: no padding");
 

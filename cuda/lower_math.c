@@ -183,6 +183,21 @@ static mn_status add_row(const mn_cu_op_ctx *c) {
 mn_status mn_cu_lower_BIAS_ADD(const mn_cu_op_ctx *c) { return add_row(c); }
 mn_status mn_cu_lower_BROADCAST_ADD(const mn_cu_op_ctx *c) { return add_row(c); }
 
+/* Dropout and its gradient (one mask, host/pointwise.h): the seed and p are template
+ * arguments, the micro-step is read from the per-step scalars, never captured. */
+static mn_status dropout(const mn_cu_op_ctx *c) {
+  int64_t n = mn_cu_numel(c);
+  int k = mn_cu_kernel(c, PW_BLOCK, "mn_dropout<%lldLL, %lluull, %uu>", (long long)n,
+                       (unsigned long long)c->node->attrs.seed, float_bits(c->node->attrs.scale));
+  if (k < 0) return mn_cu_oom(c);
+  mn_cu_arg args[3] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_scalars_arg()};
+  unsigned blocks = mn_cu_blocks((n + 3) / 4, PW_BLOCK);
+  if (blocks > PW_MAX_BLOCKS) blocks = PW_MAX_BLOCKS;
+  return mn_cu_launch(c, k, blocks, 1, 1, 0, 3, args);
+}
+mn_status mn_cu_lower_DROPOUT(const mn_cu_op_ctx *c) { return dropout(c); }
+mn_status mn_cu_lower_DROPOUT_GRAD(const mn_cu_op_ctx *c) { return dropout(c); }
+
 /* A copy, not an alias: the memory planner gives every node a buffer of its own. */
 mn_status mn_cu_lower_RESHAPE(const mn_cu_op_ctx *c) {
   return mn_cu_copy(c, mn_cu_out(c), mn_cu_in(c, 0), mn_tensor_type_bytes(&c->node->type));

@@ -6,9 +6,9 @@
 #include "session/session.h"
 
 /* Leaves of every kind, a user constant, an unused parameter, enough ops (matmul, norm,
- * activations, a loss) for the lowered graph to hold several backward ops, and two sibling
- * products of x, which the options below concatenate into a derived parameter (so that the
- * seeds hold a table of sources). */
+ * activations, a dropout with its seed, a loss) for the lowered graph to hold several backward
+ * ops, and two sibling products of x, which the options below concatenate into a derived
+ * parameter (so that the seeds hold a table of sources). */
 static inline mn_graph *mn_fuzz_plan_cache_graph(void) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(4, 3));
@@ -24,7 +24,7 @@ static inline mn_graph *mn_fuzz_plan_cache_graph(void) {
   mn_node k = mn_matmul_bt(g, x, mn_parameter(g, "k.weight", MN_SHAPE(2, 3)));
   h = mn_add(g, h, mn_mul(g, q, k));
   h = mn_rms_norm(g, mn_scale(g, mn_bias_add(g, h, c), 0.5f), nw, 1e-5f);
-  mn_node loss = mn_mse_loss(g, mn_tanh(g, h), y);
+  mn_node loss = mn_mse_loss(g, mn_tanh(g, mn_dropout(g, h, 0.25f)), y);
   mn_set_outputs(g, &loss, 1);
   return g;
 }

@@ -49,8 +49,12 @@ struct mn_session {
   const mn_backend_ops *backend;
   void *backend_state;
   mn_optimizer_config optim;
-  uint64_t step_count;   /* completed optimizer steps (Adam bias correction) */
-  uint64_t steps;        /* mn_session_step calls that submitted work */
+  uint64_t step_count; /* completed optimizer steps (Adam bias correction) */
+  uint64_t steps;      /* mn_session_step calls that submitted work */
+  /* Steps a training session has submitted, accumulation steps included, counted on across a
+   * checkpoint: the counter dropout's masks are drawn with (host/pointwise.h). A step reads it
+   * as it is submitted; mn_session_step advances it after. */
+  uint64_t micro_steps;
   mn_loss_scaler scaler; /* F16 training plans (plan->loss_scale); host/storage.h */
   /* Gradient accumulation (mn_session_set_grad_accumulation): the steps per update, and how
    * many steps of the current round have run. */

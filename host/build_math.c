@@ -117,3 +117,17 @@ MN_UNARY_BUILDER(mn_recip, MN_OP_RECIP)
 MN_UNARY_BUILDER(mn_silu, MN_OP_SILU)
 MN_UNARY_BUILDER(mn_gelu, MN_OP_GELU)
 #undef MN_UNARY_BUILDER
+
+/* The node's id at creation seeds its mask: two dropouts of one graph draw independent masks,
+ * and a graph built the same way draws the same ones. NaN fails the range check too. */
+mn_node mn_dropout(mn_graph *g, mn_node x, float p) {
+  const char *fn = "mn_dropout";
+  if (!mn_graph_check_inputs(g, fn, &x, 1) || !mn_require_dtype(g, fn, "x", x, MN_F32))
+    return MN_NO_NODE;
+  if (!(p >= 0.0f && p < 1.0f))
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: p is %g, expected 0 <= p < 1", fn,
+                         (double)p);
+  if (p == 0.0f) return x;
+  mn_op_attrs attrs = {.scale = p, .seed = (int64_t)g->num_nodes};
+  return mn_graph_append(g, MN_OP_DROPOUT, &x, 1, mn_type_of(g, x), &attrs, NULL);
+}

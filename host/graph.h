@@ -30,6 +30,7 @@ typedef struct mn_op_attrs {
   int variant;      /* backward ops shared by several forward ops (e.g. causal or not) */
   int act;          /* matmul_bias_act, group_norm: an mn_act applied to the result */
   int64_t num_rows; /* scatter_add */
+  int64_t seed;     /* dropout, dropout_grad: the mask's key (host/pointwise.h) */
 } mn_op_attrs;
 
 /* Activations that epilogues apply (mn_op_attrs.act). */

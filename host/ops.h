@@ -24,6 +24,9 @@ enum {
    * reads that input after it and the two have the same size and layout (host/memplan.c): its
    * kernels read each element of input 0 before they write that element, and nothing else. */
   MN_OPF_MAY_OVERWRITE = 1 << 9,
+  /* Reads the session's micro-step counter besides its inputs (dropout's mask, host/pointwise.h):
+   * not a function of its inputs alone, so never folded to a constant. */
+  MN_OPF_RANDOM = 1 << 10,
 };
 
 #define MN_ARITY_VARIADIC (-2)
@@ -52,6 +55,10 @@ enum {
   X(RECIP, "recip", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                             \
   X(SILU, "silu", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
   X(GELU, "gelu", 1, MN_OPF_POINTWISE | MN_OPF_DIFF)                                               \
+  /* p in attrs.scale, the mask's seed in attrs.seed. Not MN_OPF_POINTWISE: its value depends */   \
+  /* on the element's index and the step, which the element functions of fused programs       */   \
+  /* (host/pointwise.h rows) do not see, so it runs as a kernel of its own                    */   \
+  X(DROPOUT, "dropout", 1, MN_OPF_DIFF | MN_OPF_RANDOM)                                            \
   X(SUM_ALL, "sum_all", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                         \
   X(MEAN_ALL, "mean_all", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                       \
   X(SOFTMAX, "softmax", 1, MN_OPF_REDUCTION | MN_OPF_DIFF)                                         \
@@ -108,6 +115,7 @@ enum {
   X(SUM_ROWS, "sum_rows", 1, MN_BWD | MN_OPF_REDUCTION) /* [.., N] -> [N] or [1,N] */              \
   X(EXPAND_SCALAR, "expand_scalar", 1, MN_BWD)          /* dy[0] * attrs.scale */                  \
   X(SLICE_LAST_GRAD, "slice_last_grad", 1, MN_BWD)      /* dy into zeros of x's type at start */   \
+  X(DROPOUT_GRAD, "dropout_grad", 1, MN_BWD | MN_OPF_RANDOM) /* (dy): its forward's mask again */  \
   /* element-wise: (forward input or output, dy) */                                                \
   X(RELU_GRAD, "relu_grad", 2, MN_BWD | MN_OPF_POINTWISE)       /* (x, dy) */                      \
   X(SIGMOID_GRAD, "sigmoid_grad", 2, MN_BWD | MN_OPF_POINTWISE) /* (y, dy) */                      \

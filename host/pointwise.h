@@ -210,6 +210,40 @@ MN_PW_CONSTFN unsigned mn_pw_flags(int code) {
   }
 }
 
+/* Dropout's mask, a pure function of (seed, micro-step, element index) so that nothing is
+ * stored: the backward draws the forward's mask again, the CPU and CUDA backends draw the same
+ * bits, and a resumed run draws the masks the uninterrupted one would (docs/architecture.md,
+ * "Dropout's random numbers"). The node's seed and the session's micro-step make a 64-bit key
+ * (each mixed by splitmix64's finalizer, a bijection); element i takes output i + 1 of
+ * splitmix64 started at that key, whose top 32 bits u keep the element when u >= p 2^32. A
+ * kept element is x / (1 - p), divided in double and rounded once to float on both sides, a
+ * dropped one 0 * x (a NaN or infinity stays NaN, as PyTorch's x * mask gives). */
+#define MN_PW_GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
+
+MN_PW_FN unsigned long long mn_pw_mix64(unsigned long long z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+MN_PW_FN unsigned long long mn_pw_dropout_key(unsigned long long seed, unsigned long long step) {
+  return mn_pw_mix64(mn_pw_mix64(seed) + step);
+}
+
+/* The 32 random bits of element i under key. */
+MN_PW_FN unsigned int mn_pw_dropout_bits(unsigned long long key, unsigned long long i) {
+  return (unsigned int)(mn_pw_mix64(key + (i + 1) * MN_PW_GOLDEN_GAMMA) >> 32);
+}
+
+/* p 2^32 is exact in float for p in [0, 1) (a power-of-two scaling), so both compilers agree. */
+MN_PW_FN unsigned int mn_pw_dropout_threshold(float p) { return (unsigned int)(p * 4294967296.0f); }
+
+MN_PW_FN float mn_pw_dropout(float x, unsigned long long key, unsigned long long i,
+                             unsigned int threshold, float p) {
+  if (mn_pw_dropout_bits(key, i) < threshold) return 0.0f * x;
+  return (float)((double)x / (1.0 - (double)p));
+}
+
 #ifndef __CUDACC_RTC__
 /* The row of an op of the op table, or -1 for an op without one. */
 static inline int mn_pw_code_of_op(mn_op op) {

@@ -109,6 +109,14 @@ MN_API mn_node mn_exp(mn_graph *g, mn_node x);
 MN_API mn_node mn_recip(mn_graph *g, mn_node x);
 MN_API mn_node mn_silu(mn_graph *g, mn_node x);
 MN_API mn_node mn_gelu(mn_graph *g, mn_node x);
+/* Inverted dropout, p in [0, 1): in a training session (mn_build_session) each element is
+ * zeroed with probability p and the kept ones are scaled by 1 / (1 - p), with a fresh mask
+ * every micro-step (every mn_session_step, grad-accumulation steps included); in an inference
+ * session it is the identity. The mask is a pure function of the node, the micro-step and the
+ * element, so the CPU and CUDA backends draw the same one and a run resumed from a checkpoint
+ * draws the masks the uninterrupted run would. p == 0 returns x itself (no node); p outside
+ * [0, 1) is MN_ERR_INVALID_ARGUMENT. */
+MN_API mn_node mn_dropout(mn_graph *g, mn_node x, float p);
 
 /* reductions */
 MN_API mn_node mn_sum_all(mn_graph *g, mn_node x);

@@ -128,6 +128,7 @@ static void hash_attrs(mn_hasher *h, const mn_op_attrs *a) {
   mn_hasher_u64(h, (uint64_t)(int64_t)a->variant);
   mn_hasher_u64(h, (uint64_t)(int64_t)a->act);
   mn_hasher_u64(h, (uint64_t)a->num_rows);
+  mn_hasher_u64(h, (uint64_t)a->seed);
 }
 
 void mn_hash_node(mn_hasher *h, const mn_node_rec *n) {

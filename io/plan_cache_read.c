@@ -179,11 +179,14 @@ static mn_status read_attrs(reader *r, size_t i, const cJSON *attrs, mn_op_attrs
       *ints[k] = (int)v;
       known = true;
     }
-    if (!known && strcmp(f->string, "num_rows") == 0) {
+    int64_t *wide[] = {&a->num_rows, &a->seed};
+    const char *wide_keys[] = {"num_rows", "seed"};
+    for (size_t k = 0; !known && k < sizeof wide / sizeof wide[0]; k++) {
       long long v;
+      if (strcmp(f->string, wide_keys[k]) != 0) continue;
       if (!get_int(f, -MAX_JSON_INT, MAX_JSON_INT, &v))
-        return CORRUPT(r, "node %zu: bad attribute num_rows", i);
-      a->num_rows = v;
+        return CORRUPT(r, "node %zu: bad attribute %s", i, f->string);
+      *wide[k] = v;
       known = true;
     }
     if (!known) return CORRUPT(r, "node %zu: unknown attribute \"%s\"", i, f->string);

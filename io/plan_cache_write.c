@@ -98,7 +98,7 @@ static cJSON *attrs_item(builder *b, const mn_op_attrs *a) {
               {"stride", a->stride},         {"padding", a->padding},
               {"groups", a->groups},         {"channels_a", a->channels_a},
               {"variant", a->variant},       {"act", a->act},
-              {"num_rows", a->num_rows}};
+              {"num_rows", a->num_rows},     {"seed", a->seed}};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
     if (ints[i].v) add(b, o, ints[i].key, int_item(b, ints[i].v));
   if (!o->child) {

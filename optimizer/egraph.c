@@ -40,7 +40,8 @@ static uint64_t attrs_hash(uint64_t h, const mn_op_attrs *a) {
   h = mix(h, (uint64_t)(uint32_t)a->channels_a);
   h = mix(h, (uint64_t)(uint32_t)a->variant);
   h = mix(h, (uint64_t)(uint32_t)a->act);
-  return mix(h, (uint64_t)a->num_rows);
+  h = mix(h, (uint64_t)a->num_rows);
+  return mix(h, (uint64_t)a->seed);
 }
 
 static bool attrs_equal(const mn_op_attrs *a, const mn_op_attrs *b) {
@@ -49,7 +50,7 @@ static bool attrs_equal(const mn_op_attrs *a, const mn_op_attrs *b) {
          a->head_dim == b->head_dim && a->num_heads == b->num_heads &&
          a->num_kv_heads == b->num_kv_heads && a->stride == b->stride && a->padding == b->padding &&
          a->groups == b->groups && a->channels_a == b->channels_a && a->variant == b->variant &&
-         a->act == b->act && a->num_rows == b->num_rows;
+         a->act == b->act && a->num_rows == b->num_rows && a->seed == b->seed;
 }
 
 static uint64_t prog_hash(const mn_fused_prog *p) {

@@ -62,7 +62,8 @@ static eg_id fold_constants(mn_egraph *eg, eg_id id) {
   const eg_node *n = &eg->nodes[id];
   unsigned flags = mn_op_flags(n->op);
   const mn_tensor_type *t = eg_type(eg, n->type);
-  if (n->num_kids == 0 || (flags & (MN_OPF_LEAF | MN_OPF_INPLACE)) || t->dtype != MN_F32)
+  if (n->num_kids == 0 || (flags & (MN_OPF_LEAF | MN_OPF_INPLACE | MN_OPF_RANDOM)) ||
+      t->dtype != MN_F32)
     return EG_NONE;
   if (mn_tensor_type_numel(t) > MN_FOLD_MAX_ELEMS) return EG_NONE;
   if (eg->classes[eg_find(eg, id)].const_node != EG_NONE) return EG_NONE;

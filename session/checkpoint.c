@@ -145,7 +145,7 @@ static mn_status gather(const char *fn, mn_session *s, const mn_io_param *params
 static bool library_key(const char *key) {
   static const char *const own[] = {
       "checkpoint_format", "checkpoint_version", "library_version", "optimizer", "step",
-      "loss_scaler"};
+      "micro_step",        "loss_scaler"};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (strcmp(key, own[i]) == 0) return true;
   for (size_t i = 0; i < NUM_FLOAT_FIELDS; i++)
@@ -186,7 +186,9 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
   enum { OWN = 5 + NUM_FLOAT_FIELDS };
   /* F16 training: the loss scaler, so that a resumed run skips the steps the first one would. */
   bool scaler = s->training && s->plan->loss_scale != MN_NO_NODE;
-  size_t own = OWN + (scaler ? 1 : 0);
+  /* Training: the micro-step counter, so that a resumed run draws the dropout masks the
+   * uninterrupted one would. */
+  size_t own = OWN + (s->training ? 1 : 0) + (scaler ? 1 : 0);
   mn_st_meta *meta = malloc((own + n_extra) * sizeof *meta);
   if (!meta) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   mn_io_param *params = NULL;
@@ -206,11 +208,16 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
     snprintf(values[i], sizeof values[i], "%.9g", (double)*field_of(&c, &float_fields[i]));
     meta[5 + i] = (mn_st_meta){float_fields[i].key, values[i]};
   }
-  char scaler_value[64];
+  char scaler_value[64], micro_step[32];
+  size_t m = OWN;
+  if (s->training) {
+    snprintf(micro_step, sizeof micro_step, "%llu", (unsigned long long)s->micro_steps);
+    meta[m++] = (mn_st_meta){"micro_step", micro_step};
+  }
   if (scaler) {
     snprintf(scaler_value, sizeof scaler_value, "%.9g %u %llu", (double)s->scaler.scale,
              s->scaler.good_steps, (unsigned long long)s->scaler.skipped);
-    meta[OWN] = (mn_st_meta){"loss_scaler", scaler_value};
+    meta[m++] = (mn_st_meta){"loss_scaler", scaler_value};
   }
   for (size_t i = 0; i < n_extra; i++)
     meta[own + i] = (mn_st_meta){extra[i].key, extra[i].value};
@@ -240,6 +247,8 @@ typedef struct ck_file {
   mn_safetensors *st;
   mn_optimizer_config optim;
   unsigned long long step;
+  bool has_micro_step; /* "micro_step": the session's micro-step counter (training) */
+  unsigned long long micro_step;
   bool has_scaler; /* "loss_scaler": scale, good steps, skipped steps (F16 training) */
   mn_loss_scaler scaler;
 } ck_file;
@@ -285,6 +294,15 @@ static mn_status read_metadata(ck_file *f) {
   if (step && step[0] >= '0' && step[0] <= '9') f->step = strtoull(step, &end, 10);
   if (!step || !end || *end || errno == ERANGE)
     return bad_meta(f, "step", step, "a non-negative integer");
+  const char *micro = mn_safetensors_metadata(f->st, "micro_step");
+  if (micro) {
+    end = NULL;
+    errno = 0;
+    if (micro[0] >= '0' && micro[0] <= '9') f->micro_step = strtoull(micro, &end, 10);
+    if (!end || *end || errno == ERANGE)
+      return bad_meta(f, "micro_step", micro, "a non-negative integer");
+    f->has_micro_step = true;
+  }
   const char *scaler = mn_safetensors_metadata(f->st, "loss_scaler");
   if (scaler) {
     float scale;
@@ -389,6 +407,11 @@ static mn_status apply(ck_file *f, mn_session *s, const mn_io_param *params, siz
   if (s->training) {
     s->optim = f->optim;
     s->step_count = f->step;
+    /* A checkpoint without the counter (written before it was kept) continues from the steps
+     * that its optimizer steps took under this session's accumulation. */
+    s->micro_steps = f->has_micro_step
+                         ? f->micro_step
+                         : f->step * (unsigned long long)(s->grad_accum > 1 ? s->grad_accum : 1);
     /* A partial gradient sum of this session's past is not the checkpoint's: start a round. */
     s->accum_index = 0;
     if (f->has_scaler && s->plan->loss_scale != MN_NO_NODE) s->scaler = f->scaler;

@@ -125,12 +125,23 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
   return MN_OK;
 }
 
+/* Dropout is the identity outside training: a scale by 1, which the optimizer's scale-one rule
+ * removes (with optimization off it stays a copy). */
+static void dropout_as_identity(mn_graph *g) {
+  for (size_t i = 0; i < g->num_nodes; i++)
+    if (g->nodes[i].op == MN_OP_DROPOUT) {
+      g->nodes[i].op = MN_OP_SCALE;
+      g->nodes[i].attrs = (mn_op_attrs){.scale = 1.0f};
+    }
+}
+
 mn_status mn_lower_inference(const char *fn, const mn_graph *g, const mn_session_options *o,
                              mn_plan **out) {
   *out = NULL;
   mn_graph *sorted = NULL;
   mn_param_layout layout = {0};
   mn_status st = mn_graph_toposort_status(g, &sorted);
+  if (st == MN_OK) dropout_as_identity(sorted);
   if (st == MN_OK) st = mn_optimize_graph(fn, &sorted, o, MN_OPTIMIZE_FULL);
   /* After the rules, as in training: a product they gave an epilogue stays apart. */
   if (st == MN_OK) st = mn_siblings_concat(fn, &sorted, o, false, &layout, NULL);
@@ -164,7 +175,10 @@ void mn_session_free(mn_session *s) {
 mn_status mn_session_step(mn_session *s) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_session_step: session is NULL");
   mn_status st = s->backend->step(s);
-  if (st == MN_OK) s->steps++;
+  if (st == MN_OK) {
+    s->steps++;
+    if (s->training) s->micro_steps++;
+  }
   return st;
 }
 

@@ -106,6 +106,32 @@ template <int OP, long long N, unsigned SBITS, class IO> __device__ void mn_pw_m
   }
 }
 
+// Dropout and its gradient (mn_pw_dropout of host/pointwise.h): io = out, x, the per-step
+// scalars, whose micro_step the step graph copies in before each launch. SEED and PBITS (p's
+// bit pattern) are the node's attributes.
+template <long long N, unsigned long long SEED, unsigned PBITS, class IO>
+__device__ void mn_dropout(const IO &io) {
+  const float p = __uint_as_float(PBITS);
+  const unsigned threshold = mn_pw_dropout_threshold(p);
+  const unsigned long long key =
+      mn_pw_dropout_key(SEED, mn_arg<const mn_dev_scalars>(io, 2)->micro_step);
+  auto out = mn_out<0>(io);
+  auto x = mn_in<1>(io);
+  constexpr long long NQ = N / 4;
+  MN_FOR_EACH(q, NQ) {
+    const float4 v = mn_ld4(x, q);
+    const unsigned long long i = 4ull * (unsigned long long)q;
+    mn_st4(out, q,
+           make_float4(mn_pw_dropout(v.x, key, i, threshold, p),
+                       mn_pw_dropout(v.y, key, i + 1, threshold, p),
+                       mn_pw_dropout(v.z, key, i + 2, threshold, p),
+                       mn_pw_dropout(v.w, key, i + 3, threshold, p)));
+  }
+  if constexpr (N % 4 != 0)
+    if (const long long i = NQ * 4 + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N)
+      out[i] = mn_pw_dropout(x[i], key, (unsigned long long)i, threshold, p);
+}
+
 // out[i] = x[i] + row[i % NCOL] (bias_add, broadcast_add).
 template <long long N, long long NCOL, class IO> __device__ void mn_pw_add_row(const IO &io) {
   auto out = mn_out<0>(io);

@@ -213,7 +213,12 @@ static mn_status cpu_step(mn_session *s) {
   for (size_t d = 0; d < p->num_dispatches; d++) {
     mn_node id = p->dispatches[d].node;
     const mn_node_rec *node = &g->nodes[id];
-    mn_ref_ctx c = {.g = g, .id = id, .node = node, .error = msg, .error_size = sizeof msg};
+    mn_ref_ctx c = {.g = g,
+                    .id = id,
+                    .node = node,
+                    .error = msg,
+                    .error_size = sizeof msg,
+                    .micro_step = s->micro_steps};
     c.out = buffer_ptr(s, p->node_buffer[id]);
     mn_status rc = MN_OK;
     for (int k = 0; k < node->num_inputs; k++) {

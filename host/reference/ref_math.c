@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
 
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
@@ -50,3 +51,19 @@ static mn_status add_row(const mn_ref_ctx *c) {
 }
 mn_status mn_ref_BIAS_ADD(const mn_ref_ctx *c) { return add_row(c); }
 mn_status mn_ref_BROADCAST_ADD(const mn_ref_ctx *c) { return add_row(c); }
+
+/* Dropout and its gradient apply one mask, drawn from the node's seed and the step
+ * (host/pointwise.h): the gradient node carries its forward's seed and p. */
+static mn_status dropout(const mn_ref_ctx *c) {
+  const float *x = mn_ref_in_f32(c, 0);
+  float *o = mn_ref_out_f32(c);
+  float p = c->node->attrs.scale;
+  unsigned threshold = mn_pw_dropout_threshold(p);
+  unsigned long long key =
+      mn_pw_dropout_key((unsigned long long)c->node->attrs.seed, c->micro_step);
+  for (size_t i = 0, n = mn_ref_numel(c); i < n; i++)
+    o[i] = mn_pw_dropout(x[i], key, i, threshold, p);
+  return MN_OK;
+}
+mn_status mn_ref_DROPOUT(const mn_ref_ctx *c) { return dropout(c); }
+mn_status mn_ref_DROPOUT_GRAD(const mn_ref_ctx *c) { return dropout(c); }
