@@ -13,11 +13,13 @@
 /* Not a multiple of 4 or 8: the vector loop and the tail both run. */
 enum { N = 100003, STEPS = 4 };
 
-/* loss = sum(dropout(tanh(x), p) * r), outputs loss then the dropout's value. */
-static mn_graph *masked_sum(float p) {
+/* loss = sum(dropout(x, p) * r), or of tanh(x) with `tanh`, outputs loss then the dropout's
+ * value. Without tanh every value is the dropout's alone (the upstream gradient is r exactly),
+ * so the backends agree bit for bit; the reference computes tanh in double, CUDA in float. */
+static mn_graph *masked_sum(float p, bool tanh) {
   mn_graph *g = mn_graph_new();
   mn_node x = mn_parameter(g, "x", MN_SHAPE(N)), r = mn_input(g, "r", MN_SHAPE(N));
-  mn_node y = mn_dropout(g, mn_tanh(g, x), p);
+  mn_node y = mn_dropout(g, tanh ? mn_tanh(g, x) : x, p);
   mn_set_outputs(g, (mn_node[]){mn_sum_all(g, mn_mul(g, y, r)), y}, 2);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
@@ -60,7 +62,7 @@ static size_t first_mask_difference(const float *a, const float *b) {
 
 Test(cuda_dropout, kernels_compile) {
   mn_test_require_cuda_build();
-  mn_graph *g = masked_sum(0.5f);
+  mn_graph *g = masked_sum(0.5f, true);
   mn_test_assert_compiles(g, true);
   mn_graph_free(g);
   g = dropout_mlp();
@@ -71,7 +73,7 @@ Test(cuda_dropout, kernels_compile) {
 Test(cuda_dropout, masks_and_gradients_equal_the_cpu_step_after_step) {
   mn_test_require_cuda_build();
   mn_test_require_cuda_device();
-  mn_graph *g = masked_sum(0.4f);
+  mn_graph *g = masked_sum(0.4f, false);
   mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
   mn_session *gpu = mn_test_session(g, MN_BACKEND_CUDA, true);
   feed(cpu);
@@ -114,7 +116,7 @@ Test(cuda_dropout, masks_and_gradients_equal_the_cpu_step_after_step) {
 Test(cuda_dropout, bf16_plan_within_tolerance_with_the_same_masks) {
   mn_test_require_cuda_build();
   mn_test_require_cuda_device();
-  mn_graph *g = masked_sum(0.25f);
+  mn_graph *g = masked_sum(0.25f, true);
   mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_BF16, true);
   mn_session *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
   feed(cpu);
@@ -139,6 +141,38 @@ Test(cuda_dropout, bf16_plan_within_tolerance_with_the_same_masks) {
   }
   mn_session_free(cpu);
   mn_session_free(gpu);
+  mn_graph_free(g);
+}
+
+/* Accumulation steps and updates in the captured graph: each micro-step draws the CPU's mask. */
+Test(cuda_dropout, accumulation_steps_draw_the_cpus_masks) {
+  mn_test_require_cuda_build();
+  mn_test_require_cuda_device();
+  mn_graph *g = masked_sum(0.5f, false);
+  mn_session *s[2] = {mn_test_session(g, MN_BACKEND_CPU, true),
+                      mn_test_session(g, MN_BACKEND_CUDA, true)};
+  for (int b = 0; b < 2; b++) {
+    feed(s[b]);
+    cr_assert_eq(mn_session_set_learning_rate(s[b], 0.1f), MN_OK);
+    cr_assert_eq(mn_session_set_grad_accumulation(s[b], 3), MN_OK, "%s", mn_last_error());
+  }
+  double worst = 0;
+  for (int step = 0; step < 7; step++) {
+    mn_test_step_loss(s[0]);
+    mn_test_step_loss(s[1]);
+    float *yc = mn_test_read_output(s[0], 1, N), *yg = mn_test_read_output(s[1], 1, N);
+    size_t at = first_mask_difference(yg, yc);
+    cr_expect_eq(at, (size_t)N, "micro-step %d: element %zu is dropped on one backend only", step,
+                 at);
+    double e = mn_test_rel_err(yg, yc, N);
+    worst = e > worst ? e : worst;
+    cr_expect_leq(e, 1e-6, "micro-step %d: y", step);
+    free(yc);
+    free(yg);
+  }
+  fprintf(stderr, "cuda_dropout accumulation: 7 micro-steps, largest relative error %g\n", worst);
+  mn_session_free(s[0]);
+  mn_session_free(s[1]);
   mn_graph_free(g);
 }
 
