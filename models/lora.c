@@ -103,9 +103,6 @@ mn_status mn_lora_config_check(const char *fn, mn_model_family f, const mn_lora_
   if (!(l->dropout >= 0.0f && l->dropout < 1.0f))
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: lora_dropout %g is not in [0, 1)", fn,
                    (double)l->dropout);
-  if (l->dropout > 0.0f)
-    return mn_fail(MN_ERR_UNSUPPORTED, "%s: lora_dropout %g: the graph has no dropout op yet", fn,
-                   (double)l->dropout);
   if (!memchr(l->target_modules, '\0', sizeof l->target_modules))
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: target_modules is not NUL-terminated", fn);
   if (is_all_linear(l->target_modules)) return MN_OK;
@@ -138,7 +135,8 @@ mn_node mn_model_linear(const mn_model_ctx *m, mn_node x, mn_node w, mn_node bia
   int64_t in = info.type.shape[conv1d ? 0 : 1], out = info.type.shape[conv1d ? 1 : 0];
   mn_node a = mn_model_param(g, m->prefix, MN_SHAPE(r, in), "%s.lora_A.weight", module);
   mn_node b = mn_model_param(g, m->prefix, MN_SHAPE(out, r), "%s.lora_B.weight", module);
-  mn_node down = mn_matmul_bt(g, x, a);
+  /* PEFT gives each adapter its own dropout, so q, k and v see different masks of x. */
+  mn_node down = mn_matmul_bt(g, mn_dropout(g, x, m->lora->dropout), a);
   down = mn_scale(g, down, m->lora->alpha / (float)r);
   return mn_add(g, y, mn_matmul_bt(g, down, b));
 }

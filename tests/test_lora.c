@@ -439,3 +439,30 @@ Test(lora, base_checkpoint_loads_under_adapters_with_strict_frozen) {
   mn_session_free(p);
   mn_graph_free(plain);
 }
+
+Test(lora, dropout_masks_the_adapter_input_in_training_only) {
+  mn_model_config c = tiny_llama();
+  mn_lora_config with = lora(4, 8.0f, "q_proj,up_proj"), without = with;
+  with.dropout = 0.5f;
+  mn_graph *g = build(&c, &with), *plain = build(&c, &without);
+  /* Inference: the identity, so the logits are those of the adapter without dropout. */
+  mn_session *s = adapted(&c, g), *p = adapted(&c, plain);
+  float *got = logits(s, &c), *want = logits(p, &c);
+  size_t n = (size_t)(BATCH * SEQ * c.vocab_size);
+  cr_assert(memcmp(got, want, n * sizeof *got) == 0, "dropout changed an inference session");
+  free(got);
+  free(want);
+  mn_session_free(s);
+  mn_session_free(p);
+  /* Training with the learning rate at 0: each step draws new masks, so the losses differ. */
+  mn_session *t = mn_test_session(g, MN_BACKEND_CPU, true);
+  cr_assert_eq(mn_model_init_parameters(&c, g, t, 11), MN_OK);
+  randomize_b(g, t, 12);
+  set_batch(t, g, c.vocab_size);
+  cr_assert_eq(mn_session_set_learning_rate(t, 0.0f), MN_OK);
+  float l1 = step(t), l2 = step(t);
+  cr_assert_neq(l1, l2, "two training steps drew the same dropout masks");
+  mn_session_free(t);
+  mn_graph_free(plain);
+  mn_graph_free(g);
+}
