@@ -66,6 +66,15 @@ mn_status mn_vjp_ROPE_DYNAMIC(mn_ad_ctx *c, mn_node y, mn_node dy) {
   return c->g->status;
 }
 
+mn_status mn_vjp_ROPE_POSITIONS(mn_ad_ctx *c, mn_node y, mn_node dy) {
+  mn_node x = IN(c, y, 0), ins[2] = {dy, IN(c, y, 1)};
+  mn_op_attrs attrs = mn_ad_fwd(c, y)->attrs;
+  if (mn_ad_wants(c, x))
+    mn_ad_accumulate(c, x,
+                     mn_ad_node(c, MN_OP_ROPE_POSITIONS_GRAD, ins, 2, mn_type_of(c->g, x), &attrs));
+  return c->g->status;
+}
+
 /* Embedding and scatter_add are transposes of each other: a row gather's gradient
  * scatters dy back to the table rows (summing repeated indices), and a scatter's
  * gradient gathers dy's rows. */

@@ -18,8 +18,9 @@
 #endif
 
 /* The only kernel parameter, passed by value: the pointers of one launch, in the order
- * the kernel reads them (io.p[i]). */
-#define MN_DEV_MAX_ARGS 8
+ * the kernel reads them (io.p[i]). Nine: the packed attention gradients read eight values and
+ * the positions. */
+#define MN_DEV_MAX_ARGS 9
 typedef struct mn_ptrs {
   void *p[MN_DEV_MAX_ARGS];
 } mn_ptrs;
@@ -118,6 +119,15 @@ enum mn_attn_mode {
   MN_ATTN_STATS = 2,
   MN_ATTN_OUTPUT_STATS = 3, /* the output and the statistics (no delta), for the _saved gradients */
 };
+/* Which keys a query row sees (template argument MASK): all of them, those up to its own
+ * index, or those of its own packed example: from r - positions[r] up to r, the U32 [B, T]
+ * positions being argument MN_ATTN_POSITIONS_ARG of every launch. */
+enum mn_attn_mask {
+  MN_ATTN_MASK_NONE = 0,
+  MN_ATTN_MASK_CAUSAL = 1,
+  MN_ATTN_MASK_SEGMENTS = 2,
+};
+#define MN_ATTN_POSITIONS_ARG 8
 /* Operand precision of the tensor-core kernels (template argument PREC). */
 enum mn_attn_prec {
   MN_ATTN_TF32 = 1,   /* each operand rounded to TF32 once */
@@ -141,6 +151,7 @@ MN_ABI_ASSERT(sizeof(unsigned long long) == 8 && MN_ABI_ALIGNOF(unsigned long lo
               "64-bit unsigned long long");
 MN_ABI_ASSERT(sizeof(double) == 8 && MN_ABI_ALIGNOF(double) == 8, "64-bit double");
 MN_ABI_ASSERT(sizeof(mn_ptrs) == 8 * MN_DEV_MAX_ARGS, "mn_ptrs: the pointers, no padding");
+MN_ABI_ASSERT(MN_ATTN_POSITIONS_ARG < MN_DEV_MAX_ARGS, "the attention positions are an argument");
 MN_ABI_ASSERT(sizeof(mn_dev_scalars) == 72, "mn_dev_scalars: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_error) == 40, "mn_dev_error: no padding");
 MN_ABI_ASSERT(sizeof(mn_dev_scaler) == 32, "mn_dev_scaler: no padding");

@@ -9,8 +9,9 @@
  * sum_s P_s dP_s into scratch instead of the output), then dQ per query tile or dK / dV per key
  * tile. attention_grad_*_saved (optimizer/attention_stats.h) read the forward's statistics and
  * replace the pre-pass, a second pass over every score, by delta = dy . y, one pass over dy and
- * the forward's output. Cached attention splits the cache over blocks of 128 keys and merges
- * the partial softmaxes. */
+ * the forward's output. causal_attention_packed and its gradients are these with the segment
+ * mask, their positions an extra argument (MN_ATTN_POSITIONS_ARG). Cached attention splits the
+ * cache over blocks of 128 keys and merges the partial softmaxes. */
 #include <string.h>
 
 #include "cuda/emit.h"
@@ -24,7 +25,7 @@
 typedef struct attn_dims {
   int64_t batches, t_len, s_len;
   int heads, kv_heads, head_dim, head_dim_padded;
-  bool causal;
+  int mask; /* an mn_attn_mask */
 } attn_dims;
 
 /* A kernel's tile: rm query (or key) rows per lane, so 16 * rm rows per block, and bc
@@ -38,7 +39,7 @@ static mn_status unsupported(const mn_cu_op_ctx *c, const char *why, long long v
                  mn_op_name(c->node->op), why, value);
 }
 
-static mn_status dims_of(const mn_cu_op_ctx *c, bool causal, attn_dims *d) {
+static mn_status dims_of(const mn_cu_op_ctx *c, int mask, attn_dims *d) {
   const mn_tensor_type *tq = mn_cu_in_type(c, 0), *tk = mn_cu_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
   *d = (attn_dims){.batches = tq->rank == 3 ? tq->shape[0] : 1,
@@ -48,11 +49,14 @@ static mn_status dims_of(const mn_cu_op_ctx *c, bool causal, attn_dims *d) {
                    .kv_heads = a->num_kv_heads,
                    .head_dim = a->head_dim,
                    .head_dim_padded = (a->head_dim + 31) / 32 * 32,
-                   .causal = causal};
+                   .mask = mask};
   if (d->head_dim > ATTN_MAX_HEAD_DIM)
     return unsupported(c, "head_dim above 256 has no CUDA kernel", d->head_dim);
   if (d->heads > GRID_YZ_MAX) return unsupported(c, "too many heads for one grid", d->heads);
   if (d->batches > GRID_YZ_MAX) return unsupported(c, "too many batches for one grid", d->batches);
+  /* The key-tile kernels keep each query's first key as an int. */
+  if (mask == MN_ATTN_MASK_SEGMENTS && d->t_len > INT32_MAX)
+    return unsupported(c, "packed sequences longer than 2^31 - 1 tokens", d->t_len);
   return MN_OK;
 }
 
@@ -93,9 +97,9 @@ static mn_status launch_forward(const mn_cu_op_ctx *c, const attn_dims *d, int m
                 : mode == MN_ATTN_STATS_DELTA ? 4 * (2 * (br + bc) * ld)
                                               : 4 * ((br + bc) * ld);
   int k =
-      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %d>",
+      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d, %d>",
                    d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len,
-                   (long long)d->s_len, d->heads, d->kv_heads, d->causal ? "true" : "false", mode);
+                   (long long)d->s_len, d->heads, d->kv_heads, d->mask, mode);
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)br), (unsigned)d->heads,
                       (unsigned)d->batches, smem, nargs, args);
 }
@@ -137,9 +141,9 @@ static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, c
   int tiles = mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS ? 3
               : mode == MN_ATTN_STATS_DELTA                          ? 4
                                                                      : 2;
-  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d>", tc->name,
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d>", tc->name,
                        tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                       d->kv_heads, d->causal ? "true" : "false", mode);
+                       d->kv_heads, d->mask, mode);
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, MN_ATTN_MMA_ROWS), (unsigned)d->heads,
                       (unsigned)d->batches, mma_smem(tc, tiles, 0), nargs, args);
 }
@@ -150,11 +154,19 @@ static void stats_args(const attn_dims *d, mn_cu_arg stats, mn_cu_arg *m, mn_cu_
   inv_l->offset += (size_t)(d->batches * d->heads * d->t_len) * sizeof(float);
 }
 
-static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
+/* Packed attention reads its positions (its last input) as argument MN_ATTN_POSITIONS_ARG of
+ * every launch; *nargs grows to cover it. */
+static void positions_arg(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg *args, int *nargs) {
+  if (d->mask != MN_ATTN_MASK_SEGMENTS) return;
+  args[MN_ATTN_POSITIONS_ARG] = mn_cu_in(c, c->node->num_inputs - 1);
+  *nargs = MN_ATTN_POSITIONS_ARG + 1;
+}
+
+static mn_status lower_forward(const mn_cu_op_ctx *c, int mask) {
   attn_dims d;
-  mn_status st = dims_of(c, causal, &d);
+  mn_status st = dims_of(c, mask, &d);
   if (st != MN_OK) return st;
-  mn_cu_arg args[6] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
+  mn_cu_arg args[MN_CU_MAX_ARGS] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
   int mode = MN_ATTN_OUTPUT, nargs = 4;
   if (c->node->attrs.variant == 1) {
     mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
@@ -167,14 +179,24 @@ static mn_status lower_forward(const mn_cu_op_ctx *c, bool causal) {
     mode = MN_ATTN_OUTPUT_STATS;
     nargs = 6;
   }
+  positions_arg(c, &d, args, &nargs);
   attn_tc tc = tensor_core(c, &d);
   if (tc.on) return launch_mma_forward(c, &d, &tc, mode, args, nargs);
   return launch_forward(c, &d, mode, args, nargs);
 }
 
-mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, true); }
-mn_status mn_cu_lower_FULL_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
-mn_status mn_cu_lower_CROSS_ATTENTION(const mn_cu_op_ctx *c) { return lower_forward(c, false); }
+mn_status mn_cu_lower_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) {
+  return lower_forward(c, MN_ATTN_MASK_CAUSAL);
+}
+mn_status mn_cu_lower_FULL_ATTENTION(const mn_cu_op_ctx *c) {
+  return lower_forward(c, MN_ATTN_MASK_NONE);
+}
+mn_status mn_cu_lower_CROSS_ATTENTION(const mn_cu_op_ctx *c) {
+  return lower_forward(c, MN_ATTN_MASK_NONE);
+}
+mn_status mn_cu_lower_CAUSAL_ATTENTION_PACKED(const mn_cu_op_ctx *c) {
+  return lower_forward(c, MN_ATTN_MASK_SEGMENTS);
+}
 
 typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V, GRAD_KV } grad_of;
 
@@ -182,29 +204,32 @@ static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /* dK (want_k) or dV into args[7] from a kv tile kernel of attention.cuh; `os` is the output
  * row stride in floats. */
+/* Floats per query row of a key-tile kernel's statistics: m, inv_l, delta and, packed, the
+ * row's first key. */
+static size_t stat_floats(const attn_dims *d) { return d->mask == MN_ATTN_MASK_SEGMENTS ? 4 : 3; }
+
 static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool want_k,
-                                 long long os, const mn_cu_arg *args) {
+                                 long long os, const mn_cu_arg *args, int nargs) {
   attn_tile t = backward_tile(d, d->s_len);
   size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(d);
-  size_t smem = 4 * (((want_k ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + 3 * bc);
+  size_t smem = 4 * (((want_k ? 2 : 1) * br + 2 * bc) * ld + br * (bc + 4) + stat_floats(d) * bc);
   int k = mn_cu_kernel(
-      c, MN_ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s, %s, %lldLL>",
+      c, MN_ATTN_BLOCK, "mn_attn_bwd_dkv<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d, %s, %lldLL>",
       d->head_dim, d->head_dim_padded, t.rm, t.bc, (long long)d->t_len, (long long)d->s_len,
-      d->heads, d->kv_heads, d->causal ? "true" : "false", want_k ? "true" : "false", os);
+      d->heads, d->kv_heads, d->mask, want_k ? "true" : "false", os);
   return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, (unsigned)br), (unsigned)d->kv_heads,
-                      (unsigned)d->batches, smem, 8, args);
+                      (unsigned)d->batches, smem, nargs, args);
 }
 
 /* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
 static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
-                                int out, bool packed, const mn_cu_arg *args) {
-  int k =
-      mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %s, %d, %s>", tc->name,
-                   tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                   d->kv_heads, d->causal ? "true" : "false", out, packed ? "true" : "false");
-  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, MN_ATTN_MMA_ROWS), (unsigned)d->kv_heads,
-                      (unsigned)d->batches,
-                      mma_smem(tc, out == MN_ATTN_DV ? 3 : 4, 3 * MN_ATTN_MMA_ROWS), 8, args);
+                                int out, bool packed, const mn_cu_arg *args, int nargs) {
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s>",
+                       tc->name, tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len,
+                       d->heads, d->kv_heads, d->mask, out, packed ? "true" : "false");
+  return mn_cu_launch(
+      c, k, mn_cu_blocks(d->s_len, MN_ATTN_MMA_ROWS), (unsigned)d->kv_heads, (unsigned)d->batches,
+      mma_smem(tc, out == MN_ATTN_DV ? 3 : 4, stat_floats(d) * MN_ATTN_MMA_ROWS), nargs, args);
 }
 
 /* Head dims up to 64 keep dK and dV accumulators in registers together; larger ones make
@@ -228,7 +253,10 @@ static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, const m
  * statistics and delta = dy . y; then the gradient kernels. */
 static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved) {
   attn_dims d;
-  mn_status st = dims_of(c, c->node->attrs.variant == 1, &d);
+  int mask = mn_op_is_packed_attention_grad(c->node->op) ? MN_ATTN_MASK_SEGMENTS
+             : c->node->attrs.variant == 1               ? MN_ATTN_MASK_CAUSAL
+                                                         : MN_ATTN_MASK_NONE;
+  mn_status st = dims_of(c, mask, &d);
   if (st != MN_OK) return st;
   if (d.kv_heads > GRID_YZ_MAX) return unsupported(c, "too many kv heads for one grid", d.kv_heads);
   size_t stat_bytes = align256((size_t)(d.batches * d.heads * d.t_len) * sizeof(float));
@@ -239,52 +267,58 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved
     inv_l.offset = stat_bytes;
     delta.offset = 2 * stat_bytes;
   }
-  mn_cu_arg args[8] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
-                       inv_l,          delta,          mn_cu_out(c)};
+  mn_cu_arg args[MN_CU_MAX_ARGS] = {
+      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), m,
+      inv_l,          delta,          mn_cu_out(c)};
+  int nargs = 8;
+  positions_arg(c, &d, args, &nargs);
   /* The dV half of a packed row starts kv_width floats in. */
   long long kv_width = (long long)d.kv_heads * d.head_dim;
-  mn_cu_arg v_args[8];
+  mn_cu_arg v_args[MN_CU_MAX_ARGS];
   memcpy(v_args, args, sizeof args);
   v_args[7].offset = (size_t)kv_width * sizeof(float);
   bool packed = which == GRAD_KV;
-  const char *causal = d.causal ? "true" : "false";
   int mode = which == GRAD_V ? MN_ATTN_STATS : MN_ATTN_STATS_DELTA;
+  /* The pre-pass reads q, k, v, dy and writes the statistics: the first 7 arguments, and the
+   * positions. */
+  int pre_nargs = nargs == 8 ? 7 : nargs;
   attn_tc tc = tensor_core(c, &d);
   if (saved) {
     st = launch_delta(c, &d, args);
     if (st != MN_OK) return st;
   }
   if (tc.on) {
-    if (!saved && (st = launch_mma_forward(c, &d, &tc, mode, args, 7)) != MN_OK) return st;
+    if (!saved && (st = launch_mma_forward(c, &d, &tc, mode, args, pre_nargs)) != MN_OK) return st;
     if (which == GRAD_Q) {
-      int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %s>", tc.name,
+      int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d>", tc.name,
                            tc.first, d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
-                           d.kv_heads, causal);
+                           d.kv_heads, d.mask);
       return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, MN_ATTN_MMA_ROWS), (unsigned)d.heads,
-                          (unsigned)d.batches, mma_smem(&tc, 4, 0), 8, args);
+                          (unsigned)d.batches, mma_smem(&tc, 4, 0), nargs, args);
     }
     if (!packed)
-      return launch_mma_dkv(c, &d, &tc, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args);
+      return launch_mma_dkv(c, &d, &tc, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args,
+                            nargs);
     if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
-      return launch_mma_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, args);
-    st = launch_mma_dkv(c, &d, &tc, MN_ATTN_DK, true, args);
-    return st != MN_OK ? st : launch_mma_dkv(c, &d, &tc, MN_ATTN_DV, true, args);
+      return launch_mma_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, args, nargs);
+    st = launch_mma_dkv(c, &d, &tc, MN_ATTN_DK, true, args, nargs);
+    return st != MN_OK ? st : launch_mma_dkv(c, &d, &tc, MN_ATTN_DV, true, args, nargs);
   }
-  if (!saved && (st = launch_forward(c, &d, mode, args, 7)) != MN_OK) return st;
+  if (!saved && (st = launch_forward(c, &d, mode, args, pre_nargs)) != MN_OK) return st;
   if (which == GRAD_Q) {
     attn_tile t = backward_tile(&d, d.t_len);
     size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
     size_t smem = 4 * ((2 * br + 2 * bc) * ld + br * (bc + 4));
     int k =
-        mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %s>",
+        mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_bwd_dq<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d>",
                      d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len,
-                     (long long)d.s_len, d.heads, d.kv_heads, causal);
+                     (long long)d.s_len, d.heads, d.kv_heads, d.mask);
     return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
-                        (unsigned)d.batches, smem, 8, args);
+                        (unsigned)d.batches, smem, nargs, args);
   }
-  if (!packed) return launch_simt_dkv(c, &d, which == GRAD_K, kv_width, args);
-  st = launch_simt_dkv(c, &d, true, 2 * kv_width, args);
-  return st != MN_OK ? st : launch_simt_dkv(c, &d, false, 2 * kv_width, v_args);
+  if (!packed) return launch_simt_dkv(c, &d, which == GRAD_K, kv_width, args, nargs);
+  st = launch_simt_dkv(c, &d, true, 2 * kv_width, args, nargs);
+  return st != MN_OK ? st : launch_simt_dkv(c, &d, false, 2 * kv_width, v_args, nargs);
 }
 
 mn_status mn_cu_lower_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) {
@@ -303,6 +337,24 @@ mn_status mn_cu_lower_ATTENTION_GRAD_Q_SAVED(const mn_cu_op_ctx *c) {
   return lower_backward(c, GRAD_Q, true);
 }
 mn_status mn_cu_lower_ATTENTION_GRAD_KV_SAVED(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_KV, true);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_Q(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_Q, false);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_K(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_K, false);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_V(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_V, false);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_KV(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_KV, false);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_Q_SAVED(const mn_cu_op_ctx *c) {
+  return lower_backward(c, GRAD_Q, true);
+}
+mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_KV_SAVED(const mn_cu_op_ctx *c) {
   return lower_backward(c, GRAD_KV, true);
 }
 

@@ -150,24 +150,38 @@ mn_status mn_cu_lower_LAYER_NORM_GRAD_W(const mn_cu_op_ctx *c) {
 
 /* ---- RoPE ---- */
 
-/* Input 0 is x (forward) or dy (gradient); input 1 the U32 offset when dyn. One thread
- * per (row, rotated pair index); each covers every head of its row. */
-static mn_status lower_rope(const mn_cu_op_ctx *c, int dir, bool dyn) {
+/* Where a RoPE op takes its positions from: its static offset, a U32 offset (input 1), or a
+ * U32 position per row (input 1). */
+typedef enum rope_pos { ROPE_STATIC, ROPE_DYNAMIC, ROPE_PER_ROW } rope_pos;
+
+/* Input 0 is x (forward) or dy (gradient). One thread per (row, rotated pair index); each
+ * covers every head of its row. */
+static mn_status lower_rope(const mn_cu_op_ctx *c, int dir, rope_pos from) {
   const mn_tensor_type *t = &c->node->type;
   const mn_op_attrs *a = &c->node->attrs;
   int64_t d = last_dim(t), seq = t->shape[t->rank - 2], rows = mn_tensor_type_numel(t) / d;
-  int kid = mn_cu_kernel(c, 256, "mn_rope_apply<%lld, %lld, %lld, %d, %d, %d, %s, %uu>",
+  bool dyn = from == ROPE_DYNAMIC, per_row = from == ROPE_PER_ROW;
+  int kid = mn_cu_kernel(c, 256, "mn_rope_apply<%lld, %lld, %lld, %d, %d, %d, %s, %s, %uu>",
                          (long long)rows, (long long)seq, (long long)d, a->head_dim, dir,
-                         dyn ? 0 : a->pos_offset, tf(dyn), float_bits(a->theta));
+                         from == ROPE_STATIC ? a->pos_offset : 0, tf(dyn), tf(per_row),
+                         float_bits(a->theta));
   mn_cu_arg args[3] = {mn_cu_in(c, 0), mn_cu_out(c),
-                       dyn ? mn_cu_in(c, 1) : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
+                       from != ROPE_STATIC ? mn_cu_in(c, 1) : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
   return mn_cu_launch(c, kid, grid_for(rows * (a->head_dim / 2), 256), 1, 1, 0, 3, args);
 }
 
-mn_status mn_cu_lower_ROPE(const mn_cu_op_ctx *c) { return lower_rope(c, 1, false); }
-mn_status mn_cu_lower_ROPE_DYNAMIC(const mn_cu_op_ctx *c) { return lower_rope(c, 1, true); }
-mn_status mn_cu_lower_ROPE_GRAD(const mn_cu_op_ctx *c) { return lower_rope(c, -1, false); }
-mn_status mn_cu_lower_ROPE_DYNAMIC_GRAD(const mn_cu_op_ctx *c) { return lower_rope(c, -1, true); }
+mn_status mn_cu_lower_ROPE(const mn_cu_op_ctx *c) { return lower_rope(c, 1, ROPE_STATIC); }
+mn_status mn_cu_lower_ROPE_DYNAMIC(const mn_cu_op_ctx *c) { return lower_rope(c, 1, ROPE_DYNAMIC); }
+mn_status mn_cu_lower_ROPE_POSITIONS(const mn_cu_op_ctx *c) {
+  return lower_rope(c, 1, ROPE_PER_ROW);
+}
+mn_status mn_cu_lower_ROPE_GRAD(const mn_cu_op_ctx *c) { return lower_rope(c, -1, ROPE_STATIC); }
+mn_status mn_cu_lower_ROPE_DYNAMIC_GRAD(const mn_cu_op_ctx *c) {
+  return lower_rope(c, -1, ROPE_DYNAMIC);
+}
+mn_status mn_cu_lower_ROPE_POSITIONS_GRAD(const mn_cu_op_ctx *c) {
+  return lower_rope(c, -1, ROPE_PER_ROW);
+}
 
 /* ---- embedding, scatter_add, cache_write ---- */
 

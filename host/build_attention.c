@@ -1,4 +1,5 @@
-/* Builders for attention (causal, full, cross) and the KV cache used in inference. */
+/* Builders for attention (causal, packed causal, full, cross) and the KV cache used in inference.
+ */
 #include "host/build_util.h"
 #include "host/error.h"
 
@@ -38,11 +39,14 @@ static bool check_f32(mn_graph *g, const char *fn, mn_node q, mn_node k, mn_node
 }
 
 /* q [T, H*hd] or [B, T, H*hd]; k, v [S, KVH*hd] or [B, S, KVH*hd] with q's rank and B.
- * `same_len` (causal, full) additionally requires S == T. */
+ * `same_len` (causal, full) additionally requires S == T. positions (MN_NO_NODE for all but
+ * the packed attention) becomes a fourth input: U32 [T] or [B, T]. */
 static mn_node attention(mn_graph *g, const char *fn, mn_op op, mn_node q, mn_node k, mn_node v,
-                         int num_heads, int num_kv_heads, int head_dim, bool same_len) {
-  mn_node ins[3] = {q, k, v};
-  if (!mn_graph_check_inputs(g, fn, ins, 3)) return MN_NO_NODE;
+                         mn_node positions, int num_heads, int num_kv_heads, int head_dim,
+                         bool same_len) {
+  mn_node ins[4] = {q, k, v, positions};
+  int n = positions == MN_NO_NODE ? 3 : 4;
+  if (!mn_graph_check_inputs(g, fn, ins, n)) return MN_NO_NODE;
   if (!check_heads(g, fn, num_heads, num_kv_heads, head_dim)) return MN_NO_NODE;
   if (!check_f32(g, fn, q, k, v)) return MN_NO_NODE;
   if (!mn_require_rank(g, fn, "q", q, 2, 3)) return MN_NO_NODE;
@@ -66,32 +70,40 @@ static mn_node attention(mn_graph *g, const char *fn, mn_op op, mn_node q, mn_no
                          "(mn_cross_attention allows that)",
                          fn, MN_DESC(g, q, dq), MN_DESC(g, k, dk), (long long)t_len,
                          (long long)s_len);
+  if (n == 4 && !mn_require_positions(g, fn, positions, q)) return MN_NO_NODE;
   mn_op_attrs attrs = {.num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
-  return mn_graph_append(g, op, ins, 3, tq, &attrs, NULL);
+  return mn_graph_append(g, op, ins, n, tq, &attrs, NULL);
 }
 
 mn_node mn_causal_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                             int num_kv_heads, int head_dim) {
-  return attention(g, "mn_causal_attention", MN_OP_CAUSAL_ATTENTION, q, k, v, num_heads,
+  return attention(g, "mn_causal_attention", MN_OP_CAUSAL_ATTENTION, q, k, v, MN_NO_NODE, num_heads,
                    num_kv_heads, head_dim, true);
+}
+
+mn_node mn_causal_attention_packed(mn_graph *g, mn_node q, mn_node k, mn_node v,
+                                   mn_node positions_u32, int num_heads, int num_kv_heads,
+                                   int head_dim) {
+  return attention(g, "mn_causal_attention_packed", MN_OP_CAUSAL_ATTENTION_PACKED, q, k, v,
+                   positions_u32, num_heads, num_kv_heads, head_dim, true);
 }
 
 mn_node mn_full_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                           int num_kv_heads, int head_dim) {
-  return attention(g, "mn_full_attention", MN_OP_FULL_ATTENTION, q, k, v, num_heads, num_kv_heads,
-                   head_dim, true);
+  return attention(g, "mn_full_attention", MN_OP_FULL_ATTENTION, q, k, v, MN_NO_NODE, num_heads,
+                   num_kv_heads, head_dim, true);
 }
 
 mn_node mn_cross_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                            int num_kv_heads, int head_dim) {
-  return attention(g, "mn_cross_attention", MN_OP_CROSS_ATTENTION, q, k, v, num_heads, num_kv_heads,
-                   head_dim, false);
+  return attention(g, "mn_cross_attention", MN_OP_CROSS_ATTENTION, q, k, v, MN_NO_NODE, num_heads,
+                   num_kv_heads, head_dim, false);
 }
 
 mn_node mn_multi_head_attn(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                            int num_kv_heads, int head_dim, bool is_cross) {
   return attention(g, "mn_multi_head_attn", is_cross ? MN_OP_CROSS_ATTENTION : MN_OP_FULL_ATTENTION,
-                   q, k, v, num_heads, num_kv_heads, head_dim, !is_cross);
+                   q, k, v, MN_NO_NODE, num_heads, num_kv_heads, head_dim, !is_cross);
 }
 
 /* A U32 [1] scalar input such as kv_pos or kv_len. */

@@ -119,6 +119,17 @@ mn_node mn_rope_dynamic_offset(mn_graph *g, mn_node x, float theta, mn_node offs
   return mn_graph_append(g, MN_OP_ROPE_DYNAMIC, ins, 2, mn_type_of(g, x), &attrs, NULL);
 }
 
+mn_node mn_rope_positions(mn_graph *g, mn_node x, float theta, mn_node positions_u32,
+                          int head_dim) {
+  const char *fn = "mn_rope_positions";
+  mn_node ins[2] = {x, positions_u32};
+  if (!mn_graph_check_inputs(g, fn, ins, 2) || !check_rope(g, fn, x, theta, head_dim) ||
+      !mn_require_positions(g, fn, positions_u32, x))
+    return MN_NO_NODE;
+  mn_op_attrs attrs = {.theta = theta, .head_dim = head_dim};
+  return mn_graph_append(g, MN_OP_ROPE_POSITIONS, ins, 2, mn_type_of(g, x), &attrs, NULL);
+}
+
 /* Index tensors leave one dim free for the row width. */
 static bool check_indices(mn_graph *g, const char *fn, mn_node idx) {
   return mn_require_dtype(g, fn, "indices", idx, MN_U32) &&

@@ -19,6 +19,21 @@ bool mn_require_dtype(mn_graph *g, const char *fn, const char *what, mn_node x, 
   return false;
 }
 
+bool mn_require_positions(mn_graph *g, const char *fn, mn_node positions, mn_node x) {
+  if (!mn_require_dtype(g, fn, "positions", positions, MN_U32)) return false;
+  const mn_tensor_type *tp = mn_type_of(g, positions), *tx = mn_type_of(g, x);
+  bool ok = tp->rank == tx->rank - 1;
+  for (int i = 0; ok && i < tp->rank; i++)
+    ok = tp->shape[i] == tx->shape[i];
+  if (ok) return true;
+  char dp[128], dx[128];
+  mn_graph_fail(g, MN_ERR_SHAPE,
+                "%s: positions is %s, expected u32 of the shape of %s without its last dim (one "
+                "position per token)",
+                fn, MN_DESC(g, positions, dp), MN_DESC(g, x, dx));
+  return false;
+}
+
 bool mn_require_rank(mn_graph *g, const char *fn, const char *what, mn_node x, int min_rank,
                      int max_rank) {
   int r = mn_type_of(g, x)->rank;

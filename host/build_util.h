@@ -13,6 +13,9 @@ bool mn_require_dtype(mn_graph *g, const char *fn, const char *what, mn_node x, 
 bool mn_require_rank(mn_graph *g, const char *fn, const char *what, mn_node x, int min_rank,
                      int max_rank);
 bool mn_require_same_shape(mn_graph *g, const char *fn, mn_node a, mn_node b);
+/* Per-token positions of packed sequences for activations x ([T, D] or [B, T, D]): U32 of x's
+ * shape without its last dim ([T] or [B, T]). */
+bool mn_require_positions(mn_graph *g, const char *fn, mn_node positions, mn_node x);
 /* A strictly positive integer attribute, e.g. head_dim. */
 bool mn_require_positive(mn_graph *g, const char *fn, const char *what, long long value);
 

@@ -5,9 +5,9 @@
 #include "host/ops.h"
 #include "meganeura.h"
 
-/* Inputs of one node: the attention gradients that read the forward's output and statistics
- * take six (ops.h). */
-#define MN_MAX_INPUTS 6
+/* Inputs of one node: the packed attention gradients that read the forward's output and
+ * statistics take seven (ops.h). */
+#define MN_MAX_INPUTS 7
 /* Values one fused node reads (optimizer/fusion.c groups no more, and the kernels it generates
  * take no more). */
 #define MN_FUSED_MAX_INPUTS 4
@@ -81,7 +81,27 @@ typedef struct mn_node_rec {
 
 /* The attention forward ops, which a training plan may have write their row statistics. */
 static inline bool mn_op_is_attention(mn_op op) {
-  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION || op == MN_OP_CROSS_ATTENTION;
+  return op == MN_OP_CAUSAL_ATTENTION || op == MN_OP_FULL_ATTENTION ||
+         op == MN_OP_CROSS_ATTENTION || op == MN_OP_CAUSAL_ATTENTION_PACKED;
+}
+
+/* The gradients of causal_attention_packed, whose last input is the positions. */
+static inline bool mn_op_is_packed_attention_grad(mn_op op) {
+  switch (op) {
+  case MN_OP_PACKED_ATTENTION_GRAD_Q:
+  case MN_OP_PACKED_ATTENTION_GRAD_K:
+  case MN_OP_PACKED_ATTENTION_GRAD_V:
+  case MN_OP_PACKED_ATTENTION_GRAD_KV:
+  case MN_OP_PACKED_ATTENTION_GRAD_Q_SAVED:
+  case MN_OP_PACKED_ATTENTION_GRAD_KV_SAVED: return true;
+  default: return false;
+  }
+}
+
+/* The attention gradients that read the forward's output (input 4) and statistics (input 5). */
+static inline bool mn_op_is_saved_attention_grad(mn_op op) {
+  return op == MN_OP_ATTENTION_GRAD_Q_SAVED || op == MN_OP_ATTENTION_GRAD_KV_SAVED ||
+         op == MN_OP_PACKED_ATTENTION_GRAD_Q_SAVED || op == MN_OP_PACKED_ATTENTION_GRAD_KV_SAVED;
 }
 
 /* attrs.variant of a parameter that mn_set_trainable froze (host/param_layout.h's

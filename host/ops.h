@@ -74,11 +74,15 @@ enum {
   X(LAYER_NORM, "layer_norm", 3, MN_OPF_REDUCTION | MN_OPF_DIFF)                                   \
   X(ROPE, "rope", 1, MN_OPF_DIFF)                                                                  \
   X(ROPE_DYNAMIC, "rope_dynamic_offset", 2, MN_OPF_DIFF)                                           \
+  X(ROPE_POSITIONS, "rope_positions", 2, MN_OPF_DIFF) /* (x, positions U32 [B, T] or [T]) */       \
   /* attention: (q, k, v); variant 1 (set by optimizer/attention_stats.c) also writes the      */  \
   /* row statistics as extra value 1: F32 [2, B * H * T], base-2 row maxima then 1 / sums       */ \
   X(CAUSAL_ATTENTION, "causal_attention", 3, MN_OPF_DIFF)                                          \
   X(FULL_ATTENTION, "full_attention", 3, MN_OPF_DIFF)                                              \
   X(CROSS_ATTENTION, "cross_attention", 3, MN_OPF_DIFF)                                            \
+  /* (q, k, v, positions U32 [B, T] or [T]): causal within the packed examples that positions */   \
+  /* delimit (meganeura.h); variant 1 as above                                                 */  \
+  X(CAUSAL_ATTENTION_PACKED, "causal_attention_packed", 4, MN_OPF_DIFF)                            \
   X(EMBEDDING, "embedding", 2, MN_OPF_DIFF)                                                        \
   X(SCATTER_ADD, "scatter_add", 2, MN_OPF_DIFF)                                                    \
   X(CONV2D, "conv2d", 2, MN_OPF_DIFF)                                                              \
@@ -142,8 +146,9 @@ enum {
   X(RMS_NORM_GRAD_W, "rms_norm_grad_w", 2, MN_BWD)                      /* (x, dy) -> [N] */       \
   X(LAYER_NORM_GRAD_X, "layer_norm_grad_x", 3, MN_BWD)                  /* (x, w, dy) */           \
   X(LAYER_NORM_GRAD_W, "layer_norm_grad_w", 2, MN_BWD)                  /* (x, dy) -> [N] */       \
-  X(ROPE_GRAD, "rope_grad", 1, MN_BWD)                 /* (dy): the inverse rotation */            \
-  X(ROPE_DYNAMIC_GRAD, "rope_dynamic_grad", 2, MN_BWD) /* (dy, offset) */                          \
+  X(ROPE_GRAD, "rope_grad", 1, MN_BWD)                     /* (dy): the inverse rotation */        \
+  X(ROPE_DYNAMIC_GRAD, "rope_dynamic_grad", 2, MN_BWD)     /* (dy, offset) */                      \
+  X(ROPE_POSITIONS_GRAD, "rope_positions_grad", 2, MN_BWD) /* (dy, positions) */                   \
   /* attention: (q, k, v, dy); variant 1 when causal */                                            \
   X(ATTENTION_GRAD_Q, "attention_grad_q", 4, MN_BWD)                                               \
   X(ATTENTION_GRAD_K, "attention_grad_k", 4, MN_BWD)                                               \
@@ -155,6 +160,14 @@ enum {
   /* statistics pre-pass, and delta = dy . y per query row                                      */ \
   X(ATTENTION_GRAD_Q_SAVED, "attention_grad_q_saved", 6, MN_BWD)                                   \
   X(ATTENTION_GRAD_KV_SAVED, "attention_grad_kv_saved", 6, MN_BWD)                                 \
+  /* the same six for causal_attention_packed, with its positions as one more input, last:    */   \
+  /* (q, k, v, dy, positions) and (q, k, v, dy, y, stats, positions)                           */  \
+  X(PACKED_ATTENTION_GRAD_Q, "packed_attention_grad_q", 5, MN_BWD)                                 \
+  X(PACKED_ATTENTION_GRAD_K, "packed_attention_grad_k", 5, MN_BWD)                                 \
+  X(PACKED_ATTENTION_GRAD_V, "packed_attention_grad_v", 5, MN_BWD)                                 \
+  X(PACKED_ATTENTION_GRAD_KV, "packed_attention_grad_kv", 5, MN_BWD)                               \
+  X(PACKED_ATTENTION_GRAD_Q_SAVED, "packed_attention_grad_q_saved", 7, MN_BWD)                     \
+  X(PACKED_ATTENTION_GRAD_KV_SAVED, "packed_attention_grad_kv_saved", 7, MN_BWD)                   \
   /* vision */                                                                                     \
   X(CONV2D_GRAD_INPUT, "conv2d_grad_input", 2, MN_BWD)   /* (dy, kernel) -> [N,Ci,H,W] */          \
   X(CONV2D_GRAD_KERNEL, "conv2d_grad_kernel", 2, MN_BWD) /* (x, dy) -> [Co,Ci,kh,kw] */            \

@@ -29,9 +29,10 @@ int64_t mn_attention_stats_numel(const mn_graph *g, const mn_node_rec *attention
   return 2 * batches * attention->attrs.num_heads * q->shape[q->rank - 2];
 }
 
-/* (q, k, v, dy, y, stats): y is the output of an attention over the same q, k and v with the
- * same heads (causal exactly when the gradient is), and stats is that attention's extra value
- * 1, so the kernels read the statistics of the very scores they recompute. */
+/* (q, k, v, dy, y, stats[, positions]): y is the output of an attention over the same q, k and
+ * v (and positions, for the packed gradients) with the same heads and masking, and stats is that
+ * attention's extra value 1, so the kernels read the statistics of the very scores they
+ * recompute. */
 static bool saved_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
   const mn_node_rec *y = &g->nodes[r->inputs[4]], *stats = &g->nodes[r->inputs[5]];
   if (!mn_op_is_attention(y->op) || y->attrs.variant != 1 || stats->op != MN_OP_EXTRA_OUTPUT ||
@@ -39,7 +40,11 @@ static bool saved_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
     return false;
   for (int k = 0; k < 3; k++)
     if (y->inputs[k] != r->inputs[k]) return false;
-  return (y->op == MN_OP_CAUSAL_ATTENTION) == (r->attrs.variant == 1) &&
+  bool packed = mn_op_is_packed_attention_grad(r->op);
+  if ((y->op == MN_OP_CAUSAL_ATTENTION_PACKED) != packed ||
+      (packed && y->inputs[3] != r->inputs[6]))
+    return false;
+  return (packed || (y->op == MN_OP_CAUSAL_ATTENTION) == (r->attrs.variant == 1)) &&
          y->attrs.num_heads == r->attrs.num_heads &&
          y->attrs.num_kv_heads == r->attrs.num_kv_heads && y->attrs.head_dim == r->attrs.head_dim &&
          mn_type_same_shape(&y->type, &g->nodes[r->inputs[3]].type);
@@ -67,7 +72,9 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
   }
   case MN_OP_GROUP_NORM: return r->attrs.act == MN_ACT_NONE || r->attrs.act == MN_ACT_SILU;
   case MN_OP_ATTENTION_GRAD_Q_SAVED:
-  case MN_OP_ATTENTION_GRAD_KV_SAVED: return saved_attention_grad_ok(g, r);
+  case MN_OP_ATTENTION_GRAD_KV_SAVED:
+  case MN_OP_PACKED_ATTENTION_GRAD_Q_SAVED:
+  case MN_OP_PACKED_ATTENTION_GRAD_KV_SAVED: return saved_attention_grad_ok(g, r);
   default: return true;
   }
 }
@@ -88,6 +95,7 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
   case MN_OP_CAUSAL_ATTENTION:
   case MN_OP_FULL_ATTENTION:
   case MN_OP_CROSS_ATTENTION:
+  case MN_OP_CAUSAL_ATTENTION_PACKED:
     return mn_tensor_type_numel(&extra->type) == mn_attention_stats_numel(g, producer);
   case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD:
     return mn_type_same_shape(&extra->type, &g->nodes[producer->inputs[0]].type);

@@ -147,8 +147,24 @@ MN_API mn_node mn_rope_with_offset(mn_graph *g, mn_node x, float theta, int pos_
                                    int head_dim);
 MN_API mn_node mn_rope_dynamic_offset(mn_graph *g, mn_node x, float theta, mn_node offset_u32,
                                       int head_dim);
+/* mn_rope (rotate-half) of x [T, D] or [B, T, D] with token t rotated by the angles of
+ * position positions[t] instead of t: positions_u32 is U32 [T] or [B, T] (x's shape without
+ * its last dim), e.g. the per-example positions of packed sequences (mn_causal_attention_packed).
+ * positions gets no gradient. */
+MN_API mn_node mn_rope_positions(mn_graph *g, mn_node x, float theta, mn_node positions_u32,
+                                 int head_dim);
 MN_API mn_node mn_causal_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                                    int num_kv_heads, int head_dim);
+/* Packed sequences (several examples in one window of T tokens, as HF's
+ * DataCollatorWithFlattening and flash-attn's varlen make them): positions_u32 is U32 [B, T]
+ * ([T] for rank-2 activations) holding t minus the index of the first token of t's example, so
+ * it restarts at 0 where each example starts. Query t sees key s iff s <= t and
+ * s >= t - positions[t]; positions 0 .. T-1 in a row is mn_causal_attention's masking. q
+ * [B, T, H*hd], k and v [B, T, KVH*hd] (or all rank 2) as for mn_causal_attention (grouped
+ * query heads included); the result has q's shape. positions gets no gradient. */
+MN_API mn_node mn_causal_attention_packed(mn_graph *g, mn_node q, mn_node k, mn_node v,
+                                          mn_node positions_u32, int num_heads, int num_kv_heads,
+                                          int head_dim);
 MN_API mn_node mn_full_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,
                                  int num_kv_heads, int head_dim);
 MN_API mn_node mn_cross_attention(mn_graph *g, mn_node q, mn_node k, mn_node v, int num_heads,

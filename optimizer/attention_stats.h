@@ -1,7 +1,7 @@
 /* The attention backward reads what the forward already computed: each attention_grad_q or
- * attention_grad_kv over the same q, k and v as a forward attention becomes its _saved form,
- * which also reads the forward's output y and the row statistics the forward now writes as
- * its extra value 1 (ops.h). Its kernels then skip the statistics pre-pass (a second pass
+ * attention_grad_kv (or packed_attention_grad_q / _kv, whose positions must match too) over the
+ * same q, k and v as a forward attention becomes its _saved form, which also reads the forward's
+ * output y and the row statistics the forward now writes as its extra value 1 (ops.h). Its kernels then skip the statistics pre-pass (a second pass
  * over every score) and take delta = dy . y per query row from one cheap pass over dy and y.
  *
  * Only for low-precision sessions (mn_optimize_graph_limits decides): there y is the stored

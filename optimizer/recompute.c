@@ -48,8 +48,7 @@ static bool cheap_activation(const mn_node_rec *n) {
 /* A saved attention gradient names the very q, k and v its forward read (host/plan_check.c):
  * a value it reads in those slots stays the forward's. */
 static bool reads_as_attention_operand(const mn_node_rec *reader, mn_node value) {
-  if (reader->op != MN_OP_ATTENTION_GRAD_Q_SAVED && reader->op != MN_OP_ATTENTION_GRAD_KV_SAVED)
-    return false;
+  if (!mn_op_is_saved_attention_grad(reader->op)) return false;
   for (int k = 0; k < 3; k++)
     if (reader->inputs[k] == value) return true;
   return false;

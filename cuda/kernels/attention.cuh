@@ -13,6 +13,13 @@
 //
 // Scores are scale * q.k with the dot product always summed in the same order (mn_attn_dot),
 // so the backward kernels recompute bit-identical scores and probabilities no larger than 1.
+//
+// MASK (an mn_attn_mask of cuda/device_abi.h) says which keys a query sees. With
+// MN_ATTN_MASK_SEGMENTS (packed sequences) query r of batch b sees keys lo(r) .. r, lo(r) = r -
+// positions[b * T + r] (0 when the position exceeds r). A block of query rows starts at the key
+// tile holding the smallest lo of its rows and a block of keys skips every query tile none of
+// whose rows reaches back to its keys, so the work is that of the keys the segments see, not of
+// the causal triangle; the element mask does the rest.
 
 __device__ __forceinline__ float mn_attn_f4(const float4 &v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
@@ -166,12 +173,12 @@ template <class PK, class PV> struct mn_attn_qtile {
   PK kb;
   PV vb;
 };
-template <int BR, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+template <int BR, int HD, long long T, long long S, int H, int KVH, int MASK, class IO>
 __device__ __forceinline__ auto mn_attn_qtile_of(const IO &io) {
   mn_attn_qtile<decltype(mn_in<1>(io)), decltype(mn_in<2>(io))> q;
   const long long num_tiles = (T + BR - 1) / BR;
   // Causal tiles late in the sequence do the most work: start them first.
-  const long long tile = CAUSAL ? num_tiles - 1 - blockIdx.x : blockIdx.x;
+  const long long tile = MASK != MN_ATTN_MASK_NONE ? num_tiles - 1 - blockIdx.x : blockIdx.x;
   q.q0 = tile * BR;
   q.b = blockIdx.z;
   q.h = blockIdx.y;
@@ -183,9 +190,54 @@ __device__ __forceinline__ auto mn_attn_qtile_of(const IO &io) {
 }
 
 // The end of the keys that the query tile from q0 sees.
-template <int BR, long long S, bool CAUSAL>
+template <int BR, long long S, int MASK>
 __device__ __forceinline__ long long mn_attn_kend(long long q0) {
-  return CAUSAL ? (q0 + BR < S ? q0 + BR : S) : S;
+  return MASK != MN_ATTN_MASK_NONE ? (q0 + BR < S ? q0 + BR : S) : S;
+}
+
+// The first key query r of batch b sees: lo(r) when packed (0 past T), else 0.
+template <long long T, int MASK, class IO>
+__device__ __forceinline__ long long mn_attn_seg_lo(const IO &io, long long b, long long r) {
+  if constexpr (MASK == MN_ATTN_MASK_SEGMENTS) {
+    if (r >= T) return 0;
+    const long long pos = mn_arg<const unsigned int>(io, MN_ATTN_POSITIONS_ARG)[b * T + r];
+    return pos < r ? r - pos : 0;
+  } else {
+    return 0;
+  }
+}
+
+// Where the key tiles (of BC) of the query tile q0 .. q0 + BR - 1 of batch b start: at the tile
+// holding the smallest lo of its rows when packed, else 0. Every thread of the block calls it
+// (it synchronizes) and gets the same value.
+template <int BR, int BC, long long T, int MASK, class IO>
+__device__ __forceinline__ long long mn_attn_kstart(const IO &io, long long b, long long q0) {
+  if constexpr (MASK == MN_ATTN_MASK_SEGMENTS) {
+    __shared__ unsigned long long lo;
+    if (threadIdx.x == 0) lo = (unsigned long long)q0; // lo(q0) <= q0
+    __syncthreads();
+    for (int i = threadIdx.x; i < BR && q0 + i < T; i += MN_ATTN_BLOCK)
+      atomicMin(&lo, (unsigned long long)mn_attn_seg_lo<T, MASK>(io, b, q0 + i));
+    __syncthreads();
+    return (long long)lo / BC * BC;
+  } else {
+    return 0;
+  }
+}
+
+// Whether a query of the tile r0 .. r0 + BC - 1 of batch b sees a key at or before c_last: when
+// packed, a vote of the block (every thread calls it and gets the same answer), else true.
+template <int BC, long long T, int MASK, class IO>
+__device__ __forceinline__ bool mn_attn_q_tile_live(const IO &io, long long b, long long r0,
+                                                    long long c_last) {
+  if constexpr (MASK == MN_ATTN_MASK_SEGMENTS) {
+    static_assert(BC <= MN_ATTN_BLOCK, "one thread per query row of the tile");
+    const long long r = r0 + threadIdx.x;
+    const bool sees = threadIdx.x < BC && r < T && mn_attn_seg_lo<T, MASK>(io, b, r) <= c_last;
+    return __syncthreads_or(sees) != 0;
+  } else {
+    return true;
+  }
 }
 
 // Query rows first .. first + ROWS - 1 of one head (qoff: mn_attn_head) into qs and, when DY, their
@@ -234,41 +286,49 @@ __device__ __forceinline__ mn_attn_kvtile mn_attn_kvtile_of() {
   return k;
 }
 
-// Moves a key-tile block to the query tile r0 .. r0 + BC - 1 of head qh: once every thread is done
-// with the previous tile, loads q, dy and the statistics (st: [3][BC]), then waits until all of
-// them are in.
-template <int HD, int HDP, int BC, int LD, long long T, int H, bool DELTA, class IO>
-__device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float *st, const IO &io,
-                                                    const mn_attn_head &qh, long long r0) {
+// Moves a key-tile block to the query tile r0 .. r0 + BC - 1 of head qh of batch b: once every
+// thread is done with the previous tile, loads q, dy, the statistics (st: [3][BC]) and, when
+// packed, each row's first key (lo: [BC]), then waits until all of them are in.
+template <int HD, int HDP, int BC, int LD, long long T, int H, int MASK, bool DELTA, class IO>
+__device__ __forceinline__ void mn_attn_next_q_tile(float *qs, float *dys, float *st, int *lo,
+                                                    const IO &io, const mn_attn_head &qh,
+                                                    long long b, long long r0) {
   __syncthreads();
   mn_attn_load_q<HD, HDP, BC, LD, T, H, true>(qs, dys, io, qh.qoff, r0);
-  for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK)
+  for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
     mn_attn_load_stats<T, DELTA>(io, qh.sb, r0 + j, st[j], st[BC + j], st[2 * BC + j]);
+    if constexpr (MASK == MN_ATTN_MASK_SEGMENTS)
+      lo[j] = (int)mn_attn_seg_lo<T, MASK>(io, b, r0 + j);
+  }
   __syncthreads();
 }
 
-// Runs body(r0) for every query tile r0 .. r0 + BC - 1 that the key-tile block kt sees, for
-// each of the G query heads that share its kv head, after loading the tile into qs, dys and st
-// (mn_attn_next_q_tile). Causal: queries before the key tile never see it, so it starts at the
-// tile holding query c0.
-template <int HD, int HDP, int BC, int LD, long long T, int H, int G, bool CAUSAL, bool DELTA,
-          class IO, typename F>
+// Runs body(r0) for every query tile r0 .. r0 + BC - 1 that the key-tile block kt (of BR keys)
+// sees, for each of the G query heads that share its kv head, after loading the tile into qs,
+// dys, st and lo (mn_attn_next_q_tile). Causal: queries before the key tile never see it, so it
+// starts at the tile holding query c0; packed: tiles whose rows all start past the block's last
+// key are skipped.
+template <int HD, int HDP, int BR, int BC, int LD, long long T, long long S, int H, int G, int MASK,
+          bool DELTA, class IO, typename F>
 __device__ __forceinline__ void mn_attn_for_q_tiles(const mn_attn_kvtile &kt, float *qs, float *dys,
-                                                    float *st, const IO &io, F &&body) {
-  const long long r_start = CAUSAL ? kt.c0 / BC * BC : 0;
+                                                    float *st, int *lo, const IO &io, F &&body) {
+  const long long r_start = MASK != MN_ATTN_MASK_NONE ? kt.c0 / BC * BC : 0;
+  const long long c_last = (kt.c0 + BR < S ? kt.c0 + BR : S) - 1;
   for (int g = 0; g < G; g++) {
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, kt.kvh * G + g);
     for (long long r0 = r_start; r0 < T; r0 += BC) {
-      mn_attn_next_q_tile<HD, HDP, BC, LD, T, H, DELTA>(qs, dys, st, io, qh, r0);
+      if (!mn_attn_q_tile_live<BC, T, MASK>(io, kt.b, r0, c_last)) continue;
+      mn_attn_next_q_tile<HD, HDP, BC, LD, T, H, MASK, DELTA>(qs, dys, st, lo, io, qh, kt.b, r0);
       body(r0);
     }
   }
 }
 
-// Whether query r sees key c in the backward kernels: both exist and, when causal, c <= r.
-template <long long T, long long S, bool CAUSAL>
-__device__ __forceinline__ bool mn_attn_visible(long long r, long long c) {
-  return r < T && c < S && (!CAUSAL || c <= r);
+// Whether query r, whose first visible key is lo (mn_attn_seg_lo), sees key c: both exist and,
+// when causal or packed, lo <= c <= r.
+template <long long T, long long S, int MASK>
+__device__ __forceinline__ bool mn_attn_visible(long long r, long long c, long long lo) {
+  return r < T && c < S && (MASK == MN_ATTN_MASK_NONE || (c <= r && c >= lo));
 }
 
 // Writes the pre-pass statistics of one query row at index i (sb + row): m, 1 / l and, when DELTA,
@@ -314,7 +374,7 @@ __device__ void mn_attn_delta(const IO &io) {
 // m), so that P = exp(score - m) * inv_l, and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with
 // dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the
 // gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
-template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, int MASK,
           int MODE, class IO>
 __device__ void mn_attn_fwd(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
@@ -326,7 +386,7 @@ __device__ void mn_attn_fwd(const IO &io) {
   float *vs = ks + BC * LDA; // [BC][LDA], modes 0 and 1
   float *ps = vs + BC * LDA; // output: probabilities [BR][LDP]; delta: dy rows [BR][LDA]
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
   const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
@@ -340,9 +400,13 @@ __device__ void mn_attn_fwd(const IO &io) {
   mn_attn_fill(l, 0.0f);
   mn_attn_fill(dsum, 0.0f);
   mn_attn_fill(acc, 0.0f);
+  long long lo[RM];
+#pragma unroll
+  for (int i = 0; i < RM; i++)
+    lo[i] = mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + rbase + i);
 
-  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
-  for (long long c0 = 0; c0 < kend; c0 += BC) {
+  const long long kend = mn_attn_kend<BR, S, MASK>(q0);
+  for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads(); // the previous tile's readers are done with ks, vs
     mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
@@ -357,17 +421,21 @@ __device__ void mn_attn_fwd(const IO &io) {
 #pragma unroll
       for (int j = 0; j < CN; j++) {
         const long long c = c0 + cg + 8 * j;
-        const bool ok = c < S && (!CAUSAL || c <= r);
+        const bool ok = c < S && (MASK == MN_ATTN_MASK_NONE || (c <= r && c >= lo[i]));
         s[i][j] = ok ? s[i][j] * scale : mn_attn_neg_inf();
         mx = fmaxf(mx, s[i][j]);
       }
-      // Key 0 is in the first tile and visible to every row, so m_new is finite.
+      // Key 0 is in the first tile and visible to every row, so m_new is finite, except for a
+      // packed row whose segment starts in a later tile: it subtracts 0 until then (its l and
+      // acc stay 0), so that -inf - -inf makes no NaN.
       const float m_new = fmaxf(m[i], mn_attn_row_max(mx));
-      const float alpha = expf(m[i] - m_new);
+      const float m_sub =
+          MASK == MN_ATTN_MASK_SEGMENTS && m_new == mn_attn_neg_inf() ? 0.0f : m_new;
+      const float alpha = expf(m[i] - m_sub);
       float sum = 0.0f, dpart = 0.0f;
 #pragma unroll
       for (int j = 0; j < CN; j++) {
-        s[i][j] = expf(s[i][j] - m_new);
+        s[i][j] = expf(s[i][j] - m_sub);
         sum += s[i][j];
         if constexpr (OUT) ps[(rbase + i) * LDP + cg + 8 * j] = s[i][j];
         if constexpr (MODE == MN_ATTN_STATS_DELTA) dpart = fmaf(s[i][j], dp[i][j], dpart);
@@ -411,7 +479,7 @@ __device__ void mn_attn_fwd(const IO &io) {
 // dQ over one (query tile, head, batch) block, grid (ceil(T / BR), H, B); io = q, k, v, dy,
 // m, inv_l, delta (from the MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta) and
 // dq = scale * sum_s dS k_s.
-template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, int MASK,
           class IO>
 __device__ void mn_attn_bwd_dq(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
@@ -423,7 +491,7 @@ __device__ void mn_attn_bwd_dq(const IO &io) {
   float *vs = ks + BC * LDA;  // [BC][LDA]
   float *ps = vs + BC * LDA;  // [BR][LDP]
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
   const long long q0 = qt.q0;
   const int lane = threadIdx.x & 31, cg = lane & 7;
   const int rbase = (threadIdx.x >> 5) * 4 * RM + (lane >> 3) * RM;
@@ -431,15 +499,17 @@ __device__ void mn_attn_bwd_dq(const IO &io) {
 
   mn_attn_load_q<HD, HDP, BR, LDA, T, H, true>(qs, dys, io, qt.qoff, q0);
   float acc[RM][DN4][4], rm[RM], ril[RM], rdelta[RM];
+  long long lo[RM];
   const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
 #pragma unroll
   for (int i = 0; i < RM; i++) {
     mn_attn_load_stats<T, true>(io, sb, q0 + rbase + i, rm[i], ril[i], rdelta[i]);
+    lo[i] = mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + rbase + i);
     mn_attn_fill(acc[i], 0.0f);
   }
 
-  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
-  for (long long c0 = 0; c0 < kend; c0 += BC) {
+  const long long kend = mn_attn_kend<BR, S, MASK>(q0);
+  for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads();
     mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, true>(ks, vs, qt.kb, qt.vb, c0);
     __syncthreads();
@@ -451,7 +521,7 @@ __device__ void mn_attn_bwd_dq(const IO &io) {
       const long long r = q0 + rbase + i;
 #pragma unroll
       for (int j = 0; j < CN; j++) {
-        const bool ok = mn_attn_visible<T, S, CAUSAL>(r, c0 + cg + 8 * j);
+        const bool ok = mn_attn_visible<T, S, MASK>(r, c0 + cg + 8 * j, lo[i]);
         const float p = ok ? expf(s[i][j] * scale - rm[i]) * ril[i] : 0.0f;
         ps[(rbase + i) * LDP + cg + 8 * j] = p * (dp[i][j] - rdelta[i]);
       }
@@ -469,22 +539,23 @@ __device__ void mn_attn_bwd_dq(const IO &io) {
 }
 
 // dK (GRAD_K) or dV over one (key tile, kv head, batch) block, grid (ceil(S / BR), KVH, B);
-// io = q, k, v, dy, m, inv_l, delta, out; output rows are OS floats apart (KVH * HD, or
-// twice that when dK and dV share rows). The block loops over the query heads of its kv
-// head's group and over query tiles, so each gradient element is summed by one thread in
+// io = q, k, v, dy, m, inv_l, delta, out (and the positions, packed); output rows are OS floats
+// apart (KVH * HD, or twice that when dK and dV share rows). The block loops over the query heads
+// of its kv head's group and over query tiles, so each gradient element is summed by one thread in
 // a fixed order (no atomics): dv_s = sum P_s dy, dk_s = scale * sum dS_s q.
-template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, bool CAUSAL,
+template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, int MASK,
           bool GRAD_K, long long OS, class IO>
 __device__ void mn_attn_bwd_dkv(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4, G = H / KVH;
   extern __shared__ __align__(16) float mn_attn_smem[];
-  float *ks = mn_attn_smem;                 // [BR][LDA]
-  float *vs = ks + BR * LDA;                // [BR][LDA], GRAD_K only
-  float *qs = vs + (GRAD_K ? BR * LDA : 0); // [BC][LDA]
-  float *dys = qs + BC * LDA;               // [BC][LDA]
-  float *ps = dys + BC * LDA;               // [BR][LDP]
-  float *st = ps + BR * LDP;                // m, inv_l, delta: [3][BC]
+  float *ks = mn_attn_smem;                       // [BR][LDA]
+  float *vs = ks + BR * LDA;                      // [BR][LDA], GRAD_K only
+  float *qs = vs + (GRAD_K ? BR * LDA : 0);       // [BC][LDA]
+  float *dys = qs + BC * LDA;                     // [BC][LDA]
+  float *ps = dys + BC * LDA;                     // [BR][LDP]
+  float *st = ps + BR * LDP;                      // m, inv_l, delta: [3][BC]
+  int *lo = reinterpret_cast<int *>(st + 3 * BC); // packed: each query's first key, [BC]
 
   const mn_attn_kvtile kt = mn_attn_kvtile_of<BR, HD, S, KVH>();
   const long long c0 = kt.c0;
@@ -497,8 +568,8 @@ __device__ void mn_attn_bwd_dkv(const IO &io) {
   float acc[RM][DN4][4];
   mn_attn_fill(acc, 0.0f);
 
-  mn_attn_for_q_tiles<HD, HDP, BC, LDA, T, H, G, CAUSAL, GRAD_K>(
-      kt, qs, dys, st, io, [&](long long r0) {
+  mn_attn_for_q_tiles<HD, HDP, BR, BC, LDA, T, S, H, G, MASK, GRAD_K>(
+      kt, qs, dys, st, lo, io, [&](long long r0) {
         float s[RM][CN];
         mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, ks + rbase * LDA, qs + cg * LDA);
         if constexpr (GRAD_K) {
@@ -522,7 +593,8 @@ __device__ void mn_attn_bwd_dkv(const IO &io) {
           const long long c = c0 + rbase + i;
 #pragma unroll
           for (int j = 0; j < CN; j++) {
-            const bool ok = mn_attn_visible<T, S, CAUSAL>(r0 + cg + 8 * j, c);
+            const bool ok = mn_attn_visible<T, S, MASK>(
+                r0 + cg + 8 * j, c, MASK == MN_ATTN_MASK_SEGMENTS ? lo[cg + 8 * j] : 0);
             ps[(rbase + i) * LDP + cg + 8 * j] = ok ? s[i][j] : 0.0f;
           }
         }

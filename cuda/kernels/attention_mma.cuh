@@ -373,8 +373,7 @@ template <int LP, int HD> struct mn_attn_lp_ops {
 // MN_ATTN_STATS_DELTA and MN_ATTN_STATS, the backward pre-pass: io = q, k, v, dy, m, inv_l,
 // delta; per (b, h, t) at (b * H + h) * T + t they write the base-2 row max m and 1 / sum,
 // and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with dP_s = dy . v_s.
-template <class O, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE,
-          class IO>
+template <class O, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, class IO>
 __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
   using E = typename O::elem;
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = O::LD, NT = BC / 8;
@@ -385,7 +384,7 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
   E *vs = ks + BC * LD;                        // [BC][LD], all but MN_ATTN_STATS
   E *dys = vs + BC * LD;                       // [BR][LD], MN_ATTN_STATS_DELTA
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
   const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
@@ -399,9 +398,11 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
   mn_attn_fill(l, 0.0f);
   mn_attn_fill(dsum, 0.0f);
   mn_attn_fill(acc, 0.0f);
+  const long long lo[2] = {mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + wrow + g),
+                           mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + wrow + g + 8)};
 
-  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
-  for (long long c0 = 0; c0 < kend; c0 += BC) {
+  const long long kend = mn_attn_kend<BR, S, MASK>(q0);
+  for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads();
     O::template load<BC>(ks, qt.kb, (long long)KVH * HD, c0, S);
     if constexpr (MODE != MN_ATTN_STATS)
@@ -416,23 +417,26 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const long long r = q0 + wrow + g + (e >= 2 ? 8 : 0), c = c0 + n * 8 + 2 * t + (e & 1);
-        const bool ok = c < S && (!CAUSAL || c <= r);
+        const bool ok = c < S && (MASK == MN_ATTN_MASK_NONE || (c <= r && c >= lo[e >> 1]));
         s[n][e] = ok ? s[n][e] * scale2 : mn_attn_neg_inf();
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
-    float alpha[2], sum[2] = {0.0f, 0.0f}, dpart[2] = {0.0f, 0.0f};
+    float alpha[2], m_sub[2], sum[2] = {0.0f, 0.0f}, dpart[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      // Key 0 is in the first tile and visible to every row, so m_new is finite.
+      // Key 0 is in the first tile and visible to every row, so m_new is finite, except for a
+      // packed row whose segment starts in a later tile: it subtracts 0 until then (its l and
+      // acc stay 0), so that -inf - -inf makes no NaN.
       const float m_new = fmaxf(m[i], mn_quad_max(mx[i]));
-      alpha[i] = exp2f(m[i] - m_new);
+      m_sub[i] = MASK == MN_ATTN_MASK_SEGMENTS && m_new == mn_attn_neg_inf() ? 0.0f : m_new;
+      alpha[i] = exp2f(m[i] - m_sub[i]);
       m[i] = m_new;
     }
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        s[n][e] = exp2f(s[n][e] - m[e >> 1]);
+        s[n][e] = exp2f(s[n][e] - m_sub[e >> 1]);
         sum[e >> 1] += s[n][e];
         if constexpr (MODE == MN_ATTN_STATS_DELTA)
           dpart[e >> 1] = fmaf(s[n][e], dp[n][e], dpart[e >> 1]);
@@ -473,7 +477,7 @@ __device__ __forceinline__ void mn_attn_tc_fwd(const IO &io) {
 // dQ over one (query tile, head, batch) block, grid (ceil(T / 64), H, B); O: an operand policy;
 // io = q, k, v, dy, m, inv_l, delta (MN_ATTN_STATS_DELTA pre-pass), dq. dS = P (dy . v - delta),
 // dq = scale * sum dS k.
-template <class O, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+template <class O, int HD, long long T, long long S, int H, int KVH, int MASK, class IO>
 __device__ __forceinline__ void mn_attn_tc_dq(const IO &io) {
   using E = typename O::elem;
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = O::LD, NT = BC / 8;
@@ -483,7 +487,7 @@ __device__ __forceinline__ void mn_attn_tc_dq(const IO &io) {
   E *ks = dys + BR * LD;                       // [BC][LD]
   E *vs = ks + BC * LD;                        // [BC][LD]
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, CAUSAL>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
   const long long q0 = qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 16;
@@ -493,13 +497,16 @@ __device__ __forceinline__ void mn_attn_tc_dq(const IO &io) {
   O::template load<BR>(dys, mn_in<3>(io) + qt.qoff, (long long)H * HD, q0, T);
   const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
   float rm[2], ril[2], rdelta[2], acc[HD / 8][4];
+  long long lo[2];
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 2; i++) {
     mn_attn_load_stats<T, true>(io, sb, q0 + wrow + g + 8 * i, rm[i], ril[i], rdelta[i]);
+    lo[i] = mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + wrow + g + 8 * i);
+  }
   mn_attn_fill(acc, 0.0f);
 
-  const long long kend = mn_attn_kend<BR, S, CAUSAL>(q0);
-  for (long long c0 = 0; c0 < kend; c0 += BC) {
+  const long long kend = mn_attn_kend<BR, S, MASK>(q0);
+  for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads();
     O::template load<BC>(ks, qt.kb, (long long)KVH * HD, c0, S);
     O::template load<BC>(vs, qt.vb, (long long)KVH * HD, c0, S);
@@ -513,7 +520,7 @@ __device__ __forceinline__ void mn_attn_tc_dq(const IO &io) {
       for (int e = 0; e < 4; e++) {
         const int i = e >> 1;
         const bool ok =
-            mn_attn_visible<T, S, CAUSAL>(q0 + wrow + g + 8 * i, c0 + n * 8 + 2 * t + (e & 1));
+            mn_attn_visible<T, S, MASK>(q0 + wrow + g + 8 * i, c0 + n * 8 + 2 * t + (e & 1), lo[i]);
         const float p = ok ? exp2f(s[n][e] * scale2 - rm[i]) * ril[i] : 0.0f;
         s[n][e] = p * (dp[n][e] - rdelta[i]);
       }
@@ -527,10 +534,11 @@ __device__ __forceinline__ void mn_attn_tc_dq(const IO &io) {
 // block, grid (ceil(S / 64), KVH, B); O: an operand policy; io = q, k, v, dy, m, inv_l, delta, out.
 // PACKED output rows hold the key's dK then its dV (attention_grad_kv). The block loops over its
 // kv head's query heads and their query tiles (causal: from the tile holding query c0, since
-// earlier queries never see these keys), so every element is summed by one thread in a fixed
-// order.
-template <class O, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
-          bool PACKED, class IO>
+// earlier queries never see these keys; packed: skipping the tiles that start past them), so
+// every element is summed by one thread in a fixed order. Packed (MASK
+// MN_ATTN_MASK_SEGMENTS): the positions are argument MN_ATTN_POSITIONS_ARG of every kernel here.
+template <class O, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
+          class IO>
 __device__ __forceinline__ void mn_attn_tc_dkv(const IO &io) {
   using E = typename O::elem;
   constexpr int BR = MN_ATTN_MMA_ROWS, BC = 64, LD = O::LD, NT = BC / 8, G = H / KVH;
@@ -542,7 +550,8 @@ __device__ __forceinline__ void mn_attn_tc_dkv(const IO &io) {
   E *qs = vs + (WANT_K ? BR * LD : 0);         // [BC][LD]
   E *dys = qs + BC * LD;                       // [BC][LD]
   float *st =
-      reinterpret_cast<float *>(dys + BC * LD); // m, inv_l, delta of the query tile: [3][BC]
+      reinterpret_cast<float *>(dys + BC * LD);   // m, inv_l, delta of the query tile: [3][BC]
+  int *lo = reinterpret_cast<int *>(st + 3 * BC); // packed: each query's first key, [BC]
 
   const mn_attn_kvtile kt = mn_attn_kvtile_of<BR, HD, S, KVH>();
   const long long c0 = kt.c0;
@@ -557,15 +566,21 @@ __device__ __forceinline__ void mn_attn_tc_dkv(const IO &io) {
   mn_attn_fill(dk, 0.0f);
   mn_attn_fill(dv, 0.0f);
 
-  const long long r_start = CAUSAL ? c0 / BC * BC : 0;
+  const long long r_start = MASK != MN_ATTN_MASK_NONE ? c0 / BC * BC : 0;
+  const long long c_last = (c0 + BR < S ? c0 + BR : S) - 1;
   for (int gq = 0; gq < G; gq++) {
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, kt.kvh * G + gq);
     for (long long r0 = r_start; r0 < T; r0 += BC) {
+      // Packed: a tile whose queries all start past these keys is skipped.
+      if (!mn_attn_q_tile_live<BC, T, MASK>(io, kt.b, r0, c_last)) continue;
       __syncthreads(); // every thread is done with the previous query tile
       O::template load<BC>(qs, mn_in<0>(io) + qh.qoff, (long long)H * HD, r0, T);
       O::template load<BC>(dys, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0, T);
-      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK)
+      for (int j = threadIdx.x; j < BC; j += MN_ATTN_BLOCK) {
         mn_attn_load_stats<T, WANT_K>(io, qh.sb, r0 + j, st[j], st[BC + j], st[2 * BC + j]);
+        if constexpr (MASK == MN_ATTN_MASK_SEGMENTS)
+          lo[j] = (int)mn_attn_seg_lo<T, MASK>(io, kt.b, r0 + j);
+      }
       __syncthreads();
       // Transposed scores: rows are this warp's keys, columns the tile's queries.
       float p[NT][4];
@@ -578,7 +593,8 @@ __device__ __forceinline__ void mn_attn_tc_dkv(const IO &io) {
         for (int e = 0; e < 4; e++) {
           const int j = n * 8 + 2 * t + (e & 1);
           const long long c = c0 + wrow + g + (e >= 2 ? 8 : 0);
-          const bool ok = mn_attn_visible<T, S, CAUSAL>(r0 + j, c);
+          const bool ok =
+              mn_attn_visible<T, S, MASK>(r0 + j, c, MASK == MN_ATTN_MASK_SEGMENTS ? lo[j] : 0);
           p[n][e] = ok ? exp2f(p[n][e] * scale2 - st[j]) * st[BC + j] : 0.0f;
         }
       if constexpr (WANT_V) O::pb(dv, p, dys, lane);
@@ -601,31 +617,30 @@ __device__ __forceinline__ void mn_attn_tc_dkv(const IO &io) {
 // ---- The kernels: TF32 (PREC, an mn_attn_prec) and 16-bit operands (LP: MN_DEV_BF16 or
 // MN_DEV_F16), each over the bodies above.
 
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE,
-          class IO>
+template <int PREC, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, class IO>
 __device__ void mn_attn_mma_fwd(const IO &io) {
-  mn_attn_tc_fwd<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, CAUSAL, MODE>(io);
+  mn_attn_tc_fwd<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, MASK, MODE>(io);
 }
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+template <int PREC, int HD, long long T, long long S, int H, int KVH, int MASK, class IO>
 __device__ void mn_attn_mma_dq(const IO &io) {
-  mn_attn_tc_dq<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, CAUSAL>(io);
+  mn_attn_tc_dq<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, MASK>(io);
 }
-template <int PREC, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
+template <int PREC, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT,
           bool PACKED, class IO>
 __device__ void mn_attn_mma_dkv(const IO &io) {
-  mn_attn_tc_dkv<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, CAUSAL, OUT, PACKED>(io);
+  mn_attn_tc_dkv<mn_attn_tf32_ops<PREC, HD>, HD, T, S, H, KVH, MASK, OUT, PACKED>(io);
 }
 
-template <int LP, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int MODE, class IO>
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, class IO>
 __device__ void mn_attn_lp_fwd(const IO &io) {
-  mn_attn_tc_fwd<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, CAUSAL, MODE>(io);
+  mn_attn_tc_fwd<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, MASK, MODE>(io);
 }
-template <int LP, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, class IO>
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, class IO>
 __device__ void mn_attn_lp_dq(const IO &io) {
-  mn_attn_tc_dq<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, CAUSAL>(io);
+  mn_attn_tc_dq<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, MASK>(io);
 }
-template <int LP, int HD, long long T, long long S, int H, int KVH, bool CAUSAL, int OUT,
-          bool PACKED, class IO>
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
+          class IO>
 __device__ void mn_attn_lp_dkv(const IO &io) {
-  mn_attn_tc_dkv<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, CAUSAL, OUT, PACKED>(io);
+  mn_attn_tc_dkv<mn_attn_lp_ops<LP, HD>, HD, T, S, H, KVH, MASK, OUT, PACKED>(io);
 }

@@ -9,24 +9,28 @@
 typedef struct attn_shape {
   size_t t_len, s_len, heads, kv_heads, head_dim;
   bool causal;
+  const uint32_t *positions; /* packed: U32 [B, T], else NULL */
 } attn_shape;
 
 /* One batch of attention. q is [T, H*hd], k and v are [S, KVH*hd]; query row t attends
- * to keys 0..t when causal, else to all S keys. scores (S doubles) and acc (hd doubles)
+ * to keys 0..t when causal, to keys mn_ref_segment_start(t, positions[t])..t when packed
+ * (`positions`: this batch's row), else to all S keys. scores (S doubles) and acc (hd doubles)
  * are scratch. stats, when not NULL, is this batch's part of the row statistics a training
  * plan's attention also writes (ops.h): the base-2 maxima of the heads' rows [H, T], then, n
  * floats on (n = B * H * T), their 1 / sums. */
 
-static void attend(const attn_shape *sh, const float *q, const float *k, const float *v, float *out,
-                   double *scores, double *acc, float *stats, size_t n) {
+static void attend(const attn_shape *sh, const uint32_t *positions, const float *q, const float *k,
+                   const float *v, float *out, double *scores, double *acc, float *stats,
+                   size_t n) {
   size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
   size_t group = sh->heads / sh->kv_heads;
   double scale = 1.0 / sqrt((double)hd);
   for (size_t t = 0; t < sh->t_len; t++) {
-    size_t n_keys = sh->causal ? t + 1 : sh->s_len;
+    size_t first = positions ? mn_ref_segment_start(t, positions[t]) : 0;
+    size_t n_keys = sh->causal ? t + 1 - first : sh->s_len;
     for (size_t h = 0; h < sh->heads; h++) {
       const float *qh = q + t * q_stride + h * hd;
-      size_t kv_off = (h / group) * hd;
+      size_t kv_off = first * kv_stride + (h / group) * hd;
       float st[2];
       mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, scores, st);
       if (stats) {
@@ -58,13 +62,14 @@ static mn_status attend_batches(const mn_ref_ctx *c, const attn_shape *sh, size_
   size_t kv_batch = sh->s_len * sh->kv_heads * sh->head_dim;
   size_t n = batches * sh->heads * sh->t_len, stats_batch = sh->heads * sh->t_len;
   for (size_t b = 0; b < batches; b++)
-    attend(sh, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, out + b * q_batch, scores,
-           scores + sh->s_len, stats ? stats + b * stats_batch : NULL, n);
+    attend(sh, sh->positions ? sh->positions + b * sh->t_len : NULL, q + b * q_batch,
+           k + b * kv_batch, v + b * kv_batch, out + b * q_batch, scores, scores + sh->s_len,
+           stats ? stats + b * stats_batch : NULL, n);
   free(scores);
   return MN_OK;
 }
 
-static mn_status attention(const mn_ref_ctx *c, bool causal) {
+static mn_status attention(const mn_ref_ctx *c, bool causal, const uint32_t *positions) {
   const mn_tensor_type *tq = mn_ref_in_type(c, 0), *tk = mn_ref_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
   attn_shape sh = {.t_len = (size_t)tq->shape[tq->rank - 2],
@@ -72,16 +77,20 @@ static mn_status attention(const mn_ref_ctx *c, bool causal) {
                    .heads = (size_t)a->num_heads,
                    .kv_heads = (size_t)a->num_kv_heads,
                    .head_dim = (size_t)a->head_dim,
-                   .causal = causal};
+                   .causal = causal,
+                   .positions = positions};
   size_t batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1;
   return attend_batches(c, &sh, batches, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1),
                         mn_ref_in_f32(c, 2), mn_ref_out_f32(c),
                         a->variant == 1 ? c->extra_out[0] : NULL);
 }
 
-mn_status mn_ref_CAUSAL_ATTENTION(const mn_ref_ctx *c) { return attention(c, true); }
-mn_status mn_ref_FULL_ATTENTION(const mn_ref_ctx *c) { return attention(c, false); }
-mn_status mn_ref_CROSS_ATTENTION(const mn_ref_ctx *c) { return attention(c, false); }
+mn_status mn_ref_CAUSAL_ATTENTION(const mn_ref_ctx *c) { return attention(c, true, NULL); }
+mn_status mn_ref_FULL_ATTENTION(const mn_ref_ctx *c) { return attention(c, false, NULL); }
+mn_status mn_ref_CROSS_ATTENTION(const mn_ref_ctx *c) { return attention(c, false, NULL); }
+mn_status mn_ref_CAUSAL_ATTENTION_PACKED(const mn_ref_ctx *c) {
+  return attention(c, true, mn_ref_in_u32(c, 3));
+}
 
 /* out is the cache's own buffer (the plan makes the op in place), so only the row at
  * kv_pos changes and every other row keeps what earlier steps wrote. */

@@ -1,5 +1,6 @@
 /* Reference kernels of the attention gradients. Inputs are (q, k, v, dy) with the forward
- * attrs; variant 1 is causal. Per (batch, query, head) the softmax probabilities P are
+ * attrs; variant 1 is causal. The packed gradients are causal within the segments of their
+ * positions, their last input (ops.h). Per (batch, query, head) the softmax probabilities P are
  * recomputed in double, then
  *   dV[s] += P[s] dy,  dS[s] = P[s] (dy.v[s] - delta),  delta = sum_s' P[s'] dy.v[s'],
  *   dQ = scale sum_s dS[s] k[s],  dK[s] += scale dS[s] q,
@@ -18,18 +19,21 @@ typedef enum grad_of { GRAD_Q, GRAD_K, GRAD_V } grad_of;
 typedef struct attn_dims {
   size_t batches, t_len, s_len, heads, kv_heads, head_dim;
   bool causal;
+  const uint32_t *positions; /* packed gradients: U32 [B, T] (their last input), else NULL */
 } attn_dims;
 
 static attn_dims dims_of(const mn_ref_ctx *c) {
   const mn_tensor_type *tq = mn_ref_in_type(c, 0), *tk = mn_ref_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
+  bool packed = mn_op_is_packed_attention_grad(c->node->op);
   return (attn_dims){.batches = tq->rank == 3 ? (size_t)tq->shape[0] : 1,
                      .t_len = (size_t)tq->shape[tq->rank - 2],
                      .s_len = (size_t)tk->shape[tk->rank - 2],
                      .heads = (size_t)a->num_heads,
                      .kv_heads = (size_t)a->num_kv_heads,
                      .head_dim = (size_t)a->head_dim,
-                     .causal = a->variant == 1};
+                     .causal = packed || a->variant == 1,
+                     .positions = packed ? mn_ref_in_u32(c, c->node->num_inputs - 1) : NULL};
 }
 
 /* Turns p into dS in place: dS[s] = p[s] (dy.v[s] - delta), delta = sum_s' p[s'] dy.v[s'],
@@ -55,16 +59,17 @@ static void score_grad(const float *dyh, const float *yh, const float *v, size_t
 }
 
 /* One batch: adds this batch's gradient of `which` into acc (laid out like that input). */
-static void backward_batch(const attn_dims *sh, grad_of which, const float *q, const float *k,
-                           const float *v, const float *dy, const float *y, double *acc, double *p,
-                           double *dp) {
+static void backward_batch(const attn_dims *sh, grad_of which, const uint32_t *positions,
+                           const float *q, const float *k, const float *v, const float *dy,
+                           const float *y, double *acc, double *p, double *dp) {
   size_t hd = sh->head_dim, q_stride = sh->heads * hd, kv_stride = sh->kv_heads * hd;
   size_t group = sh->heads / sh->kv_heads;
   double scale = 1.0 / sqrt((double)hd);
   for (size_t t = 0; t < sh->t_len; t++) {
-    size_t n_keys = sh->causal ? t + 1 : sh->s_len;
+    size_t first = positions ? mn_ref_segment_start(t, positions[t]) : 0;
+    size_t n_keys = sh->causal ? t + 1 - first : sh->s_len;
     for (size_t h = 0; h < sh->heads; h++) {
-      size_t q_off = t * q_stride + h * hd, kv_off = (h / group) * hd;
+      size_t q_off = t * q_stride + h * hd, kv_off = first * kv_stride + (h / group) * hd;
       const float *qh = q + q_off, *dyh = dy + q_off;
       mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, p, NULL);
       if (which == GRAD_V) {
@@ -102,10 +107,11 @@ static void gradient_of(const mn_ref_ctx *c, const attn_dims *sh, grad_of which,
   size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
   const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
   const float *dy = mn_ref_in_f32(c, 3);
-  const float *y = c->node->num_inputs > 4 ? mn_ref_in_f32(c, 4) : NULL;
+  const float *y = mn_op_is_saved_attention_grad(c->node->op) ? mn_ref_in_f32(c, 4) : NULL;
   for (size_t b = 0; b < sh->batches; b++)
-    backward_batch(sh, which, q + b * q_batch, k + b * kv_batch, v + b * kv_batch, dy + b * q_batch,
-                   y ? y + b * q_batch : NULL, acc + b * out_batch, p, dp);
+    backward_batch(sh, which, sh->positions ? sh->positions + b * sh->t_len : NULL, q + b * q_batch,
+                   k + b * kv_batch, v + b * kv_batch, dy + b * q_batch, y ? y + b * q_batch : NULL,
+                   acc + b * out_batch, p, dp);
 }
 
 static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
@@ -155,3 +161,20 @@ static mn_status attention_backward_kv(const mn_ref_ctx *c) {
 
 mn_status mn_ref_ATTENTION_GRAD_KV(const mn_ref_ctx *c) { return attention_backward_kv(c); }
 mn_status mn_ref_ATTENTION_GRAD_KV_SAVED(const mn_ref_ctx *c) { return attention_backward_kv(c); }
+
+mn_status mn_ref_PACKED_ATTENTION_GRAD_Q(const mn_ref_ctx *c) {
+  return attention_backward(c, GRAD_Q);
+}
+mn_status mn_ref_PACKED_ATTENTION_GRAD_K(const mn_ref_ctx *c) {
+  return attention_backward(c, GRAD_K);
+}
+mn_status mn_ref_PACKED_ATTENTION_GRAD_V(const mn_ref_ctx *c) {
+  return attention_backward(c, GRAD_V);
+}
+mn_status mn_ref_PACKED_ATTENTION_GRAD_KV(const mn_ref_ctx *c) { return attention_backward_kv(c); }
+mn_status mn_ref_PACKED_ATTENTION_GRAD_Q_SAVED(const mn_ref_ctx *c) {
+  return attention_backward(c, GRAD_Q);
+}
+mn_status mn_ref_PACKED_ATTENTION_GRAD_KV_SAVED(const mn_ref_ctx *c) {
+  return attention_backward_kv(c);
+}

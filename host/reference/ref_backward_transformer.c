@@ -74,11 +74,16 @@ mn_status mn_ref_LAYER_NORM_GRAD_X(const mn_ref_ctx *c) { return norm_grad_x(c, 
 mn_status mn_ref_LAYER_NORM_GRAD_W(const mn_ref_ctx *c) { return norm_grad_w(c, true); }
 
 mn_status mn_ref_ROPE_GRAD(const mn_ref_ctx *c) {
-  mn_ref_rope_rotate(c, (double)c->node->attrs.pos_offset, -1);
+  mn_ref_rope_rotate(c, (double)c->node->attrs.pos_offset, NULL, -1);
   return MN_OK;
 }
 
 mn_status mn_ref_ROPE_DYNAMIC_GRAD(const mn_ref_ctx *c) {
-  mn_ref_rope_rotate(c, (double)mn_ref_in_u32(c, 1)[0], -1);
+  mn_ref_rope_rotate(c, (double)mn_ref_in_u32(c, 1)[0], NULL, -1);
+  return MN_OK;
+}
+
+mn_status mn_ref_ROPE_POSITIONS_GRAD(const mn_ref_ctx *c) {
+  mn_ref_rope_rotate(c, 0, mn_ref_in_u32(c, 1), -1);
   return MN_OK;
 }

@@ -12,7 +12,8 @@ mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n) {
   return (mn_ref_row_stats){m, log(s)};
 }
 
-void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction) {
+void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, const uint32_t *positions,
+                        int direction) {
   const mn_tensor_type *t = &c->node->type;
   const float *x = mn_ref_in_f32(c, 0);
   float *o = mn_ref_out_f32(c);
@@ -21,7 +22,7 @@ void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction) {
   size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
   double theta = c->node->attrs.theta;
   for (size_t r = 0; r < rows; r++) {
-    double pos = (double)(r % seq) + offset;
+    double pos = positions ? (double)positions[r] : (double)(r % seq) + offset;
     for (size_t h = 0; h < d; h += hd) {
       const float *xh = x + r * d + h;
       float *oh = o + r * d + h;

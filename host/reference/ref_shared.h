@@ -47,9 +47,17 @@ mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n);
 mn_status mn_ref_all_labels_ignored(const mn_ref_ctx *c);
 
 /* Rotate-half RoPE of input 0 (x [T, D] or [B, T, D]) into the node's output with the
- * node's attrs; positions restart at `offset` in each batch. direction +1 rotates by
- * the angle (the forward op), -1 by its negative (the gradient). */
-void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, int direction);
+ * node's attrs; positions restart at `offset` in each batch, or when `positions` is not NULL
+ * row r (of B * T) is at positions[r]. direction +1 rotates by the angle (the forward op), -1 by
+ * its negative (the gradient). */
+void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, const uint32_t *positions,
+                        int direction);
+
+/* The first key query t sees in a packed row whose position at t is pos: t - pos, or key 0
+ * when pos exceeds t. */
+static inline size_t mn_ref_segment_start(size_t t, uint32_t pos) {
+  return (size_t)pos < t ? t - (size_t)pos : 0;
+}
 
 /* p[s] = softmax over the n_keys visible keys of scale * q.k[s], for one query head;
  * k points at the head's slice of row 0 and rows are kv_stride floats apart. stats, when not

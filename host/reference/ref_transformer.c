@@ -43,12 +43,17 @@ mn_status mn_ref_LAYER_NORM(const mn_ref_ctx *c) {
 }
 
 mn_status mn_ref_ROPE(const mn_ref_ctx *c) {
-  mn_ref_rope_rotate(c, (double)c->node->attrs.pos_offset, 1);
+  mn_ref_rope_rotate(c, (double)c->node->attrs.pos_offset, NULL, 1);
   return MN_OK;
 }
 
 mn_status mn_ref_ROPE_DYNAMIC(const mn_ref_ctx *c) {
-  mn_ref_rope_rotate(c, (double)mn_ref_in_u32(c, 1)[0], 1);
+  mn_ref_rope_rotate(c, (double)mn_ref_in_u32(c, 1)[0], NULL, 1);
+  return MN_OK;
+}
+
+mn_status mn_ref_ROPE_POSITIONS(const mn_ref_ctx *c) {
+  mn_ref_rope_rotate(c, 0, mn_ref_in_u32(c, 1), 1);
   return MN_OK;
 }
 
