@@ -56,6 +56,17 @@ double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_preci
  * that for other seeds and shapes; a wrong kernel is off by far more (order 1). */
 #define MN_TEST_BF16_MODEL_TOL 0x1p-5
 
+/* A U32 input fed exact values (packed positions, say) instead of random ones. */
+typedef struct mn_test_u32_values {
+  const char *name;
+  const uint32_t *values; /* the input's element count */
+} mn_test_u32_values;
+/* mn_test_compare_cuda_precision with the inputs named in `fixed` (ends with a NULL name, or is
+ * NULL) set to their values on both backends. */
+double mn_test_compare_cuda_fixed(const mn_graph *g, bool training, mn_precision precision,
+                                  double tol, const mn_test_range *ranges,
+                                  const mn_test_u32_values *fixed, uint64_t seed);
+
 /* True when this build has the CUDA backend and a device is usable. */
 bool mn_test_cuda_device_present(void);
 
