@@ -568,6 +568,11 @@ typedef struct mn_model_options {
   const char *name_prefix;    /* as mn_model_build's */
   const mn_lora_config *lora; /* adapters on the targeted layers, the rest frozen; NULL: none */
   bool loss_only;             /* output 0 only (no logits output: less memory in training) */
+  /* Several examples per row: input "position_ids" U32 [B, T] (both families) restarts at 0
+   * at each example's first token, and each token attends only to its own example's earlier
+   * tokens (mn_causal_attention_packed), so a packed row trains as its examples would one by
+   * one. mn_model_prepare_session sets 0..T-1 (one example per row). */
+  bool packed;
 } mn_model_options;
 /* mn_model_build with options (o NULL: none). A LoRA configuration with r < 1, alpha <= 0,
  * dropout outside [0, 1), or a target that matches no module of the family is

@@ -47,7 +47,8 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_node qkv = conv1d(m, i, "attn.c_attn", a, d, 3 * d);
   mn_node q = mn_slice_last(g, qkv, 0, d), k = mn_slice_last(g, qkv, d, d);
   mn_node v = mn_slice_last(g, qkv, 2 * d, d);
-  mn_node att = mn_causal_attention(g, q, k, v, heads, heads, hd);
+  mn_node att = m->packed ? mn_causal_attention_packed(g, q, k, v, m->positions, heads, heads, hd)
+                          : mn_causal_attention(g, q, k, v, heads, heads, hd);
   h = mn_add(g, h, conv1d(m, i, "attn.c_proj", att, d, d));
   snprintf(ln, sizeof ln, "h.%d.ln_2", i);
   mn_node x = layer_norm(m, ln, h);
@@ -55,13 +56,15 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   return mn_add(g, h, conv1d(m, i, "mlp.c_proj", f, c->intermediate_size, d));
 }
 
-mn_node mn_gpt2_logits(const mn_model_ctx *m) {
+mn_node mn_gpt2_logits(const mn_model_ctx *m0) {
+  mn_model_ctx mm = *m0, *m = &mm;
   mn_graph *g = m->g;
   const mn_model_config *c = m->c;
   const char *p = m->prefix;
   int64_t d = c->hidden_size;
   mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(m->batch, m->seq));
   mn_node pos = mn_input_u32(g, "position_ids", MN_SHAPE(m->batch, m->seq));
+  mm.positions = pos;
   mn_node wte = mn_model_param(g, p, MN_SHAPE(c->vocab_size, d), "wte.weight");
   mn_node wpe = mn_model_param(g, p, MN_SHAPE(c->max_positions, d), "wpe.weight");
   mn_node h = mn_add(g, mn_embedding(g, ids, wte), mn_embedding(g, pos, wpe));

@@ -17,6 +17,13 @@
 
 #include "models/model_internal.h"
 
+/* RoPE at 0..T-1 in each row, or at the packed rows' position ids. */
+static mn_node rope(const mn_model_ctx *m, mn_node x) {
+  if (m->packed)
+    return mn_rope_positions(m->g, x, m->c->rope_theta, m->positions, (int)m->c->head_dim);
+  return mn_rope(m->g, x, m->c->rope_theta, (int)m->c->head_dim);
+}
+
 static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_graph *g = m->g;
   const mn_model_config *c = m->c;
@@ -43,10 +50,12 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   for (int k = 0; k < 7; k++)
     snprintf(mod[k], sizeof mod[k], "layers.%d.%s", i, what[k]);
   mn_node a = mn_rms_norm(g, h, ln1, c->norm_eps);
-  mn_node q = mn_rope(g, mn_model_linear(m, a, wq, MN_NO_NODE, false, mod[0]), c->rope_theta, hd);
-  mn_node k = mn_rope(g, mn_model_linear(m, a, wk, MN_NO_NODE, false, mod[1]), c->rope_theta, hd);
+  mn_node q = rope(m, mn_model_linear(m, a, wq, MN_NO_NODE, false, mod[0]));
+  mn_node k = rope(m, mn_model_linear(m, a, wk, MN_NO_NODE, false, mod[1]));
   mn_node v = mn_model_linear(m, a, wv, MN_NO_NODE, false, mod[2]);
-  mn_node att = mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
+  mn_node att = m->packed
+                    ? mn_causal_attention_packed(g, q, k, v, m->positions, heads, kv_heads, hd)
+                    : mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
   h = mn_add(g, h, mn_model_linear(m, att, wo, MN_NO_NODE, false, mod[3]));
   mn_node x = mn_rms_norm(g, h, ln2, c->norm_eps);
   mn_node ffn = mn_swiglu(g, mn_model_linear(m, x, wgate, MN_NO_NODE, false, mod[4]),
@@ -54,11 +63,13 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   return mn_add(g, h, mn_model_linear(m, ffn, wdown, MN_NO_NODE, false, mod[6]));
 }
 
-mn_node mn_llama_logits(const mn_model_ctx *m) {
+mn_node mn_llama_logits(const mn_model_ctx *m0) {
+  mn_model_ctx mm = *m0, *m = &mm;
   mn_graph *g = m->g;
   const mn_model_config *c = m->c;
   int64_t d = c->hidden_size;
   mn_node ids = mn_input_u32(g, "input_ids", MN_SHAPE(m->batch, m->seq));
+  if (m->packed) mm.positions = mn_input_u32(g, "position_ids", MN_SHAPE(m->batch, m->seq));
   mn_node emb = mn_model_param(g, m->prefix, MN_SHAPE(c->vocab_size, d), "embed_tokens.weight");
   mn_node h = mn_embedding(g, ids, emb);
   for (int i = 0; i < (int)c->num_layers; i++)

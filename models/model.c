@@ -105,7 +105,14 @@ mn_status mn_model_build_with(const mn_model_config *c, int64_t batch, int64_t s
   if (o->lora && (st = mn_lora_config_check(fn, c->family, o->lora)) != MN_OK) return st;
   mn_graph *g = mn_graph_new();
   if (!g) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  mn_model_ctx m = {.g = g, .c = c, .batch = batch, .seq = seq, .prefix = prefix, .lora = o->lora};
+  mn_model_ctx m = {.g = g,
+                    .c = c,
+                    .batch = batch,
+                    .seq = seq,
+                    .prefix = prefix,
+                    .lora = o->lora,
+                    .packed = o->packed,
+                    .positions = MN_NO_NODE};
   mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
   mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch, seq));
   mn_node outputs[2] = {mn_sparse_cross_entropy_loss(g, logits, labels), logits};

@@ -48,6 +48,8 @@ typedef struct mn_model_ctx {
   int64_t batch, seq;
   const char *prefix;
   const mn_lora_config *lora;
+  bool packed;       /* examples packed in rows: attention within each (mn_model_options) */
+  mn_node positions; /* "position_ids" when the family builder has declared it */
 } mn_model_ctx;
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and

@@ -42,6 +42,8 @@ int cli_lib_fail(const char *cmd, const char *what);
 double cli_now(void);
 int cli_mkdir_p(const char *path);
 
+/* The whole file, malloc'd (a folder or an unreadable file prints why and fails). */
+int cli_read_file(const char *cmd, const char *path, unsigned char **out, size_t *n_out);
 /* Tokens of a --data file: bytes (tok NULL, format NULL), tokenizer ids, or raw u16/u32. */
 int cli_load_tokens(const char *cmd, const char *path, const char *format, const mn_tokenizer *tok,
                     uint32_t **out, size_t *n_out);

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int read_file(const char *cmd, const char *path, unsigned char **out, size_t *n_out) {
+int cli_read_file(const char *cmd, const char *path, unsigned char **out, size_t *n_out) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     fprintf(stderr, "%s: cannot read '%s': %s\n", cmd, path, strerror(errno));
@@ -54,7 +54,7 @@ int cli_load_tokens(const char *cmd, const char *path, const char *format, const
                     uint32_t **out, size_t *n_out) {
   unsigned char *bytes = NULL;
   size_t n = 0;
-  int rc = read_file(cmd, path, &bytes, &n);
+  int rc = cli_read_file(cmd, path, &bytes, &n);
   if (rc) return rc;
   uint32_t *ids = NULL;
   size_t count = 0;

@@ -5,6 +5,8 @@
  * CUDA no new capture. */
 #include "tools/cli_train.h"
 
+#include "tools/cli_instruct.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +15,7 @@ void cli_eval_free(cli_eval *e) {
   free(e->offsets);
   free(e->ids);
   free(e->labels);
+  free(e->positions);
   *e = (cli_eval){0};
 }
 
@@ -44,17 +47,49 @@ int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *t
   return CLI_OK;
 }
 
+int cli_eval_init_rows(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *train,
+                       const mn_session_options *options, long batch, long batches,
+                       const cli_rows *rows) {
+  *e = (cli_eval){.g = g, .rows = rows, .batch = batch, .seq = (long)rows->seq};
+  e->num_windows = (size_t)batches * (size_t)batch;
+  size_t bt = (size_t)batch * rows->seq;
+  e->ids = malloc(bt * sizeof *e->ids);
+  e->labels = malloc(bt * sizeof *e->labels);
+  if (rows->positions) e->positions = malloc(bt * sizeof *e->positions);
+  if (!e->ids || !e->labels || (rows->positions && !e->positions))
+    return fprintf(stderr, "%s: out of memory\n", cmd), CLI_FAIL;
+  if (mn_build_inference_session_shared(g, options, train, &e->s) != MN_OK)
+    return cli_lib_fail(cmd, "cannot build the evaluation session");
+  if (mn_model_prepare_session(g, e->s) != MN_OK)
+    return cli_lib_fail(cmd, "cannot prepare the evaluation session");
+  return CLI_OK;
+}
+
+/* Batch b of the evaluation into e->ids, e->labels (and e->positions). */
+static void fill_batch(cli_eval *e, size_t b) {
+  size_t seq = (size_t)e->seq;
+  for (size_t r = 0; r < (size_t)e->batch; r++) {
+    size_t i = b * (size_t)e->batch + r;
+    if (e->rows) {
+      cli_rows_copy(e->rows, i % e->rows->n, e->ids + r * seq, e->labels + r * seq,
+                    e->positions ? e->positions + r * seq : NULL);
+      continue;
+    }
+    size_t off = e->offsets[i];
+    memcpy(e->ids + r * seq, e->tokens + off, seq * sizeof *e->ids);
+    memcpy(e->labels + r * seq, e->tokens + off + 1, seq * sizeof *e->labels);
+  }
+}
+
 int cli_eval_run(const char *cmd, cli_eval *e, float *loss) {
-  size_t bt = (size_t)(e->batch * e->seq), seq = (size_t)e->seq;
+  size_t bt = (size_t)(e->batch * e->seq);
   double total = 0;
   size_t batches = e->num_windows / (size_t)e->batch;
   for (size_t b = 0; b < batches; b++) {
-    for (size_t r = 0; r < (size_t)e->batch; r++) {
-      size_t off = e->offsets[b * (size_t)e->batch + r];
-      memcpy(e->ids + r * seq, e->tokens + off, seq * sizeof *e->ids);
-      memcpy(e->labels + r * seq, e->tokens + off + 1, seq * sizeof *e->labels);
-    }
-    if (mn_session_set_input_u32(e->s, "input_ids", e->ids, bt) != MN_OK ||
+    fill_batch(e, b);
+    if ((e->positions &&
+         mn_session_set_input_u32(e->s, "position_ids", e->positions, bt) != MN_OK) ||
+        mn_session_set_input_u32(e->s, "input_ids", e->ids, bt) != MN_OK ||
         mn_session_set_input_u32(e->s, "labels", e->labels, bt) != MN_OK ||
         mn_session_step(e->s) != MN_OK || mn_session_wait(e->s) != MN_OK)
       return cli_lib_fail(cmd, "evaluation step failed");

@@ -52,6 +52,8 @@ static const recorded_option recorded[] = {
     {"--lora-alpha", "train.lora_alpha", SAME_NUMBER, FLOAT, ARG(lora_alpha), true},
     {"--lora-dropout", "train.lora_dropout", SAME_NUMBER, FLOAT, ARG(lora_dropout), true},
     {"--lora-targets", "train.lora_targets", SAME_TEXT, PATH, ARG(lora_targets), false},
+    {"--chat-template", "train.chat_template", SAME_TEXT, PATH, ARG(chat_template), false},
+    {"--pack", "train.pack", SAME_NUMBER, LONG, ARG(pack), true},
 };
 #define NUM_RECORDED (sizeof recorded / sizeof recorded[0])
 
@@ -239,17 +241,18 @@ static int apply_recorded(const char *cmd, const mn_safetensors *st, cli_opt *op
     const char *v = mn_safetensors_metadata(st, r->key);
     if (!v && strcmp(r->option, "--precision") == 0) v = UNRECORDED_PRECISION;
     if (!o->seen) {
-      if (v) o->value = v, o->seen = 1;
+      if (v) o->value = o->takes_value ? v : NULL, o->seen = 1;
       continue;
     }
     if (r->rule == DEFAULT_ONLY) continue;
-    bool same =
-        v && (r->rule == SAME_TEXT ? strcmp(v, o->value) == 0 : same_number(r, v, o->value));
+    /* A flag given reads as the 1 it is recorded as. */
+    const char *given = o->takes_value ? o->value : "1";
+    bool same = v && (r->rule == SAME_TEXT ? strcmp(v, given) == 0 : same_number(r, v, given));
     if (same) continue;
     fprintf(stderr,
             "%s: %s %s differs from the checkpoint's %s%s: a resumed run keeps what shapes its "
             "trajectory (start a new run with --init-from CHECKPOINT to change it)\n",
-            cmd, r->option, o->value, v ? "" : "(not given)", v ? v : "");
+            cmd, r->option, given, v ? "" : "(not given)", v ? v : "");
     return CLI_USAGE;
   }
   return CLI_OK;

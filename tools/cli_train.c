@@ -4,6 +4,8 @@
  * checks in cli_outputs.c. */
 #include "tools/cli_train.h"
 
+#include "tools/cli_instruct.h"
+
 #include <errno.h>
 #include <math.h>
 #include <regex.h>
@@ -21,7 +23,7 @@ static const char USAGE[] =
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
     "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite]\n"
     "         [--lora-rank R [--lora-alpha A] [--lora-targets LIST] [--lora-dropout P]\n"
-    "          [--merge-lora]]\n"
+    "          [--merge-lora]] [--chat-template chatml|plain] [--pack]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
     "256; with --tokenizer: its ids; u16/u32: little-endian token ids). The learning rate\n"
     "warms up linearly for W steps, then decays by a cosine to 10% of LR. Final weights go\n"
@@ -45,7 +47,13 @@ static const char USAGE[] =
     "for Llama, c_attn,c_proj,c_fc for GPT-2), scaled by A / R (--lora-alpha, default 2R),\n"
     "--lora-dropout on their input (default 0); the base is frozen. OUT gets the adapter as\n"
     "PEFT saves it (adapter_config.json, adapter_model.safetensors); --merge-lora also writes\n"
-    "OUT/model.safetensors with the adapters merged, which transformers loads without peft.\n";
+    "OUT/merged with the adapters merged, which transformers loads without peft.\n"
+    "Instruction data: --data FILE.jsonl (and --val-data) of {\"prompt\", \"completion\"} or\n"
+    "{\"messages\": [{\"role\", \"content\"}, ...]} records, needs --tokenizer; rendered with\n"
+    "--chat-template (chatml, the default: <|im_start|>role ... <|im_end|>; or plain), the\n"
+    "loss counting only completion / assistant tokens. One example per row of --seq tokens\n"
+    "(padded), or with --pack examples packed into full rows, attention and positions kept\n"
+    "inside each example.\n";
 
 enum {
   O_CONFIG,
@@ -80,6 +88,8 @@ enum {
   O_LORA_TARGETS,
   O_LORA_DROPOUT,
   O_MERGE_LORA,
+  O_CHAT_TEMPLATE,
+  O_PACK,
   O_COUNT
 };
 
@@ -100,6 +110,38 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
   else
     snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+static bool is_jsonl(const char *path) {
+  size_t n = path ? strlen(path) : 0;
+  return n >= 6 && strcmp(path + n - 6, ".jsonl") == 0;
+}
+
+/* --chat-template and --pack, for instruction data only. */
+static int instruct_args(cli_opt *o, train_args *a) {
+  bool instruct = is_jsonl(a->data);
+  if (instruct && o[O_FORMAT].seen) {
+    fprintf(stderr, "%s: --data-format does not apply to instruction data (.jsonl)\n", CMD);
+    return CLI_USAGE;
+  }
+  if (a->val_data && is_jsonl(a->val_data) != instruct) {
+    fprintf(stderr, "%s: --val-data must be %s like --data\n", CMD,
+            instruct ? "instruction data (.jsonl)" : "tokens, not instruction data,");
+    return CLI_USAGE;
+  }
+  if (!instruct && (o[O_CHAT_TEMPLATE].seen || o[O_PACK].seen)) {
+    fprintf(stderr, "%s: %s applies to instruction data (--data FILE.jsonl) only\n", CMD,
+            o[O_CHAT_TEMPLATE].seen ? "--chat-template" : "--pack");
+    return CLI_USAGE;
+  }
+  if (!instruct) return CLI_OK;
+  const char *name = o[O_CHAT_TEMPLATE].seen ? o[O_CHAT_TEMPLATE].value : "chatml";
+  if (!(a->chat_template = cli_chat_template(name))) {
+    fprintf(stderr, "%s: --chat-template must be chatml or plain, got '%s'\n", CMD, name);
+    return CLI_USAGE;
+  }
+  a->pack = o[O_PACK].seen;
+  return CLI_OK;
 }
 
 /* --lora-*: the adapters' configuration, checked against the family later by the build. */
@@ -215,13 +257,15 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
     }
     regfree(&re);
   }
+  if (instruct_args(o, a)) return CLI_USAGE;
   return lora_args(o, a);
 }
 
 typedef struct run {
   mn_model_config cfg;
   mn_tokenizer *tok;
-  uint32_t *data, *val, *ids, *labels;
+  uint32_t *data, *val, *ids, *labels, *positions;
+  cli_rows rows, val_rows; /* instruction data, instead of data and val */
   size_t n_data, n_val;
   const char *prefix;
   uint64_t data_hash, tokenizer_hash;
@@ -241,6 +285,9 @@ static void run_free(run *r) {
   free(r->val);
   free(r->ids);
   free(r->labels);
+  free(r->positions);
+  cli_rows_free(&r->rows);
+  cli_rows_free(&r->val_rows);
   cli_eval_free(&r->eval);
   mn_session_free(r->s);
   mn_graph_free(r->g);
@@ -277,6 +324,33 @@ static int check_vocab(const run *r, const uint32_t *ids, size_t n, const char *
   return CLI_OK;
 }
 
+/* Instruction data: rows of examples (and held-out rows) instead of a token stream. */
+static int load_rows(const train_args *a, const resume_point *rp, run *r) {
+  int rc = cli_rows_load(CMD, a->data, r->tok, a->chat_template, a->seq, a->pack, (uint64_t)a->seed,
+                         &r->rows);
+  if (rc) return rc;
+  r->data_hash = cli_rows_hash(&r->rows);
+  if (rp->self_contained && r->data_hash != rp->data_hash) {
+    fprintf(stderr, "%s: --data '%s' is not the data the checkpoint was trained on\n", CMD,
+            a->data);
+    return CLI_FAIL;
+  }
+  if (check_vocab(r, r->rows.ids, r->rows.n * r->rows.seq, a->data)) return CLI_FAIL;
+  fprintf(stderr,
+          "%s: %zu examples (%zu cut to --seq, %zu without a counted token dropped) in %zu "
+          "rows%s, %zu of %zu tokens counted\n",
+          CMD, r->rows.examples, r->rows.truncated, r->rows.dropped, r->rows.n,
+          a->pack ? " (packed)" : "", r->rows.counted, r->rows.n * r->rows.seq);
+  if (a->val_data) {
+    rc = cli_rows_load(CMD, a->val_data, r->tok, a->chat_template, a->seq, a->pack,
+                       (uint64_t)a->seed, &r->val_rows);
+    if (!rc) rc = check_vocab(r, r->val_rows.ids, r->val_rows.n * r->val_rows.seq, a->val_data);
+  } else if (a->val_fraction > 0) {
+    rc = cli_rows_split(CMD, &r->rows, a->val_fraction, &r->val_rows);
+  }
+  return rc;
+}
+
 static int load_data(const train_args *a, const resume_point *rp, run *r) {
   if (a->tokenizer) {
     if (hash_file(a->tokenizer, &r->tokenizer_hash)) return CLI_FAIL;
@@ -288,6 +362,7 @@ static int load_data(const train_args *a, const resume_point *rp, run *r) {
             CMD, a->tokenizer ? a->tokenizer : "(none)");
     return CLI_FAIL;
   }
+  if (a->chat_template) return load_rows(a, rp, r);
   if (cli_load_tokens(CMD, a->data, a->format, r->tok, &r->data, &r->n_data)) return CLI_FAIL;
   r->data_hash = cli_fnv1a(CLI_FNV_OFFSET, r->data, r->n_data * sizeof *r->data);
   if (rp->self_contained && r->data_hash != rp->data_hash) {
@@ -349,8 +424,10 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot read --init-from");
   /* Training reads the loss alone: without the logits output, their gradient overwrites them
    * (a [batch, seq, vocab] buffer less on the device). */
-  mn_model_options mo = {
-      .name_prefix = r->prefix, .lora = a->lora_rank ? &a->lora : NULL, .loss_only = true};
+  mn_model_options mo = {.name_prefix = r->prefix,
+                         .lora = a->lora_rank ? &a->lora : NULL,
+                         .loss_only = true,
+                         .packed = a->pack != 0};
   if (mn_model_build_with(&r->cfg, a->batch, a->seq, &mo, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
   if (a->freeze && freeze(a->freeze, r->g)) return CLI_USAGE;
@@ -367,15 +444,23 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
     return cli_lib_fail(CMD, "cannot load --init-from");
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
+  long eval_batches = a->eval_batches ? a->eval_batches : 8;
   if (r->val) {
-    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq,
-                      a->eval_batches ? a->eval_batches : 8, r->val, r->n_val))
+    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq, eval_batches,
+                      r->val, r->n_val))
+      return CLI_FAIL;
+    r->evaluating = true;
+  } else if (r->val_rows.n) {
+    if (cli_eval_init_rows(CMD, &r->eval, r->g, r->s, &a->options, a->batch, eval_batches,
+                           &r->val_rows))
       return CLI_FAIL;
     r->evaluating = true;
   }
   size_t bt = (size_t)(a->batch * a->seq), n = (size_t)a->steps + 1;
   r->ids = malloc(bt * sizeof *r->ids);
   r->labels = malloc(bt * sizeof *r->labels);
+  if (a->pack && !(r->positions = malloc(bt * sizeof *r->positions)))
+    return fprintf(stderr, "%s: out of memory\n", CMD), CLI_FAIL;
   r->steps_log = malloc(n * sizeof *r->steps_log);
   r->loss_log = malloc(n * sizeof *r->loss_log);
   r->val_steps = malloc(n * sizeof *r->val_steps);
@@ -443,6 +528,12 @@ static void write_plot(const train_args *a, const run *r) {
 }
 
 static void draw_batch(const train_args *a, run *r, uint64_t *rng) {
+  if (a->chat_template) {
+    for (long b = 0; b < a->batch; b++)
+      cli_rows_copy(&r->rows, (size_t)(cli_rand(rng) % r->rows.n), r->ids + b * a->seq,
+                    r->labels + b * a->seq, r->positions ? r->positions + b * a->seq : NULL);
+    return;
+  }
   size_t windows = r->n_data - (size_t)a->seq;
   for (long b = 0; b < a->batch; b++) {
     size_t off = (size_t)(cli_rand(rng) % windows);
@@ -456,8 +547,9 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
   int tty = isatty(STDERR_FILENO);
   mn_session_stats stats;
   const char *backend = mn_session_get_stats(r->s, &stats) == MN_OK ? stats.backend : "?";
+  size_t tokens = a->chat_template ? r->rows.n * r->rows.seq : r->n_data;
   fprintf(stderr, "%s: %s backend, %s precision, %zu tokens of data, steps %ld..%ld\n", CMD,
-          backend, a->precision, r->n_data, start + 1, a->steps);
+          backend, a->precision, tokens, start + 1, a->steps);
   const ckpt_record rec = {a, &r->cfg, r->prefix, r->data_hash, r->tokenizer_hash};
   double t0 = cli_now();
   long done = 0;
@@ -466,7 +558,9 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
     /* One step is grad_accum batches; the session updates on the last (the mean loss shows). */
     for (long micro = 0; micro < a->grad_accum; micro++) {
       draw_batch(a, r, &rng);
-      if (mn_session_set_input_u32(r->s, "input_ids", r->ids, bt) != MN_OK ||
+      if ((r->positions &&
+           mn_session_set_input_u32(r->s, "position_ids", r->positions, bt) != MN_OK) ||
+          mn_session_set_input_u32(r->s, "input_ids", r->ids, bt) != MN_OK ||
           mn_session_set_input_u32(r->s, "labels", r->labels, bt) != MN_OK ||
           mn_session_set_adamw(r->s, lr, 0.9f, 0.95f, 1e-8f, a->wd) != MN_OK ||
           (a->clip > 0 && mn_session_set_grad_clip(r->s, a->clip) != MN_OK) ||
@@ -581,6 +675,8 @@ int cli_train(int argc, char **argv) {
       [O_LORA_TARGETS] = {"--lora-targets", 1, NULL, 0},
       [O_LORA_DROPOUT] = {"--lora-dropout", 1, NULL, 0},
       [O_MERGE_LORA] = {"--merge-lora", 0, NULL, 0},
+      [O_CHAT_TEMPLATE] = {"--chat-template", 1, NULL, 0},
+      [O_PACK] = {"--pack", 0, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;

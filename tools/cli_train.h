@@ -15,13 +15,17 @@ typedef struct train_args {
   const char *freeze;         /* --freeze: a regular expression over parameter names, or NULL */
   long batch, seq, steps, warmup, ck_every, seed, eval_every, eval_batches, keep_last, grad_accum;
   float lr, wd, clip, val_fraction;
-  /* LoRA (--lora-rank R > 0): the adapters' configuration; the targets and base model point
-   * into the options or a->base_model. */
+  /* LoRA (--lora-rank R > 0): the adapters' configuration (lora, filled from the four
+   * options), and --merge-lora: also OUT/merged, the adapters merged into the base. */
   long lora_rank;
   float lora_alpha, lora_dropout;
   const char *lora_targets;
-  bool merge_lora;     /* --merge-lora: also OUT/model.safetensors, merged */
-  mn_lora_config lora; /* filled from the four above when lora_rank > 0 */
+  bool merge_lora;
+  mn_lora_config lora;
+  /* Instruction data (--data FILE.jsonl): its chat template, and --pack (1) or one example
+   * per row (0). */
+  const char *chat_template;
+  long pack;
 } train_args;
 
 /* What --resume restores beyond the session: where the run stood and what it was. */
@@ -69,9 +73,12 @@ uint64_t cli_fnv1a(uint64_t h, const void *data, size_t n);
 /* Held-out loss: a fixed set of windows of the validation tokens, evaluated through an
  * inference session of the training graph that reads the training session's weights in place
  * (run it after the training step's wait). */
+typedef struct cli_rows cli_rows;
 typedef struct cli_eval {
   mn_session *s;
   const mn_graph *g;
+  const cli_rows *rows; /* instruction data: its rows instead of windows of tokens */
+  uint32_t *positions;  /* packed rows: their position ids */
   const uint32_t *tokens;
   size_t *offsets, num_windows;
   uint32_t *ids, *labels;
@@ -80,6 +87,11 @@ typedef struct cli_eval {
 int cli_eval_init(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *train,
                   const mn_session_options *options, long batch, long seq, long batches,
                   const uint32_t *tokens, size_t n);
+/* The same over the first batches * batch rows of instruction data (cycling when there are
+ * fewer). */
+int cli_eval_init_rows(const char *cmd, cli_eval *e, const mn_graph *g, mn_session *train,
+                       const mn_session_options *options, long batch, long batches,
+                       const cli_rows *rows);
 int cli_eval_run(const char *cmd, cli_eval *e, float *loss);
 void cli_eval_free(cli_eval *e);
 
