@@ -468,6 +468,13 @@ static mn_status cuda_wait(mn_session *s) {
     rc = mn_fail(MN_ERR_INVALID_ARGUMENT,
                  "mn_session_wait: node %u (%s): kv_len %lld is out of range 1..%lld", e->node, op,
                  (long long)e->value, (long long)e->limit);
+  else if (e->what == MN_DEV_ERR_ALL_IGNORED)
+    rc =
+        mn_fail(MN_ERR_INVALID_ARGUMENT,
+                "mn_session_wait: node %u (%s): every label of labels node %lld (%lld rows) is the "
+                "ignore label MN_IGNORE_LABEL (%u): the mean cross-entropy over no counted rows "
+                "is undefined",
+                e->node, op, (long long)e->value, (long long)e->limit, MN_IGNORE_LABEL);
   else
     rc = mn_fail(MN_ERR_INVALID_ARGUMENT,
                  "mn_session_wait: node %u (%s): %s %lld at position %lld is out of range (must "

@@ -71,6 +71,9 @@ enum mn_dev_error_what {
   MN_DEV_ERR_LABEL = 2,  /* class label >= number of classes */
   MN_DEV_ERR_KV_POS = 3, /* cache_write position >= cache rows */
   MN_DEV_ERR_KV_LEN = 4, /* cached_attention length 0 or > cache rows */
+  /* every label of a sparse cross-entropy is the ignore label: value is the labels node,
+   * limit the number of rows */
+  MN_DEV_ERR_ALL_IGNORED = 5,
 };
 typedef struct mn_dev_error {
   unsigned int what; /* an mn_dev_error_what */
@@ -82,6 +85,10 @@ typedef struct mn_dev_error {
    * no failure: mn_session_wait reports nothing for it. */
   unsigned int nonfinite;
 } mn_dev_error;
+
+/* The label that a sparse cross-entropy does not count: MN_IGNORE_LABEL of meganeura.h, which
+ * NVRTC does not see (cuda/lower_reduce.c asserts that the two agree). */
+#define MN_DEV_IGNORE_LABEL 0xFFFFFF9Cu
 
 /* F16's dynamic loss scaler (host/storage.h, mn_loss_scaler) as the device keeps it, with the
  * optimizer's step count and the gradient accumulation round, which a skipped step leaves

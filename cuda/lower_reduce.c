@@ -6,6 +6,8 @@
 #include "host/error.h"
 
 #define RED_BLOCK 256
+/* Threads of the one block that counts a sparse loss's labels. */
+#define COUNT_BLOCK 1024
 /* Partials of a whole-tensor sum: one finishing block reads at most this many. */
 #define RED_MAX_PARTS 1024
 /* Elements a thread of pass 1 sums at least, so small tensors take one block. */
@@ -108,16 +110,49 @@ mn_status mn_cu_lower_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
   return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
 }
 
+/* The sparse cross-entropy's scratch: the count of the rows it counts (a double at offset 0),
+ * then, for the loss, one double partial per row. */
+_Static_assert(MN_DEV_IGNORE_LABEL == MN_IGNORE_LABEL, "the kernels' ignore label is the API's");
+#define SPARSE_PARTS_AT 256
+
+static mn_cu_arg sparse_scratch(const mn_cu_op_ctx *c, int64_t loss_rows) {
+  return mn_cu_scratch(c, SPARSE_PARTS_AT + (size_t)loss_rows * sizeof(double));
+}
+
+static mn_cu_arg sparse_partials(mn_cu_arg scratch) {
+  scratch.offset += SPARSE_PARTS_AT;
+  return scratch;
+}
+
+/* Counts the rows whose label (input 1) is not the ignore label into scratch offset 0, before
+ * any kernel that divides by it; reports a batch with none. */
+static mn_status count_labels(const mn_cu_op_ctx *c, mn_cu_arg scratch, int64_t rows) {
+  int k = mn_cu_kernel(c, COUNT_BLOCK, "mn_loss_label_count<%d, %lldLL, %uu, %uu>", COUNT_BLOCK,
+                       (long long)rows, (unsigned)c->id, (unsigned)c->node->inputs[1]);
+  mn_cu_arg args[3] = {scratch, mn_cu_in(c, 1), mn_cu_error_arg()};
+  return mn_cu_launch(c, k, 1, 1, 1, 0, 3, args);
+}
+
+/* The loss: the sum of the row partials over the count. */
+static mn_status mean_of_counted_rows(const mn_cu_op_ctx *c, mn_cu_arg scratch, int64_t rows) {
+  int k =
+      mn_cu_kernel(c, RED_BLOCK, "mn_loss_sparse_ce_mean<%lldLL, %d>", (long long)rows, RED_BLOCK);
+  mn_cu_arg args[3] = {mn_cu_out(c), sparse_partials(scratch), scratch};
+  return mn_cu_launch(c, k, 1, 1, 1, 0, 3, args);
+}
+
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
-  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
+  mn_cu_arg scratch = sparse_scratch(c, r.rows);
+  mn_status st = count_labels(c, scratch, r.rows);
+  if (st != MN_OK) return st;
   int k = mn_cu_kernel(c, (unsigned)r.block,
                        "mn_loss_sparse_ce_rows<%d, %d, %lldLL, %lldLL, %uu, %lldLL>", r.block, r.g,
                        (long long)r.rows, (long long)r.n, (unsigned)c->id,
                        (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]));
-  mn_cu_arg args[4] = {scratch, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_error_arg()};
-  mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
-  return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
+  mn_cu_arg args[4] = {sparse_partials(scratch), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_error_arg()};
+  st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
+  return st != MN_OK ? st : mean_of_counted_rows(c, scratch, r.rows);
 }
 
 mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
@@ -130,6 +165,9 @@ mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
 
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
+  mn_cu_arg scratch = sparse_scratch(c, 0);
+  mn_status st = count_labels(c, scratch, r.rows);
+  if (st != MN_OK) return st;
   /* The logits and their gradient may have padded rows (the same pitch: both are padded when
    * every op touching them reads the pitch, and they have one width). */
   int k = mn_cu_kernel(c, (unsigned)r.block,
@@ -137,29 +175,33 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
                        r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
                        (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
                        (long long)mn_cu_row_pitch(c->plan, c->id));
-  mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
-                       mn_cu_error_arg()};
-  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 5, args);
+  mn_cu_arg args[6] = {mn_cu_out(c),   mn_cu_in(c, 0),    mn_cu_in(c, 1),
+                       mn_cu_in(c, 2), mn_cu_error_arg(), scratch};
+  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 6, args);
 }
 
-/* The loss (the mean of row partials in scratch) and, as extra value 1, its gradient, from one
- * pass over the logits (optimizer/loss_grad.h); the gradient may be written over them. */
+/* The loss (the mean of the row partials over the counted rows) and, as extra value 1, its
+ * gradient, from one pass over the logits (optimizer/loss_grad.h); the gradient may be written over
+ * them. */
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
   mn_node grad = mn_plan_extra_output(c->plan, c->id, 1);
   if (grad == MN_NO_NODE)
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its gradient",
                    c->id, mn_op_name(c->node->op));
-  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)r.rows * sizeof(double));
+  mn_cu_arg scratch = sparse_scratch(c, r.rows);
+  mn_status st = count_labels(c, scratch, r.rows);
+  if (st != MN_OK) return st;
   int k = mn_cu_kernel(c, (unsigned)r.block,
                        "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
                        r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
                        (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
                        (long long)mn_cu_row_pitch(c->plan, grad));
-  mn_cu_arg args[6] = {mn_cu_node_arg(grad), mn_cu_in(c, 0),    mn_cu_in(c, 1),
-                       mn_cu_in(c, 2),       mn_cu_error_arg(), scratch};
-  mn_status st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 6, args);
-  return st != MN_OK ? st : mean_of_rows(c, scratch, r.rows);
+  mn_cu_arg args[7] = {mn_cu_node_arg(grad),    mn_cu_in(c, 0),    mn_cu_in(c, 1),
+                       mn_cu_in(c, 2),          mn_cu_error_arg(), scratch,
+                       sparse_partials(scratch)};
+  st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 7, args);
+  return st != MN_OK ? st : mean_of_counted_rows(c, scratch, r.rows);
 }
 
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,

@@ -1,7 +1,7 @@
 // Cross-entropy losses and their gradients over rows of logits, with the row groups and
 // row statistics of reduce.cuh (which sorts, and so is compiled, before this file). The
-// losses write one double per row into scratch; mn_red_all_final then takes the mean in
-// a fixed order.
+// losses write one double per row into scratch; mn_red_all_final (mn_loss_sparse_ce_mean for
+// the sparse loss, whose mean is over the rows it counts) then takes the mean in a fixed order.
 //
 // Storage: logits, targets and the logits gradients may be bf16 / fp16 (mn_in / mn_out,
 // common.cuh); the row statistics and sums stay float / double, each gradient is rounded once
@@ -29,10 +29,45 @@ __device__ void mn_loss_ce_rows(const IO &io) {
   if (lane == 0) mn_arg<double>(io, 0)[row] = -(double)acc;
 }
 
+// The rows a sparse cross-entropy counts, those whose label is not MN_DEV_IGNORE_LABEL, into
+// p[0] (double [1], scratch), which the op's later kernels divide by: the mean is over the
+// counted rows, and each gradient row is scaled by 1 / count. p[1] labels (u32 [ROWS]), p[2] the
+// error record. One block, run first, since the one-pass loss gradient writes as it goes. When
+// no row counts the mean is undefined: that is reported (LABELS, the labels node, as the
+// value), the loss comes out NaN and the gradient zero. The count is an exact integer in
+// double, whatever the order of the sum.
+template <int BLOCK, long long ROWS, unsigned NODE, unsigned LABELS, class IO>
+__device__ void mn_loss_label_count(const IO &io) {
+  __shared__ double sh[32];
+  const unsigned *labels = mn_arg<const unsigned>(io, 1);
+  unsigned local = 0;
+#pragma unroll 4
+  for (long long r = threadIdx.x; r < ROWS; r += BLOCK)
+    local += labels[r] != MN_DEV_IGNORE_LABEL ? 1u : 0u;
+  const double count = mn_block_sum_d<BLOCK>((double)local, sh);
+  if (threadIdx.x != 0) return;
+  mn_arg<double>(io, 0)[0] = count;
+  if (count == 0.0)
+    mn_report(mn_arg<mn_dev_error>(io, 2), MN_DEV_ERR_ALL_IGNORED, NODE, LABELS, 0, ROWS);
+}
+
+// The sparse loss from its ROWS double row partials (p[1], zero on ignored rows), summed in a
+// fixed order and divided by the count of mn_loss_label_count (p[2]), into p[0][0]. One block.
+template <long long ROWS, int BLOCK, class IO>
+__device__ void mn_loss_sparse_ce_mean(const IO &io) {
+  __shared__ double sh[32];
+  const double *part = mn_arg<const double>(io, 1);
+  double acc = 0.0;
+  for (long long i = threadIdx.x; i < ROWS; i += BLOCK)
+    acc += part[i];
+  acc = mn_block_sum_d<BLOCK>(acc, sh);
+  if (threadIdx.x == 0) mn_out<0>(io)[0] = (float)(acc / mn_arg<const double>(io, 2)[0]);
+}
+
 // sparse_cross_entropy_loss rows: p[0] partials (double [ROWS]) = -log_softmax(x)[label],
-// p[1] logits, rows XP values apart (a padded pitch, or N), p[2] labels (u32 [ROWS]), p[3]
-// the error record. A label >= N is reported and its row's partial is NaN, so the loss is
-// NaN; no logit outside the row is read.
+// zero for a label of MN_DEV_IGNORE_LABEL, p[1] logits, rows XP values apart (a padded pitch,
+// or N), p[2] labels (u32 [ROWS]), p[3] the error record. Any other label >= N is reported and
+// its row's partial is NaN, so the loss is NaN; no logit outside the row is read.
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, class IO>
 __device__ void mn_loss_sparse_ce_rows(const IO &io) {
   __shared__ float sh[32];
@@ -41,6 +76,10 @@ __device__ void mn_loss_sparse_ce_rows(const IO &io) {
   if (row >= ROWS) return;
   const unsigned label = mn_arg<const unsigned>(io, 2)[row];
   double *part = mn_arg<double>(io, 0);
+  if (label == MN_DEV_IGNORE_LABEL) {
+    if (lane == 0) part[row] = 0.0;
+    return;
+  }
   if (label >= N) {
     if (lane == 0) {
       mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_LABEL, NODE, label, row, N);
@@ -81,12 +120,14 @@ __device__ void mn_loss_ce_grad(const IO &io) {
   });
 }
 
-// sparse_cross_entropy_grad: dy[0]/ROWS * (softmax - onehot(label)). p[0] out (rows OP
-// values apart), p[1] logits (rows XP values apart), p[2] labels, p[3] dy [1], p[4] the error
-// record. The labels are checked again (the kernel may run without its forward): a bad row
-// is reported and set to NaN. With LOSS (sparse_cross_entropy_loss_grad) the same pass also
-// writes the loss's row partial -log_softmax(x)[label] into p[5] (double [ROWS], NaN for a bad
-// row), which mn_red_all_final averages next. Every lane reads the label's logit before the
+// sparse_cross_entropy_grad: dy[0]/count * (softmax - onehot(label)), zero on a row whose
+// label is MN_DEV_IGNORE_LABEL. p[0] out (rows OP values apart), p[1] logits (rows XP values
+// apart), p[2] labels, p[3] dy [1], p[4] the error record, p[5] the count of counted rows
+// (mn_loss_label_count). The labels are checked again (the kernel may run without its forward):
+// a bad row is reported and set to NaN. With LOSS (sparse_cross_entropy_loss_grad) the same
+// pass also writes the loss's row partial -log_softmax(x)[label] into p[6] (double [ROWS], zero
+// for an ignored row, NaN for a bad one), which mn_loss_sparse_ce_mean averages next. An
+// ignored row's logits are not read. Every lane reads the label's logit before the
 // group's row statistics, whose reductions no lane leaves before all arrive, so a gradient
 // written over the logits (host/memplan.c) never changes what the loss reads.
 template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
@@ -101,22 +142,29 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   // Padded rows: the pad is zero, which the product reading it along k sums.
   for (long long i = N + lane; i < OP; i += G)
     o[i] = 0.0f;
+  if (label == MN_DEV_IGNORE_LABEL) {
+    if constexpr (LOSS)
+      if (lane == 0) mn_arg<double>(io, 6)[row] = 0.0;
+    for (long long i = lane; i < N; i += G)
+      o[i] = 0.0f;
+    return;
+  }
   if (label >= N) {
     if (lane == 0) {
       mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
-      if constexpr (LOSS) mn_arg<double>(io, 5)[row] = (double)mn_nan();
+      if constexpr (LOSS) mn_arg<double>(io, 6)[row] = (double)mn_nan();
     }
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
     return;
   }
   const auto x = mn_in<1>(io) + row * XP;
-  const float k = (float)((double)mn_in<3>(io)[0] / (double)ROWS);
+  const float k = (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
   const float at_label = LOSS ? (float)x[label] : 0.0f;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
   if constexpr (LOSS) {
-    if (lane == 0) mn_arg<double>(io, 5)[row] = -(double)((at_label - m) - ls);
+    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - m) - ls);
     // A warp's shuffles order no memory: every lane's read of the label's logit comes before
     // any lane's store over it (groups wider than a warp met at a block barrier already).
     __syncwarp();
