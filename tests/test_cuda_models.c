@@ -2,8 +2,11 @@
  * data: the loss trajectories over 20 steps and the final weights must agree. Also the
  * planned step against inputs that change every step (staging through pinned memory). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "host/plan.h"
+#include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/models.h"
@@ -122,19 +125,27 @@ static mn_graph *transformer(void) {
   return g;
 }
 
-static void feed_tokens(mn_session *s, int step) {
+enum { TB_BT = MN_TEST_TB_B * MN_TEST_TB_T };
+
+/* The tokens of step `step` and, shifted by one, their labels; with `prompt`, the labels of each
+ * sequence's first 5 + step % 7 positions are MN_IGNORE_LABEL (a prompt, as in instruction
+ * tuning, whose tokens are read but not trained on). */
+static void feed_token_batch(mn_session *s, int step, bool prompt) {
   mn_rng r = mn_rng_new(500 + (uint64_t)(step % 4));
-  uint32_t tok[MN_TEST_TB_B * (MN_TEST_TB_T + 1)], in[MN_TEST_TB_B * MN_TEST_TB_T],
-      lab[MN_TEST_TB_B * MN_TEST_TB_T];
+  uint32_t tok[MN_TEST_TB_B * (MN_TEST_TB_T + 1)], in[TB_BT], lab[TB_BT];
   mn_rng_fill_u32(&r, tok, MN_TEST_TB_B * (MN_TEST_TB_T + 1), MN_TEST_TB_V);
   for (int b = 0; b < MN_TEST_TB_B; b++)
     for (int t = 0; t < MN_TEST_TB_T; t++) {
       in[b * MN_TEST_TB_T + t] = tok[b * (MN_TEST_TB_T + 1) + t];
-      lab[b * MN_TEST_TB_T + t] = tok[b * (MN_TEST_TB_T + 1) + t + 1];
+      lab[b * MN_TEST_TB_T + t] =
+          prompt && t < 5 + step % 7 ? MN_IGNORE_LABEL : tok[b * (MN_TEST_TB_T + 1) + t + 1];
     }
-  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
-  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, TB_BT), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, TB_BT), MN_OK);
 }
+
+static void feed_tokens(mn_session *s, int step) { feed_token_batch(s, step, false); }
+static void feed_prompted_tokens(mn_session *s, int step) { feed_token_batch(s, step, true); }
 
 static void adamw(mn_session *s) {
   cr_assert_eq(mn_session_set_adamw(s, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK);
@@ -144,6 +155,55 @@ static void adamw(mn_session *s) {
 Test(cuda_models, transformer_blocks_adamw_match_the_reference_for_20_steps) {
   mn_graph *g = transformer();
   compare_training(g, adamw, feed_tokens, 1e-4);
+  mn_graph_free(g);
+}
+
+Test(cuda_models, transformer_blocks_with_ignored_prompt_labels_match_the_reference) {
+  mn_graph *g = transformer();
+  compare_training(g, adamw, feed_prompted_tokens, 1e-4);
+  mn_graph_free(g);
+}
+
+/* The same model in bf16, whose plan computes the loss and its gradient in one pass
+ * (optimizer/loss_grad.h), with the prompts' labels ignored: one step's loss within 2^-6 and
+ * every parameter's gradient within MN_TEST_BF16_MODEL_TOL of the CPU emulation's. */
+Test(cuda_models, bf16_transformer_gradients_with_ignored_prompt_labels_match_the_reference) {
+  mn_test_require_cuda_build();
+  mn_graph *g = transformer();
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
+  mn_test_require_cuda_device();
+  mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, MN_PRECISION_BF16, true),
+             *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+  size_t one_pass = 0;
+  const mn_graph *pg = gpu->plan->graph;
+  for (size_t i = 0; i < pg->num_nodes; i++)
+    one_pass += pg->nodes[i].op == MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD;
+  cr_assert_eq(one_pass, 1, "the bf16 plan has no one-pass loss gradient");
+  init_params(g, (mn_session *[]){cpu, gpu}, 2);
+  feed_prompted_tokens(cpu, 3);
+  feed_prompted_tokens(gpu, 3);
+  float lc = mn_test_step_loss(cpu), lg = mn_test_step_loss(gpu);
+  double rel = fabs((double)lg - lc) / fabs((double)lc);
+  cr_assert(rel <= 0x1p-6, "bf16 loss cuda %.7g vs cpu %.7g (relative %.3g)", lg, lc, rel);
+  double worst = 0;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if (n->op != MN_OP_PARAMETER) continue;
+    size_t count = (size_t)mn_tensor_type_numel(&n->type);
+    float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+    cr_assert_eq(mn_session_read_grad(gpu, n->name, a, count), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_read_grad(cpu, n->name, b, count), MN_OK, "%s", mn_last_error());
+    double e = mn_test_rel_err(a, b, count);
+    cr_assert_leq(e, MN_TEST_BF16_MODEL_TOL, "bf16 gradient of %s: relative error %.3g", n->name,
+                  e);
+    worst = e > worst ? e : worst;
+    free(a);
+    free(b);
+  }
+  cr_log_info("bf16, ignored prompt labels: loss relative %.3g, largest gradient error %.3g", rel,
+              worst);
+  mn_session_free(cpu);
+  mn_session_free(gpu);
   mn_graph_free(g);
 }
 

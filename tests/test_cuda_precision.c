@@ -27,18 +27,21 @@ static mn_graph *transformer(void) {
   return g;
 }
 
-static void feed_tokens(mn_session *s, int step) {
+/* With `prompt`, the labels of each sequence's first 8 positions are MN_IGNORE_LABEL. */
+static void feed_tokens(mn_session *s, int step, bool prompt) {
   mn_rng r = mn_rng_new(900 + (uint64_t)(step % 4));
   uint32_t in[MN_TEST_TB_B * MN_TEST_TB_T], lab[MN_TEST_TB_B * MN_TEST_TB_T];
   mn_rng_fill_u32(&r, in, MN_TEST_TB_B * MN_TEST_TB_T, MN_TEST_TB_V);
   for (int i = 0; i < MN_TEST_TB_B * MN_TEST_TB_T; i++)
-    lab[i] = (in[i] * 7u + 3u) % MN_TEST_TB_V; /* a learnable map */
+    lab[i] = prompt && i % MN_TEST_TB_T < 8
+                 ? MN_IGNORE_LABEL
+                 : (in[i] * 7u + 3u) % MN_TEST_TB_V; /* a learnable map */
   cr_assert_eq(mn_session_set_input_u32(s, "tokens", in, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
   cr_assert_eq(mn_session_set_input_u32(s, "labels", lab, MN_TEST_TB_B * MN_TEST_TB_T), MN_OK);
 }
 
-static float train_step(mn_session *s, int step) {
-  feed_tokens(s, step);
+static float train_step(mn_session *s, int step, bool prompt) {
+  feed_tokens(s, step, prompt);
   return mn_test_step_loss(s);
 }
 
@@ -46,7 +49,8 @@ static float train_step(mn_session *s, int step) {
  * each step's loss within loss_tol relative of the CPU emulation's (after each step `check`, when
  * given, compares more), parameters within param_tol at the end, one graph launch per step. */
 static void follow_the_cpu(mn_precision prec, double loss_tol, double param_tol,
-                           void (*check)(mn_session *gpu, mn_session *cpu, const char *when)) {
+                           void (*check)(mn_session *gpu, mn_session *cpu, const char *when),
+                           bool prompt) {
   mn_graph *g = transformer();
   mn_session *cpu = mn_test_session_precision(g, MN_BACKEND_CPU, prec, true),
              *gpu = mn_test_session_precision(g, MN_BACKEND_CUDA, prec, true);
@@ -60,7 +64,7 @@ static void follow_the_cpu(mn_precision prec, double loss_tol, double param_tol,
   }
   double worst = 0;
   for (int step = 0; step < STEPS; step++) {
-    float lc = train_step(cpu, step), lg = train_step(gpu, step);
+    float lc = train_step(cpu, step, prompt), lg = train_step(gpu, step, prompt);
     double rel = fabs((double)lg - lc) / fabs((double)lc);
     cr_assert(rel <= loss_tol, "step %d: %s loss cuda %.7g vs cpu %.7g (relative %.3g)", step, name,
               lg, lc, rel);
@@ -88,7 +92,7 @@ static void follow_the_cpu(mn_precision prec, double loss_tol, double param_tol,
  * along. Each step's loss stays within 2^-6 relative (4 bf16 units of roundoff). */
 Test(cuda_precision, bf16_transformer_training_follows_the_cpu_emulation) {
   mn_test_require_cuda_device();
-  follow_the_cpu(MN_PRECISION_BF16, 0x1p-6, 0x1p-5, NULL);
+  follow_the_cpu(MN_PRECISION_BF16, 0x1p-6, 0x1p-5, NULL, false);
 }
 
 /* 60 AdamW steps of the transformer on CUDA from the same start: bf16 learns as fp32 does. */
@@ -103,7 +107,7 @@ Test(cuda_precision, bf16_training_converges_like_fp32_on_the_gpu) {
   for (int k = 0; k < 2; k++) {
     cr_assert_eq(mn_session_set_adamw(s[k], 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f), MN_OK);
     for (int i = 0; i < 60; i++) {
-      float l = train_step(s[k], i);
+      float l = train_step(s[k], i, false);
       if (i == 0) first[k] = l;
       last[k] = l;
     }
@@ -210,7 +214,14 @@ Test(cuda_precision, f16_transformer_training_follows_the_cpu_emulation) {
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
   mn_graph_free(g);
   mn_test_require_cuda_device();
-  follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler);
+  follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler, false);
+}
+
+/* The same with each sequence's first 8 labels ignored: the loss gradient seeded with the scale
+ * is divided by the counted rows only, on the device as on the CPU. */
+Test(cuda_precision, f16_training_with_ignored_labels_follows_the_cpu_emulation) {
+  mn_test_require_cuda_device();
+  follow_the_cpu(MN_PRECISION_F16, 0x1p-8, 0x1p-7, assert_same_scaler, true);
 }
 
 /* The MLP of tests/support (mn_pc_mlp) in f16 on both backends, with AdamW and far targets:

@@ -1,7 +1,7 @@
 /* CUDA kernels of the reductions, softmax, losses and their gradients against the
  * reference backend: every graph is compiled with NVRTC (no device needed), then, on a
- * GPU, run on both backends with the same random data; plus the runtime error of an
- * out-of-range label. */
+ * GPU, run on both backends with the same random data; plus the runtime errors of an
+ * out-of-range label and of labels that are all MN_IGNORE_LABEL. */
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
 
@@ -101,6 +101,42 @@ Test(cuda_reduce, sparse_cross_entropy) {
   check_sparse(MN_SHAPE(3, 5, 7), 3);
   check_sparse(MN_SHAPE(2, 64, 768), 4);
   check_sparse(MN_SHAPE(2, 64, 50257), 5);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* Labels of which about a third are MN_IGNORE_LABEL: the loss of the forward alone, and in
+ * training the loss and the logits' gradient, fp32 (the loss and gradient kernels) at 1e-5 and
+ * bf16 (the one-pass loss gradient of optimizer/loss_grad.h) at MN_TEST_BF16_TOL. Every shape
+ * has enough rows that some count. */
+static void check_sparse_ignoring(const int64_t *shape, int rank, uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  mn_node logits = mn_parameter(g, "logits", shape, rank);
+  mn_node labels = mn_input_u32(g, "labels", shape, rank - 1);
+  mn_node loss = mn_scale(g, mn_sparse_cross_entropy_loss(g, logits, labels), 0.5f);
+  mn_set_outputs(g, (mn_node[]){loss}, 1);
+  mn_test_assert_compiles(g, true);
+  mn_test_assert_compiles(g, false);
+  if (mn_test_cuda_device_present()) {
+    const mn_test_range r[] = {
+        {"logits", -4, 4}, {"labels", 0, (double)shape[rank - 1]}, {NULL, 0, 0}};
+    double e[3] = {
+        mn_test_compare_cuda_ignoring(g, false, MN_PRECISION_F32, 1e-5, r, "labels", 0.35, seed),
+        mn_test_compare_cuda_ignoring(g, true, MN_PRECISION_F32, 1e-5, r, "labels", 0.35, seed),
+        mn_test_compare_cuda_ignoring(g, true, MN_PRECISION_BF16, MN_TEST_BF16_TOL, r, "labels",
+                                      0.35, seed)};
+    cr_log_info("ignored labels, %lld classes: largest relative error fp32 forward %.3g, fp32 "
+                "training %.3g, bf16 training %.3g",
+                (long long)shape[rank - 1], e[0], e[1], e[2]);
+  }
+  mn_graph_free(g);
+}
+
+Test(cuda_reduce, sparse_cross_entropy_with_ignored_labels) {
+  mn_test_require_cuda_build();
+  check_sparse_ignoring(MN_SHAPE(40, 1), 41);
+  check_sparse_ignoring(MN_SHAPE(3, 5, 7), 42);
+  check_sparse_ignoring(MN_SHAPE(2, 64, 768), 43);
+  check_sparse_ignoring(MN_SHAPE(2, 64, 50257), 44);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
@@ -230,4 +266,65 @@ Test(cuda_reduce, label_out_of_range_inference) {
 Test(cuda_reduce, label_out_of_range_training) {
   mn_test_require_cuda_build();
   expect_label_error(true);
+}
+
+/* ------------------------------------------------------------------ every label ignored */
+
+/* Steps a CUDA session (training in `prec` with SGD, or inference) whose labels are all
+ * MN_IGNORE_LABEL and expects wait to fail with the ignore-label message and, in training, the
+ * logits left as they were; then a batch with some counted rows runs. */
+static void expect_all_ignored_error(bool training, mn_precision prec) {
+  mn_graph *g = mn_graph_new();
+  mn_node logits = mn_parameter(g, "logits", MN_SHAPE(2, 3, 37));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(2, 3));
+  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
+  mn_test_assert_compiles_precision(g, training, prec);
+  mn_test_require_cuda_device();
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CUDA;
+  o.precision = prec;
+  mn_session *s = NULL;
+  mn_status st = training ? mn_build_session(g, &o, &s) : mn_build_inference_session(g, &o, &s);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  if (training) cr_assert_eq(mn_session_set_learning_rate(s, 0.1f), MN_OK);
+  float w[2 * 3 * 37], after[2 * 3 * 37];
+  mn_rng rng = mn_rng_new(8);
+  mn_rng_fill(&rng, w, 2 * 3 * 37, -1, 1);
+  cr_assert_eq(mn_session_set_parameter(s, "logits", w, 2 * 3 * 37), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_read_param(s, "logits", w, 2 * 3 * 37), MN_OK, "%s", mn_last_error());
+  const uint32_t none[6] = {MN_IGNORE_LABEL, MN_IGNORE_LABEL, MN_IGNORE_LABEL,
+                            MN_IGNORE_LABEL, MN_IGNORE_LABEL, MN_IGNORE_LABEL};
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", none, 6), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  mn_assert_error(mn_session_wait(s), MN_ERR_INVALID_ARGUMENT,
+                  "every label of labels node 1 (6 rows) is the ignore label");
+  cr_assert(strstr(mn_last_error(), "sparse_cross_entropy"), "%s", mn_last_error());
+  cr_assert_eq(mn_session_read_param(s, "logits", after, 2 * 3 * 37), MN_OK, "%s", mn_last_error());
+  cr_assert_arr_eq(after, w, sizeof w, "the failed step changed the logits");
+
+  const uint32_t some[6] = {MN_IGNORE_LABEL, 36, 5, MN_IGNORE_LABEL, 2, 0};
+  cr_assert_eq(mn_session_set_input_u32(s, "labels", some, 6), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  float loss = NAN;
+  cr_assert_eq(mn_session_read_output_by_index(s, 0, &loss, 1), MN_OK, "%s", mn_last_error());
+  cr_assert(isfinite(loss) && loss > 0, "loss %g", (double)loss);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
+
+Test(cuda_reduce, every_label_ignored_inference) {
+  mn_test_require_cuda_build();
+  expect_all_ignored_error(false, MN_PRECISION_F32);
+}
+
+Test(cuda_reduce, every_label_ignored_training) {
+  mn_test_require_cuda_build();
+  expect_all_ignored_error(true, MN_PRECISION_F32);
+}
+
+/* bf16: the one-pass loss gradient. */
+Test(cuda_reduce, every_label_ignored_training_bf16) {
+  mn_test_require_cuda_build();
+  expect_all_ignored_error(true, MN_PRECISION_BF16);
 }

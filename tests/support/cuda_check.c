@@ -88,9 +88,16 @@ static const uint32_t *fixed_of(const mn_test_u32_values *fixed, const char *nam
   return NULL;
 }
 
+/* Which U32 leaf gets ignore labels, and how often. */
+typedef struct ignoring {
+  const char *labels;
+  double fraction;
+} ignoring;
+
 /* Feeds every named input and parameter of g to both sessions. */
 static void feed_both(const mn_graph *g, mn_session *cpu, mn_session *gpu,
-                      const mn_test_range *ranges, const mn_test_u32_values *fixed, mn_rng *rng) {
+                      const mn_test_range *ranges, const mn_test_u32_values *fixed, ignoring ign,
+                      mn_rng *rng) {
   for (size_t i = 0; i < g->num_nodes; i++) {
     const mn_node_rec *n = &g->nodes[i];
     if (n->op != MN_OP_INPUT && n->op != MN_OP_PARAMETER) continue;
@@ -100,8 +107,11 @@ static void feed_both(const mn_graph *g, mn_session *cpu, mn_session *gpu,
       uint32_t *u = malloc(count * sizeof *u);
       uint32_t lo = r ? (uint32_t)r->lo : 0, hi = r ? (uint32_t)r->hi : 2;
       const uint32_t *exact = fixed_of(fixed, n->name);
-      for (size_t k = 0; k < count; k++)
+      bool ignored = ign.labels && strcmp(ign.labels, n->name) == 0;
+      for (size_t k = 0; k < count; k++) {
         u[k] = exact ? exact[k] : lo + (uint32_t)(mn_rng_uniform(rng) * (double)(hi - lo));
+        if (ignored && mn_rng_uniform(rng) < ign.fraction) u[k] = MN_IGNORE_LABEL;
+      }
       cr_assert_eq(mn_session_set_input_u32(cpu, n->name, u, count), MN_OK, "%s", mn_last_error());
       cr_assert_eq(mn_session_set_input_u32(gpu, n->name, u, count), MN_OK, "%s", mn_last_error());
       free(u);
@@ -133,14 +143,14 @@ static double compare(const char *what, const float *got, const float *want, siz
 
 static double compare_backends(const mn_graph *g, bool training, double tol,
                                const mn_test_range *ranges, const mn_test_u32_values *fixed,
-                               uint64_t seed, bool tf32, mn_precision precision) {
+                               uint64_t seed, bool tf32, mn_precision precision, ignoring ign) {
   mn_test_require_cuda_device();
   double worst = 0;
 #ifdef MN_WITH_CUDA
   mn_session *cpu = build(g, training, MN_BACKEND_CPU, false, precision);
   mn_session *gpu = build(g, training, MN_BACKEND_CUDA, tf32, precision);
   mn_rng rng = mn_rng_new(seed);
-  feed_both(g, cpu, gpu, ranges, fixed, &rng);
+  feed_both(g, cpu, gpu, ranges, fixed, ign, &rng);
   cr_assert_eq(mn_cuda_poison(gpu), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_step(cpu), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_wait(cpu), MN_OK, "cpu: %s", mn_last_error());
@@ -177,30 +187,39 @@ static double compare_backends(const mn_graph *g, bool training, double tol,
   mn_session_free(gpu);
 #else
   (void)g, (void)training, (void)tol, (void)ranges, (void)fixed, (void)seed, (void)tf32,
-      (void)precision, (void)build, (void)feed_both, (void)compare;
+      (void)precision, (void)ign, (void)build, (void)feed_both, (void)compare;
 #endif
   return worst;
 }
 
 double mn_test_compare_cuda(const mn_graph *g, bool training, double tol,
                             const mn_test_range *ranges, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, NULL, seed, false, MN_PRECISION_F32);
+  return compare_backends(g, training, tol, ranges, NULL, seed, false, MN_PRECISION_F32,
+                          (ignoring){0});
 }
 
 double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_precision precision,
                                       double tol, const mn_test_range *ranges, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, NULL, seed, false, precision);
+  return compare_backends(g, training, tol, ranges, NULL, seed, false, precision, (ignoring){0});
 }
 
 double mn_test_compare_cuda_fixed(const mn_graph *g, bool training, mn_precision precision,
                                   double tol, const mn_test_range *ranges,
                                   const mn_test_u32_values *fixed, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, fixed, seed, false, precision);
+  return compare_backends(g, training, tol, ranges, fixed, seed, false, precision, (ignoring){0});
 }
 
 double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
                                  const mn_test_range *ranges, uint64_t seed) {
-  return compare_backends(g, training, tol, ranges, NULL, seed, true, MN_PRECISION_F32);
+  return compare_backends(g, training, tol, ranges, NULL, seed, true, MN_PRECISION_F32,
+                          (ignoring){0});
+}
+
+double mn_test_compare_cuda_ignoring(const mn_graph *g, bool training, mn_precision precision,
+                                     double tol, const mn_test_range *ranges, const char *labels,
+                                     double ignored, uint64_t seed) {
+  return compare_backends(g, training, tol, ranges, NULL, seed, false, precision,
+                          (ignoring){labels, ignored});
 }
 
 bool mn_test_cuda_device_present(void) {

@@ -44,6 +44,11 @@ double mn_test_compare_cuda_tf32(const mn_graph *g, bool training, double tol,
  * that the CUDA kernels obey, so they differ only where one rounding went the other way. */
 double mn_test_compare_cuda_precision(const mn_graph *g, bool training, mn_precision precision,
                                       double tol, const mn_test_range *ranges, uint64_t seed);
+/* The same with the U32 leaf `labels` (a sparse cross-entropy's labels) set to MN_IGNORE_LABEL
+ * at each position with probability `ignored`, the same positions in both sessions. */
+double mn_test_compare_cuda_ignoring(const mn_graph *g, bool training, mn_precision precision,
+                                     double tol, const mn_test_range *ranges, const char *labels,
+                                     double ignored, uint64_t seed);
 /* Two bf16 units of roundoff (u = 2^-8, docs/precision.md), norm-wise: a stored value that
  * rounds the other way is off by one ulp, at most 2u relative. */
 #define MN_TEST_BF16_TOL 0x1p-7
