@@ -13,7 +13,10 @@
  * The loss is the graph's only output, as in a training loop and in the PyTorch bar
  * (benchmarks/torch_nanogpt.py returns the loss alone), so the logits are an activation that
  * their gradient overwrites; --with-logits keeps mn_model_build's second output, the logits,
- * readable after each step in memory of their own ("_logits"). */
+ * readable after each step in memory of their own ("_logits").
+ * --lora-rank R fine-tunes with LoRA adapters of rank R (alpha 2R) on every linear layer, the
+ * base frozen ("_loraR"), as PEFT's LoraConfig(target_modules="all-linear") does;
+ * benchmarks/torch_nanogpt.py --lora R is its PyTorch + peft bar. */
 #include "benchmarks/bench_util.h"
 #include "benchmarks/lm_configs.h"
 
@@ -30,13 +33,15 @@ int main(int argc, char **argv) {
     fprintf(
         stderr,
         "usage: bench_lm_step gpt2|smollm2 [--tf32] [--precision P] [--no-optimize] [--batch B] "
-        "[--seq T] [--steps N] [--profile] [--siblings-always] [--with-logits]\n");
+        "[--seq T] [--steps N] [--profile] [--siblings-always] [--with-logits] "
+        "[--lora-rank R]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
   long batch = gpt2 ? 16 : 8, seq = 1024, steps = 10;
   mn_session_options o = mn_session_options_default();
   bool profile = false, with_logits = false;
+  long lora_rank = 0;
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--tf32") == 0)
       o.allow_tf32 = true;
@@ -64,26 +69,25 @@ int main(int argc, char **argv) {
       seq = atol(argv[++i]);
     else if (i + 1 < argc && strcmp(argv[i], "--steps") == 0)
       steps = atol(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--lora-rank") == 0)
+      lora_rank = atol(argv[++i]);
     else {
       fprintf(stderr, "bench_lm_step: unknown argument %s\n", argv[i]);
       return 2;
     }
   }
-  if (batch < 1 || seq < 1 || steps < 1) {
+  if (batch < 1 || seq < 1 || steps < 1 || lora_rank < 0) {
     fprintf(stderr, "bench_lm_step: --batch, --seq and --steps must be positive\n");
     return 2;
   }
   mn_model_config cfg;
   bench_check(mn_model_config_parse(gpt2 ? MN_BENCH_GPT2 : MN_BENCH_SMOLLM2, &cfg), "config");
   mn_graph *g = NULL;
-  bench_check(mn_model_build(&cfg, batch, seq, NULL, &g), "model");
-  if (!with_logits) {
-    const mn_node *outs = NULL;
-    mn_graph_outputs(g, &outs);
-    mn_node loss = outs[0];
-    mn_set_outputs(g, &loss, 1);
-    bench_check(mn_graph_status(g), "outputs");
-  }
+  mn_lora_config lora = mn_lora_config_default();
+  lora.rank = lora_rank;
+  lora.alpha = 2.0f * (float)lora_rank;
+  mn_model_options mo = {.lora = lora_rank ? &lora : NULL, .loss_only = !with_logits};
+  bench_check(mn_model_build_with(&cfg, batch, seq, &mo, &g), "model");
 
   size_t used0 = device_used_bytes();
   double t0 = bench_now_ms();
@@ -109,7 +113,9 @@ int main(int argc, char **argv) {
   mn_session_stats st;
   mn_session_get_stats(s, &st);
   mn_memory_summary mem = mn_session_memory_summary(s);
-  printf("BENCH lm_%s%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
+  char lora_tag[32] = "";
+  if (lora_rank) snprintf(lora_tag, sizeof lora_tag, "_lora%ld", lora_rank);
+  printf("BENCH lm_%s%s%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",
          argv[1],
@@ -118,7 +124,7 @@ int main(int argc, char **argv) {
          : o.allow_tf32                    ? "_tf32"
                                            : "",
          o.optimize ? "" : "_noopt", o.siblings == MN_SIBLINGS_ALWAYS ? "_sib" : "",
-         with_logits ? "_logits" : "", st.backend, batch, seq, step_ms,
+         with_logits ? "_logits" : "", lora_tag, st.backend, batch, seq, step_ms,
          (double)bt / (step_ms * 1e-3), mn_plan_num_dispatches(mn_session_plan(s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, (double)used / 1048576.0,
          (double)mem.total_buffer_bytes / 1048576.0, build_ms, st.kernels, st.graph_nodes,

@@ -7,7 +7,10 @@ Prints one BENCH line per configuration with the median step time and the peak d
 
 usage: python3 benchmarks/torch_nanogpt.py gpt2|smollm2 [--precision tf32,bf16]
                                           [--mode eager,compile] [--batch B] [--seq T]
-                                          [--steps N]
+                                          [--steps N] [--lora R]
+--lora R: LoRA fine-tuning through peft (LoraConfig r=R, lora_alpha=2R, every linear layer
+but the head, dropout 0), the base frozen and AdamW over the adapters only: the bar of
+bench_lm_step --lora-rank R.
 """
 import argparse
 import contextlib
@@ -123,14 +126,23 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
 
 
-def run(name, mode, precision, batch, seq, steps):
+LINEAR = {"gpt2": ["c_attn", "c_proj", "c_fc", "mlp_proj"],
+          "smollm2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def run(name, mode, precision, batch, seq, steps, lora):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
     model = (GPT2() if name == "gpt2" else Llama(ctx=seq)).cuda().train()
     batch = batch or (16 if name == "gpt2" else 8)
     vocab = model.lm_head.weight.shape[0]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
+                                                 target_modules=LINEAR[name], bias="none"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=True)
     ids = torch.randint(0, vocab, (batch, seq), device="cuda")
     labels = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -148,7 +160,9 @@ def run(name, mode, precision, batch, seq, steps):
 
     ms, warm_s, peak, loss = time_steps(step, steps)
     assert math.isfinite(loss.item())
-    print_bench(f"torch_nanogpt_{name}_{precision}_{mode}", batch * seq, ms, warm_s, peak, loss)
+    tag = f"_lora{lora}" if lora else ""
+    print_bench(f"torch_nanogpt_{name}{tag}_{precision}_{mode}", batch * seq, ms, warm_s, peak,
+                loss)
     del model, opt, fwd
     torch.cuda.empty_cache()
 
@@ -161,11 +175,12 @@ def main():
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--lora", type=int, default=0)
     a = ap.parse_args()
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     for precision in a.precision.split(","):
         for mode in a.mode.split(","):
-            run(a.model, mode, precision, a.batch, a.seq, a.steps)
+            run(a.model, mode, precision, a.batch, a.seq, a.steps, a.lora)
 
 
 if __name__ == "__main__":

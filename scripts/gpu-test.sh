@@ -4,7 +4,7 @@
 # short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
-#                            [--tests REGEX] [--no-ctest] [--lm] [--quality] [--sanitize]
+#                            [--tests REGEX] [--no-ctest] [--lm] [--lora] [--quality] [--sanitize]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
@@ -15,6 +15,12 @@
 #                      transformers under torch.autocast, one PASS/FAIL line each) and the
 #                      language-model steps (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside
 #                      transformers' models in PyTorch eager and torch.compile (minutes)
+#   --lora             also LoRA against peft (scripts/peft_parity.py: our adapter loaded by
+#                      peft gives our logits, one step's adapter gradients and AdamW update,
+#                      the merged export through transformers; PEFT-PARITY PASS/FAIL) and the
+#                      LoRA steps: SmolLM2-135M (MN_LORA_MODELS="smollm2 gpt2" adds GPT-2),
+#                      bf16, r=16 on every linear layer, beside full fine-tuning and PyTorch +
+#                      peft (eager, torch.compile)
 #   --quality          also the bf16 training-quality run (scripts/quality_run.py): a small
 #                      GPT-2 trained 1000 steps from one initialization on the same batches by
 #                      meganeura fp32, meganeura bf16 and PyTorch autocast bf16; writes
@@ -36,6 +42,7 @@ logs=""
 debs=""
 bench=1
 lm=0
+lora=0
 quality=0
 run_ctest=1
 sanitize=0
@@ -48,6 +55,7 @@ while [ $# -gt 0 ]; do
     --log-dir) logs=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
     --lm) lm=1; shift ;;
+    --lora) lora=1; shift ;;
     --quality) quality=1; shift ;;
     --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
@@ -164,6 +172,28 @@ if [ "$lm" = 1 ]; then
       python3 "$root/benchmarks/torch_nanogpt.py" $model 2>&1 | tee -a "$logs/bench.log" ||
         echo "BENCH-FAILED torch_nanogpt.py $model" | tee -a "$logs/bench.log"
     fi
+  done
+fi
+
+if [ "$lora" = 1 ]; then
+  step "LoRA: parity with peft, and the LoRA steps"
+  touch "$logs/bench.log"
+  if python3 -c 'import torch, transformers, peft; assert torch.cuda.is_available()' 2>/dev/null; then
+    python3 "$root/scripts/peft_parity.py" --driver "$build/bench_peft_parity_driver" \
+      >"$logs/peft_parity.log" 2>&1 || true
+    grep -E "^(PASS|FAIL|PEFT-PARITY|# )" "$logs/peft_parity.log" | tee -a "$logs/bench.log" ||
+      tail -n 20 "$logs/peft_parity.log"
+  else
+    echo "PEFT-PARITY not run: PyTorch with CUDA, transformers or peft missing" | tee -a "$logs/bench.log"
+  fi
+  for model in ${MN_LORA_MODELS:-smollm2}; do
+    for flag in "--precision bf16" "--precision bf16 --lora-rank 16"; do
+      "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
+        echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
+    done
+    python3 "$root/benchmarks/torch_nanogpt.py" $model --precision bf16 --lora 16 2>&1 |
+      tee -a "$logs/bench.log" || echo "BENCH-FAILED torch_nanogpt.py $model --lora 16" |
+      tee -a "$logs/bench.log"
   done
 fi
 
