@@ -84,10 +84,12 @@ static mn_status adapters_of(const char *fn, const mn_graph *g, adapter **out, s
     ad->in = info.type.shape[1];
     mn_node b_id, w_id;
     mn_node_info b_info, w_info;
-    if (!find_param(g, ad->b, &b_id, &b_info) || !find_param(g, ad->w, &w_id, &w_info)) {
+    bool has_b = find_param(g, ad->b, &b_id, &b_info);
+    if (!has_b || !find_param(g, ad->w, &w_id, &w_info)) {
+      mn_status st = mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: adapter %s has no %s", fn, ad->a,
+                             !has_b ? ad->b : ad->w);
       free(list);
-      return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: adapter %s has no %s", fn, ad->a,
-                     !find_param(g, ad->b, &b_id, &b_info) ? ad->b : ad->w);
+      return st;
     }
     ad->out = b_info.type.shape[0];
     ad->conv1d = used_by_matmul(g, w_id);
