@@ -13,6 +13,7 @@
  * Writes to the --out folder:
  *   result.txt          "backend B", "loss X", and "lora NAME NUMEL" for every adapter tensor
  *   adapter/            the adapter before the step (adapter_config.json, .safetensors)
+ *   inference_logits.f32  the adapted model's logits from an inference session, before the step
  *   logits.f32          output 1 of the step, [B, T, V]
  *   grad/NAME.f32       dLoss/dNAME of the step, param/NAME.f32 NAME after it
  *   adapter_after/      the adapter after the step
@@ -190,6 +191,19 @@ int main(int argc, char **argv) {
   drv_expect_ok(PROG,
                 mn_lora_save(s, g, &lora, drv_join_path(PROG, dir, sizeof dir, a.out, "adapter")),
                 "save adapter");
+  /* The adapted model's logits from an inference session that reads the training session's
+   * weights before the step: what the step's output 1 must equal. */
+  size_t nl = n * (size_t)c.vocab_size;
+  float *logits = malloc(nl * sizeof *logits);
+  if (!logits) drv_die(PROG, "out of memory");
+  mn_session *inf = NULL;
+  drv_expect_ok(PROG, mn_build_inference_session_shared(g, &o, s, &inf), "inference session");
+  set_batch(inf, g, ids, labels, n);
+  drv_expect_ok(PROG, mn_session_step(inf), "inference");
+  drv_expect_ok(PROG, mn_session_wait(inf), "inference wait");
+  drv_expect_ok(PROG, mn_session_read_output_by_index(inf, 1, logits, nl), "inference logits");
+  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "inference_logits.f32"), logits, nl);
+  mn_session_free(inf);
   FILE *result = fopen(drv_join_path(PROG, path, sizeof path, a.out, "result.txt"), "w");
   if (!result) drv_die(PROG, "result.txt");
   drv_expect_ok(PROG, mn_session_step(s), "step");
@@ -197,9 +211,6 @@ int main(int argc, char **argv) {
   mn_session_stats stats;
   drv_expect_ok(PROG, mn_session_get_stats(s, &stats), "stats");
   fprintf(result, "backend %s\nloss %.9g\n", stats.backend, (double)mn_session_read_loss(s));
-  size_t nl = n * (size_t)c.vocab_size;
-  float *logits = malloc(nl * sizeof *logits);
-  if (!logits) drv_die(PROG, "out of memory");
   drv_expect_ok(PROG, mn_session_read_output_by_index(s, 1, logits, nl), "logits");
   write_f32(drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_adapters(g, s, a.out, result);

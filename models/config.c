@@ -168,6 +168,30 @@ static mn_status check_rope_scaling(const reader *r) {
                  cJSON_IsString(type) ? type->valuestring : "");
 }
 
+/* rope_parameters, transformers 5's form of rope_theta and rope_scaling: absent or null, or an
+ * object with rope_type "default" (or none) whose rope_theta, when given, is the base. */
+static mn_status read_rope_parameters(const reader *r, mn_model_config *c) {
+  const cJSON *v = get(r, "rope_parameters");
+  if (!v) return MN_OK;
+  if (!cJSON_IsObject(v))
+    return mn_fail(MN_ERR_FORMAT, "%s: %s: \"rope_parameters\" is not an object", r->fn,
+                   r->where);
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
+  if (type && !cJSON_IsNull(type) &&
+      !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0))
+    return mn_fail(MN_ERR_UNSUPPORTED,
+                   "%s: %s: \"rope_parameters\" has rope_type %s; only plain RoPE (\"default\") "
+                   "is supported",
+                   r->fn, r->where, cJSON_IsString(type) ? type->valuestring : "(not a string)");
+  const cJSON *theta = cJSON_GetObjectItemCaseSensitive(v, "rope_theta");
+  if (!theta || cJSON_IsNull(theta)) return MN_OK;
+  if (!cJSON_IsNumber(theta) || !(theta->valuedouble > 0))
+    return mn_fail(MN_ERR_FORMAT, "%s: %s: rope_parameters.rope_theta is not a positive number",
+                   r->fn, r->where);
+  c->rope_theta = (float)theta->valuedouble;
+  return MN_OK;
+}
+
 static mn_status parse_llama(const reader *r, mn_model_config *c) {
   static const char *const acts[] = {"silu", NULL};
   c->family = MN_MODEL_LLAMA;
@@ -194,6 +218,7 @@ static mn_status parse_llama(const reader *r, mn_model_config *c) {
                    r->where, (long long)c->head_dim);
   TRY(float_key(r, "rms_norm_eps", 1e-6, false, &c->norm_eps));
   TRY(float_key(r, "rope_theta", 10000.0, false, &c->rope_theta));
+  TRY(read_rope_parameters(r, c));
   TRY(float_key(r, "initializer_range", 0.02, true, &c->initializer_range));
   TRY(bool_key(r, "tie_word_embeddings", false, &c->tie_word_embeddings));
   TRY(require_string(r, "hidden_act", acts));

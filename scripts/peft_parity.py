@@ -85,14 +85,27 @@ def run_case(kind, targets, driver, root, checks):
     labels[rng.random((batch, seq)) < 0.25] = IGNORE
     ids.tofile(os.path.join(base, "input_ids.u32"))
     labels.tofile(os.path.join(base, "labels.u32"))
-    env = dict(os.environ, MN_BACKEND=os.environ.get("MN_BACKEND", "cuda"))
-    subprocess.run([driver, "--model", base, "--out", out, "--batch", str(batch), "--seq",
-                    str(seq), "--rank", str(rank), "--alpha", str(alpha), "--targets",
-                    ",".join(targets), "--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2",
-                    str(BETAS[1]), "--eps", str(EPS), "--weight-decay", str(WD)],
-                   check=True, env=env)
+    def drive(backend, where):
+        subprocess.run([driver, "--model", base, "--out", where, "--batch", str(batch), "--seq",
+                        str(seq), "--rank", str(rank), "--alpha", str(alpha), "--targets",
+                        ",".join(targets), "--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2",
+                        str(BETAS[1]), "--eps", str(EPS), "--weight-decay", str(WD)],
+                       check=True, env=dict(os.environ, MN_BACKEND=backend))
+
+    backend = os.environ.get("MN_BACKEND", "cuda")
+    drive(backend, out)
+    # The step's output against an inference session of the same weights, and (on CUDA) the
+    # CPU backend, the oracle: what separates a wrong kernel from a wrong reading of peft.
+    step_logits = np.fromfile(os.path.join(out, "logits.f32"), dtype=np.float32)
+    checks(f"{kind} step logits vs an inference session's",
+           rel(step_logits, np.fromfile(os.path.join(out, "inference_logits.f32"),
+                                        dtype=np.float32)), 1e-5)
+    if backend == "cuda":
+        drive("cpu", out + "-cpu")
+        checks(f"{kind} logits CUDA vs CPU",
+               rel(step_logits, np.fromfile(os.path.join(out + "-cpu", "logits.f32"),
+                                            dtype=np.float32)), 1e-5)
     result = open(os.path.join(out, "result.txt")).read().split("\n")
-    backend = next(l.split()[1] for l in result if l.startswith("backend "))
     our_loss = float(next(l.split()[1] for l in result if l.startswith("loss ")))
     names = [l.split()[1] for l in result if l.startswith("lora ")]
     adapter_config = json.load(open(os.path.join(out, "adapter", "adapter_config.json")))
@@ -128,6 +141,9 @@ def run_case(kind, targets, driver, root, checks):
         g = np.fromfile(os.path.join(out, "grad", name + ".f32"), dtype=np.float32)
         grads[name] = p.grad.detach().cpu().numpy().ravel()
         checks(f"{kind} grad {name}", rel(g, grads[name]), 1e-4)
+        if backend == "cuda":
+            cpu = np.fromfile(os.path.join(out + "-cpu", "grad", name + ".f32"), dtype=np.float32)
+            checks(f"{kind} grad {name} CUDA vs CPU", rel(g, cpu), 1e-4)
     opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     opt.step()
     for name in names:

@@ -99,6 +99,15 @@ Test(model_config, llama_defaults_and_head_dim) {
                MN_OK, "%s", mn_last_error());
   cr_assert_eq(c.head_dim, 32);
   cr_assert_eq(c.num_kv_heads, 2);
+  /* transformers 5 writes the base inside rope_parameters */
+  cr_assert_eq(mn_model_config_parse("{\"model_type\": \"llama\", \"vocab_size\": 100, "
+                                     "\"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                                     "\"num_attention_heads\": 4, \"intermediate_size\": 128, "
+                                     "\"rope_parameters\": {\"rope_theta\": 100000.0, "
+                                     "\"rope_type\": \"default\"}}",
+                                     &c),
+               MN_OK, "%s", mn_last_error());
+  cr_assert_eq(c.rope_theta, 100000.0f);
 }
 
 /* A GPT-2 or Llama config with `edit` spliced in after the opening brace: cJSON finds the
@@ -168,6 +177,10 @@ Test(model_config, bad_types_and_values) {
   LLAMA("\"rms_norm_eps\": [1], ", MN_ERR_FORMAT,
         "\"rms_norm_eps\" is an array, expected a number");
   LLAMA("\"rope_theta\": {}, ", MN_ERR_FORMAT, "\"rope_theta\" is an object");
+  LLAMA("\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0}, ", MN_ERR_UNSUPPORTED,
+        "\"rope_parameters\" has rope_type yarn; only plain RoPE");
+  LLAMA("\"rope_parameters\": {\"rope_theta\": -2}, ", MN_ERR_FORMAT,
+        "rope_parameters.rope_theta is not a positive number");
   mn_model_config c;
   mn_assert_error(mn_model_config_parse("{\"model_type\": ", &c), MN_ERR_FORMAT,
                   "mn_model_config_parse: config: not valid JSON");
