@@ -16,7 +16,9 @@
  * readable after each step in memory of their own ("_logits").
  * --lora-rank R fine-tunes with LoRA adapters of rank R (alpha 2R) on every linear layer, the
  * base frozen ("_loraR"), as PEFT's LoraConfig(target_modules="all-linear") does;
- * benchmarks/torch_nanogpt.py --lora R is its PyTorch + peft bar. */
+ * benchmarks/torch_nanogpt.py --lora R is its PyTorch + peft bar. --lora-targets LIST adapts
+ * only those layers ("_loraR_LIST"): with q_proj alone the step is nearly the frozen base's
+ * (the backward still runs down to layer 0), which prices the adapters. */
 #include "benchmarks/bench_util.h"
 #include "benchmarks/lm_configs.h"
 
@@ -34,7 +36,7 @@ int main(int argc, char **argv) {
         stderr,
         "usage: bench_lm_step gpt2|smollm2 [--tf32] [--precision P] [--no-optimize] [--batch B] "
         "[--seq T] [--steps N] [--profile] [--siblings-always] [--with-logits] "
-        "[--lora-rank R]\n");
+        "[--lora-rank R [--lora-targets LIST]]\n");
     return 2;
   }
   bool gpt2 = strcmp(argv[1], "gpt2") == 0;
@@ -42,6 +44,7 @@ int main(int argc, char **argv) {
   mn_session_options o = mn_session_options_default();
   bool profile = false, with_logits = false;
   long lora_rank = 0;
+  const char *lora_targets = "all-linear";
   for (int i = 2; i < argc; i++) {
     if (strcmp(argv[i], "--tf32") == 0)
       o.allow_tf32 = true;
@@ -71,6 +74,8 @@ int main(int argc, char **argv) {
       steps = atol(argv[++i]);
     else if (i + 1 < argc && strcmp(argv[i], "--lora-rank") == 0)
       lora_rank = atol(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--lora-targets") == 0)
+      lora_targets = argv[++i];
     else {
       fprintf(stderr, "bench_lm_step: unknown argument %s\n", argv[i]);
       return 2;
@@ -86,6 +91,7 @@ int main(int argc, char **argv) {
   mn_lora_config lora = mn_lora_config_default();
   lora.rank = lora_rank;
   lora.alpha = 2.0f * (float)lora_rank;
+  snprintf(lora.target_modules, sizeof lora.target_modules, "%s", lora_targets);
   mn_model_options mo = {.lora = lora_rank ? &lora : NULL, .loss_only = !with_logits};
   bench_check(mn_model_build_with(&cfg, batch, seq, &mo, &g), "model");
 
@@ -113,8 +119,11 @@ int main(int argc, char **argv) {
   mn_session_stats st;
   mn_session_get_stats(s, &st);
   mn_memory_summary mem = mn_session_memory_summary(s);
-  char lora_tag[32] = "";
-  if (lora_rank) snprintf(lora_tag, sizeof lora_tag, "_lora%ld", lora_rank);
+  char lora_tag[64] = "";
+  if (lora_rank)
+    snprintf(lora_tag, sizeof lora_tag, "_lora%ld%s%.16s", lora_rank,
+             strcmp(lora_targets, "all-linear") ? "_" : "",
+             strcmp(lora_targets, "all-linear") ? lora_targets : "");
   printf("BENCH lm_%s%s%s%s%s%s backend=%s batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
          "dispatches=%zu launches_per_step=%.2f device_mib=%.0f planned_mib=%.0f build_ms=%.0f "
          "kernels=%zu graph_nodes=%zu loss=%.4f\n",

@@ -187,7 +187,8 @@ if [ "$lora" = 1 ]; then
     echo "PEFT-PARITY not run: PyTorch with CUDA, transformers or peft missing" | tee -a "$logs/bench.log"
   fi
   for model in ${MN_LORA_MODELS:-smollm2}; do
-    for flag in "--precision bf16" "--precision bf16 --lora-rank 16"; do
+    for flag in "--precision bf16" "--precision bf16 --lora-rank 16" \
+      "--precision bf16 --lora-rank 16 --lora-targets q_proj"; do
       "$build/bench_lm_step" $model $flag 2>&1 | tee -a "$logs/bench.log" ||
         echo "BENCH-FAILED bench_lm_step $model $flag" | tee -a "$logs/bench.log"
     done

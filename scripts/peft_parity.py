@@ -64,8 +64,10 @@ def make_model(kind, path, seed):
                           tie_word_embeddings=True, initializer_range=0.05)
         model = LlamaForCausalLM(cfg)
     else:
+        # GPT-2's dropouts off: meganeura has none, and peft's step runs in train mode.
         cfg = GPT2Config(vocab_size=512, n_embd=256, n_layer=3, n_head=4, n_positions=128,
-                         initializer_range=0.05)
+                         initializer_range=0.05, resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0)
         model = GPT2LMHeadModel(cfg)
     model.save_pretrained(path, safe_serialization=True)
     return cfg
