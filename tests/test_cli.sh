@@ -16,6 +16,17 @@ cfg=$configs/tiny-gpt2.json
 text=$tmp/text.txt
 for _ in $(seq 40); do echo "the quick brown fox jumps over the lazy dog. abc abc abc."; done >"$text"
 T=(--config "$cfg" --data "$text" --seq 16 --steps 20 --lr 1e-2)
+# The tensors of a safetensors file as raw bytes by name, for the checks written in Python.
+cat >"$tmp/st_tensors.py" <<'PY'
+import json, struct
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in head.items() if k != "__metadata__"}
+PY
+export PYTHONPATH="$tmp${PYTHONPATH:+:$PYTHONPATH}"
 
 # ---- help and usage errors
 "$mn" --help | grep -q "usage: meganeura" || fail "meganeura --help"
@@ -104,13 +115,8 @@ done
 grep -q "froze 12 of 28 parameters" "$tmp/frz.log" || fail "--freeze: $(head -1 "$tmp/frz.log")"
 if command -v python3 >/dev/null 2>&1; then
   python3 - "$tmp/frz2/model.safetensors" "$tmp/frz4/model.safetensors" <<'PY' || fail "--freeze: frozen tensors moved or trained ones did not"
-import json, struct, sys
-def tensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in head.items() if k != "__metadata__"}
+import json, sys
+from st_tensors import tensors
 a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
 frozen = [k for k in a if ".h.0." in k]
 assert len(frozen) == 12, frozen
@@ -134,13 +140,8 @@ for f in adapter_config.json adapter_model.safetensors merged/model.safetensors 
 done
 if command -v python3 >/dev/null 2>&1; then
   python3 - "$lora" "$out/model.safetensors" <<'PY' || fail "--lora-rank: the adapter is not in PEFT's layout"
-import json, struct, sys
-def tensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-            for k, v in head.items() if k != "__metadata__"}
+import json, sys
+from st_tensors import tensors
 cfg = json.load(open(sys.argv[1] + "/adapter_config.json"))
 assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM", cfg
 assert cfg["r"] == 4 and cfg["lora_alpha"] == 8 and cfg["target_modules"] == ["c_attn", "c_fc"], cfg

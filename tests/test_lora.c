@@ -9,43 +9,11 @@
 #include <string.h>
 
 #include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
 
 enum { BATCH = 2, SEQ = 8 };
-
-/* 2 layers of width 48, 6 query heads over 2 kv heads of 8, vocabulary 61, untied head. */
-static mn_model_config tiny_llama(void) {
-  return (mn_model_config){.family = MN_MODEL_LLAMA,
-                           .vocab_size = 61,
-                           .hidden_size = 48,
-                           .num_layers = 2,
-                           .num_heads = 6,
-                           .num_kv_heads = 2,
-                           .head_dim = 8,
-                           .intermediate_size = 96,
-                           .max_positions = 64,
-                           .norm_eps = 1e-6f,
-                           .rope_theta = 10000.0f,
-                           .initializer_range = 0.02f,
-                           .tie_word_embeddings = false};
-}
-
-/* 2 layers of width 32, 4 heads, vocabulary 50, 16 positions, tied head. */
-static mn_model_config tiny_gpt2(void) {
-  return (mn_model_config){.family = MN_MODEL_GPT2,
-                           .vocab_size = 50,
-                           .hidden_size = 32,
-                           .num_layers = 2,
-                           .num_heads = 4,
-                           .num_kv_heads = 4,
-                           .head_dim = 8,
-                           .intermediate_size = 128,
-                           .max_positions = 16,
-                           .norm_eps = 1e-5f,
-                           .initializer_range = 0.02f,
-                           .tie_word_embeddings = true};
-}
 
 static mn_lora_config lora(int64_t rank, float alpha, const char *targets) {
   mn_lora_config l = mn_lora_config_default();
@@ -120,7 +88,7 @@ static void randomize_b(const mn_graph *g, mn_session *s, uint64_t seed) {
 /* ---------------------------------------------------------------- structure */
 
 Test(lora, llama_targets_get_adapters_and_the_rest_is_frozen) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   mn_lora_config l = lora(4, 8.0f, "q_proj, v_proj");
   mn_graph *g = build(&c, &l);
   mn_node_info info;
@@ -142,7 +110,7 @@ Test(lora, llama_targets_get_adapters_and_the_rest_is_frozen) {
 }
 
 Test(lora, gpt2_all_linear_adapts_every_conv1d) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   mn_lora_config l = lora(2, 4.0f, "all-linear");
   mn_graph *g = build(&c, &l);
   mn_node_info info;
@@ -167,7 +135,7 @@ static void expect_refused(const mn_model_config *c, const mn_lora_config *l, co
 }
 
 Test(lora, bad_configurations_are_refused_by_name) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   mn_lora_config l = lora(0, 8.0f, "q_proj");
   expect_refused(&c, &l, "rank 0");
   l = lora(4, 0.0f, "q_proj");
@@ -231,7 +199,7 @@ static void gradcheck(const mn_model_config *c0, const char *const *names, size_
 }
 
 Test(lora, llama_adapter_gradients_match_finite_differences, .timeout = 120) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   const char *names[] = {"model.layers.0.self_attn.q_proj.lora_A.weight",
                          "model.layers.0.self_attn.v_proj.lora_B.weight",
                          "model.layers.1.mlp.gate_proj.lora_A.weight",
@@ -240,7 +208,7 @@ Test(lora, llama_adapter_gradients_match_finite_differences, .timeout = 120) {
 }
 
 Test(lora, gpt2_adapter_gradients_match_finite_differences, .timeout = 120) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   const char *names[] = {
       "transformer.h.0.attn.c_attn.lora_A.weight", "transformer.h.0.attn.c_attn.lora_B.weight",
       "transformer.h.1.mlp.c_fc.lora_B.weight", "transformer.h.1.mlp.c_proj.lora_A.weight"};
@@ -250,7 +218,7 @@ Test(lora, gpt2_adapter_gradients_match_finite_differences, .timeout = 120) {
 /* ---------------------------------------------------------------- training */
 
 Test(lora, llama_lora_run_learns_and_leaves_the_base_bitwise_unchanged, .timeout = 120) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   mn_lora_config l = lora(8, 16.0f, "all-linear");
   mn_graph *g = build(&c, &l);
   mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
@@ -350,13 +318,13 @@ static void save_load_round_trip(const mn_model_config *c, const char *targets, 
 }
 
 Test(lora, llama_adapter_saves_in_peft_layout_and_loads_back) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   save_load_round_trip(&c, "q_proj,v_proj,down_proj",
                        "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
 }
 
 Test(lora, gpt2_adapter_saves_in_peft_layout_and_loads_back) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   save_load_round_trip(&c, "c_attn,c_proj",
                        "base_model.model.transformer.h.0.attn.c_proj.lora_A.weight");
 }
@@ -401,17 +369,17 @@ static void merged_equals_adapted(const mn_model_config *c) {
 }
 
 Test(lora, llama_merged_export_gives_the_adapted_logits) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   merged_equals_adapted(&c);
 }
 
 Test(lora, gpt2_merged_export_transposes_for_conv1d) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   merged_equals_adapted(&c);
 }
 
 Test(lora, base_checkpoint_loads_under_adapters_with_strict_frozen) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   mn_graph *plain = build(&c, NULL);
   mn_session *p = mn_test_session(plain, MN_BACKEND_CPU, false);
   cr_assert_eq(mn_model_init_parameters(&c, plain, p, 3), MN_OK);
@@ -441,7 +409,7 @@ Test(lora, base_checkpoint_loads_under_adapters_with_strict_frozen) {
 }
 
 Test(lora, dropout_masks_the_adapter_input_in_training_only) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   mn_lora_config with = lora(4, 8.0f, "q_proj,up_proj"), without = with;
   with.dropout = 0.5f;
   mn_graph *g = build(&c, &with), *plain = build(&c, &without);

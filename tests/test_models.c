@@ -9,41 +9,9 @@
 
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
-
-/* 2 layers of width 32, 4 heads, vocabulary 50, 16 positions. */
-static mn_model_config tiny_gpt2(void) {
-  return (mn_model_config){.family = MN_MODEL_GPT2,
-                           .vocab_size = 50,
-                           .hidden_size = 32,
-                           .num_layers = 2,
-                           .num_heads = 4,
-                           .num_kv_heads = 4,
-                           .head_dim = 8,
-                           .intermediate_size = 128,
-                           .max_positions = 16,
-                           .norm_eps = 1e-5f,
-                           .initializer_range = 0.02f,
-                           .tie_word_embeddings = true};
-}
-
-/* 2 layers of width 48, 6 query heads over 2 kv heads of 8, vocabulary 61, untied head. */
-static mn_model_config tiny_llama(void) {
-  return (mn_model_config){.family = MN_MODEL_LLAMA,
-                           .vocab_size = 61,
-                           .hidden_size = 48,
-                           .num_layers = 2,
-                           .num_heads = 6,
-                           .num_kv_heads = 2,
-                           .head_dim = 8,
-                           .intermediate_size = 96,
-                           .max_positions = 64,
-                           .norm_eps = 1e-6f,
-                           .rope_theta = 10000.0f,
-                           .initializer_range = 0.02f,
-                           .tie_word_embeddings = false};
-}
 
 static mn_graph *build(const mn_model_config *c, int64_t b, int64_t t, const char *prefix) {
   mn_graph *g = NULL;
@@ -108,7 +76,7 @@ static size_t gpt2_names(const char *p, char names[][64], expect_param *out) {
 Test(models, gpt2_parameters_have_hf_names_and_layouts) {
   const char *prefixes[] = {"transformer.", "", NULL};
   for (int i = 0; i < 3; i++) {
-    mn_model_config c = tiny_gpt2();
+    mn_model_config c = mn_test_tiny_gpt2();
     mn_graph *g = build(&c, 2, 8, prefixes[i]);
     char names[40][64];
     expect_param want[40];
@@ -148,7 +116,7 @@ Test(models, llama_parameters_have_hf_names_and_layouts) {
   const char *prefixes[] = {"model.", "", NULL};
   for (int i = 0; i < 3; i++)
     for (int tied = 0; tied < 2; tied++) {
-      mn_model_config c = tiny_llama();
+      mn_model_config c = mn_test_tiny_llama();
       c.tie_word_embeddings = tied;
       mn_graph *g = build(&c, 3, 5, prefixes[i]);
       char names[40][64];
@@ -162,7 +130,7 @@ Test(models, llama_parameters_have_hf_names_and_layouts) {
 /* Inputs and outputs: input_ids, labels (and GPT-2's position_ids) U32 [B, T]; the loss [1]
  * then the logits [B, T, V]. */
 Test(models, inputs_and_outputs) {
-  mn_model_config cs[2] = {tiny_gpt2(), tiny_llama()};
+  mn_model_config cs[2] = {mn_test_tiny_gpt2(), mn_test_tiny_llama()};
   for (int m = 0; m < 2; m++) {
     mn_graph *g = build(&cs[m], 3, 5, NULL);
     int inputs = 0;
@@ -248,12 +216,12 @@ static void train(const char *what, const mn_model_config *c) {
 }
 
 Test(models, tiny_gpt2_trains, .timeout = 120) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   train("gpt2", &c);
 }
 
 Test(models, tiny_llama_trains, .timeout = 120) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   train("llama", &c);
 }
 
@@ -316,7 +284,7 @@ static void gradcheck_model(const mn_model_config *c0, const char *const *names,
 }
 
 Test(models, tiny_gpt2_gradients_match_finite_differences, .timeout = 120) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   const char *names[] = {"transformer.wte.weight",
                          "transformer.wpe.weight",
                          "transformer.h.0.attn.c_attn.weight",
@@ -328,7 +296,7 @@ Test(models, tiny_gpt2_gradients_match_finite_differences, .timeout = 120) {
 }
 
 Test(models, tiny_llama_gradients_match_finite_differences, .timeout = 120) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   const char *names[] = {"model.embed_tokens.weight",
                          "model.layers.0.self_attn.k_proj.weight",
                          "model.layers.0.input_layernorm.weight",
@@ -341,7 +309,7 @@ Test(models, tiny_llama_gradients_match_finite_differences, .timeout = 120) {
 /* ---------------------------------------------------------------- init and positions */
 
 Test(models, init_is_hf_like_and_seeded) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   c.intermediate_size = 512; /* enough c_proj elements for a tight std estimate */
   mn_graph *g = build(&c, 1, 4, "");
   mn_session *a = cpu_session(g, false), *b = cpu_session(g, false);
@@ -388,7 +356,7 @@ Test(models, init_is_hf_like_and_seeded) {
 /* With every token equal, the positions are what tells GPT-2's rows apart: prepared, the
  * logits differ along T; on an unprepared session (position_ids all 0) they do not. */
 Test(models, gpt2_positions_come_from_prepare_session) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   mn_graph *g = build(&c, 1, 6, NULL);
   mn_session *s = cpu_session(g, false);
   cr_assert_eq(mn_model_init_parameters(&c, g, s, 3), MN_OK);
@@ -405,7 +373,7 @@ Test(models, gpt2_positions_come_from_prepare_session) {
   cr_assert_eq(mn_session_read_output_by_index(s, 1, logits, 6 * 50), MN_OK);
   cr_assert_eq(mn_test_max_abs_diff(logits, logits + 5 * 50, 50), 0.0);
   /* Llama graphs have nothing to prepare. */
-  mn_model_config l = tiny_llama();
+  mn_model_config l = mn_test_tiny_llama();
   mn_graph *gl = build(&l, 1, 6, NULL);
   mn_session *sl = cpu_session(gl, false);
   cr_assert_eq(mn_model_prepare_session(gl, sl), MN_OK, "%s", mn_last_error());
@@ -476,13 +444,13 @@ static void round_trip(const mn_model_config *c, const char *prefix, const char 
 }
 
 Test(models, gpt2_save_load_round_trip) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   round_trip(&c, NULL, "transformer.");
   round_trip(&c, "", "");
 }
 
 Test(models, llama_save_load_round_trip) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   round_trip(&c, NULL, "model.");
   c.tie_word_embeddings = true;
   round_trip(&c, "", "");
@@ -491,7 +459,7 @@ Test(models, llama_save_load_round_trip) {
 /* The plan of a GPT-2 graph (slice_last's start included) read back from the plan cache
  * trains exactly like a fresh build. */
 Test(models, gpt2_plan_cache_round_trip) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   mn_graph *g = build(&c, 2, 8, NULL);
   mn_tmp_dir dir = mn_tmp_dir_make("mn_models_cache");
   char cache[128];
@@ -537,11 +505,11 @@ static void check_cuda(const mn_model_config *c) {
 }
 
 Test(models_cuda, tiny_gpt2_training_graph, .timeout = 240) {
-  mn_model_config c = tiny_gpt2();
+  mn_model_config c = mn_test_tiny_gpt2();
   check_cuda(&c);
 }
 
 Test(models_cuda, tiny_llama_training_graph, .timeout = 240) {
-  mn_model_config c = tiny_llama();
+  mn_model_config c = mn_test_tiny_llama();
   check_cuda(&c);
 }

@@ -61,3 +61,34 @@ mn_graph *mn_test_two_block_lm(void) {
   const mn_test_block_config cfg = MN_TEST_BLOCK_CONFIG(96, 6, 2, 16, 160);
   return mn_test_lm(&cfg, MN_TEST_TB_B, MN_TEST_TB_T, MN_TEST_TB_V, 2);
 }
+
+mn_model_config mn_test_tiny_gpt2(void) {
+  return (mn_model_config){.family = MN_MODEL_GPT2,
+                           .vocab_size = 50,
+                           .hidden_size = 32,
+                           .num_layers = 2,
+                           .num_heads = 4,
+                           .num_kv_heads = 4,
+                           .head_dim = 8,
+                           .intermediate_size = 128,
+                           .max_positions = 16,
+                           .norm_eps = 1e-5f,
+                           .initializer_range = 0.02f,
+                           .tie_word_embeddings = true};
+}
+
+mn_model_config mn_test_tiny_llama(void) {
+  return (mn_model_config){.family = MN_MODEL_LLAMA,
+                           .vocab_size = 61,
+                           .hidden_size = 48,
+                           .num_layers = 2,
+                           .num_heads = 6,
+                           .num_kv_heads = 2,
+                           .head_dim = 8,
+                           .intermediate_size = 96,
+                           .max_positions = 64,
+                           .norm_eps = 1e-6f,
+                           .rope_theta = 10000.0f,
+                           .initializer_range = 0.02f,
+                           .tie_word_embeddings = false};
+}

@@ -35,6 +35,12 @@ mn_test_block_weights mn_test_block_params(mn_graph *g, const mn_test_block_conf
 mn_node mn_test_block(mn_graph *g, const mn_test_block_config *c, const mn_test_block_weights *w,
                       mn_node h);
 
+/* The HF-config models of the model-builder suites (mn_model_build): a GPT-2 of 2 layers of
+ * width 32, 4 heads, vocabulary 50, 16 positions, tied head; a Llama of 2 layers of width 48,
+ * 6 query heads over 2 kv heads of 8, MLP 96, vocabulary 61, untied head. */
+mn_model_config mn_test_tiny_gpt2(void);
+mn_model_config mn_test_tiny_llama(void);
+
 /* A language model of `layers` blocks: u32 inputs "tokens" and "labels" [batch, seq], an
  * embedding "embed_tokens.weight" [vocab, D] that is also the (tied) output head, a final
  * rms_norm "norm.weight", and the sparse cross-entropy of the logits as the one output. Check
