@@ -144,56 +144,6 @@ static int instruct_args(cli_opt *o, train_args *a) {
   return CLI_OK;
 }
 
-/* --lora-*: the adapters' configuration, checked against the family later by the build. */
-static int lora_args(cli_opt *o, train_args *a) {
-  if (cli_pos_long(CMD, &o[O_LORA_RANK], &a->lora_rank) ||
-      cli_pos_float(CMD, &o[O_LORA_ALPHA], &a->lora_alpha) ||
-      cli_nonneg_float(CMD, &o[O_LORA_DROPOUT], &a->lora_dropout))
-    return CLI_USAGE;
-  const int needs_rank[] = {O_LORA_ALPHA, O_LORA_TARGETS, O_LORA_DROPOUT, O_MERGE_LORA};
-  for (size_t i = 0; i < sizeof needs_rank / sizeof *needs_rank; i++)
-    if (o[needs_rank[i]].seen && !o[O_LORA_RANK].seen) {
-      fprintf(stderr, "%s: %s needs --lora-rank\n", CMD, o[needs_rank[i]].name);
-      return CLI_USAGE;
-    }
-  a->merge_lora = o[O_MERGE_LORA].seen;
-  if (!a->lora_rank) return CLI_OK;
-  if (a->freeze) {
-    fprintf(stderr,
-            "%s: --freeze and --lora-rank cannot be used together (LoRA freezes the "
-            "whole base)\n",
-            CMD);
-    return CLI_USAGE;
-  }
-  if (a->lora_rank > 65536 || a->lora_dropout >= 1) {
-    fprintf(stderr, "%s: %s\n", CMD,
-            a->lora_dropout >= 1 ? "--lora-dropout must be below 1"
-                                 : "--lora-rank must be at most 65536");
-    return CLI_USAGE;
-  }
-  a->lora_targets = o[O_LORA_TARGETS].seen ? o[O_LORA_TARGETS].value : "all-linear";
-  mn_lora_config l = mn_lora_config_default();
-  l.rank = a->lora_rank;
-  l.alpha = a->lora_alpha > 0 ? a->lora_alpha : 2.0f * (float)a->lora_rank;
-  l.dropout = a->lora_dropout;
-  if (strlen(a->lora_targets) >= sizeof l.target_modules) {
-    fprintf(stderr, "%s: --lora-targets is longer than %zu bytes\n", CMD,
-            sizeof l.target_modules - 1);
-    return CLI_USAGE;
-  }
-  snprintf(l.target_modules, sizeof l.target_modules, "%s", a->lora_targets);
-  /* base_model_name_or_path: the folder of the --init-from file, where config.json lies. */
-  if (a->init) {
-    const char *slash = strrchr(a->init, '/');
-    if (slash)
-      snprintf(l.base_model, sizeof l.base_model, "%.*s", (int)(slash - a->init), a->init);
-    else
-      snprintf(l.base_model, sizeof l.base_model, ".");
-  }
-  a->lora = l;
-  return CLI_OK;
-}
-
 static int check_args(cli_opt *o, train_args *a, bool config_known) {
   if (cli_pos_long(CMD, &o[O_BATCH], &a->batch) || cli_pos_long(CMD, &o[O_SEQ], &a->seq) ||
       cli_pos_long(CMD, &o[O_STEPS], &a->steps) || cli_pos_float(CMD, &o[O_LR], &a->lr) ||
@@ -258,7 +208,9 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
     regfree(&re);
   }
   if (instruct_args(o, a)) return CLI_USAGE;
-  return lora_args(o, a);
+  const cli_opt *lora[CLI_LORA_OPTIONS] = {&o[O_LORA_RANK], &o[O_LORA_ALPHA], &o[O_LORA_TARGETS],
+                                           &o[O_LORA_DROPOUT], &o[O_MERGE_LORA]};
+  return cli_lora_options(CMD, lora, a);
 }
 
 typedef struct run {

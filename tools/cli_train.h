@@ -28,6 +28,18 @@ typedef struct train_args {
   long pack;
 } train_args;
 
+/* The LoRA options, in this order, into a->lora_* and a->lora (CLI_USAGE after printing why);
+ * --freeze must already be in a. */
+enum {
+  CLI_LORA_RANK,
+  CLI_LORA_ALPHA,
+  CLI_LORA_TARGETS,
+  CLI_LORA_DROPOUT,
+  CLI_LORA_MERGE,
+  CLI_LORA_OPTIONS
+};
+int cli_lora_options(const char *cmd, const cli_opt *const *o, train_args *a);
+
 /* What --resume restores beyond the session: where the run stood and what it was. */
 typedef struct resume_point {
   long step;
