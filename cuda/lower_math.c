@@ -96,7 +96,8 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
                          .n = n,
                          .k = k,
                          .batch = 1,
-                         .alpha = 1.0f,
+                         /* a scale folded in by the optimizer (scale_fold.h) */
+                         .alpha = c->node->attrs.scale != 0.0f ? c->node->attrs.scale : 1.0f,
                          .beta = 0.0f};
   /* Padded rows (mn_cu_low_pitch_rows) are read and written at their pitch. */
   if (mn_plan_buffer_of(c->plan, c->node->inputs[0])->pitch)

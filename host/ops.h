@@ -35,6 +35,7 @@ enum {
   X(INPUT, "input", 0, MN_OPF_LEAF)                                                                \
   X(PARAMETER, "parameter", 0, MN_OPF_LEAF)                                                        \
   X(CONSTANT, "constant", 0, MN_OPF_LEAF)                                                          \
+  /* matrix products; attrs.scale, when not 0, multiplies the result (optimizer/scale_fold.h) */   \
   X(MATMUL, "matmul", 2, MN_OPF_DIFF)                                                              \
   X(MATMUL_AT, "matmul_at", 2, MN_OPF_DIFF)                                                        \
   X(MATMUL_BT, "matmul_bt", 2, MN_OPF_DIFF)                                                        \

@@ -16,6 +16,7 @@
 #include "optimizer/recompute.h"
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
+#include "optimizer/scale_fold.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -185,6 +186,8 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
     st = mn_fuse_loss_gradients(&out, &sr->loss_gradients);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32)
     st = mn_recompute_activations(&out, &sr->recomputed);
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
+    st = mn_fold_scales_into_products(&out, &sr->scales_folded);
   if (st != MN_OK) {
     mn_graph_free(out);
     out = NULL;

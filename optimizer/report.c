@@ -71,6 +71,8 @@ static void put_stage(writer *w, const char *what, const mn_optimize_stage_repor
   if (s->loss_gradients)
     put(w, "  losses computed with their gradient in one pass: %zu\n", s->loss_gradients);
   if (s->recomputed) put(w, "  activations recomputed for the backward: %zu\n", s->recomputed);
+  if (s->scales_folded)
+    put(w, "  scales folded into their product's alpha: %zu\n", s->scales_folded);
   put(w, "  sibling groups: %zu\n", s->sibling_groups);
   put(w, "  time: saturation %.3f ms, extraction %.3f ms, stage %.3f ms\n", s->saturation_ms,
       s->extraction_ms, s->total_ms);

@@ -27,6 +27,7 @@ typedef struct mn_optimize_stage_report {
   size_t recomputed;     /* activations computed again for the backward (recompute.h; full stage,
                             low precision) */
   size_t sibling_groups; /* products over one derived parameter (siblings.h; forward stage) */
+  size_t scales_folded;  /* scales made the alpha of their product (scale_fold.h; full stage) */
   double cost_before, cost_after; /* cost model estimate (cost.h), bytes */
   double saturation_ms, extraction_ms, total_ms;
 } mn_optimize_stage_report;

@@ -16,11 +16,22 @@ void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, siz
     }
 }
 
+/* A product the optimizer gave a scale (scale_fold.h) multiplies its rounded result, as the
+ * scale op it replaced did. */
+static void apply_alpha(const mn_ref_ctx *c) {
+  float s = c->node->attrs.scale;
+  if (s == 0.0f) return;
+  float *o = mn_ref_out_f32(c);
+  for (size_t i = 0, total = mn_ref_numel(c); i < total; i++)
+    o[i] *= s;
+}
+
 mn_status mn_ref_MATMUL(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
   size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[1],
          m = (size_t)mn_tensor_type_numel(ta) / k;
   mn_ref_gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  apply_alpha(c);
   return MN_OK;
 }
 
@@ -29,6 +40,7 @@ mn_status mn_ref_MATMUL_BT(const mn_ref_ctx *c) {
   size_t k = (size_t)mn_ref_last_dim(ta), n = (size_t)tb->shape[0],
          m = (size_t)mn_tensor_type_numel(ta) / k;
   mn_ref_gemm(mn_ref_in_f32(c, 0), k, 1, mn_ref_in_f32(c, 1), 1, k, mn_ref_out_f32(c), m, n, k);
+  apply_alpha(c);
   return MN_OK;
 }
 
@@ -37,6 +49,7 @@ mn_status mn_ref_MATMUL_AT(const mn_ref_ctx *c) {
   size_t m = (size_t)mn_ref_last_dim(ta), n = (size_t)mn_ref_last_dim(tb),
          k = (size_t)mn_tensor_type_numel(ta) / m;
   mn_ref_gemm(mn_ref_in_f32(c, 0), 1, m, mn_ref_in_f32(c, 1), n, 1, mn_ref_out_f32(c), m, n, k);
+  apply_alpha(c);
   return MN_OK;
 }
 
