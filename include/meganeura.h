@@ -378,6 +378,17 @@ typedef enum mn_load_flags {
   MN_LOAD_STRICT_FROZEN = 4,
 } mn_load_flags;
 MN_API mn_status mn_session_load_safetensors_flags(mn_session *s, const char *path, unsigned flags);
+/* The parameters from a llama.cpp GGUF file (general.architecture "llama" or "gpt2"), with the
+ * same flags and the same all-or-nothing checks as mn_session_load_safetensors_flags. Tensors
+ * are matched under transformers' names (token_embd.weight is model.embed_tokens.weight or
+ * transformer.wte.weight, blk.N.attn_q.weight model.layers.N.self_attn.q_proj.weight, ...;
+ * without the base prefix for a graph built with name_prefix ""), in transformers' layouts:
+ * Llama's q_proj/k_proj rows un-permuted (llama.cpp's converter permutes them for its RoPE),
+ * GPT-2's Conv1D weights transposed back to [in, out]. F32, F16, BF16, Q8_0, Q4_0 and Q4_1
+ * tensors convert to f32 (as gguf-py dequantizes them); another type is MN_ERR_UNSUPPORTED
+ * naming the tensor and its type, another architecture MN_ERR_UNSUPPORTED naming it, a
+ * malformed file MN_ERR_FORMAT naming the byte offset, each before anything changes. */
+MN_API mn_status mn_session_load_gguf(mn_session *s, const char *path, unsigned flags);
 MN_API mn_status mn_session_save_safetensors(mn_session *s, const char *path);
 /* Saves n parameters, F32: names[i] under the tensor name keys[i] (keys NULL: their own names),
  * with the __metadata__ {"format": "pt"} that transformers asks for. MN_ERR_NOT_FOUND names a

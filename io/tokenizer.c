@@ -1,11 +1,12 @@
-/* The tokenizer's public functions (include/meganeura.h): loading a tokenizer.json, encoding,
- * lookups and freeing. The parts are described in io/tokenizer_internal.h. */
+/* The tokenizer's public functions (include/meganeura.h): loading a tokenizer.json or a GGUF,
+ * encoding, lookups and freeing. The parts are described in io/tokenizer_internal.h. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host/error.h"
+#include "io/gguf.h"
 #include "io/tokenizer_internal.h"
 
 void mn_tokenizer_free(mn_tokenizer *t) {
@@ -61,14 +62,10 @@ static mn_status read_file(const char *path, char **data, size_t *len) {
 
 mn_status mn_tok_parse(const char *json, size_t len, const char *label, mn_tokenizer **out) {
   *out = NULL;
-  mn_tokenizer *t = calloc(1, sizeof *t);
-  if (!t || !(t->label = strdup(label))) {
-    free(t);
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", label);
-  }
+  mn_tokenizer *t = mn_tok_new(label);
+  if (!t) return MN_ERR_OUT_OF_MEMORY;
   mn_status st = mn_tok_load_json(t, json, len);
-  if (st == MN_OK && (!mn_tok_build_added_sets(t) || !mn_tok_build_id_tables(t)))
-    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_tokenizer_load: %s: out of memory", label);
+  if (st == MN_OK) st = mn_tok_finish(t);
   if (st != MN_OK) {
     mn_tokenizer_free(t);
     return st;
@@ -82,6 +79,7 @@ mn_status mn_tokenizer_load(const char *path, mn_tokenizer **out) {
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_tokenizer_load: path %s, out %s: NULL",
                    path ? "set" : "NULL", out ? "set" : "NULL");
   *out = NULL;
+  if (mn_gguf_is_gguf(path)) return mn_tok_load_gguf(path, out);
   char *json = NULL;
   size_t len = 0;
   mn_status st = read_file(path, &json, &len);

@@ -180,6 +180,28 @@ mn_status mn_tok_bpe_word(const mn_tokenizer *t, const unsigned char *w, size_t 
 
 /* ---------------------------------------------------------------- loading */
 
+/* Building blocks of every loader (tokenizer_build.c). A new tokenizer labelled for messages
+ * (NULL, with the error set, when out of memory). */
+mn_tokenizer *mn_tok_new(const char *label);
+/* A vocabulary entry; false when out of memory. */
+bool mn_tok_add_token(mn_tokenizer *t, const char *s, size_t n, uint32_t id);
+/* Merge i, "a b": both parts and their concatenation must be in the vocabulary (MN_ERR_FORMAT
+ * naming what[i] and the vocabulary's name otherwise). scratch: a pool reused across calls. */
+mn_status mn_tok_add_merge(mn_tokenizer *t, mn_tok_pool *scratch, const char *what,
+                           const char *vocab, size_t i, const char *a, size_t an, const char *b,
+                           size_t bn);
+/* The id of each byte's character (after the vocabulary is complete). */
+void mn_tok_set_byte_tokens(mn_tokenizer *t);
+/* An added token (a's fields but content, which is copied from content[0, n)); the first call
+ * allocates room for cap of them. False when out of memory. */
+bool mn_tok_add_added(mn_tokenizer *t, const mn_tok_added *a, const char *content, size_t n,
+                      size_t cap);
+mn_status mn_tok_add_splitter(mn_tokenizer *t, mn_tok_splitter sp);
+/* The lookup tables, once everything is added. */
+mn_status mn_tok_finish(mn_tokenizer *t);
+/* A tokenizer from a GGUF file's tokenizer.ggml.* keys (tokenizer_gguf.c); path is a GGUF. */
+mn_status mn_tok_load_gguf(const char *path, mn_tokenizer **out);
+
 /* Fills t from the text of a tokenizer.json, json[len] being a NUL (t->label set, the rest
  * zero). */
 mn_status mn_tok_load_json(mn_tokenizer *t, const char *json, size_t len);

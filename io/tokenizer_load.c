@@ -62,22 +62,13 @@ static mn_status get_id(const mn_tokenizer *t, const cJSON *item, const char *wh
   return MN_OK;
 }
 
-static void note_id(mn_tokenizer *t, uint32_t id) {
-  if (id >= t->num_ids) t->num_ids = id + 1;
-}
-
 /* ---------------------------------------------------------------- model */
-
-static mn_status merge_part(mn_tokenizer *t, size_t i, const char *s, size_t n, uint32_t *id) {
-  if (mn_tok_strmap_get(&t->vocab, s, n, id)) return MN_OK;
-  return fail(t, MN_ERR_FORMAT, "model.merges[%zu]: '%.*s' is not in model.vocab", i, (int)n, s);
-}
 
 static mn_status load_merges(mn_tokenizer *t, const cJSON *merges) {
   if (!cJSON_IsArray(merges))
     return fail(t, MN_ERR_FORMAT, "model.merges: missing or not an array");
-  size_t i = 0, cap = 0;
-  char *joined = NULL;
+  size_t i = 0;
+  mn_tok_pool scratch = {0};
   mn_status st = MN_OK;
   for (const cJSON *m = merges->child; m && st == MN_OK; m = m->next, i++) {
     const char *a, *b;
@@ -103,25 +94,9 @@ static mn_status load_merges(mn_tokenizer *t, const cJSON *merges) {
       st = fail(t, MN_ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
       break;
     }
-    uint32_t ia, ib, iab;
-    if ((st = merge_part(t, i, a, an, &ia)) != MN_OK ||
-        (st = merge_part(t, i, b, bn, &ib)) != MN_OK)
-      break;
-    if (an + bn + 1 > cap) {
-      cap = 2 * (an + bn + 1);
-      char *j = realloc(joined, cap);
-      if (!j) {
-        st = oom(t);
-        break;
-      }
-      joined = j;
-    }
-    memcpy(joined, a, an);
-    memcpy(joined + an, b, bn);
-    if ((st = merge_part(t, i, joined, an + bn, &iab)) != MN_OK) break;
-    if (i >= UINT32_MAX || !mn_tok_pairmap_put(&t->merges, ia, ib, (uint32_t)i, iab)) st = oom(t);
+    st = mn_tok_add_merge(t, &scratch, "model.merges", "model.vocab", i, a, an, b, bn);
   }
-  free(joined);
+  free(scratch.data);
   return st;
 }
 
@@ -158,23 +133,16 @@ static mn_status load_model(mn_tokenizer *t, const cJSON *model) {
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
   if (!cJSON_IsObject(vocab))
     return fail(t, MN_ERR_FORMAT, "model.vocab: missing or not an object");
-  t->vocab.pool = &t->pool;
   for (const cJSON *e = vocab->child; e; e = e->next) {
     char what[160];
     snprintf(what, sizeof what, "model.vocab['%.120s']", e->string);
     uint32_t id = 0;
     if ((st = get_id(t, e, what, &id)) != MN_OK) return st;
-    mn_tok_span k = mn_tok_pool_add(&t->pool, e->string, strlen(e->string));
-    if (k.off == MN_TOK_NONE || !mn_tok_strmap_put(&t->vocab, k, id)) return oom(t);
-    note_id(t, id);
+    if (!mn_tok_add_token(t, e->string, strlen(e->string), id)) return oom(t);
   }
   if ((st = load_merges(t, cJSON_GetObjectItemCaseSensitive(model, "merges"))) != MN_OK) return st;
 
-  for (int b = 0; b < 256; b++) {
-    unsigned char ch[4];
-    size_t n = mn_utf8_put(mn_tok_byte_char((unsigned char)b), ch);
-    if (!mn_tok_strmap_get(&t->vocab, ch, n, &t->byte_token[b])) t->byte_token[b] = MN_TOK_NONE;
-  }
+  mn_tok_set_byte_tokens(t);
   const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
   t->unk_id = MN_TOK_NONE;
   if (cJSON_IsString(unk)) {
@@ -207,14 +175,6 @@ static const struct {
     {"\\p{N}", MN_TOK_PAT_NUMBER, 0},
 };
 
-static mn_status add_splitter(mn_tokenizer *t, mn_tok_splitter sp) {
-  mn_tok_splitter *v = realloc(t->splitters, (t->num_splitters + 1) * sizeof *v);
-  if (!v) return oom(t);
-  t->splitters = v;
-  v[t->num_splitters++] = sp;
-  return MN_OK;
-}
-
 static mn_status load_split(mn_tokenizer *t, const cJSON *pt, const char *path) {
   mn_tok_splitter sp = {.behavior = MN_TOK_ISOLATED};
   static const char *behaviors[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
@@ -236,7 +196,7 @@ static mn_status load_split(mn_tokenizer *t, const cJSON *pt, const char *path) 
     sp.pattern = MN_TOK_PAT_LITERAL;
     sp.text = mn_tok_pool_add(&t->pool, str->valuestring, strlen(str->valuestring));
     if (sp.text.off == MN_TOK_NONE) return oom(t);
-    return add_splitter(t, sp);
+    return mn_tok_add_splitter(t, sp);
   }
   if (!cJSON_IsString(re))
     return fail(t, MN_ERR_FORMAT, "%s.pattern: expected {\"String\": ...} or {\"Regex\": ...}",
@@ -245,7 +205,7 @@ static mn_status load_split(mn_tokenizer *t, const cJSON *pt, const char *path) 
     if (strcmp(re->valuestring, known_regexes[k].regex) == 0) {
       sp.pattern = known_regexes[k].pattern;
       sp.max_digits = known_regexes[k].max_digits;
-      return add_splitter(t, sp);
+      return mn_tok_add_splitter(t, sp);
     }
   }
   return fail(t, MN_ERR_UNSUPPORTED,
@@ -285,7 +245,7 @@ static mn_status load_pretok(mn_tokenizer *t, const cJSON *pt, const char *path,
     if ((st = get_bool(t, pt, path, "individual_digits", false, &individual)) != MN_OK) return st;
     mn_tok_splitter sp = {.pattern = MN_TOK_PAT_NUMERIC,
                           .behavior = individual ? MN_TOK_ISOLATED : MN_TOK_CONTIGUOUS};
-    return add_splitter(t, sp);
+    return mn_tok_add_splitter(t, sp);
   }
   if (strcmp(ty, "Split") == 0) return load_split(t, pt, path);
   return fail(t, MN_ERR_UNSUPPORTED,
@@ -299,13 +259,11 @@ static mn_status load_added(mn_tokenizer *t, const cJSON *list) {
   if (is_null(list)) return MN_OK;
   if (!cJSON_IsArray(list)) return fail(t, MN_ERR_FORMAT, "added_tokens: not an array");
   size_t n = (size_t)cJSON_GetArraySize(list), i = 0;
-  if (n && !(t->added = calloc(n, sizeof *t->added))) return oom(t);
-  t->added_by_content.pool = &t->pool;
   mn_status st;
   for (const cJSON *e = list->child; e; e = e->next, i++) {
     char path[64];
     snprintf(path, sizeof path, "added_tokens[%zu]", i);
-    mn_tok_added *a = &t->added[i];
+    mn_tok_added added = {0}, *a = &added;
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
     if (!cJSON_IsObject(e) || !cJSON_IsString(content))
       return fail(t, MN_ERR_FORMAT, "%s.content: missing or not a string", path);
@@ -322,12 +280,8 @@ static mn_status load_added(mn_tokenizer *t, const cJSON *list) {
     if (single_word)
       return fail(t, MN_ERR_UNSUPPORTED, "%s ('%.100s'): single_word true is not supported", path,
                   content->valuestring);
-    a->content = mn_tok_pool_add(&t->pool, content->valuestring, strlen(content->valuestring));
-    if (a->content.off == MN_TOK_NONE ||
-        !mn_tok_strmap_put(&t->added_by_content, a->content, a->id))
+    if (!mn_tok_add_added(t, a, content->valuestring, strlen(content->valuestring), n))
       return oom(t);
-    note_id(t, a->id);
-    t->num_added++;
   }
   return MN_OK;
 }

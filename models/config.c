@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "host/error.h"
+#include "io/gguf.h"
 #include "models/model_internal.h"
 
 #define MAX_JSON_BYTES ((size_t)64 << 20)
@@ -174,8 +175,7 @@ static mn_status read_rope_parameters(const reader *r, mn_model_config *c) {
   const cJSON *v = get(r, "rope_parameters");
   if (!v) return MN_OK;
   if (!cJSON_IsObject(v))
-    return mn_fail(MN_ERR_FORMAT, "%s: %s: \"rope_parameters\" is not an object", r->fn,
-                   r->where);
+    return mn_fail(MN_ERR_FORMAT, "%s: %s: \"rope_parameters\" is not an object", r->fn, r->where);
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
   if (type && !cJSON_IsNull(type) &&
       !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0))
@@ -296,6 +296,8 @@ mn_status mn_model_config_load(const char *config_json_path, mn_model_config *ou
   if (!config_json_path || !out)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                    config_json_path ? "out" : "config_json_path");
+  if (mn_gguf_is_gguf(config_json_path))
+    return mn_model_config_load_gguf(fn, config_json_path, out);
   cJSON *root = NULL;
   mn_status st = mn_model_read_json(fn, config_json_path, &root);
   if (st != MN_OK) return st;

@@ -38,6 +38,8 @@ mn_status mn_model_config_check(const char *fn, const mn_model_config *c);
 
 /* Reads a JSON file of at most 64 MiB: MN_ERR_IO when it cannot be read, MN_ERR_FORMAT when
  * it is not JSON. */
+/* mn_model_config_load of a GGUF file (models/config_gguf.c). */
+mn_status mn_model_config_load_gguf(const char *fn, const char *path, mn_model_config *out);
 mn_status mn_model_read_json(const char *fn, const char *path, cJSON **out);
 
 /* What the family builders build with: the graph, its config and sizes, the prefix of the
