@@ -17,7 +17,7 @@ set -euo pipefail
 
 usage() {
   echo "usage: $0 TARGET SECONDS   (TARGET: fuzz_safetensors, fuzz_plan_cache," \
-    "fuzz_model_config, fuzz_tokenizer)" >&2
+    "fuzz_model_config, fuzz_tokenizer, fuzz_gguf)" >&2
   exit 2
 }
 [[ $# -eq 2 ]] || usage
@@ -36,7 +36,8 @@ fuzz_plan_cache) sources=(io/*.c host/*.c host/reference/*.c autodiff/*.c optimi
 fuzz_model_config)
   sources=(models/*.c io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c session/*.c)
   ;;
-fuzz_tokenizer) sources=(io/tokenizer*.c io/unicode_tables.c host/error.c) ;;
+fuzz_tokenizer) sources=(io/tokenizer*.c io/unicode_tables.c io/gguf_*.c io/safetensors_dtype.c host/error.c) ;;
+fuzz_gguf) sources=(io/gguf_*.c io/safetensors_dtype.c host/error.c) ;;
 *) usage ;;
 esac
 [[ -f fuzz/$target.c ]] || { echo "fuzz/$target.c does not exist" >&2; exit 2; }

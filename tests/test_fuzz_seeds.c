@@ -9,6 +9,7 @@
 
 #include "fuzz/plan_cache_graph.h"
 #include "host/error.h"
+#include "io/gguf.h"
 #include "io/plan_cache.h"
 #include "io/safetensors.h"
 #include "io/tokenizer_internal.h"
@@ -94,6 +95,20 @@ Test(fuzz_seeds, safetensors_seeds) {
   check_corpus("safetensors", read_safetensors, "edit fuzz/corpus/safetensors/", &valid, &bad);
   cr_assert_geq(valid, 5);
   cr_assert_geq(bad, 10);
+}
+
+static mn_status read_gguf(const char *text, size_t len, const char *path) {
+  mn_gguf *g = NULL;
+  mn_status status = mn_gguf_open_memory(text, len, path, &g);
+  mn_gguf_close(g);
+  return status;
+}
+
+Test(fuzz_seeds, gguf_seeds) {
+  size_t valid, bad;
+  check_corpus("gguf", read_gguf, "scripts/gen_gguf_fixtures.py, then copy", &valid, &bad);
+  cr_assert_geq(valid, 4);
+  cr_assert_geq(bad, 3);
 }
 
 Test(fuzz_seeds, plan_cache_valid_seed_is_a_cache_of_the_fuzzed_graph) {
