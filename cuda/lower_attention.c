@@ -358,12 +358,14 @@ mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_KV_SAVED(const mn_cu_op_ctx *c) {
   return lower_backward(c, GRAD_KV, true);
 }
 
-/* q [1, H*hd] against rows 0..kv_len-1 of the caches; kv_len (input 3) is read on the
- * device, so the splits cover the whole cache and those past kv_len do nothing. */
+/* q [B, H*hd] against rows 0..kv_len-1 of each sequence's caches ([S, kvd] is B = 1, [B, S,
+ * kvd] B sequences); kv_len (input 3) is read on the device, so the splits cover the whole
+ * cache and those past kv_len do nothing. */
 mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   const mn_op_attrs *a = &c->node->attrs;
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
-  int64_t max_seq = mn_cu_in_type(c, 1)->shape[0];
+  const mn_tensor_type *tk = mn_cu_in_type(c, 1);
+  int64_t max_seq = tk->shape[tk->rank - 2], batch = tk->rank == 3 ? tk->shape[0] : 1;
   if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
   int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
   if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
@@ -371,7 +373,8 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
   unsigned slices = (unsigned)((group + gb - 1) / gb);
 
-  size_t parts = (size_t)splits * (size_t)heads;
+  if (batch > GRID_YZ_MAX) return unsupported(c, "too many sequences for one grid", batch);
+  size_t parts = (size_t)batch * (size_t)splits * (size_t)heads;
   size_t stat_bytes = align256(parts * sizeof(float));
   mn_cu_arg pm = mn_cu_scratch(c, 2 * stat_bytes + parts * (size_t)hd * sizeof(float));
   mn_cu_arg pl = pm, po = pm;
@@ -381,13 +384,13 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
       mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), pm, pl, po};
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
                        kv_heads, (long long)max_seq, gb);
-  mn_status st =
-      mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, 1, 0, 7, part_args);
+  mn_status st = mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch,
+                              0, 7, part_args);
   if (st != MN_OK) return st;
 
   unsigned block = hd <= 32 ? 32u : hd <= 64 ? 64u : hd <= 128 ? 128u : 256u;
   mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), pm, pl, po, mn_cu_out(c), mn_cu_error_arg()};
   k = mn_cu_kernel(c, block, "mn_attn_decode_combine<%d, %d, %lldLL, %uu, %u>", hd, heads,
                    (long long)max_seq, (unsigned)c->id, block);
-  return mn_cu_launch(c, k, (unsigned)heads, 1, 1, 0, 6, combine_args);
+  return mn_cu_launch(c, k, (unsigned)heads, (unsigned)batch, 1, 0, 6, combine_args);
 }

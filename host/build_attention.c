@@ -116,6 +116,15 @@ static bool check_u32_scalar(mn_graph *g, const char *fn, const char *what, mn_n
   return false;
 }
 
+/* The sequences of a cache: [S, D] holds one, [B, S, D] holds B. */
+static int64_t cache_batch(const mn_tensor_type *t) { return t->rank == 3 ? t->shape[0] : 1; }
+
+/* One row per sequence of a cache of `batch` sequences: [B, W] or [B, 1, W]. */
+static bool one_row_each(const mn_tensor_type *t, int64_t batch, int64_t width) {
+  if (t->shape[t->rank - 1] != width || t->shape[0] != batch) return false;
+  return t->rank == 2 || t->shape[1] == 1;
+}
+
 mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32) {
   const char *fn = "mn_cache_write";
   mn_node ins[3] = {new_kv, cache, kv_pos_u32};
@@ -131,15 +140,16 @@ mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_po
                          fn, MN_DESC(g, cache, dc), mn_op_name(cache_op));
   if (!mn_require_dtype(g, fn, "new_kv", new_kv, MN_F32) ||
       !mn_require_dtype(g, fn, "cache", cache, MN_F32) ||
-      !mn_require_rank(g, fn, "new_kv", new_kv, 2, 2) ||
-      !mn_require_rank(g, fn, "cache", cache, 2, 2) ||
+      !mn_require_rank(g, fn, "new_kv", new_kv, 2, 3) ||
+      !mn_require_rank(g, fn, "cache", cache, 2, 3) ||
       !check_u32_scalar(g, fn, "kv_pos", kv_pos_u32))
     return MN_NO_NODE;
   const mn_tensor_type *tn = mn_type_of(g, new_kv), *tc = mn_type_of(g, cache);
-  if (tn->shape[0] != 1 || tn->shape[1] != tc->shape[1])
-    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: new_kv is %s, expected [1,%lld] (a row of cache %s)",
-                         fn, MN_DESC(g, new_kv, dn), (long long)tc->shape[1],
-                         MN_DESC(g, cache, dc));
+  int64_t b = cache_batch(tc), w = tc->shape[tc->rank - 1];
+  if (!one_row_each(tn, b, w))
+    return mn_graph_fail(
+        g, MN_ERR_SHAPE, "%s: new_kv is %s, expected [%lld,%lld] (a row of cache %s per sequence)",
+        fn, MN_DESC(g, new_kv, dn), (long long)b, (long long)w, MN_DESC(g, cache, dc));
   return mn_graph_append(g, MN_OP_CACHE_WRITE, ins, 3, tc, NULL, NULL);
 }
 
@@ -152,18 +162,41 @@ mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_c
   if (!mn_require_dtype(g, fn, "q", q, MN_F32) ||
       !mn_require_dtype(g, fn, "k_cache", k_cache, MN_F32) ||
       !mn_require_dtype(g, fn, "v_cache", v_cache, MN_F32) ||
-      !mn_require_rank(g, fn, "q", q, 2, 2) || !mn_require_rank(g, fn, "k_cache", k_cache, 2, 2) ||
-      !mn_require_rank(g, fn, "v_cache", v_cache, 2, 2) ||
+      !mn_require_rank(g, fn, "q", q, 2, 3) || !mn_require_rank(g, fn, "k_cache", k_cache, 2, 3) ||
+      !mn_require_rank(g, fn, "v_cache", v_cache, 2, 3) ||
       !check_u32_scalar(g, fn, "kv_len", kv_len_u32))
     return MN_NO_NODE;
-  char dq[128];
-  if (mn_type_of(g, q)->shape[0] != 1)
-    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: q is %s, expected one row [1,%lld]", fn,
-                         MN_DESC(g, q, dq), (long long)num_heads * head_dim);
   if (!mn_require_same_shape(g, fn, k_cache, v_cache) ||
       !check_width(g, fn, "q", q, "num_heads", num_heads, head_dim) ||
       !check_width(g, fn, "k_cache", k_cache, "num_kv_heads", num_kv_heads, head_dim))
     return MN_NO_NODE;
+  int64_t b = cache_batch(mn_type_of(g, k_cache));
+  char dq[128];
+  if (!one_row_each(mn_type_of(g, q), b, (int64_t)num_heads * head_dim))
+    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: q is %s, expected one row per sequence [%lld,%lld]",
+                         fn, MN_DESC(g, q, dq), (long long)b, (long long)num_heads * head_dim);
   mn_op_attrs attrs = {.num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
   return mn_graph_append(g, MN_OP_CACHED_ATTENTION, ins, 4, mn_type_of(g, q), &attrs, NULL);
+}
+
+mn_node mn_sample(mn_graph *g, mn_node logits, mn_node params, mn_node key_u32) {
+  const char *fn = "mn_sample";
+  mn_node ins[3] = {logits, params, key_u32};
+  if (!mn_graph_check_inputs(g, fn, ins, 3)) return MN_NO_NODE;
+  if (!mn_require_dtype(g, fn, "logits", logits, MN_F32) ||
+      !mn_require_dtype(g, fn, "params", params, MN_F32) ||
+      !mn_require_dtype(g, fn, "key", key_u32, MN_U32) ||
+      !mn_require_rank(g, fn, "logits", logits, 2, 3) ||
+      !mn_require_rank(g, fn, "params", params, 1, 1) ||
+      !mn_require_rank(g, fn, "key", key_u32, 1, 1))
+    return MN_NO_NODE;
+  const mn_tensor_type *tl = mn_type_of(g, logits);
+  char d[128];
+  if (tl->rank == 3 && tl->shape[1] != 1)
+    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: logits is %s, expected [B,V] or [B,1,V]", fn,
+                         MN_DESC(g, logits, d));
+  if (mn_type_of(g, params)->shape[0] != 3 || mn_type_of(g, key_u32)->shape[0] != 3)
+    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: params and key must have 3 elements each", fn);
+  mn_tensor_type t = {.dtype = MN_U32, .rank = 1, .shape = {tl->shape[0]}};
+  return mn_graph_append(g, MN_OP_SAMPLE, ins, 3, &t, NULL, NULL);
 }

@@ -96,6 +96,7 @@ enum {
   X(ADD_PER_CHANNEL, "add_per_channel", 2, MN_OPF_DIFF)                                            \
   X(CACHE_WRITE, "cache_write", 3, MN_OPF_INPLACE)                                                 \
   X(CACHED_ATTENTION, "cached_attention", 4, 0)                                                    \
+  X(SAMPLE, "sample", 3, 0) /* (logits, params F32 [3], key U32 [3]) -> ids U32 [B] */             \
   /* a group of pointwise ops as one kernel (optimizer/fusion.h); only the optimizer's       */    \
   /* full stage makes it, after autodiff, so it needs no VJP rule                            */    \
   X(FUSED, "fused", MN_ARITY_VARIADIC, MN_OPF_POINTWISE)                                           \

@@ -235,6 +235,20 @@ MN_PW_FN unsigned int mn_pw_dropout_bits(unsigned long long key, unsigned long l
   return (unsigned int)(mn_pw_mix64(key + (i + 1) * MN_PW_GOLDEN_GAMMA) >> 32);
 }
 
+/* mn_sample's u in [0, 1) for row `row` at `position` under `seed`: the top 53 bits of
+ * splitmix64's output row + 1 from the key mix(mix(seed) + position). */
+MN_PW_FN double mn_pw_sample_uniform(unsigned long long seed, unsigned long long position,
+                                     unsigned long long row) {
+  unsigned long long key = mn_pw_mix64(mn_pw_mix64(seed) + position);
+  return (double)(mn_pw_mix64(key + (row + 1) * MN_PW_GOLDEN_GAMMA) >> 11) *
+         (1.0 / 9007199254740992.0);
+}
+
+/* The order of floats as unsigned integers: a < b (neither NaN) iff key(a) < key(b). */
+MN_PW_FN unsigned int mn_pw_order_key(unsigned int bits) {
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
 /* p 2^32 is exact in float for p in [0, 1) (a power-of-two scaling), so both compilers agree. */
 MN_PW_FN unsigned int mn_pw_dropout_threshold(float p) { return (unsigned int)(p * 4294967296.0f); }
 

@@ -188,11 +188,25 @@ MN_API mn_node mn_add_per_channel(mn_graph *g, mn_node x, mn_node bias);
  * (e.g. q, k and v out of GPT-2's fused c_attn output [B, T, 3D]) */
 MN_API mn_node mn_slice_last(mn_graph *g, mn_node x, int64_t start, int64_t len);
 
-/* KV cache (inference) */
+/* KV cache (inference). A cache is an mn_input [S, D] (one sequence) or [B, S, D] (B
+ * sequences decoded together); kv_pos and kv_len are U32 [1], the same for every sequence.
+ * mn_cache_write writes new_kv [B, D] or [B, 1, D] (B = 1 for an [S, D] cache) into row kv_pos
+ * of each sequence in place; mn_cached_attention attends q [B, H*hd] or [B, 1, H*hd] to rows
+ * 0 .. kv_len-1 of each sequence's caches (grouped query heads as mn_causal_attention). */
 MN_API mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32);
 MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_cache,
                                    mn_node kv_len_u32, int num_heads, int num_kv_heads,
                                    int head_dim);
+/* One token id per row of logits [B, V] or [B, 1, V], drawn on the device: ids U32 [B].
+ * params F32 [3] = (temperature, top_k, top_p); key U32 [3] = (seed low 32 bits, seed high 32
+ * bits, position). Temperature <= 0 or top_k 1 is the argmax (the lowest index among equal
+ * maxima). Otherwise the weights exp((l - max) / temperature) of the top_k largest logits
+ * (0: all; ties at the k-th value kept), then of the smallest set of the largest ones whose
+ * weight reaches top_p of their sum (top_p >= 1: all), are sampled from with u uniform in
+ * [0, 1): the first id, in index order, whose running weight passes u times the kept sum. u is a
+ * counter-based hash of (seed, position, row) (docs/generation.md), so both backends draw the
+ * same u, and the same seed gives the same tokens. */
+MN_API mn_node mn_sample(mn_graph *g, mn_node logits, mn_node params, mn_node key_u32);
 
 /* Whether parameter `param` is trained (the default). A frozen parameter (trainable false) gets
  * no gradient buffer, no optimizer state and no update, and the backward computes only what the

@@ -40,15 +40,13 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_graph *g = m->g;
   const mn_model_config *c = m->c;
   int64_t d = c->hidden_size;
-  int heads = (int)c->num_heads, hd = (int)c->head_dim;
   char ln[32];
   snprintf(ln, sizeof ln, "h.%d.ln_1", i);
   mn_node a = layer_norm(m, ln, h);
   mn_node qkv = conv1d(m, i, "attn.c_attn", a, d, 3 * d);
   mn_node q = mn_slice_last(g, qkv, 0, d), k = mn_slice_last(g, qkv, d, d);
   mn_node v = mn_slice_last(g, qkv, 2 * d, d);
-  mn_node att = m->packed ? mn_causal_attention_packed(g, q, k, v, m->positions, heads, heads, hd)
-                          : mn_causal_attention(g, q, k, v, heads, heads, hd);
+  mn_node att = mn_model_attention(m, i, q, k, v);
   h = mn_add(g, h, conv1d(m, i, "attn.c_proj", att, d, d));
   snprintf(ln, sizeof ln, "h.%d.ln_2", i);
   mn_node x = layer_norm(m, ln, h);

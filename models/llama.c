@@ -17,19 +17,11 @@
 
 #include "models/model_internal.h"
 
-/* RoPE at 0..T-1 in each row, or at the packed rows' position ids. */
-static mn_node rope(const mn_model_ctx *m, mn_node x) {
-  if (m->packed)
-    return mn_rope_positions(m->g, x, m->c->rope_theta, m->positions, (int)m->c->head_dim);
-  return mn_rope(m->g, x, m->c->rope_theta, (int)m->c->head_dim);
-}
-
 static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_graph *g = m->g;
   const mn_model_config *c = m->c;
   const char *p = m->prefix;
   int64_t d = c->hidden_size, ff = c->intermediate_size;
-  int heads = (int)c->num_heads, kv_heads = (int)c->num_kv_heads, hd = (int)c->head_dim;
   int64_t q_dim = c->num_heads * c->head_dim, kv_dim = c->num_kv_heads * c->head_dim;
   /* Declared in transformers' state_dict order (attention, MLP, then the two norms), so
    * saved files list tensors as transformers does; the graph below uses them in any order. */
@@ -50,12 +42,10 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   for (int k = 0; k < 7; k++)
     snprintf(mod[k], sizeof mod[k], "layers.%d.%s", i, what[k]);
   mn_node a = mn_rms_norm(g, h, ln1, c->norm_eps);
-  mn_node q = rope(m, mn_model_linear(m, a, wq, MN_NO_NODE, false, mod[0]));
-  mn_node k = rope(m, mn_model_linear(m, a, wk, MN_NO_NODE, false, mod[1]));
+  mn_node q = mn_model_rope(m, mn_model_linear(m, a, wq, MN_NO_NODE, false, mod[0]));
+  mn_node k = mn_model_rope(m, mn_model_linear(m, a, wk, MN_NO_NODE, false, mod[1]));
   mn_node v = mn_model_linear(m, a, wv, MN_NO_NODE, false, mod[2]);
-  mn_node att = m->packed
-                    ? mn_causal_attention_packed(g, q, k, v, m->positions, heads, kv_heads, hd)
-                    : mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
+  mn_node att = mn_model_attention(m, i, q, k, v);
   h = mn_add(g, h, mn_model_linear(m, att, wo, MN_NO_NODE, false, mod[3]));
   mn_node x = mn_rms_norm(g, h, ln2, c->norm_eps);
   mn_node ffn = mn_swiglu(g, mn_model_linear(m, x, wgate, MN_NO_NODE, false, mod[4]),

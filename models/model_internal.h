@@ -52,7 +52,25 @@ typedef struct mn_model_ctx {
   const mn_lora_config *lora;
   bool packed;       /* examples packed in rows: attention within each (mn_model_options) */
   mn_node positions; /* "position_ids" when the family builder has declared it */
+  /* The decode graph (seq 1, models/decode.c): RoPE at "pos" and attention over the KV caches
+   * ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after writing row "pos"; 0: training. */
+  int64_t max_seq;
+  mn_node pos, kv_len;
 } mn_model_ctx;
+
+/* RoPE of x at positions 0..T-1, at the packed rows' position ids, or in a decode graph at
+ * "pos". */
+mn_node mn_model_rope(const mn_model_ctx *m, mn_node x);
+/* Layer i's attention: causal, packed, or (decode graph) k and v appended to the layer's
+ * caches at "pos" and q attending to their first kv_len rows. */
+mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, mn_node v);
+
+/* The decode graph of c (models/decode.c): the family graph for one new token per sequence
+ * with its KV caches, then mn_sample. Inputs "input_ids" U32 [B, 1], GPT-2's "position_ids"
+ * U32 [B, 1] (every row pos), "pos" and "kv_len" U32 [1], the caches, "sample_params" F32 [3]
+ * and "sample_key" U32 [3]; output 0 the sampled ids U32 [B]. */
+mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                const char *name_prefix, mn_graph **out);
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are

@@ -266,7 +266,7 @@ Test(attention_errors, cache_write_shapes_and_dtypes) {
   EXPECT_KV_ERROR(mn_input(g, "r2", MN_SHAPE(2, 12)), mn_cache_write(g, x, k.cache, k.pos),
                   MN_ERR_SHAPE,
                   "mn_cache_write: new_kv is node 3 [2,12], expected [1,12] (a row of cache node "
-                  "1 [8,12])");
+                  "1 [8,12] per sequence)");
   EXPECT_KV_ERROR(mn_input(g, "r10", MN_SHAPE(1, 10)), mn_cache_write(g, x, k.cache, k.pos),
                   MN_ERR_SHAPE, "new_kv is node 3 [1,10], expected [1,12]");
   EXPECT_KV_ERROR(mn_input(g, "r1", MN_SHAPE(12)), mn_cache_write(g, x, k.cache, k.pos),
@@ -277,7 +277,9 @@ Test(attention_errors, cache_write_shapes_and_dtypes) {
                   MN_ERR_INVALID_ARGUMENT,
                   "mn_cache_write: cache is node 3 [8,12] u32 with dtype u32, expected f32");
   EXPECT_KV_ERROR(mn_input(g, "c3", MN_SHAPE(2, 8, 12)), mn_cache_write(g, k.row, x, k.pos),
-                  MN_ERR_SHAPE, "cache is node 3 [2,8,12] of rank 3, expected rank 2");
+                  MN_ERR_SHAPE,
+                  "new_kv is node 0 [1,12], expected [2,12] (a row of cache node 3 [2,8,12] per "
+                  "sequence)");
   EXPECT_KV_ERROR(mn_input(g, "pf", MN_SHAPE(1)), mn_cache_write(g, k.row, k.cache, x),
                   MN_ERR_INVALID_ARGUMENT,
                   "mn_cache_write: kv_pos is node 3 [1] with dtype f32, expected u32");
@@ -343,15 +345,16 @@ Test(attention_errors, cached_attention_inputs_and_counts) {
 }
 
 Test(attention_errors, cached_attention_shapes_and_dtypes) {
-  EXPECT_CACHED_ERROR(mn_input(g, "q2", MN_SHAPE(2, 24)),
-                      mn_cached_attention(g, x, c.kc, c.vc, c.len, 4, 2, 6), MN_ERR_SHAPE,
-                      "mn_cached_attention: q is node 4 [2,24], expected one row [1,24]");
+  EXPECT_CACHED_ERROR(
+      mn_input(g, "q2", MN_SHAPE(2, 24)), mn_cached_attention(g, x, c.kc, c.vc, c.len, 4, 2, 6),
+      MN_ERR_SHAPE,
+      "mn_cached_attention: q is node 4 [2,24], expected one row per sequence [1,24]");
   EXPECT_CACHED_ERROR(mn_input(g, "q20", MN_SHAPE(1, 20)),
                       mn_cached_attention(g, x, c.kc, c.vc, c.len, 4, 2, 6), MN_ERR_SHAPE,
                       "q is node 4 [1,20]: last dim 20, expected num_heads*head_dim = 4*6 = 24");
-  EXPECT_CACHED_ERROR(mn_input(g, "q3", MN_SHAPE(1, 1, 24)),
+  EXPECT_CACHED_ERROR(mn_input(g, "q3", MN_SHAPE(2, 1, 24)),
                       mn_cached_attention(g, x, c.kc, c.vc, c.len, 4, 2, 6), MN_ERR_SHAPE,
-                      "q is node 4 [1,1,24] of rank 3, expected rank 2");
+                      "q is node 4 [2,1,24], expected one row per sequence [1,24]");
   EXPECT_CACHED_ERROR(mn_input(g, "v7", MN_SHAPE(7, 12)),
                       mn_cached_attention(g, c.q, c.kc, x, c.len, 4, 2, 6), MN_ERR_SHAPE,
                       "mn_cached_attention: node 1 [8,12] and node 4 [7,12]: shapes differ");

@@ -610,10 +610,11 @@ __device__ void mn_attn_bwd_dkv(const IO &io) {
   }
 }
 
-// Decoding one query row against a KV cache, split over the cache: block (group slice,
-// split) handles keys split * 128 .. + 127 (one per thread) for GB query heads of one kv
-// head, grid (KVH * ceil(G / GB), ceil(MAXS / 128)); io = q, k_cache, v_cache, kv_len, pm,
-// pl, po. Partial results per (split, head) at split * H + h: the max score pm, the sum of
+// Decoding one query row per sequence against its KV cache, split over the cache: block
+// (group slice, split, sequence b) handles keys split * 128 .. + 127 (one per thread) for GB
+// query heads of one kv head, grid (KVH * ceil(G / GB), ceil(MAXS / 128), B); io = q,
+// k_cache, v_cache, kv_len, pm, pl, po. Partial results per (b, split, head) at
+// (b * splits + split) * H + h: the max score pm, the sum of
 // exp(score - pm) pl, and the unnormalized output po [HD]. Splits at or past kv_len, and
 // every split when kv_len is out of range, write nothing: mn_attn_decode_combine checks
 // kv_len and reads only the splits it covers.
@@ -627,9 +628,11 @@ __device__ void mn_attn_decode_part(const IO &io) {
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 3);
   const long long c0 = (long long)blockIdx.y * MN_ATTN_BLOCK;
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
+  constexpr long long NSPLIT = (MAXS + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
   const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
   const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
-  const auto q = mn_in<0>(io);
+  const long long seq = blockIdx.z, slot = seq * NSPLIT + blockIdx.y;
+  const auto q = mn_in<0>(io) + seq * H * HD;
   for (int i = threadIdx.x; i < GB * HD; i += MN_ATTN_BLOCK)
     qs[i] = i < ng * HD ? q[(long long)h0 * HD + i] : 0.0f;
   __syncthreads();
@@ -641,7 +644,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
   for (int i = 0; i < GB; i++)
     s[i] = 0.0f;
   if (valid) {
-    const auto kr = mn_in<1>(io) + c * KVD + kvh * HD;
+    const auto kr = mn_in<1>(io) + (seq * MAXS + c) * KVD + kvh * HD;
     if constexpr (HD % 4 == 0) {
       for (int d = 0; d < HD; d += 4) {
         const float4 kv = mn_ld4(kr + d, 0);
@@ -673,40 +676,43 @@ __device__ void mn_attn_decode_part(const IO &io) {
     const float sum = mn_block_sum<MN_ATTN_BLOCK>(p, red);
     ps[i * MN_ATTN_BLOCK + threadIdx.x] = p;
     if (threadIdx.x == 0 && i < ng) {
-      pm[(long long)blockIdx.y * H + h0 + i] = mx;
-      pl[(long long)blockIdx.y * H + h0 + i] = sum;
+      pm[slot * H + h0 + i] = mx;
+      pl[slot * H + h0 + i] = sum;
     }
   }
   __syncthreads();
   const int nk = kv_len - c0 < MN_ATTN_BLOCK ? (int)(kv_len - c0) : MN_ATTN_BLOCK;
-  const auto vb = mn_in<2>(io) + c0 * KVD + kvh * HD;
+  const auto vb = mn_in<2>(io) + (seq * MAXS + c0) * KVD + kvh * HD;
   const auto po = mn_out<6>(io);
   for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
     const int i = idx / HD, d = idx - i * HD;
     float a = 0.0f;
     for (int k = 0; k < nk; k++)
       a = fmaf(ps[i * MN_ATTN_BLOCK + k], vb[k * KVD + d], a);
-    po[((long long)blockIdx.y * H + h0 + i) * HD + d] = a;
+    po[(slot * H + h0 + i) * HD + d] = a;
   }
 }
 
-// Merges the splits of mn_attn_decode_part: one block per query head, grid H; io = kv_len,
+// Merges the splits of mn_attn_decode_part: one block per (query head, sequence), grid
+// (H, B); io = kv_len,
 // pm, pl, po, out, error. An out-of-range kv_len is reported once and every output is NaN.
 template <int HD, int H, long long MAXS, unsigned int NODE, int BLOCK, class IO>
 __device__ void mn_attn_decode_combine(const IO &io) {
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
+  constexpr long long NSPLIT = (MAXS + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
   const int h = blockIdx.x;
-  const auto out = mn_out<4>(io) + (long long)h * HD;
+  const long long seq = blockIdx.y;
+  const auto out = mn_out<4>(io) + (seq * H + h) * HD;
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
-    if (h == 0 && threadIdx.x == 0)
+    if (h == 0 && seq == 0 && threadIdx.x == 0)
       mn_report(mn_arg<mn_dev_error>(io, 5), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
     for (int d = threadIdx.x; d < HD; d += BLOCK)
       out[d] = mn_nan();
     return;
   }
-  const auto pm = mn_in<1>(io);
-  const auto pl = mn_in<2>(io);
-  const auto po = mn_in<3>(io);
+  const auto pm = mn_in<1>(io) + seq * NSPLIT * H;
+  const auto pl = mn_in<2>(io) + seq * NSPLIT * H;
+  const auto po = mn_in<3>(io) + seq * NSPLIT * H * HD;
   const int splits = (int)((kv_len + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK);
   float mx = mn_attn_neg_inf();
   for (int sp = 0; sp < splits; sp++)

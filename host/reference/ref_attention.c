@@ -92,26 +92,34 @@ mn_status mn_ref_CAUSAL_ATTENTION_PACKED(const mn_ref_ctx *c) {
   return attention(c, true, mn_ref_in_u32(c, 3));
 }
 
+/* The sequences of a cache ([S, D]: one; [B, S, D]: B) and the rows of each. */
+static size_t cache_batch(const mn_tensor_type *t) {
+  return t->rank == 3 ? (size_t)t->shape[0] : 1;
+}
+static size_t cache_rows(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 2]; }
+
 /* out is the cache's own buffer (the plan makes the op in place), so only the row at
- * kv_pos changes and every other row keeps what earlier steps wrote. */
+ * kv_pos of each sequence changes and every other row keeps what earlier steps wrote. */
 mn_status mn_ref_CACHE_WRITE(const mn_ref_ctx *c) {
   const mn_tensor_type *tc = mn_ref_in_type(c, 1);
-  size_t max_seq = (size_t)tc->shape[0], kv_dim = (size_t)tc->shape[1];
+  size_t batch = cache_batch(tc), max_seq = cache_rows(tc),
+         kv_dim = (size_t)tc->shape[tc->rank - 1];
   uint32_t pos = mn_ref_in_u32(c, 2)[0];
   if (pos >= max_seq)
     return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
                        "mn_cache_write: kv_pos %u is out of range for a cache of %zu rows "
                        "(node %u)",
                        pos, max_seq, c->node->inputs[1]);
-  float *row = mn_ref_out_f32(c) + (size_t)pos * kv_dim;
-  memmove(row, mn_ref_in_f32(c, 0), kv_dim * sizeof *row);
+  for (size_t b = 0; b < batch; b++)
+    memmove(mn_ref_out_f32(c) + (b * max_seq + pos) * kv_dim, mn_ref_in_f32(c, 0) + b * kv_dim,
+            kv_dim * sizeof(float));
   return MN_OK;
 }
 
 mn_status mn_ref_CACHED_ATTENTION(const mn_ref_ctx *c) {
   const mn_tensor_type *tk = mn_ref_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
-  size_t max_seq = (size_t)tk->shape[0];
+  size_t batch = cache_batch(tk), max_seq = cache_rows(tk);
   uint32_t kv_len = mn_ref_in_u32(c, 3)[0];
   if (kv_len == 0 || kv_len > max_seq)
     return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
@@ -124,6 +132,12 @@ mn_status mn_ref_CACHED_ATTENTION(const mn_ref_ctx *c) {
                    .kv_heads = (size_t)a->num_kv_heads,
                    .head_dim = (size_t)a->head_dim,
                    .causal = false};
-  return attend_batches(c, &sh, 1, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2),
-                        mn_ref_out_f32(c), NULL);
+  size_t q_row = sh.heads * sh.head_dim, kv_seq = max_seq * sh.kv_heads * sh.head_dim;
+  for (size_t b = 0; b < batch; b++) {
+    mn_status st =
+        attend_batches(c, &sh, 1, mn_ref_in_f32(c, 0) + b * q_row, mn_ref_in_f32(c, 1) + b * kv_seq,
+                       mn_ref_in_f32(c, 2) + b * kv_seq, mn_ref_out_f32(c) + b * q_row, NULL);
+    if (st != MN_OK) return st;
+  }
+  return MN_OK;
 }

@@ -1,0 +1,80 @@
+/* The decode graph of a family: the training graph's layers for one new token per sequence,
+ * where RoPE turns at the cache position and attention reads the KV caches, followed by
+ * on-device sampling. The layers are the family builders' own (models/gpt2.c, llama.c), which
+ * ask mn_model_rope and mn_model_attention, so the two graphs cannot drift apart. */
+#include <stdio.h>
+#include <string.h>
+
+#include "host/error.h"
+#include "models/model_internal.h"
+
+mn_node mn_model_rope(const mn_model_ctx *m, mn_node x) {
+  int hd = (int)m->c->head_dim;
+  if (m->max_seq) return mn_rope_dynamic_offset(m->g, x, m->c->rope_theta, m->pos, hd);
+  if (m->packed) return mn_rope_positions(m->g, x, m->c->rope_theta, m->positions, hd);
+  return mn_rope(m->g, x, m->c->rope_theta, hd);
+}
+
+mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, mn_node v) {
+  mn_graph *g = m->g;
+  const mn_model_config *c = m->c;
+  int heads = (int)c->num_heads, hd = (int)c->head_dim;
+  int kv_heads = c->family == MN_MODEL_GPT2 ? heads : (int)c->num_kv_heads;
+  if (!m->max_seq) {
+    if (m->packed) return mn_causal_attention_packed(g, q, k, v, m->positions, heads, kv_heads, hd);
+    return mn_causal_attention(g, q, k, v, heads, kv_heads, hd);
+  }
+  char name[32];
+  int64_t kv_dim = (int64_t)kv_heads * hd;
+  snprintf(name, sizeof name, "k_cache.%d", i);
+  mn_node kc = mn_input(g, name, MN_SHAPE(m->batch, m->max_seq, kv_dim));
+  snprintf(name, sizeof name, "v_cache.%d", i);
+  mn_node vc = mn_input(g, name, MN_SHAPE(m->batch, m->max_seq, kv_dim));
+  kc = mn_cache_write(g, k, kc, m->pos);
+  vc = mn_cache_write(g, v, vc, m->pos);
+  return mn_cached_attention(g, q, kc, vc, m->kv_len, heads, kv_heads, hd);
+}
+
+mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                const char *name_prefix, mn_graph **out) {
+  const char *fn = "mn_model_build_decode";
+  mn_status st = mn_model_config_check(fn, c);
+  if (st != MN_OK) return st;
+  if (batch < 1 || batch > 65535 || max_seq < 1 || max_seq > ((int64_t)1 << 31))
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "%s: batch %lld must be in 1..65535 and max_seq %lld in 1..2^31", fn,
+                   (long long)batch, (long long)max_seq);
+  if (c->family == MN_MODEL_GPT2 && max_seq > c->max_positions)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "%s: max_seq %lld is longer than n_positions %lld (the rows of wpe)", fn,
+                   (long long)max_seq, (long long)c->max_positions);
+  const char *prefix = name_prefix                  ? name_prefix
+                       : c->family == MN_MODEL_GPT2 ? MN_GPT2_PREFIX
+                                                    : MN_LLAMA_PREFIX;
+  if (strlen(prefix) > MN_MODEL_PREFIX_CAP)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: name_prefix is %zu bytes long, at most %d", fn,
+                   strlen(prefix), MN_MODEL_PREFIX_CAP);
+  mn_graph *g = mn_graph_new();
+  if (!g) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  mn_model_ctx m = {.g = g,
+                    .c = c,
+                    .batch = batch,
+                    .seq = 1,
+                    .prefix = prefix,
+                    .positions = MN_NO_NODE,
+                    .max_seq = max_seq};
+  m.pos = mn_input_u32(g, "pos", MN_SHAPE(1));
+  m.kv_len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
+  mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
+  mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
+  mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
+  mn_node ids = mn_sample(g, logits, params, key);
+  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, &ids, 1);
+  if ((st = mn_graph_status(g)) != MN_OK) {
+    mn_fail(st, "%s: %s", fn, mn_graph_error(g));
+    mn_graph_free(g);
+    return st;
+  }
+  *out = g;
+  return MN_OK;
+}
