@@ -623,6 +623,55 @@ MN_API mn_status mn_lora_load(mn_session *s, const mn_graph *g, const char *adap
 MN_API mn_status mn_lora_save_merged(mn_session *s, const mn_graph *g, const mn_lora_config *lora,
                                      const char *path);
 
+/* ---------------------------------------------------------------- generation
+ *
+ * A generator owns an inference session of a model's decode graph with its KV cache: the
+ * prompt runs through the cache one token per launch, then each new token is one graph launch
+ * (embedding, every layer with the cache append, the head and the sampling on the device)
+ * that appends to the cache. Weights come from a HuggingFace safetensors file (or a sharded
+ * checkpoint's index), loaded strictly (docs/generation.md). */
+typedef enum mn_quant {
+  MN_QUANT_NONE, /* weights in the session's precision */
+  MN_QUANT_Q8_0, /* GGML block formats: 32 weights per block, one f16 scale */
+  MN_QUANT_Q4_0,
+  MN_QUANT_AFFINE_INT8, /* group-wise affine (MLX style): per group a scale and a bias */
+  MN_QUANT_AFFINE_INT4
+} mn_quant;
+typedef struct mn_generator_options {
+  mn_session_options session; /* backend, device, precision */
+  int64_t max_seq; /* cache rows: prompt plus new tokens (default: the model's positions) */
+  int64_t batch;   /* sequences decoded together (default 1); prompts of equal length */
+  mn_quant quant;  /* format of the linear layers' weights (embeddings, norms stay) */
+  int group_size;  /* affine formats: weights per scale/bias, 32, 64 or 128 (default 64) */
+} mn_generator_options;
+MN_API mn_generator_options mn_generator_options_default(void);
+
+typedef struct mn_sampling {
+  float temperature; /* 0: greedy (argmax) */
+  int top_k;         /* 0: off */
+  float top_p;       /* 1: off */
+  uint64_t seed;     /* same seed, same tokens */
+} mn_sampling;
+
+typedef struct mn_generator mn_generator;
+/* Only MN_QUANT_NONE is implemented: the other formats are MN_ERR_UNSUPPORTED. */
+MN_API mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
+                                  const mn_generator_options *o, mn_generator **out);
+MN_API void mn_generator_free(mn_generator *g);
+/* Appends the prompt (n_prompt ids per sequence; 0 continues where the last call stopped)
+ * to the cache, then samples n_new tokens per sequence into out (batch x n_new, row-major).
+ * An id past the vocabulary, or a cache that would pass max_seq, is MN_ERR_INVALID_ARGUMENT
+ * before any work, and the generator is unchanged. s NULL is greedy. */
+MN_API mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t n_prompt,
+                                       const mn_sampling *s, uint32_t *out, size_t n_new);
+MN_API mn_status mn_generator_reset(mn_generator *g); /* empties the cache */
+typedef struct mn_generator_stats {
+  double prefill_ms, ms_per_token; /* of the last generate call */
+  uint64_t launches_per_token;     /* graph launches per decoded token: 1 on CUDA */
+  size_t cache_len, weight_bytes;  /* rows in the cache; device bytes of the weights */
+} mn_generator_stats;
+MN_API mn_status mn_generator_get_stats(const mn_generator *g, mn_generator_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

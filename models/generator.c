@@ -1,0 +1,248 @@
+/* The generator: an inference session of the decode graph (models/decode.c) and the host
+ * loop that feeds it. The cache holds every token but the last one known (the last sampled,
+ * or the prompt's last when no token was asked for): that one is "pending" and goes in first
+ * at the next call, so a call of 10 then a call of 10 launch exactly what one call of 20 does,
+ * with the same sampling positions. Each launch writes row `pos` of every layer's caches and
+ * samples the token after it; the prompt runs through the same graph one token per launch
+ * (docs/generation.md says why). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/error.h"
+#include "models/model_internal.h"
+
+struct mn_generator {
+  mn_model_config cfg;
+  mn_graph *g;
+  mn_session *s;
+  int64_t batch, max_seq;
+  size_t cache_len; /* rows written: the next launch writes row cache_len */
+  bool has_pending;
+  uint32_t *pending, *ids, *pos_rows; /* [batch] each */
+  float *sampled;                     /* [batch]: output 0 read as floats */
+  mn_generator_stats stats;
+};
+
+mn_generator_options mn_generator_options_default(void) {
+  return (mn_generator_options){.session = mn_session_options_default(),
+                                .batch = 1,
+                                .quant = MN_QUANT_NONE,
+                                .group_size = 64};
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  timespec_get(&t, TIME_UTC);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static mn_status check_options(const char *fn, const mn_model_config *c,
+                               const mn_generator_options *o, int64_t *max_seq) {
+  if (o->quant != MN_QUANT_NONE) {
+    if ((unsigned)o->quant > MN_QUANT_AFFINE_INT4)
+      return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: quant %d is not an mn_quant", fn, (int)o->quant);
+    return mn_fail(MN_ERR_UNSUPPORTED,
+                   "%s: quant %d: only MN_QUANT_NONE is implemented so far (quantized weights "
+                   "are not)",
+                   fn, (int)o->quant);
+  }
+  if (o->group_size != 0 && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: group_size %d must be 32, 64 or 128", fn,
+                   o->group_size);
+  if (o->batch < 1)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: batch %lld must be at least 1", fn,
+                   (long long)o->batch);
+  *max_seq = o->max_seq ? o->max_seq : c->max_positions;
+  if (*max_seq < 1)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: max_seq %lld must be at least 1", fn,
+                   (long long)*max_seq);
+  return MN_OK;
+}
+
+/* Zeros for every cache input, so that a fresh session holds no NaN that a bug could read. */
+static mn_status zero_caches(mn_generator *g) {
+  size_t kv_dim =
+      (size_t)(g->cfg.family == MN_MODEL_GPT2 ? g->cfg.num_heads : g->cfg.num_kv_heads) *
+      (size_t)g->cfg.head_dim;
+  size_t n = (size_t)g->batch * (size_t)g->max_seq * kv_dim;
+  float *z = calloc(n, sizeof *z);
+  if (!z) return mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_generator_new: out of memory for the cache");
+  mn_status st = MN_OK;
+  char name[32];
+  for (int64_t i = 0; st == MN_OK && i < g->cfg.num_layers; i++)
+    for (int kv = 0; st == MN_OK && kv < 2; kv++) {
+      snprintf(name, sizeof name, "%s_cache.%lld", kv ? "v" : "k", (long long)i);
+      st = mn_session_set_input(g->s, name, z, n);
+    }
+  free(z);
+  return st;
+}
+
+static size_t weight_bytes(const mn_graph *g) {
+  size_t total = 0;
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g); i++)
+    if (mn_graph_node(g, (mn_node)i, &info) == MN_OK && strcmp(info.op, "parameter") == 0)
+      total += mn_tensor_type_bytes(&info.type);
+  return total;
+}
+
+mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
+                           const mn_generator_options *o, mn_generator **out) {
+  const char *fn = "mn_generator_new";
+  if (!out) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  *out = NULL;
+  if (!c || !weights_path)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !c ? "config" : "weights_path");
+  mn_generator_options def = mn_generator_options_default();
+  if (!o) o = &def;
+  int64_t max_seq = 0;
+  mn_status st = check_options(fn, c, o, &max_seq);
+  if (st != MN_OK) return st;
+  const char *prefix = NULL;
+  if ((st = mn_model_name_prefix(c, weights_path, &prefix)) != MN_OK) return st;
+  mn_generator *g = calloc(1, sizeof *g);
+  if (!g) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  g->cfg = *c;
+  g->batch = o->batch;
+  g->max_seq = max_seq;
+  size_t b = (size_t)o->batch;
+  g->pending = calloc(b, sizeof *g->pending);
+  g->ids = calloc(b, sizeof *g->ids);
+  g->pos_rows = calloc(b, sizeof *g->pos_rows);
+  g->sampled = calloc(b, sizeof *g->sampled);
+  if (!g->pending || !g->ids || !g->pos_rows || !g->sampled)
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  if (st == MN_OK) st = mn_model_build_decode(c, o->batch, max_seq, prefix, &g->g);
+  if (st == MN_OK) st = mn_build_inference_session(g->g, &o->session, &g->s);
+  if (st == MN_OK) st = mn_session_load_safetensors(g->s, weights_path, true);
+  if (st == MN_OK) st = zero_caches(g);
+  if (st != MN_OK) {
+    mn_generator_free(g);
+    return st;
+  }
+  g->stats.weight_bytes = weight_bytes(g->g);
+  *out = g;
+  return MN_OK;
+}
+
+void mn_generator_free(mn_generator *g) {
+  if (!g) return;
+  mn_session_free(g->s);
+  mn_graph_free(g->g);
+  free(g->pending);
+  free(g->ids);
+  free(g->pos_rows);
+  free(g->sampled);
+  free(g);
+}
+
+mn_status mn_generator_reset(mn_generator *g) {
+  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_generator_reset: generator is NULL");
+  g->cache_len = 0;
+  g->has_pending = false;
+  return MN_OK;
+}
+
+mn_status mn_generator_get_stats(const mn_generator *g, mn_generator_stats *out) {
+  if (!g || !out)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_generator_get_stats: %s is NULL",
+                   !g ? "generator" : "out");
+  *out = g->stats;
+  out->cache_len = g->cache_len;
+  return MN_OK;
+}
+
+static mn_status check_sampling(const char *fn, const mn_sampling *s) {
+  if (!(s->temperature >= 0) || !isfinite(s->temperature))
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: temperature %g must be a finite number >= 0", fn,
+                   (double)s->temperature);
+  if (s->top_k < 0)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: top_k %d must be >= 0", fn, s->top_k);
+  if (!(s->top_p > 0 && s->top_p <= 1))
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: top_p %g must be in (0, 1]", fn, (double)s->top_p);
+  return MN_OK;
+}
+
+/* One launch: ids[b] goes in at row cache_len; with `read`, the sampled ids come back. */
+static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
+  uint32_t pos = (uint32_t)g->cache_len, len = pos + 1;
+  uint32_t key[3] = {(uint32_t)s->seed, (uint32_t)(s->seed >> 32), pos};
+  size_t b = (size_t)g->batch;
+  mn_status st = mn_session_set_input_u32(g->s, "input_ids", g->ids, b);
+  if (st == MN_OK) st = mn_session_set_input_u32(g->s, "pos", &pos, 1);
+  if (st == MN_OK) st = mn_session_set_input_u32(g->s, "kv_len", &len, 1);
+  if (st == MN_OK) st = mn_session_set_input_u32(g->s, "sample_key", key, 3);
+  if (st == MN_OK && g->cfg.family == MN_MODEL_GPT2) {
+    for (size_t i = 0; i < b; i++)
+      g->pos_rows[i] = pos;
+    st = mn_session_set_input_u32(g->s, "position_ids", g->pos_rows, b);
+  }
+  if (st == MN_OK) st = mn_session_step(g->s);
+  if (st == MN_OK && read) st = mn_session_wait(g->s);
+  if (st == MN_OK && read) st = mn_session_read_output_by_index(g->s, 0, g->sampled, b);
+  if (st == MN_OK) g->cache_len++;
+  return st;
+}
+
+mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t n_prompt,
+                                const mn_sampling *s, uint32_t *out, size_t n_new) {
+  const char *fn = "mn_generator_generate";
+  if (!g) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: generator is NULL", fn);
+  if ((n_prompt && !prompt) || (n_new && !out))
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, !out ? "out" : "prompt");
+  const mn_sampling greedy = {.temperature = 0, .top_p = 1};
+  if (!s) s = &greedy;
+  mn_status st = check_sampling(fn, s);
+  if (st != MN_OK) return st;
+  size_t b = (size_t)g->batch;
+  for (size_t i = 0; i < b * n_prompt; i++)
+    if ((int64_t)prompt[i] >= g->cfg.vocab_size)
+      return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                     "%s: prompt id %u (sequence %zu, position %zu) is past the vocabulary of %lld",
+                     fn, prompt[i], i / n_prompt, i % n_prompt, (long long)g->cfg.vocab_size);
+  size_t feed = n_prompt + (g->has_pending ? 1 : 0);
+  if (feed == 0) {
+    if (n_new == 0) return MN_OK;
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "%s: no prompt and nothing to continue from (an empty cache)", fn);
+  }
+  /* The launches of this call, each writing one cache row; the last known token stays out. */
+  size_t launches = feed - 1 + n_new;
+  if (launches > (size_t)g->max_seq - g->cache_len)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "%s: %zu prompt and %zu new tokens after %zu cached would pass max_seq %lld", fn,
+                   n_prompt, n_new, g->cache_len + (g->has_pending ? 1 : 0), (long long)g->max_seq);
+  float params[3] = {s->temperature, (float)s->top_k, s->top_p};
+  st = mn_session_set_input(g->s, "sample_params", params, 3);
+  double t0 = now_ms();
+  /* Token j of this call's known tokens: the pending one, then the prompt's. */
+  for (size_t j = 0; st == MN_OK && j < feed; j++) {
+    size_t k = g->has_pending ? j : j + 1; /* 0: pending, else prompt column k - 1 */
+    for (size_t i = 0; i < b; i++)
+      g->ids[i] = k == 0 ? g->pending[i] : prompt[i * n_prompt + k - 1];
+    if (j + 1 == feed) break;
+    st = launch(g, s, false);
+  }
+  if (st == MN_OK) st = mn_session_wait(g->s);
+  double t1 = now_ms();
+  for (size_t t = 0; st == MN_OK && t < n_new; t++) {
+    st = launch(g, s, true);
+    for (size_t i = 0; st == MN_OK && i < b; i++) {
+      uint32_t id = (uint32_t)g->sampled[i];
+      out[i * n_new + t] = id;
+      g->ids[i] = id;
+    }
+  }
+  double t2 = now_ms();
+  if (st != MN_OK) return st;
+  memcpy(g->pending, g->ids, b * sizeof *g->ids);
+  g->has_pending = true;
+  g->stats.prefill_ms = t1 - t0;
+  g->stats.ms_per_token = n_new ? (t2 - t1) / (double)n_new : 0;
+  g->stats.launches_per_token = 1;
+  return MN_OK;
+}
