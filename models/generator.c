@@ -90,6 +90,15 @@ static size_t weight_bytes(const mn_graph *g) {
   return total;
 }
 
+/* Whether the file starts with GGUF's magic (a name is not proof of a format). */
+static bool is_gguf(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char magic[4] = {0};
+  bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+  if (f) fclose(f);
+  return yes;
+}
+
 mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
                            const mn_generator_options *o, mn_generator **out) {
   const char *fn = "mn_generator_new";
@@ -102,8 +111,10 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
   int64_t max_seq = 0;
   mn_status st = check_options(fn, c, o, &max_seq);
   if (st != MN_OK) return st;
+  /* A GGUF names tensors its own way and loads under either prefix: the default one. */
+  bool gguf = is_gguf(weights_path);
   const char *prefix = NULL;
-  if ((st = mn_model_name_prefix(c, weights_path, &prefix)) != MN_OK) return st;
+  if (!gguf && (st = mn_model_name_prefix(c, weights_path, &prefix)) != MN_OK) return st;
   mn_generator *g = calloc(1, sizeof *g);
   if (!g) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   g->cfg = *c;
@@ -118,7 +129,9 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_model_build_decode(c, o->batch, max_seq, prefix, &g->g);
   if (st == MN_OK) st = mn_build_inference_session(g->g, &o->session, &g->s);
-  if (st == MN_OK) st = mn_session_load_safetensors(g->s, weights_path, true);
+  if (st == MN_OK)
+    st = gguf ? mn_session_load_gguf(g->s, weights_path, MN_LOAD_STRICT)
+              : mn_session_load_safetensors(g->s, weights_path, true);
   if (st == MN_OK) st = zero_caches(g);
   if (st != MN_OK) {
     mn_generator_free(g);
