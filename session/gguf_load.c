@@ -166,15 +166,7 @@ mn_status mn_session_load_gguf(mn_session *s, const char *path, unsigned flags) 
   if (st == MN_OK && !(of = calloc(np ? np : 1, sizeof *of)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", FN);
   if (st == MN_OK) st = match(&src, params, np, of, &missing, &missing_frozen);
-  mn_io_name_list *refused = (flags & MN_LOAD_STRICT)          ? &missing
-                             : (flags & MN_LOAD_STRICT_FROZEN) ? &missing_frozen
-                                                               : NULL;
-  if (st == MN_OK && refused && (refused->count || refused->dropped)) {
-    size_t nm = refused->count + refused->dropped;
-    st = mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s%s not in the file: %s", FN,
-                 path, nm, refused == &missing ? "" : "frozen ",
-                 nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(refused));
-  }
+  if (st == MN_OK) st = mn_io_refuse_missing(FN, path, flags, &missing, &missing_frozen);
   if (st == MN_OK && !(stage = malloc(mn_io_params_max_numel(params, np) * sizeof *stage)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", FN, path);
   if (st == MN_OK && !(flags & MN_LOAD_ALLOW_NONFINITE))

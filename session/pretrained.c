@@ -318,7 +318,6 @@ static mn_status report(const source *src, const mn_io_param *params, size_t np,
 }
 
 static mn_status load(const char *fn, mn_session *s, const char *path, unsigned flags) {
-  bool strict = flags & MN_LOAD_STRICT;
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
   if (!path) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
   source src = {.fn = fn, .path = path};
@@ -333,15 +332,7 @@ static mn_status load(const char *fn, mn_session *s, const char *path, unsigned 
   if (st == MN_OK && !(entry = malloc((np ? np : 1) * sizeof *entry)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = match(&src, params, np, entry, &missing, &missing_frozen);
-  mn_io_name_list *refused = strict                            ? &missing
-                             : (flags & MN_LOAD_STRICT_FROZEN) ? &missing_frozen
-                                                               : NULL;
-  if (st == MN_OK && refused && (refused->count || refused->dropped)) {
-    size_t nm = refused->count + refused->dropped;
-    st = mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s%s not in the file: %s", fn,
-                 path, nm, refused == &missing ? "" : "frozen ",
-                 nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(refused));
-  }
+  if (st == MN_OK) st = mn_io_refuse_missing(fn, path, flags, &missing, &missing_frozen);
   if (st == MN_OK && !(stage = malloc(mn_io_params_max_numel(params, np) * sizeof *stage)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: %s: out of memory", fn, path);
   if (st == MN_OK && !(flags & MN_LOAD_ALLOW_NONFINITE))

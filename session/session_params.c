@@ -114,3 +114,15 @@ const char *mn_io_name_list_str(mn_io_name_list *l) {
     snprintf(l->text + l->len, sizeof l->text - l->len, ", ... (%zu more)", l->dropped);
   return l->text;
 }
+
+mn_status mn_io_refuse_missing(const char *fn, const char *path, unsigned flags,
+                               mn_io_name_list *missing, mn_io_name_list *missing_frozen) {
+  mn_io_name_list *refused = (flags & MN_LOAD_STRICT)          ? missing
+                             : (flags & MN_LOAD_STRICT_FROZEN) ? missing_frozen
+                                                               : NULL;
+  if (!refused || (!refused->count && !refused->dropped)) return MN_OK;
+  size_t nm = refused->count + refused->dropped;
+  return mn_fail(MN_ERR_NOT_FOUND, "%s: %s: strict load, but %zu %s%s not in the file: %s", fn,
+                 path, nm, refused == missing ? "" : "frozen ",
+                 nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(refused));
+}

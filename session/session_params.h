@@ -55,4 +55,9 @@ void mn_io_name_list_add(mn_io_name_list *l, const char *name);
 /* NUL-terminated text of the list, with the "(N more)" tail when names were dropped. */
 const char *mn_io_name_list_str(mn_io_name_list *l);
 
+/* What a strict load refuses: with MN_LOAD_STRICT any parameter the file lacks (`missing`),
+ * with MN_LOAD_STRICT_FROZEN the frozen ones among them; MN_ERR_NOT_FOUND listing them. */
+mn_status mn_io_refuse_missing(const char *fn, const char *path, unsigned flags,
+                               mn_io_name_list *missing, mn_io_name_list *missing_frozen);
+
 #endif
