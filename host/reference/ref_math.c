@@ -1,19 +1,76 @@
 /* Reference kernels: matrix products and element-wise ops. */
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
 
+/* Output elements [from, to) of a product, row-major: every element is the same double sum
+ * in the same order whichever thread computes it, so the result does not depend on how the
+ * work is split. */
+typedef struct gemm_part {
+  const float *a, *b;
+  float *c;
+  size_t a_row, a_col, b_row, b_col, n, k, from, to;
+} gemm_part;
+
+static void gemm_elements(const gemm_part *g) {
+  for (size_t e = g->from; e < g->to; e++) {
+    size_t i = e / g->n, j = e % g->n;
+    double acc = 0;
+    for (size_t p = 0; p < g->k; p++)
+      acc += (double)g->a[i * g->a_row + p * g->a_col] * g->b[p * g->b_row + j * g->b_col];
+    g->c[e] = (float)acc;
+  }
+}
+
+static void *gemm_thread(void *arg) {
+  gemm_elements(arg);
+  return NULL;
+}
+
+/* Threads for a product of `work` multiply-adds: MN_CPU_THREADS, else the cores online (at
+ * most 16), and none for products too small to pay for starting a thread. */
+static size_t gemm_threads(double work, size_t elements) {
+  if (work < 1 << 18 || elements < 2) return 1;
+  const char *env = getenv("MN_CPU_THREADS");
+  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  if (t < 1) t = 1;
+  if (t > 16) t = 16;
+  return (size_t)t < elements ? (size_t)t : elements;
+}
+
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k) {
-  for (size_t i = 0; i < m; i++)
-    for (size_t j = 0; j < n; j++) {
-      double acc = 0;
-      for (size_t p = 0; p < k; p++)
-        acc += (double)a[i * a_row + p * a_col] * b[p * b_row + j * b_col];
-      c[i * n + j] = (float)acc;
-    }
+  size_t total = m * n, threads = gemm_threads((double)m * (double)n * (double)k, total);
+  gemm_part parts[16];
+  pthread_t ids[16];
+  bool started[16] = {false};
+  for (size_t t = 0; t < threads; t++)
+    parts[t] = (gemm_part){.a = a,
+                           .b = b,
+                           .c = c,
+                           .a_row = a_row,
+                           .a_col = a_col,
+                           .b_row = b_row,
+                           .b_col = b_col,
+                           .n = n,
+                           .k = k,
+                           .from = total * t / threads,
+                           .to = total * (t + 1) / threads};
+  /* A thread that cannot start leaves its part to this one. */
+  for (size_t t = 1; t < threads; t++)
+    started[t] = pthread_create(&ids[t], NULL, gemm_thread, &parts[t]) == 0;
+  gemm_elements(&parts[0]);
+  for (size_t t = 1; t < threads; t++) {
+    if (started[t])
+      pthread_join(ids[t], NULL);
+    else
+      gemm_elements(&parts[t]);
+  }
 }
 
 /* A product the optimizer gave a scale (scale_fold.h) multiplies its rounded result, as the
