@@ -134,19 +134,7 @@ static mn_status report(source *src, mn_io_name_list *missing) {
   mn_io_name_list skipped = src->unknown;
   for (size_t i = 0; i < src->n; i++)
     if (!src->entries[i].used) mn_io_name_list_add(&skipped, src->entries[i].t->name);
-  size_t ns = skipped.count + skipped.dropped, nm = missing->count + missing->dropped;
-  if (!ns && !nm) {
-    mn_set_last_error("");
-    return MN_OK;
-  }
-  char kept[1600] = "";
-  if (nm)
-    snprintf(kept, sizeof kept, "%s%zu %s not in the file kept %s value: %s", ns ? "; " : "", nm,
-             nm == 1 ? "parameter" : "parameters", nm == 1 ? "its" : "their",
-             mn_io_name_list_str(missing));
-  if (!ns) return mn_fail(MN_OK, "%s: %s: %s", FN, src->path, kept);
-  return mn_fail(MN_OK, "%s: %s: skipped %zu %s not in the graph: %s%s", FN, src->path, ns,
-                 ns == 1 ? "tensor" : "tensors", mn_io_name_list_str(&skipped), kept);
+  return mn_io_load_report(FN, src->path, &skipped, missing);
 }
 
 mn_status mn_session_load_gguf(mn_session *s, const char *path, unsigned flags) {

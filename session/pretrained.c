@@ -302,19 +302,7 @@ static mn_status report(const source *src, const mn_io_param *params, size_t np,
       mn_io_name_list_add(&skipped, src->entries[i].name);
   free(param_names.slots);
   free(names);
-  size_t ns = skipped.count + skipped.dropped, nm = missing->count + missing->dropped;
-  if (!ns && !nm) {
-    mn_set_last_error("");
-    return MN_OK;
-  }
-  char kept[1600] = "";
-  if (nm)
-    snprintf(kept, sizeof kept, "%s%zu %s not in the file kept %s value: %s", ns ? "; " : "", nm,
-             nm == 1 ? "parameter" : "parameters", nm == 1 ? "its" : "their",
-             mn_io_name_list_str(missing));
-  if (!ns) return mn_fail(MN_OK, "%s: %s: %s", src->fn, src->path, kept);
-  return mn_fail(MN_OK, "%s: %s: skipped %zu %s not in the graph: %s%s", src->fn, src->path, ns,
-                 ns == 1 ? "tensor" : "tensors", mn_io_name_list_str(&skipped), kept);
+  return mn_io_load_report(src->fn, src->path, &skipped, missing);
 }
 
 static mn_status load(const char *fn, mn_session *s, const char *path, unsigned flags) {

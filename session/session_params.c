@@ -126,3 +126,20 @@ mn_status mn_io_refuse_missing(const char *fn, const char *path, unsigned flags,
                  path, nm, refused == missing ? "" : "frozen ",
                  nm == 1 ? "parameter is" : "parameters are", mn_io_name_list_str(refused));
 }
+
+mn_status mn_io_load_report(const char *fn, const char *path, mn_io_name_list *skipped,
+                            mn_io_name_list *missing) {
+  size_t ns = skipped->count + skipped->dropped, nm = missing->count + missing->dropped;
+  if (!ns && !nm) {
+    mn_set_last_error("");
+    return MN_OK;
+  }
+  char kept[1600] = "";
+  if (nm)
+    snprintf(kept, sizeof kept, "%s%zu %s not in the file kept %s value: %s", ns ? "; " : "", nm,
+             nm == 1 ? "parameter" : "parameters", nm == 1 ? "its" : "their",
+             mn_io_name_list_str(missing));
+  if (!ns) return mn_fail(MN_OK, "%s: %s: %s", fn, path, kept);
+  return mn_fail(MN_OK, "%s: %s: skipped %zu %s not in the graph: %s%s", fn, path, ns,
+                 ns == 1 ? "tensor" : "tensors", mn_io_name_list_str(skipped), kept);
+}

@@ -60,4 +60,10 @@ const char *mn_io_name_list_str(mn_io_name_list *l);
 mn_status mn_io_refuse_missing(const char *fn, const char *path, unsigned flags,
                                mn_io_name_list *missing, mn_io_name_list *missing_frozen);
 
+/* A load's success message in mn_last_error(): the file's tensors the graph has no parameter
+ * for (`skipped`) and the parameters the file lacks, which kept their values (`missing`); ""
+ * when there are neither. Returns MN_OK. */
+mn_status mn_io_load_report(const char *fn, const char *path, mn_io_name_list *skipped,
+                            mn_io_name_list *missing);
+
 #endif

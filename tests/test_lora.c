@@ -434,3 +434,109 @@ Test(lora, dropout_masks_the_adapter_input_in_training_only) {
   mn_graph_free(plain);
   mn_graph_free(g);
 }
+
+/* ---------------------------------------------------------------- error paths */
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+Test(lora, adapter_config_errors_name_the_key) {
+  mn_tmp_dir t = mn_tmp_dir_make("mn_lora_cfg");
+  const char *cfg = mn_tmp_path(&t, "adapter_config.json");
+  mn_lora_config l = lora(4, 8.0f, "q_proj");
+  mn_assert_error(mn_lora_config_load(t.path, &l), MN_ERR_IO, "adapter_config.json");
+  struct {
+    const char *json, *says;
+    mn_status st;
+  } bad[] = {
+      {"{\"peft_type\": \"PREFIX_TUNING\"}", "peft_type is not \"LORA\"", MN_ERR_UNSUPPORTED},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"use_dora\": true, "
+       "\"target_modules\": [\"q_proj\"]}",
+       "use_dora is not supported", MN_ERR_UNSUPPORTED},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"bias\": \"all\", "
+       "\"target_modules\": [\"q_proj\"]}",
+       "bias other than \"none\"", MN_ERR_UNSUPPORTED},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*q\"}",
+       "is a regular expression", MN_ERR_UNSUPPORTED},
+      {"{\"peft_type\": \"LORA\", \"r\": 0.5, \"lora_alpha\": 16, \"target_modules\": [\"q\"]}",
+       "r is not an integer", MN_ERR_FORMAT},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"target_modules\": [\"q_proj\"]}",
+       "lora_alpha is not a positive number", MN_ERR_FORMAT},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"lora_dropout\": 1.5, "
+       "\"target_modules\": [\"q_proj\"]}",
+       "lora_dropout is not a number in [0, 1)", MN_ERR_FORMAT},
+      {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": []}",
+       "target_modules is not a non-empty list", MN_ERR_FORMAT},
+      {"{\"peft_type\": \"LORA\"", "", MN_ERR_FORMAT},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    write_file(cfg, bad[i].json);
+    mn_lora_config before = l;
+    cr_assert_eq(mn_lora_config_load(t.path, &l), bad[i].st, "case %zu: %s", i, mn_last_error());
+    cr_assert(strstr(mn_last_error(), bad[i].says), "case %zu: %s", i, mn_last_error());
+    cr_assert(memcmp(&before, &l, sizeof l) == 0, "case %zu changed the config", i);
+  }
+  mn_tmp_dir_remove(&t);
+}
+
+Test(lora, save_and_load_refuse_graphs_without_adapters_and_null_arguments) {
+  mn_model_config c = mn_test_tiny_llama();
+  mn_lora_config l = lora(4, 8.0f, "q_proj");
+  mn_graph *plain = build(&c, NULL);
+  mn_session *s = mn_test_session(plain, MN_BACKEND_CPU, false);
+  mn_tmp_dir t = mn_tmp_dir_make("mn_lora_err");
+  mn_assert_error(mn_lora_save(s, plain, &l, t.path), MN_ERR_INVALID_ARGUMENT,
+                  "the graph has no LoRA adapters");
+  mn_assert_error(mn_lora_load(s, plain, t.path), MN_ERR_INVALID_ARGUMENT,
+                  "the graph has no LoRA adapters");
+  mn_assert_error(mn_lora_save_merged(s, plain, &l, mn_tmp_path(&t, "m.safetensors")),
+                  MN_ERR_INVALID_ARGUMENT, "the graph has no LoRA adapters");
+  mn_assert_error(mn_lora_save(NULL, plain, &l, t.path), MN_ERR_INVALID_ARGUMENT,
+                  "session is NULL");
+  mn_assert_error(mn_lora_save_merged(s, plain, NULL, "x"), MN_ERR_INVALID_ARGUMENT,
+                  "lora is NULL");
+  mn_graph *g = build(&c, &l);
+  mn_session *a = mn_test_session(g, MN_BACKEND_CPU, false);
+  mn_assert_error(mn_lora_load(a, g, t.path), MN_ERR_IO, "adapter_model.safetensors");
+  mn_tmp_dir_remove(&t);
+  mn_session_free(a);
+  mn_graph_free(g);
+  mn_session_free(s);
+  mn_graph_free(plain);
+}
+
+Test(lora, save_parameters_refuses_unknown_names_and_bad_keys) {
+  mn_model_config c = mn_test_tiny_llama();
+  mn_graph *g = build(&c, NULL);
+  mn_session *s = mn_test_session(g, MN_BACKEND_CPU, false);
+  mn_tmp_dir t = mn_tmp_dir_make("mn_save_params");
+  const char *path = mn_tmp_path(&t, "p.safetensors");
+  const char *names[] = {"model.norm.weight", "model.embed_tokens.weight"};
+  const char *dup[] = {"a", "a"}, *empty[] = {"a", ""};
+  const char *unknown[] = {"model.nope.weight"};
+  mn_assert_error(mn_session_save_parameters(s, path, unknown, NULL, 1), MN_ERR_NOT_FOUND,
+                  "no parameter \"model.nope.weight\"");
+  mn_assert_error(mn_session_save_parameters(s, path, names, dup, 2), MN_ERR_INVALID_ARGUMENT,
+                  "the key \"a\" is given twice");
+  mn_assert_error(mn_session_save_parameters(s, path, names, empty, 2), MN_ERR_INVALID_ARGUMENT,
+                  "is empty");
+  mn_assert_error(mn_session_save_parameters(s, NULL, names, NULL, 2), MN_ERR_INVALID_ARGUMENT,
+                  "path is NULL");
+  cr_assert_eq(mn_tmp_dir_count(&t, NULL), 0, "a refused save wrote a file");
+  const char *keys[] = {"norm", "embed"};
+  cr_assert_eq(mn_session_save_parameters(s, path, names, keys, 2), MN_OK, "%s", mn_last_error());
+  mn_safetensors *st = NULL;
+  cr_assert_eq(mn_safetensors_open(path, &st), MN_OK);
+  cr_assert_eq(mn_safetensors_count(st), 2);
+  mn_safetensors_info info;
+  cr_assert_eq(mn_safetensors_info_of(st, "embed", &info), MN_OK);
+  cr_assert(info.shape[0] == c.vocab_size && info.shape[1] == c.hidden_size);
+  mn_safetensors_close(st);
+  mn_tmp_dir_remove(&t);
+  mn_session_free(s);
+  mn_graph_free(g);
+}
