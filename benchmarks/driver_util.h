@@ -1,5 +1,6 @@
-/* What the programs that scripts drive (hf_parity_driver, quality_driver) share: paths, exact
- * binary files, the precision names. Static functions in a header because CMake builds every
+/* What the programs that scripts drive (hf_parity_driver, peft_parity_driver, quality_driver)
+ * share: paths, exact binary files, folders, the precision names, a language model's batch and
+ * the AdamW options. Static functions in a header because CMake builds every
  * .c file in benchmarks/ as its own program. Each exits with a message naming `prog`. */
 #ifndef MN_BENCH_DRIVER_UTIL_H
 #define MN_BENCH_DRIVER_UTIL_H
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "meganeura.h"
 
@@ -88,6 +90,47 @@ static inline drv_model drv_load_model(const char *prog, const char *dir, const 
   drv_expect_ok(prog, mn_build_session(m.graph, o, &m.session), "session");
   drv_expect_ok(prog, mn_session_load_safetensors(m.session, file, true), "load weights");
   return m;
+}
+
+static inline void drv_make_dir(const char *prog, const char *path) {
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "%s: mkdir %s: %s\n", prog, path, strerror(errno));
+    exit(1);
+  }
+}
+
+static inline void drv_write_f32(const char *prog, const char *path, const float *x, size_t n) {
+  FILE *f = fopen(path, "wb");
+  bool ok = f && fwrite(x, sizeof *x, n, f) == n;
+  if (f && fclose(f) != 0) ok = false;
+  if (!ok) {
+    fprintf(stderr, "%s: cannot write %s\n", prog, path);
+    exit(1);
+  }
+}
+
+/* The inputs of a graph of mn_model_build: positions (GPT-2), input_ids and labels. */
+static inline void drv_set_lm_batch(const char *prog, mn_session *s, const mn_graph *g,
+                                    const uint32_t *ids, const uint32_t *labels, size_t n) {
+  drv_expect_ok(prog, mn_model_prepare_session(g, s), "position ids");
+  drv_expect_ok(prog, mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
+  drv_expect_ok(prog, mn_session_set_input_u32(s, "labels", labels, n), "labels");
+}
+
+/* --lr, --beta1, --beta2, --eps, --weight-decay: whether option k was one of them (its value
+ * v then stored). */
+typedef struct drv_adamw {
+  double lr, beta1, beta2, eps, wd;
+} drv_adamw;
+static inline bool drv_adamw_arg(const char *k, const char *v, drv_adamw *o) {
+  double *at = !strcmp(k, "--lr")             ? &o->lr
+               : !strcmp(k, "--beta1")        ? &o->beta1
+               : !strcmp(k, "--beta2")        ? &o->beta2
+               : !strcmp(k, "--eps")          ? &o->eps
+               : !strcmp(k, "--weight-decay") ? &o->wd
+                                              : NULL;
+  if (at) *at = atof(v);
+  return at != NULL;
 }
 
 #endif

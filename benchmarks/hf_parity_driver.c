@@ -37,7 +37,7 @@
 typedef struct driver_args {
   const char *model, *out;
   long long batch, seq;
-  double lr, beta1, beta2, eps, wd;
+  drv_adamw opt;
   int finetune;
   const char *precision_name;
   mn_precision precision;
@@ -51,11 +51,7 @@ static void usage(void) {
 }
 
 static driver_args parse_args(int argc, char **argv) {
-  driver_args a = {.lr = 1e-3,
-                   .beta1 = 0.9,
-                   .beta2 = 0.999,
-                   .eps = 1e-8,
-                   .wd = 0.01,
+  driver_args a = {.opt = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01},
                    .precision_name = "f32",
                    .precision = MN_PRECISION_F32};
   for (int i = 1; i < argc; i += 2) {
@@ -69,16 +65,8 @@ static driver_args parse_args(int argc, char **argv) {
       a.batch = atoll(v);
     else if (!strcmp(k, "--seq"))
       a.seq = atoll(v);
-    else if (!strcmp(k, "--lr"))
-      a.lr = atof(v);
-    else if (!strcmp(k, "--beta1"))
-      a.beta1 = atof(v);
-    else if (!strcmp(k, "--beta2"))
-      a.beta2 = atof(v);
-    else if (!strcmp(k, "--eps"))
-      a.eps = atof(v);
-    else if (!strcmp(k, "--weight-decay"))
-      a.wd = atof(v);
+    else if (drv_adamw_arg(k, v, &a.opt))
+      ;
     else if (!strcmp(k, "--finetune"))
       a.finetune = atoi(v);
     else if (!strcmp(k, "--precision")) {
@@ -92,28 +80,6 @@ static driver_args parse_args(int argc, char **argv) {
   return a;
 }
 
-static void make_dir(const char *path) {
-  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "hf_parity_driver: mkdir %s: %s\n", path, strerror(errno));
-    exit(1);
-  }
-}
-
-static void write_f32(const char *path, const float *x, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f || fwrite(x, sizeof *x, n, f) != n || fclose(f) != 0) {
-    fprintf(stderr, "hf_parity_driver: cannot write %s\n", path);
-    exit(1);
-  }
-}
-
-static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
-                      size_t n) {
-  drv_expect_ok(PROG, mn_model_prepare_session(g, s), "position ids");
-  drv_expect_ok(PROG, mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
-  drv_expect_ok(PROG, mn_session_set_input_u32(s, "labels", labels, n), "labels");
-}
-
 static float run_step(mn_session *s) {
   drv_expect_ok(PROG, mn_session_step(s), "step");
   drv_expect_ok(PROG, mn_session_wait(s), "wait");
@@ -123,8 +89,8 @@ static float run_step(mn_session *s) {
 /* Writes grad/NAME.f32 and param/NAME.f32 for every parameter, and lists it in result. */
 static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE *result) {
   char dir[4096], path[4096], file[1024];
-  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "grad"));
-  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "param"));
+  drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, out, "grad"));
+  drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, out, "param"));
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
     mn_node_info info;
     if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0) continue;
@@ -133,10 +99,10 @@ static void dump_params(const mn_graph *g, mn_session *s, const char *out, FILE 
     if (!x) drv_die(PROG, "out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
     drv_expect_ok(PROG, mn_session_read_grad(s, info.name, x, n), info.name);
-    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
+    drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
     drv_expect_ok(PROG, mn_session_read_param(s, info.name, x, n), info.name);
-    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
+    drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, out, file), x, n);
     fprintf(result, "param %s %zu\n", info.name, n);
     free(x);
   }
@@ -158,13 +124,13 @@ int main(int argc, char **argv) {
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "input_ids.u32"), sizeof(uint32_t), n);
   uint32_t *labels = drv_read_exact(
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "labels.u32"), sizeof(uint32_t), n);
-  set_batch(s, g, ids, labels, n);
+  drv_set_lm_batch(PROG, s, g, ids, labels, n);
   drv_expect_ok(PROG,
-                mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
-                                     (float)a.wd),
+                mn_session_set_adamw(s, (float)a.opt.lr, (float)a.opt.beta1, (float)a.opt.beta2,
+                                     (float)a.opt.eps, (float)a.opt.wd),
                 "adamw");
 
-  make_dir(a.out);
+  drv_make_dir(PROG, a.out);
   FILE *result = fopen(drv_join_path(PROG, path, sizeof path, a.out, "result.txt"), "w");
   if (!result) drv_die(PROG, "result.txt");
   float loss = run_step(s);
@@ -177,14 +143,14 @@ int main(int argc, char **argv) {
   float *logits = malloc(nl * sizeof *logits);
   if (!logits) drv_die(PROG, "out of memory");
   drv_expect_ok(PROG, mn_session_read_output_by_index(s, 1, logits, nl), "logits");
-  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
+  drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_params(g, s, a.out, result);
 
   if (a.finetune > 0) {
     for (int i = 0; i < a.finetune; i++)
       fprintf(result, "step_loss %d %.9g\n", i + 2, (double)run_step(s));
     char dir[4096];
-    make_dir(drv_join_path(PROG, dir, sizeof dir, a.out, "finetuned"));
+    drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, a.out, "finetuned"));
     drv_expect_ok(PROG,
                   mn_session_save_safetensors(
                       s, drv_join_path(PROG, path, sizeof path, dir, "model.safetensors")),
@@ -194,10 +160,11 @@ int main(int argc, char **argv) {
     mn_session *inf = NULL;
     drv_expect_ok(PROG, mn_build_inference_session(g, &o, &inf), "inference session");
     drv_expect_ok(PROG, mn_session_load_safetensors(inf, path, true), "load finetuned");
-    set_batch(inf, g, ids, labels, n);
+    drv_set_lm_batch(PROG, inf, g, ids, labels, n);
     run_step(inf);
     drv_expect_ok(PROG, mn_session_read_output_by_index(inf, 1, logits, nl), "finetuned logits");
-    write_f32(drv_join_path(PROG, path, sizeof path, a.out, "finetuned_logits.f32"), logits, nl);
+    drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, a.out, "finetuned_logits.f32"),
+                  logits, nl);
     mn_session_free(inf);
   }
   if (fclose(result) != 0) drv_die(PROG, "result.txt");

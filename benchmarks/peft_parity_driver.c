@@ -33,7 +33,8 @@
 typedef struct args {
   const char *model, *out, *targets;
   long long batch, seq, rank;
-  double alpha, lr, beta1, beta2, eps, wd;
+  double alpha;
+  drv_adamw opt;
 } args;
 
 static void usage(void) {
@@ -44,7 +45,7 @@ static void usage(void) {
 }
 
 static args parse_args(int argc, char **argv) {
-  args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01};
+  args a = {.opt = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .wd = 0.01}};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage();
     const char *k = argv[i], *v = argv[i + 1];
@@ -62,37 +63,14 @@ static args parse_args(int argc, char **argv) {
       a.rank = atoll(v);
     else if (!strcmp(k, "--alpha"))
       a.alpha = atof(v);
-    else if (!strcmp(k, "--lr"))
-      a.lr = atof(v);
-    else if (!strcmp(k, "--beta1"))
-      a.beta1 = atof(v);
-    else if (!strcmp(k, "--beta2"))
-      a.beta2 = atof(v);
-    else if (!strcmp(k, "--eps"))
-      a.eps = atof(v);
-    else if (!strcmp(k, "--weight-decay"))
-      a.wd = atof(v);
+    else if (drv_adamw_arg(k, v, &a.opt))
+      ;
     else
       usage();
   }
   if (!a.model || !a.out || !a.targets || a.batch < 1 || a.seq < 1 || a.rank < 1 || a.alpha <= 0)
     usage();
   return a;
-}
-
-static void make_dir(const char *path) {
-  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "%s: mkdir %s: %s\n", PROG, path, strerror(errno));
-    exit(1);
-  }
-}
-
-static void write_f32(const char *path, const float *x, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f || fwrite(x, sizeof *x, n, f) != n || fclose(f) != 0) {
-    fprintf(stderr, "%s: cannot write %s\n", PROG, path);
-    exit(1);
-  }
 }
 
 static bool is_adapter(const char *name) {
@@ -122,8 +100,8 @@ static void randomize_b(const mn_graph *g, mn_session *s) {
 /* grad/NAME.f32 and param/NAME.f32 of every adapter tensor, listed in result. */
 static void dump_adapters(const mn_graph *g, mn_session *s, const char *out, FILE *result) {
   char dir[4096], path[4096], file[1024];
-  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "grad"));
-  make_dir(drv_join_path(PROG, dir, sizeof dir, out, "param"));
+  drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, out, "grad"));
+  drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, out, "param"));
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++) {
     mn_node_info info;
     if (mn_graph_node(g, (mn_node)i, &info) != MN_OK || strcmp(info.op, "parameter") != 0 ||
@@ -134,20 +112,13 @@ static void dump_adapters(const mn_graph *g, mn_session *s, const char *out, FIL
     if (!x) drv_die(PROG, "out of memory");
     snprintf(file, sizeof file, "grad/%s.f32", info.name);
     drv_expect_ok(PROG, mn_session_read_grad(s, info.name, x, n), info.name);
-    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
+    drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, out, file), x, n);
     snprintf(file, sizeof file, "param/%s.f32", info.name);
     drv_expect_ok(PROG, mn_session_read_param(s, info.name, x, n), info.name);
-    write_f32(drv_join_path(PROG, path, sizeof path, out, file), x, n);
+    drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, out, file), x, n);
     fprintf(result, "lora %s %zu\n", info.name, n);
     free(x);
   }
-}
-
-static void set_batch(mn_session *s, const mn_graph *g, const uint32_t *ids, const uint32_t *labels,
-                      size_t n) {
-  drv_expect_ok(PROG, mn_model_prepare_session(g, s), "position ids");
-  drv_expect_ok(PROG, mn_session_set_input_u32(s, "input_ids", ids, n), "input_ids");
-  drv_expect_ok(PROG, mn_session_set_input_u32(s, "labels", labels, n), "labels");
 }
 
 int main(int argc, char **argv) {
@@ -182,12 +153,12 @@ int main(int argc, char **argv) {
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "input_ids.u32"), sizeof(uint32_t), n);
   uint32_t *labels = drv_read_exact(
       PROG, drv_join_path(PROG, path, sizeof path, a.model, "labels.u32"), sizeof(uint32_t), n);
-  set_batch(s, g, ids, labels, n);
+  drv_set_lm_batch(PROG, s, g, ids, labels, n);
   drv_expect_ok(PROG,
-                mn_session_set_adamw(s, (float)a.lr, (float)a.beta1, (float)a.beta2, (float)a.eps,
-                                     (float)a.wd),
+                mn_session_set_adamw(s, (float)a.opt.lr, (float)a.opt.beta1, (float)a.opt.beta2,
+                                     (float)a.opt.eps, (float)a.opt.wd),
                 "adamw");
-  make_dir(a.out);
+  drv_make_dir(PROG, a.out);
   drv_expect_ok(PROG,
                 mn_lora_save(s, g, &lora, drv_join_path(PROG, dir, sizeof dir, a.out, "adapter")),
                 "save adapter");
@@ -198,11 +169,12 @@ int main(int argc, char **argv) {
   if (!logits) drv_die(PROG, "out of memory");
   mn_session *inf = NULL;
   drv_expect_ok(PROG, mn_build_inference_session_shared(g, &o, s, &inf), "inference session");
-  set_batch(inf, g, ids, labels, n);
+  drv_set_lm_batch(PROG, inf, g, ids, labels, n);
   drv_expect_ok(PROG, mn_session_step(inf), "inference");
   drv_expect_ok(PROG, mn_session_wait(inf), "inference wait");
   drv_expect_ok(PROG, mn_session_read_output_by_index(inf, 1, logits, nl), "inference logits");
-  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "inference_logits.f32"), logits, nl);
+  drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, a.out, "inference_logits.f32"), logits,
+                nl);
   mn_session_free(inf);
   FILE *result = fopen(drv_join_path(PROG, path, sizeof path, a.out, "result.txt"), "w");
   if (!result) drv_die(PROG, "result.txt");
@@ -212,12 +184,12 @@ int main(int argc, char **argv) {
   drv_expect_ok(PROG, mn_session_get_stats(s, &stats), "stats");
   fprintf(result, "backend %s\nloss %.9g\n", stats.backend, (double)mn_session_read_loss(s));
   drv_expect_ok(PROG, mn_session_read_output_by_index(s, 1, logits, nl), "logits");
-  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
+  drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, a.out, "logits.f32"), logits, nl);
   dump_adapters(g, s, a.out, result);
   drv_expect_ok(
       PROG, mn_lora_save(s, g, &lora, drv_join_path(PROG, dir, sizeof dir, a.out, "adapter_after")),
       "save stepped adapter");
-  make_dir(drv_join_path(PROG, dir, sizeof dir, a.out, "merged"));
+  drv_make_dir(PROG, drv_join_path(PROG, dir, sizeof dir, a.out, "merged"));
   drv_expect_ok(PROG,
                 mn_lora_save_merged(
                     s, g, &lora, drv_join_path(PROG, path, sizeof path, dir, "model.safetensors")),
@@ -230,11 +202,12 @@ int main(int argc, char **argv) {
   drv_expect_ok(PROG, mn_model_build_with(&c, a.batch, a.seq, &plain, &pg), "plain build");
   drv_expect_ok(PROG, mn_build_inference_session(pg, &o, &ps), "plain session");
   drv_expect_ok(PROG, mn_session_load_safetensors(ps, path, true), "load merged");
-  set_batch(ps, pg, ids, labels, n);
+  drv_set_lm_batch(PROG, ps, pg, ids, labels, n);
   drv_expect_ok(PROG, mn_session_step(ps), "merged forward");
   drv_expect_ok(PROG, mn_session_wait(ps), "merged wait");
   drv_expect_ok(PROG, mn_session_read_output_by_index(ps, 1, logits, nl), "merged logits");
-  write_f32(drv_join_path(PROG, path, sizeof path, a.out, "merged_logits.f32"), logits, nl);
+  drv_write_f32(PROG, drv_join_path(PROG, path, sizeof path, a.out, "merged_logits.f32"), logits,
+                nl);
   fclose(result);
   free(logits);
   free(ids);
