@@ -246,38 +246,16 @@ static void gradcheck_model(const mn_model_config *c0, const char *const *names,
           strcmp(info.name, names[i]) == 0)
         break;
     size_t n = (size_t)mn_tensor_type_numel(&info.type);
-    float *p = malloc(n * sizeof *p), *ad = malloc(n * sizeof *ad);
-    cr_assert_eq(mn_session_read_param(s, names[i], p, n), MN_OK, "%s", mn_last_error());
-    /* Re-run at the unperturbed point: earlier probes ran steps at other points. */
-    step(s);
-    cr_assert_eq(mn_session_read_grad(s, names[i], ad, n), MN_OK, "%s", mn_last_error());
-    double num_sq = 0, den_sq = 0;
-    size_t probes = n < 12 ? n : 12;
+    size_t probes = n < 12 ? n : 12, at[12];
     /* Embedding tables: probe the row of token 17, which the batch uses (unused rows have
      * zero gradients, which say nothing). */
     bool table = strstr(names[i], "embed_tokens") || strstr(names[i], "wte");
     size_t base = table ? 17 * (size_t)info.type.shape[1] : 0, span = table ? 12 : n;
-    for (size_t j = 0; j < probes; j++) {
-      size_t k = base + j * (span / probes) + (table ? 0 : j % 3);
-      if (k >= n) k = n - 1;
-      float saved = p[k];
-      p[k] = (float)(saved + h);
-      cr_assert_eq(mn_session_set_parameter(s, names[i], p, n), MN_OK);
-      double lp = step(s), hp = (double)p[k] - saved;
-      p[k] = (float)(saved - h);
-      cr_assert_eq(mn_session_set_parameter(s, names[i], p, n), MN_OK);
-      double lm = step(s), hm = saved - (double)p[k];
-      p[k] = saved;
-      cr_assert_eq(mn_session_set_parameter(s, names[i], p, n), MN_OK);
-      double fd = (lp - lm) / (hp + hm), d = ad[k] - fd;
-      num_sq += d * d;
-      den_sq += fd * fd;
-    }
-    double rel = sqrt(num_sq / den_sq);
+    for (size_t j = 0; j < probes; j++)
+      at[j] = base + j * (span / probes) + (table ? 0 : j % 3);
+    double rel = mn_test_fd_gradient_error(s, names[i], n, at, probes, h);
     cr_log_info("gradient of %s: relative error %.3g over %zu probes", names[i], rel, probes);
     cr_assert_lt(rel, 5e-3, "gradient of %s: relative error %g", names[i], rel);
-    free(p);
-    free(ad);
   }
   mn_session_free(s);
   mn_graph_free(g);

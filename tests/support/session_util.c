@@ -1,5 +1,6 @@
 #include "tests/support/session_util.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 mn_session *mn_test_session(const mn_graph *g, mn_backend backend, bool training) {
@@ -105,4 +106,33 @@ float mn_test_step_loss(mn_session *s) {
   cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
   cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
   return mn_session_read_loss(s);
+}
+
+double mn_test_fd_gradient_error(mn_session *s, const char *name, size_t n, const size_t *at,
+                                 size_t count, double h) {
+  float *p = malloc(n * sizeof *p), *ad = malloc(n * sizeof *ad);
+  cr_assert(p && ad);
+  cr_assert_eq(mn_session_read_param(s, name, p, n), MN_OK, "%s", mn_last_error());
+  /* At the unperturbed point: earlier probes ran steps at other points. */
+  mn_test_step_loss(s);
+  cr_assert_eq(mn_session_read_grad(s, name, ad, n), MN_OK, "%s", mn_last_error());
+  double num_sq = 0, den_sq = 0;
+  for (size_t j = 0; j < count; j++) {
+    size_t k = at[j] < n ? at[j] : n - 1;
+    float saved = p[k];
+    p[k] = (float)(saved + h);
+    cr_assert_eq(mn_session_set_parameter(s, name, p, n), MN_OK);
+    double lp = mn_test_step_loss(s), hp = (double)p[k] - saved;
+    p[k] = (float)(saved - h);
+    cr_assert_eq(mn_session_set_parameter(s, name, p, n), MN_OK);
+    double lm = mn_test_step_loss(s), hm = saved - (double)p[k];
+    p[k] = saved;
+    cr_assert_eq(mn_session_set_parameter(s, name, p, n), MN_OK);
+    double fd = (lp - lm) / (hp + hm), d = ad[k] - fd;
+    num_sq += d * d;
+    den_sq += fd * fd;
+  }
+  free(p);
+  free(ad);
+  return sqrt(num_sq / den_sq);
 }

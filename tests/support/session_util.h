@@ -44,4 +44,11 @@ float *mn_test_read_params(const mn_graph *g, mn_session *s);
 void mn_test_assert_same_params(const mn_graph *g, mn_session *a, mn_session *b, double tol,
                                 const char *when);
 
+/* The gradient of parameter `name` (n elements) that one step of s computes, against central
+ * differences of the step's loss (steps of +-h) at the `count` elements listed: the relative
+ * error ||analytic - numeric|| / ||numeric|| over them. The parameter keeps its values; s should
+ * not update (learning rate 0), or its values are restored before each probe anyway. */
+double mn_test_fd_gradient_error(mn_session *s, const char *name, size_t n, const size_t *at,
+                                 size_t count, double h);
+
 #endif
