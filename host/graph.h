@@ -19,7 +19,7 @@ typedef struct mn_op_attrs {
   float scale;      /* scale */
   float eps;        /* rms_norm, layer_norm, group_norm */
   float theta;      /* rope */
-  int pos_offset;   /* rope with a static offset; slice_last(_grad): the start */
+  int pos_offset;   /* rope with a static offset; slice_last(_grad), increment_u32: the start */
   int head_dim;     /* rope, attention */
   int num_heads;    /* attention */
   int num_kv_heads; /* attention */

@@ -178,7 +178,17 @@ enum {
   X(SUM_PER_CHANNEL, "sum_per_channel", 1, MN_BWD | MN_OPF_REDUCTION) /* [N,C,H,W] -> [C] */       \
   X(DOWNSAMPLE_SUM_2X, "downsample_sum_2x", 1, MN_BWD)                /* [N,C,2H,2W] -> [N,C,H,W] */
 
-#define MN_OP_LIST(X) MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X)
+/* State a graph launched again and again advances on the device (the generator's decode loop,
+ * models/decode.c): in-place writes to U32 inputs. Each is ordered after every reader of the
+ * value it overwrites through its inputs alone, since the optimizer keeps no other order. */
+#define MN_STATE_OP_LIST(X)                                                                        \
+  /* (src U32, dst U32, row U32 [1]): src into row (row mod R) of dst as R rows of src    */       \
+  X(STORE_ROW_U32, "store_row_u32", 3, MN_OPF_INPLACE)                                             \
+  /* (after, counter U32): elements attrs.pos_offset .. of counter (flat) plus 1; after is    */   \
+  /* read by nothing but the order                                                              */ \
+  X(INCREMENT_U32, "increment_u32", 2, MN_OPF_INPLACE)
+
+#define MN_OP_LIST(X) MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X) MN_STATE_OP_LIST(X)
 
 typedef enum mn_op {
 #define MN_OP_ENUM(e, name, arity, flags) MN_OP_##e,

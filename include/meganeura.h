@@ -207,6 +207,17 @@ MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_n
  * counter-based hash of (seed, position, row) (docs/generation.md), so both backends draw the
  * same u, and the same seed gives the same tokens. */
 MN_API mn_node mn_sample(mn_graph *g, mn_node logits, mn_node params, mn_node key_u32);
+/* Decode state (inference), for a graph launched once per token whose position, cache length,
+ * sampling key and next input advance on the device. Both write in place into a U32 mn_input
+ * (or the result of one of these ops on it), which keeps the new values for the next step, and
+ * return it. mn_store_row_u32 writes src into row (row mod R) of dst seen as R rows of src's
+ * size (e.g. ids [B] into input_ids [B, 1], R = 1, or into a ring [R, B]); mn_increment_u32 adds 1
+ * to elements first .. N-1 of counter (N elements in index order). The graph keeps no
+ * order but its data: give each write, through src or `after`, a dependency on everything that
+ * reads the value it overwrites (e.g. the sampled ids, which come after the whole model), and
+ * make the last write an output so that it runs. */
+MN_API mn_node mn_store_row_u32(mn_graph *g, mn_node src, mn_node dst, mn_node row_u32);
+MN_API mn_node mn_increment_u32(mn_graph *g, mn_node after, mn_node counter, int64_t first);
 
 /* Whether parameter `param` is trained (the default). A frozen parameter (trainable false) gets
  * no gradient buffer, no optimizer state and no update, and the backward computes only what the
@@ -669,6 +680,10 @@ typedef struct mn_generator_stats {
   double prefill_ms, ms_per_token; /* of the last generate call */
   uint64_t launches_per_token;     /* graph launches per decoded token: 1 on CUDA */
   size_t cache_len, weight_bytes;  /* rows in the cache; device bytes of the weights */
+  /* Of the last generate call: graph launches (one per prompt token but the last, and one per
+   * new token), and reads of the new tokens, each of which waits for the device: one per 64
+   * new tokens and one at the end, never one per token. */
+  uint64_t launches, host_reads;
 } mn_generator_stats;
 MN_API mn_status mn_generator_get_stats(const mn_generator *g, mn_generator_stats *out);
 
