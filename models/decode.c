@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "host/error.h"
+#include "host/graph.h"
 #include "models/model_internal.h"
 
 mn_node mn_model_rope(const mn_model_ctx *m, mn_node x) {
@@ -69,7 +70,18 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
   mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
   mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
   mn_node ids = mn_sample(g, logits, params, key);
-  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, &ids, 1);
+  /* Every write below depends on the ids, which come after every reader of what it overwrites. */
+  mn_node in = mn_graph_find_leaf(g, MN_OP_INPUT, "input_ids");
+  mn_node ring = mn_input_u32(g, "token_ring", MN_SHAPE(MN_DECODE_RING, batch));
+  mn_node next = mn_store_row_u32(g, ids, in, m.pos);
+  ring = mn_store_row_u32(g, next, ring, m.pos);
+  mn_node last = mn_increment_u32(g, ring, m.pos, 0);
+  last = mn_increment_u32(g, last, m.kv_len, 0);
+  last = mn_increment_u32(g, last, key, 2);
+  if (c->family == MN_MODEL_GPT2)
+    last = mn_increment_u32(g, last, mn_graph_find_leaf(g, MN_OP_INPUT, "position_ids"), 0);
+  mn_node outs[3] = {ids, ring, last};
+  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, outs, 3);
   if ((st = mn_graph_status(g)) != MN_OK) {
     mn_fail(st, "%s: %s", fn, mn_graph_error(g));
     mn_graph_free(g);

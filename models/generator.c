@@ -4,7 +4,9 @@
  * at the next call, so a call of 10 then a call of 10 launch exactly what one call of 20 does,
  * with the same sampling positions. Each launch writes row `pos` of every layer's caches and
  * samples the token after it; the prompt runs through the same graph one token per launch
- * (docs/generation.md says why). */
+ * (docs/generation.md says why). The graph advances its own position and feeds its sampled ids
+ * to the next launch (models/decode.c), so the host sets them once per call and reads the
+ * tokens from the device's ring every MN_DECODE_RING launches: no wait per token. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +24,7 @@ struct mn_generator {
   size_t cache_len; /* rows written: the next launch writes row cache_len */
   bool has_pending;
   uint32_t *pending, *ids, *pos_rows; /* [batch] each */
-  float *sampled;                     /* [batch]: output 0 read as floats */
+  float *ring;                        /* [MN_DECODE_RING, batch]: output 1 read as floats */
   mn_generator_stats stats;
 };
 
@@ -124,8 +126,8 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
   g->pending = calloc(b, sizeof *g->pending);
   g->ids = calloc(b, sizeof *g->ids);
   g->pos_rows = calloc(b, sizeof *g->pos_rows);
-  g->sampled = calloc(b, sizeof *g->sampled);
-  if (!g->pending || !g->ids || !g->pos_rows || !g->sampled)
+  g->ring = calloc(MN_DECODE_RING * b, sizeof *g->ring);
+  if (!g->pending || !g->ids || !g->pos_rows || !g->ring)
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   if (st == MN_OK) st = mn_model_build_decode(c, o->batch, max_seq, prefix, &g->g);
   if (st == MN_OK) st = mn_build_inference_session(g->g, &o->session, &g->s);
@@ -149,7 +151,7 @@ void mn_generator_free(mn_generator *g) {
   free(g->pending);
   free(g->ids);
   free(g->pos_rows);
-  free(g->sampled);
+  free(g->ring);
   free(g);
 }
 
@@ -180,13 +182,12 @@ static mn_status check_sampling(const char *fn, const mn_sampling *s) {
   return MN_OK;
 }
 
-/* One launch: ids[b] goes in at row cache_len; with `read`, the sampled ids come back. */
-static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
+/* The device's position state for a launch at row cache_len; the launches then advance it. */
+static mn_status set_position(mn_generator *g, const mn_sampling *s) {
   uint32_t pos = (uint32_t)g->cache_len, len = pos + 1;
   uint32_t key[3] = {(uint32_t)s->seed, (uint32_t)(s->seed >> 32), pos};
   size_t b = (size_t)g->batch;
-  mn_status st = mn_session_set_input_u32(g->s, "input_ids", g->ids, b);
-  if (st == MN_OK) st = mn_session_set_input_u32(g->s, "pos", &pos, 1);
+  mn_status st = mn_session_set_input_u32(g->s, "pos", &pos, 1);
   if (st == MN_OK) st = mn_session_set_input_u32(g->s, "kv_len", &len, 1);
   if (st == MN_OK) st = mn_session_set_input_u32(g->s, "sample_key", key, 3);
   if (st == MN_OK && g->cfg.family == MN_MODEL_GPT2) {
@@ -194,11 +195,31 @@ static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
       g->pos_rows[i] = pos;
     st = mn_session_set_input_u32(g->s, "position_ids", g->pos_rows, b);
   }
-  if (st == MN_OK) st = mn_session_step(g->s);
-  if (st == MN_OK && read) st = mn_session_wait(g->s);
-  if (st == MN_OK && read) st = mn_session_read_output_by_index(g->s, 0, g->sampled, b);
-  if (st == MN_OK) g->cache_len++;
   return st;
+}
+
+/* One launch at row cache_len: ids[b] go in, or with NULL the ids the last launch sampled. */
+static mn_status launch(mn_generator *g, const uint32_t *ids) {
+  mn_status st = ids ? mn_session_set_input_u32(g->s, "input_ids", ids, (size_t)g->batch) : MN_OK;
+  if (st == MN_OK) st = mn_session_step(g->s);
+  if (st != MN_OK) return st;
+  g->cache_len++;
+  g->stats.launches++;
+  return MN_OK;
+}
+
+/* Tokens t0 .. t0+n-1 of this call (n <= MN_DECODE_RING), sampled by the launches at rows
+ * pos0 + t0 .. of the ring: one read, which waits for them. */
+static mn_status read_ring(mn_generator *g, size_t pos0, size_t t0, size_t n, uint32_t *out,
+                           size_t n_new) {
+  size_t b = (size_t)g->batch;
+  mn_status st = mn_session_read_output_by_index(g->s, 1, g->ring, MN_DECODE_RING * b);
+  if (st != MN_OK) return st;
+  g->stats.host_reads++;
+  for (size_t t = t0; t < t0 + n; t++)
+    for (size_t i = 0; i < b; i++)
+      out[i * n_new + t] = (uint32_t)g->ring[(pos0 + t) % MN_DECODE_RING * b + i];
+  return MN_OK;
 }
 
 mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t n_prompt,
@@ -231,6 +252,8 @@ mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t 
                    n_prompt, n_new, g->cache_len + (g->has_pending ? 1 : 0), (long long)g->max_seq);
   float params[3] = {s->temperature, (float)s->top_k, s->top_p};
   st = mn_session_set_input(g->s, "sample_params", params, 3);
+  if (st == MN_OK) st = set_position(g, s);
+  g->stats.launches = g->stats.host_reads = 0;
   double t0 = now_ms();
   /* Token j of this call's known tokens: the pending one, then the prompt's. */
   for (size_t j = 0; st == MN_OK && j < feed; j++) {
@@ -238,20 +261,22 @@ mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t 
     for (size_t i = 0; i < b; i++)
       g->ids[i] = k == 0 ? g->pending[i] : prompt[i * n_prompt + k - 1];
     if (j + 1 == feed) break;
-    st = launch(g, s, false);
+    st = launch(g, g->ids);
   }
   if (st == MN_OK) st = mn_session_wait(g->s);
   double t1 = now_ms();
+  /* The first launch takes the last known ids, each later one what the one before sampled. */
+  size_t pos0 = g->cache_len;
   for (size_t t = 0; st == MN_OK && t < n_new; t++) {
-    st = launch(g, s, true);
-    for (size_t i = 0; st == MN_OK && i < b; i++) {
-      uint32_t id = (uint32_t)g->sampled[i];
-      out[i * n_new + t] = id;
-      g->ids[i] = id;
-    }
+    st = launch(g, t == 0 ? g->ids : NULL);
+    size_t in_chunk = t % MN_DECODE_RING + 1;
+    if (st == MN_OK && (in_chunk == MN_DECODE_RING || t + 1 == n_new))
+      st = read_ring(g, pos0, t + 1 - in_chunk, in_chunk, out, n_new);
   }
   double t2 = now_ms();
   if (st != MN_OK) return st;
+  for (size_t i = 0; i < b && n_new; i++)
+    g->ids[i] = out[i * n_new + n_new - 1];
   memcpy(g->pending, g->ids, b * sizeof *g->ids);
   g->has_pending = true;
   g->stats.prefill_ms = t1 - t0;

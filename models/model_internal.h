@@ -68,7 +68,11 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
 /* The decode graph of c (models/decode.c): the family graph for one new token per sequence
  * with its KV caches, then mn_sample. Inputs "input_ids" U32 [B, 1], GPT-2's "position_ids"
  * U32 [B, 1] (every row pos), "pos" and "kv_len" U32 [1], the caches, "sample_params" F32 [3]
- * and "sample_key" U32 [3]; output 0 the sampled ids U32 [B]. */
+ * and "sample_key" U32 [3]; output 0 the sampled ids U32 [B]. The step advances itself: the
+ * ids become input_ids and row pos % MN_DECODE_RING of "token_ring" U32 [MN_DECODE_RING, B]
+ * (output 1), and pos, kv_len, the key's position and position_ids move on by one (output 2,
+ * the last of these writes), so launches follow each other with nothing set in between. */
+#define MN_DECODE_RING 64
 mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                 const char *name_prefix, mn_graph **out);
 
