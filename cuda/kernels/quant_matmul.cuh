@@ -20,29 +20,46 @@ __device__ __forceinline__ float mn_qmm_f16(const unsigned char *p) {
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-// Weight j (0..31) of slice s of a row.
+// The 32 weights of slice s of a row, into registers: the scale (and bias) read once.
 template <int FMT, int GROUP>
-__device__ __forceinline__ float mn_qmm_weight(const unsigned char *row, long long s, int j) {
+__device__ __forceinline__ void mn_qmm_slice(const unsigned char *row, long long s, float *w) {
   if constexpr (FMT == 1) { // Q8_0
     const unsigned char *b = row + s * 34;
-    return __fmul_rn((float)(signed char)b[2 + j], mn_qmm_f16(b));
+    const float d = mn_qmm_f16(b);
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+      w[j] = __fmul_rn((float)(signed char)b[2 + j], d);
   } else if constexpr (FMT == 2 || FMT == 5) { // Q4_0, Q4_1
     const unsigned char *b = row + s * (FMT == 2 ? 18 : 20);
-    const unsigned char q = b[(FMT == 2 ? 2 : 4) + (j & 15)];
-    const int nib = j < 16 ? (q & 15) : (q >> 4);
-    if constexpr (FMT == 2) return __fmul_rn(mn_qmm_f16(b), (float)(nib - 8));
-    return __fadd_rn(__fmul_rn(mn_qmm_f16(b), (float)nib), mn_qmm_f16(b + 2));
-  } else { // affine int8 (3) or int4 (4)
+    const unsigned char *qs = b + (FMT == 2 ? 2 : 4);
+    const float d = mn_qmm_f16(b), m = FMT == 5 ? mn_qmm_f16(b + 2) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const int lo = qs[j] & 15, hi = qs[j] >> 4;
+      if constexpr (FMT == 2) {
+        w[j] = __fmul_rn(d, (float)(lo - 8));
+        w[j + 16] = __fmul_rn(d, (float)(hi - 8));
+      } else {
+        w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+        w[j + 16] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+      }
+    }
+  } else { // affine int8 (3) or int4 (4): slice s is part (s * 32) % GROUP of its group
     constexpr int QB = FMT == 3 ? GROUP : GROUP / 2;
     const long long e0 = s * 32;
     const unsigned char *b = row + (e0 / GROUP) * (4 + QB);
-    const int e = (int)(e0 % GROUP) + j;
-    int code;
-    if constexpr (FMT == 3)
-      code = b[4 + e];
-    else
-      code = e < GROUP / 2 ? (b[4 + e] & 15) : (b[4 + e - GROUP / 2] >> 4);
-    return __fadd_rn(__fmul_rn(mn_qmm_f16(b), (float)code), mn_qmm_f16(b + 2));
+    const int off = (int)(e0 % GROUP);
+    const float sc = mn_qmm_f16(b), bias = mn_qmm_f16(b + 2);
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      const int e = off + j;
+      int code;
+      if constexpr (FMT == 3)
+        code = b[4 + e];
+      else
+        code = e < GROUP / 2 ? (b[4 + e] & 15) : (b[4 + e - GROUP / 2] >> 4);
+      w[j] = __fadd_rn(__fmul_rn(sc, (float)code), bias);
+    }
   }
 }
 
@@ -64,12 +81,16 @@ __device__ void mn_quant_matmul(const IO &io) {
     for (int r = 0; r < MN_QMM_CHUNK; r++)
       acc[r] = 0.0f;
     for (long long s = lane; s < SLICES; s += 32) {
-      for (int j = 0; j < 32; j++) {
-        const float w = mn_qmm_weight<FMT, GROUP>(row, s, j);
+      float w[32];
+      mn_qmm_slice<FMT, GROUP>(row, s, w);
 #pragma unroll
-        for (int r = 0; r < MN_QMM_CHUNK; r++)
-          if (r < nr) acc[r] += w * (float)x[(r0 + r) * IN + s * 32 + j];
-      }
+      for (int r = 0; r < MN_QMM_CHUNK; r++)
+        if (r < nr) {
+          const auto xr = x + (r0 + r) * IN + s * 32;
+#pragma unroll
+          for (int j = 0; j < 32; j++)
+            acc[r] += w[j] * (float)xr[j];
+        }
     }
 #pragma unroll
     for (int r = 0; r < MN_QMM_CHUNK; r++) {
