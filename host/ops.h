@@ -176,7 +176,10 @@ enum {
   X(GROUP_NORM_GRAD_X, "group_norm_grad_x", 3, MN_BWD)   /* (x, w, dy) */                          \
   X(GROUP_NORM_GRAD_W, "group_norm_grad_w", 2, MN_BWD)   /* (x, dy) -> [C] */                      \
   X(SUM_PER_CHANNEL, "sum_per_channel", 1, MN_BWD | MN_OPF_REDUCTION) /* [N,C,H,W] -> [C] */       \
-  X(DOWNSAMPLE_SUM_2X, "downsample_sum_2x", 1, MN_BWD)                /* [N,C,2H,2W] -> [N,C,H,W] */
+  X(DOWNSAMPLE_SUM_2X, "downsample_sum_2x", 1, MN_BWD) /* [N,C,2H,2W] -> [N,C,H,W] */              \
+  /* (x, wq U32): x W^T with W quantized (host/quant.h), format in attrs.variant, the affine */    \
+  /* group size in attrs.groups; inference only, so no VJP rule                              */    \
+  X(MATMUL_QUANT, "matmul_quant", 2, 0)
 
 /* State a graph launched again and again advances on the device (the generator's decode loop,
  * models/decode.c): in-place writes to U32 inputs. Each is ordered after every reader of the

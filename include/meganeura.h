@@ -646,8 +646,15 @@ typedef enum mn_quant {
   MN_QUANT_Q8_0, /* GGML block formats: 32 weights per block, one f16 scale */
   MN_QUANT_Q4_0,
   MN_QUANT_AFFINE_INT8, /* group-wise affine (MLX style): per group a scale and a bias */
-  MN_QUANT_AFFINE_INT4
+  MN_QUANT_AFFINE_INT4,
+  MN_QUANT_Q4_1 /* GGML: 32 weights per block, f16 scale and f16 minimum */
 } mn_quant;
+/* x [.., in_features] W^T -> [.., out_features], W held quantized in wq (U32, the packed rows
+ * of W [out_features, in_features] in `format`, docs/generation.md gives the layouts) and
+ * dequantized on the fly; group_size is read by the affine formats (32, 64 or 128). Forward
+ * only: a graph that differentiates through it is MN_ERR_UNSUPPORTED. */
+MN_API mn_node mn_matmul_quant(mn_graph *g, mn_node x, mn_node wq, mn_quant format, int group_size,
+                               int64_t out_features, int64_t in_features);
 typedef struct mn_generator_options {
   mn_session_options session; /* backend, device, precision */
   int64_t max_seq; /* cache rows: prompt plus new tokens (default: the model's positions) */
@@ -665,7 +672,11 @@ typedef struct mn_sampling {
 } mn_sampling;
 
 typedef struct mn_generator mn_generator;
-/* Only MN_QUANT_NONE is implemented: the other formats are MN_ERR_UNSUPPORTED. */
+/* With quant other than MN_QUANT_NONE every linear layer's weight is quantized at load (a
+ * GGUF tensor already in that GGML format is kept as it is); embeddings, norms, biases and a
+ * tied head stay in the session's precision. An unknown quant, a group_size other than 32, 64
+ * or 128, or one that does not divide a layer's in_features is MN_ERR_INVALID_ARGUMENT before
+ * any work. */
 MN_API mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
                                   const mn_generator_options *o, mn_generator **out);
 MN_API void mn_generator_free(mn_generator *g);

@@ -38,6 +38,12 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
 
 mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                 const char *name_prefix, mn_graph **out) {
+  return mn_model_build_decode_quant(c, batch, max_seq, name_prefix, MN_QUANT_NONE, 0, out);
+}
+
+mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                      const char *name_prefix, mn_quant quant, int group_size,
+                                      mn_graph **out) {
   const char *fn = "mn_model_build_decode";
   mn_status st = mn_model_config_check(fn, c);
   if (st != MN_OK) return st;
@@ -63,7 +69,9 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
                     .seq = 1,
                     .prefix = prefix,
                     .positions = MN_NO_NODE,
-                    .max_seq = max_seq};
+                    .max_seq = max_seq,
+                    .quant = quant,
+                    .group_size = group_size};
   m.pos = mn_input_u32(g, "pos", MN_SHAPE(1));
   m.kv_len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
   mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);

@@ -43,14 +43,10 @@ static double now_ms(void) {
 
 static mn_status check_options(const char *fn, const mn_model_config *c,
                                const mn_generator_options *o, int64_t *max_seq) {
-  if (o->quant != MN_QUANT_NONE) {
-    if ((unsigned)o->quant > MN_QUANT_AFFINE_INT4)
-      return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: quant %d is not an mn_quant", fn, (int)o->quant);
-    return mn_fail(MN_ERR_UNSUPPORTED,
-                   "%s: quant %d: only MN_QUANT_NONE is implemented so far (quantized weights "
-                   "are not)",
-                   fn, (int)o->quant);
-  }
+  if ((unsigned)o->quant > MN_QUANT_Q4_1)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT,
+                   "%s: quant %d is not an mn_quant (none, q8_0, q4_0, q4_1, int8, int4)", fn,
+                   (int)o->quant);
   if (o->group_size != 0 && o->group_size != 32 && o->group_size != 64 && o->group_size != 128)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: group_size %d must be 32, 64 or 128", fn,
                    o->group_size);
@@ -83,11 +79,14 @@ static mn_status zero_caches(mn_generator *g) {
   return st;
 }
 
+/* The parameters, and the packed rows of quantized linear weights (U32 inputs of rank 2). */
 static size_t weight_bytes(const mn_graph *g) {
   size_t total = 0;
   mn_node_info info;
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++)
-    if (mn_graph_node(g, (mn_node)i, &info) == MN_OK && strcmp(info.op, "parameter") == 0)
+    if (mn_graph_node(g, (mn_node)i, &info) == MN_OK &&
+        (strcmp(info.op, "parameter") == 0 ||
+         (strcmp(info.op, "input") == 0 && info.type.dtype == MN_U32 && info.type.rank == 2)))
       total += mn_tensor_type_bytes(&info.type);
   return total;
 }
@@ -129,9 +128,13 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
   g->ring = calloc(MN_DECODE_RING * b, sizeof *g->ring);
   if (!g->pending || !g->ids || !g->pos_rows || !g->ring)
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  if (st == MN_OK) st = mn_model_build_decode(c, o->batch, max_seq, prefix, &g->g);
-  if (st == MN_OK) st = mn_build_inference_session(g->g, &o->session, &g->s);
+  int group = o->group_size ? o->group_size : 64;
   if (st == MN_OK)
+    st = mn_model_build_decode_quant(c, o->batch, max_seq, prefix, o->quant, group, &g->g);
+  if (st == MN_OK) st = mn_build_inference_session(g->g, &o->session, &g->s);
+  if (st == MN_OK && o->quant != MN_QUANT_NONE)
+    st = mn_model_load_quant(c, weights_path, prefix, gguf, o->quant, group, g->g, g->s);
+  else if (st == MN_OK)
     st = gguf ? mn_session_load_gguf(g->s, weights_path, MN_LOAD_STRICT)
               : mn_session_load_safetensors(g->s, weights_path, true);
   if (st == MN_OK) st = zero_caches(g);

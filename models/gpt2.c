@@ -22,7 +22,7 @@
  * adapter. */
 static mn_node conv1d(const mn_model_ctx *m, int layer, const char *what, mn_node x, int64_t in,
                       int64_t out) {
-  mn_node w = mn_model_param(m->g, m->prefix, MN_SHAPE(in, out), "h.%d.%s.weight", layer, what);
+  mn_node w = mn_model_linear_weight(m, true, out, in, "h.%d.%s.weight", layer, what);
   mn_node b = mn_model_param(m->g, m->prefix, MN_SHAPE(out), "h.%d.%s.bias", layer, what);
   char module[64];
   snprintf(module, sizeof module, "h.%d.%s", layer, what);

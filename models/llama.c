@@ -25,13 +25,13 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   int64_t q_dim = c->num_heads * c->head_dim, kv_dim = c->num_kv_heads * c->head_dim;
   /* Declared in transformers' state_dict order (attention, MLP, then the two norms), so
    * saved files list tensors as transformers does; the graph below uses them in any order. */
-  mn_node wq = mn_model_param(g, p, MN_SHAPE(q_dim, d), "layers.%d.self_attn.q_proj.weight", i);
-  mn_node wk = mn_model_param(g, p, MN_SHAPE(kv_dim, d), "layers.%d.self_attn.k_proj.weight", i);
-  mn_node wv = mn_model_param(g, p, MN_SHAPE(kv_dim, d), "layers.%d.self_attn.v_proj.weight", i);
-  mn_node wo = mn_model_param(g, p, MN_SHAPE(d, q_dim), "layers.%d.self_attn.o_proj.weight", i);
-  mn_node wgate = mn_model_param(g, p, MN_SHAPE(ff, d), "layers.%d.mlp.gate_proj.weight", i);
-  mn_node wup = mn_model_param(g, p, MN_SHAPE(ff, d), "layers.%d.mlp.up_proj.weight", i);
-  mn_node wdown = mn_model_param(g, p, MN_SHAPE(d, ff), "layers.%d.mlp.down_proj.weight", i);
+  mn_node wq = mn_model_linear_weight(m, false, q_dim, d, "layers.%d.self_attn.q_proj.weight", i);
+  mn_node wk = mn_model_linear_weight(m, false, kv_dim, d, "layers.%d.self_attn.k_proj.weight", i);
+  mn_node wv = mn_model_linear_weight(m, false, kv_dim, d, "layers.%d.self_attn.v_proj.weight", i);
+  mn_node wo = mn_model_linear_weight(m, false, d, q_dim, "layers.%d.self_attn.o_proj.weight", i);
+  mn_node wgate = mn_model_linear_weight(m, false, ff, d, "layers.%d.mlp.gate_proj.weight", i);
+  mn_node wup = mn_model_linear_weight(m, false, ff, d, "layers.%d.mlp.up_proj.weight", i);
+  mn_node wdown = mn_model_linear_weight(m, false, d, ff, "layers.%d.mlp.down_proj.weight", i);
   mn_node ln1 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.input_layernorm.weight", i);
   mn_node ln2 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.post_attention_layernorm.weight", i);
 

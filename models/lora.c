@@ -2,10 +2,12 @@
  * a configuration, and the adapted layer y = base + (alpha / r) (x A^T) B^T. The scale goes on
  * the [.., r] product, the narrowest value of the adapter path, rather than on its output. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "host/error.h"
+#include "host/quant.h"
 #include "models/model_internal.h"
 
 mn_status mn_lora_path(const char *fn, const char *dir, const char *file, char *out) {
@@ -120,14 +122,38 @@ mn_status mn_lora_config_check(const char *fn, mn_model_family f, const mn_lora_
   return MN_OK;
 }
 
+mn_node mn_model_linear_weight(const mn_model_ctx *m, bool conv1d, int64_t out, int64_t in,
+                               const char *fmt, ...) {
+  char name[MN_MODEL_NAME_CAP];
+  int n = snprintf(name, sizeof name, "%s", m->prefix);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name + n, sizeof name - (size_t)n, fmt, ap);
+  va_end(ap);
+  if (m->quant == MN_QUANT_NONE) {
+    int64_t shape[2] = {conv1d ? in : out, conv1d ? out : in};
+    return mn_parameter(m->g, name, shape, 2);
+  }
+  /* A group size that does not divide the row is refused by mn_matmul_quant by name. */
+  size_t words = mn_quant_row_words(m->quant, m->group_size, in);
+  return mn_input_u32(m->g, name, MN_SHAPE(out, words ? (int64_t)words : 1));
+}
+
 mn_node mn_model_linear(const mn_model_ctx *m, mn_node x, mn_node w, mn_node bias, bool conv1d,
                         const char *module) {
   mn_graph *g = m->g;
+  mn_node_info info;
+  mn_node_info xi;
+  if (m->quant != MN_QUANT_NONE && mn_graph_node(g, w, &info) == MN_OK &&
+      mn_graph_node(g, x, &xi) == MN_OK) {
+    mn_node y = mn_matmul_quant(g, x, w, m->quant, m->group_size, info.type.shape[0],
+                                xi.type.shape[xi.type.rank - 1]);
+    return bias != MN_NO_NODE ? mn_bias_add(g, y, bias) : y;
+  }
   mn_node y = conv1d ? mn_matmul(g, x, w) : mn_matmul_bt(g, x, w);
   if (bias != MN_NO_NODE) y = mn_bias_add(g, y, bias);
   char full[MN_MODEL_NAME_CAP];
   snprintf(full, sizeof full, "%s%s", m->prefix, module);
-  mn_node_info info;
   if (!m->lora || !mn_lora_targets_module(m->lora->target_modules, full) ||
       mn_graph_node(g, w, &info) != MN_OK)
     return y;

@@ -56,7 +56,17 @@ typedef struct mn_model_ctx {
    * ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after writing row "pos"; 0: training. */
   int64_t max_seq;
   mn_node pos, kv_len;
+  /* Linear weights quantized (not MN_QUANT_NONE): each is a U32 input of the parameter's name
+   * holding the packed rows of W [out, in] (host/quant.h), filled at load. */
+  mn_quant quant;
+  int group_size;
 } mn_model_ctx;
+
+/* The weight of a linear layer with in -> out features, named as mn_model_param names it: the
+ * parameter ([out, in], or [in, out] for a Conv1D), or with m->quant a U32 input
+ * [out, row words] that mn_model_linear multiplies through mn_matmul_quant. */
+mn_node mn_model_linear_weight(const mn_model_ctx *m, bool conv1d, int64_t out, int64_t in,
+                               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* RoPE of x at positions 0..T-1, at the packed rows' position ids, or in a decode graph at
  * "pos". */
@@ -75,6 +85,17 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
 #define MN_DECODE_RING 64
 mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                 const char *name_prefix, mn_graph **out);
+/* The same with quantized linear weights (mn_model_ctx.quant). */
+mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                      const char *name_prefix, mn_quant quant, int group_size,
+                                      mn_graph **out);
+
+/* Fills the session sq of gq, a graph built with quantized linear weights (mn_model_ctx.quant),
+ * from a safetensors or (gguf) GGUF file: parameters as they are, linear weights quantized
+ * (models/quant_load.c). */
+mn_status mn_model_load_quant(const mn_model_config *c, const char *weights_path,
+                              const char *prefix, bool gguf, mn_quant q, int group_size,
+                              const mn_graph *gq, mn_session *sq);
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are

@@ -281,6 +281,15 @@ fx=$(cd "$(dirname "${BASH_SOURCE[0]}")/fixtures/gguf" && pwd)
 "$mn" generate --weights "$fx/llama.safetensors" --config "$fx/llama_config.json" \
   --tokenizer "$fx/llama_tokenizer.json" --prompt "hello" --tokens 8 --greedy >"$tmp/st.txt" 2>/dev/null
 cmp -s "$tmp/gguf.txt" "$tmp/st.txt" || fail "a GGUF generates other text than its safetensors twin"
+# quantized weights: from a Q8_0 GGUF (its blocks kept) and from safetensors (int4 groups of
+# 32), and unknown formats and group sizes refused
+"$mn" generate --weights "$fx/llama_q8_0.gguf" --prompt "hello" --tokens 8 --greedy --quant q8_0 \
+  >/dev/null 2>"$tmp/q8.err" || fail "generate --quant q8_0 from a Q8_0 GGUF: $(cat "$tmp/q8.err")"
+"$mn" generate --weights "$out/model.safetensors" --config "$cfg" --prompt "the " --tokens 8 --greedy \
+  --quant int4 --group-size 32 >"$tmp/int4.txt" 2>"$tmp/int4.err" || fail "generate --quant int4: $(cat "$tmp/int4.err")"
+[[ $(wc -c <"$tmp/int4.txt") == 12 ]] || fail "generate --quant int4 printed $(wc -c <"$tmp/int4.txt") bytes"
+expect 2 "meganeura generate: --quant must be none, q8_0, q4_0, q4_1, int8 or int4, got 'q5'" generate --config "$cfg" --prompt hi --weights x --quant q5
+expect 2 "meganeura generate: --group-size must be 32, 64 or 128, got '48'" generate --config "$cfg" --prompt hi --weights x --group-size 48
 expect 2 "meganeura generate: --top-p must be in (0, 1], got '2'" generate --config "$cfg" --prompt hi --weights x --top-p 2
 expect 2 "--config is required (only a GGUF --weights carries its own)" generate --prompt hi --weights "$out/model.safetensors"
 

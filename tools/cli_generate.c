@@ -12,7 +12,8 @@ static const char *const CMD = "meganeura generate";
 static const char USAGE[] =
     "usage: meganeura generate (--checkpoint FILE | --weights FILE.safetensors|FILE.gguf)\n"
     "         [--config CONFIG.json] --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
-    "         [--top-p P] [--greedy] [--seed S] [--seq T] [--batch B] [--quant none]\n"
+    "         [--top-p P] [--greedy] [--seed S] [--seq T] [--batch B]\n"
+    "         [--quant none|q8_0|q4_0|q4_1|int8|int4] [--group-size 32|64|128]\n"
     "         [--tokenizer tokenizer.json] [--precision f32|tf32|bf16|f16] [--adapter DIR]\n"
     "Prints the prompt and N (default 200, or what a GPT-2's positions leave) sampled tokens:\n"
     "bytes, or with --tokenizer decoded ids. The cache holds --seq positions (default: the prompt "
@@ -25,6 +26,10 @@ static const char USAGE[] =
     "--adapter DIR applies a LoRA adapter as PEFT saves it (adapter_config.json,\n"
     "adapter_model.safetensors, e.g. meganeura train --lora-rank's OUT) to the base model of\n"
     "--weights: it is merged into the weights before the generator loads them.\n"
+    "--quant stores every linear layer's weight quantized (embeddings, norms, biases and a tied\n"
+    "head stay): GGML's Q8_0, Q4_0, Q4_1 (blocks of 32; a GGUF tensor already in that format is\n"
+    "kept as it is) or affine int8/int4 with --group-size weights per scale and bias (default\n"
+    "64). Every layer's input width must be a multiple of the block or group.\n"
     "Weights holding NaN or infinity are refused. The prefill time and the token rate go to\n"
     "stderr at the end.\n";
 
@@ -45,6 +50,7 @@ enum {
   O_TOKENIZER,
   O_PRECISION,
   O_ADAPTER,
+  O_GROUP,
   O_COUNT
 };
 
@@ -145,14 +151,27 @@ static int parse(cli_opt *o, gen_args *a) {
     fprintf(stderr, "%s: --top-p must be in (0, 1], got '%s'\n", CMD, o[O_TOPP].value);
     return CLI_USAGE;
   }
-  static const char *const quants[] = {"none", "q8_0", "q4_0", "int8", "int4"};
+  static const struct {
+    const char *name;
+    mn_quant quant;
+  } quants[] = {{"none", MN_QUANT_NONE},        {"q8_0", MN_QUANT_Q8_0},
+                {"q4_0", MN_QUANT_Q4_0},        {"q4_1", MN_QUANT_Q4_1},
+                {"int8", MN_QUANT_AFFINE_INT8}, {"int4", MN_QUANT_AFFINE_INT4}};
   const char *q = o[O_QUANT].seen ? o[O_QUANT].value : "none";
   a->gopt.quant = (mn_quant)-1;
-  for (int i = 0; i < 5; i++)
-    if (strcmp(q, quants[i]) == 0) a->gopt.quant = (mn_quant)i;
+  for (size_t i = 0; i < sizeof quants / sizeof quants[0]; i++)
+    if (strcmp(q, quants[i].name) == 0) a->gopt.quant = quants[i].quant;
   if ((int)a->gopt.quant < 0) {
-    fprintf(stderr, "%s: --quant must be none, q8_0, q4_0, int8 or int4, got '%s'\n", CMD, q);
+    fprintf(stderr, "%s: --quant must be none, q8_0, q4_0, q4_1, int8 or int4, got '%s'\n", CMD, q);
     return CLI_USAGE;
+  }
+  if (o[O_GROUP].seen) {
+    const char *g = o[O_GROUP].value;
+    if (strcmp(g, "32") && strcmp(g, "64") && strcmp(g, "128")) {
+      fprintf(stderr, "%s: --group-size must be 32, 64 or 128, got '%s'\n", CMD, g);
+      return CLI_USAGE;
+    }
+    a->gopt.group_size = atoi(g);
   }
   if (o[O_GREEDY].seen) a->temp = 0;
   if (o[O_ADAPTER].seen && o[O_CKPT].seen) {
@@ -276,6 +295,7 @@ int cli_generate(int argc, char **argv) {
       [O_TOKENIZER] = {"--tokenizer", 1, NULL, 0},
       [O_PRECISION] = {"--precision", 1, NULL, 0},
       [O_ADAPTER] = {"--adapter", 1, NULL, 0},
+      [O_GROUP] = {"--group-size", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;

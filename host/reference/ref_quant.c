@@ -1,0 +1,86 @@
+/* mn_matmul_quant on the CPU: each weight row is dequantized once (host/quant.h) and dotted in
+ * double with every row of x. Threads take contiguous runs of output features, and every
+ * output element is the same sum in the same order whichever thread computes it, so the
+ * result does not depend on MN_CPU_THREADS. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "host/quant.h"
+#include "host/reference/ref_shared.h"
+
+typedef struct quant_part {
+  const float *x;
+  const unsigned char *w;
+  float *y, *row; /* row: this part's dequantized weight row [in] */
+  mn_quant format;
+  int group;
+  size_t rows, in, out, row_bytes, from, to;
+} quant_part;
+
+static void quant_features(const quant_part *p) {
+  for (size_t o = p->from; o < p->to; o++) {
+    mn_dequantize_row(p->format, p->group, p->w + o * p->row_bytes, p->row, p->in);
+    for (size_t i = 0; i < p->rows; i++) {
+      const float *xi = p->x + i * p->in;
+      double acc = 0;
+      for (size_t k = 0; k < p->in; k++)
+        acc += (double)xi[k] * p->row[k];
+      p->y[i * p->out + o] = (float)acc;
+    }
+  }
+}
+
+static void *quant_thread(void *arg) {
+  quant_features(arg);
+  return NULL;
+}
+
+static size_t quant_threads(double work, size_t features) {
+  if (work < 1 << 18 || features < 2) return 1;
+  const char *env = getenv("MN_CPU_THREADS");
+  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  if (t < 1) t = 1;
+  if (t > 16) t = 16;
+  return (size_t)t < features ? (size_t)t : features;
+}
+
+mn_status mn_ref_MATMUL_QUANT(const mn_ref_ctx *c) {
+  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
+  size_t in = mn_ref_last_dim(tx), out = mn_ref_last_dim(&c->node->type);
+  size_t rows = (size_t)mn_tensor_type_numel(tx) / in;
+  mn_quant format = (mn_quant)c->node->attrs.variant;
+  int group = c->node->attrs.groups;
+  size_t threads = quant_threads((double)rows * (double)in * (double)out, out);
+  float *scratch = malloc(threads * in * sizeof *scratch);
+  if (!scratch) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "out of memory for a weight row");
+  quant_part parts[16];
+  pthread_t ids[16];
+  bool started[16] = {false};
+  for (size_t t = 0; t < threads; t++)
+    parts[t] = (quant_part){.x = mn_ref_in_f32(c, 0),
+                            .w = (const unsigned char *)mn_ref_in_u32(c, 1),
+                            .y = mn_ref_out_f32(c),
+                            .row = scratch + t * in,
+                            .format = format,
+                            .group = group,
+                            .rows = rows,
+                            .in = in,
+                            .out = out,
+                            .row_bytes = mn_quant_row_words(format, group, (int64_t)in) * 4,
+                            .from = out * t / threads,
+                            .to = out * (t + 1) / threads};
+  /* A thread that cannot start leaves its part to this one. */
+  for (size_t t = 1; t < threads; t++)
+    started[t] = pthread_create(&ids[t], NULL, quant_thread, &parts[t]) == 0;
+  quant_features(&parts[0]);
+  for (size_t t = 1; t < threads; t++) {
+    if (started[t])
+      pthread_join(ids[t], NULL);
+    else
+      quant_features(&parts[t]);
+  }
+  free(scratch);
+  return MN_OK;
+}
