@@ -35,15 +35,18 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
   return mn_cached_attention(g, q, kc, vc, m->kv_len, heads, kv_heads, hd);
 }
 
-mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
-                                const char *name_prefix, mn_graph **out) {
-  const char *fn = "mn_model_build_decode";
+/* The decode graph (rows 0: one token, sampled) or the prefill graph (rows tokens, no head). */
+static mn_status build(const char *fn, const mn_model_config *c, int64_t batch, int64_t max_seq,
+                       int64_t rows, const char *name_prefix, mn_graph **out) {
   mn_status st = mn_model_config_check(fn, c);
   if (st != MN_OK) return st;
   if (batch < 1 || batch > 65535 || max_seq < 1 || max_seq > ((int64_t)1 << 31))
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: batch %lld must be in 1..65535 and max_seq %lld in 1..2^31", fn,
                    (long long)batch, (long long)max_seq);
+  if (rows < 0 || rows > max_seq)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: rows %lld must be in 1..max_seq %lld", fn,
+                   (long long)rows, (long long)max_seq);
   if (c->family == MN_MODEL_GPT2 && max_seq > c->max_positions)
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: max_seq %lld is longer than n_positions %lld (the rows of wpe)", fn,
@@ -59,17 +62,20 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
   mn_model_ctx m = {.g = g,
                     .c = c,
                     .batch = batch,
-                    .seq = 1,
+                    .seq = rows ? rows : 1,
                     .prefix = prefix,
                     .positions = MN_NO_NODE,
-                    .max_seq = max_seq};
+                    .max_seq = max_seq,
+                    .no_head = rows > 0};
   m.pos = mn_input_u32(g, "pos", MN_SHAPE(1));
   m.kv_len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
-  mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
-  mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
-  mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
-  mn_node ids = mn_sample(g, logits, params, key);
-  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, &ids, 1);
+  mn_node y = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
+  if (!rows) {
+    mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
+    mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
+    y = mn_sample(g, y, params, key);
+  }
+  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, &y, 1);
   if ((st = mn_graph_status(g)) != MN_OK) {
     mn_fail(st, "%s: %s", fn, mn_graph_error(g));
     mn_graph_free(g);
@@ -77,4 +83,17 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
   }
   *out = g;
   return MN_OK;
+}
+
+mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                const char *name_prefix, mn_graph **out) {
+  return build("mn_model_build_decode", c, batch, max_seq, 0, name_prefix, out);
+}
+
+mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                 int64_t rows, const char *name_prefix, mn_graph **out) {
+  if (rows < 1)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_model_build_prefill: rows %lld must be positive",
+                   (long long)rows);
+  return build("mn_model_build_prefill", c, batch, max_seq, rows, name_prefix, out);
 }

@@ -3,8 +3,9 @@
  * or the prompt's last when no token was asked for): that one is "pending" and goes in first
  * at the next call, so a call of 10 then a call of 10 launch exactly what one call of 20 does,
  * with the same sampling positions. Each launch writes row `pos` of every layer's caches and
- * samples the token after it; the prompt runs through the same graph one token per launch
- * (docs/generation.md says why). */
+ * samples the token after it. The known tokens before the last run through a second session,
+ * of the prefill graph (mn_model_build_prefill), MN_PREFILL_ROWS at a time, which shares the
+ * weights and the caches with the first. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +14,21 @@
 
 #include "host/error.h"
 #include "models/model_internal.h"
+#include "session/session.h"
+
+/* Prompt rows per prefill launch, the last chunk padded: docs/generation.md says why 32. */
+#define MN_PREFILL_ROWS 32
 
 struct mn_generator {
   mn_model_config cfg;
   mn_graph *g;
   mn_session *s;
+  /* The prefill graph's session (NULL: none, the prompt runs token by token), its inputs
+   * [batch, MN_PREFILL_ROWS] each, and whether tests asked for the token-by-token path. */
+  mn_graph *pf_g;
+  mn_session *pf;
+  uint32_t *pf_ids, *pf_pos;
+  bool token_prefill;
   int64_t batch, max_seq;
   size_t cache_len; /* rows written: the next launch writes row cache_len */
   bool has_pending;
@@ -81,6 +92,37 @@ static mn_status zero_caches(mn_generator *g) {
   return st;
 }
 
+/* The prefill session: the weights and every layer's caches are the decode session's. A
+ * model whose weights the sharing cannot split (derived parameters at unaligned places) keeps
+ * the token-by-token prefill. */
+static mn_status new_prefill(mn_generator *g, const char *prefix, const mn_session_options *o) {
+  int64_t rows = g->max_seq < MN_PREFILL_ROWS ? g->max_seq : MN_PREFILL_ROWS;
+  size_t n = (size_t)g->batch * (size_t)rows, layers = (size_t)g->cfg.num_layers;
+  char(*names)[32] = calloc(2 * layers, sizeof *names);
+  const char **ptrs = calloc(2 * layers, sizeof *ptrs);
+  g->pf_ids = calloc(n, sizeof *g->pf_ids);
+  g->pf_pos = calloc(n, sizeof *g->pf_pos);
+  mn_status st = names && ptrs && g->pf_ids && g->pf_pos
+                     ? MN_OK
+                     : mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_generator_new: out of memory");
+  for (size_t i = 0; st == MN_OK && i < 2 * layers; i++) {
+    snprintf(names[i], sizeof names[i], "%s_cache.%zu", i % 2 ? "v" : "k", i / 2);
+    ptrs[i] = names[i];
+  }
+  if (st == MN_OK)
+    st = mn_model_build_prefill(&g->cfg, g->batch, g->max_seq, rows, prefix, &g->pf_g);
+  if (st == MN_OK)
+    st = mn_build_inference_session_sharing(g->pf_g, o, g->s, ptrs, 2 * layers, &g->pf);
+  if (st == MN_ERR_UNSUPPORTED) {
+    mn_graph_free(g->pf_g);
+    g->pf_g = NULL;
+    st = MN_OK;
+  }
+  free(names);
+  free(ptrs);
+  return st;
+}
+
 static size_t weight_bytes(const mn_graph *g) {
   size_t total = 0;
   mn_node_info info;
@@ -133,6 +175,7 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
     st = gguf ? mn_session_load_gguf(g->s, weights_path, MN_LOAD_STRICT)
               : mn_session_load_safetensors(g->s, weights_path, true);
   if (st == MN_OK) st = zero_caches(g);
+  if (st == MN_OK) st = new_prefill(g, prefix, &o->session);
   if (st != MN_OK) {
     mn_generator_free(g);
     return st;
@@ -144,6 +187,10 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
 
 void mn_generator_free(mn_generator *g) {
   if (!g) return;
+  mn_session_free(g->pf); /* before the session whose memory it reads */
+  mn_graph_free(g->pf_g);
+  free(g->pf_ids);
+  free(g->pf_pos);
   mn_session_free(g->s);
   mn_graph_free(g->g);
   free(g->pending);
@@ -201,6 +248,54 @@ static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
   return st;
 }
 
+void mn_generator_set_token_prefill(mn_generator *g, bool on) { g->token_prefill = on; }
+
+/* Known token j of this call for sequence i: the pending one, then the prompt's. */
+static uint32_t known(const mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t i,
+                      size_t j) {
+  if (g->has_pending) {
+    if (j == 0) return g->pending[i];
+    j--;
+  }
+  return prompt[i * n_prompt + j];
+}
+
+/* Writes the first n known tokens into the caches through the prefill session, a chunk of
+ * MN_PREFILL_ROWS per launch, while a whole chunk fits the cache; *done counts the tokens
+ * written. A short last chunk is padded: its pad rows write cache rows past the known tokens,
+ * which the next tokens overwrite, and no real row attends to them (causal). */
+static mn_status prefill(mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t n,
+                         size_t *done) {
+  size_t rows = (size_t)(g->max_seq < MN_PREFILL_ROWS ? g->max_seq : MN_PREFILL_ROWS);
+  size_t b = (size_t)g->batch;
+  /* The decode session's writes to the caches (the zeros, the last launch) come first. */
+  mn_status st = mn_session_wait(g->s);
+  bool ran = false;
+  while (st == MN_OK && *done < n && g->cache_len + rows <= (size_t)g->max_seq) {
+    size_t real = n - *done < rows ? n - *done : rows;
+    uint32_t pos = (uint32_t)g->cache_len, len = pos + (uint32_t)rows;
+    for (size_t i = 0; i < b; i++)
+      for (size_t r = 0; r < rows; r++) {
+        g->pf_ids[i * rows + r] = r < real ? known(g, prompt, n_prompt, i, *done + r) : 0;
+        g->pf_pos[i * rows + r] = pos + (uint32_t)r;
+      }
+    st = mn_session_set_input_u32(g->pf, "input_ids", g->pf_ids, b * rows);
+    if (st == MN_OK) st = mn_session_set_input_u32(g->pf, "pos", &pos, 1);
+    if (st == MN_OK) st = mn_session_set_input_u32(g->pf, "kv_len", &len, 1);
+    if (st == MN_OK && g->cfg.family == MN_MODEL_GPT2)
+      st = mn_session_set_input_u32(g->pf, "position_ids", g->pf_pos, b * rows);
+    if (st == MN_OK) st = mn_session_step(g->pf);
+    if (st == MN_OK) {
+      ran = true;
+      g->cache_len += real;
+      *done += real;
+    }
+  }
+  /* Before the decode session reads the caches, on its own stream. */
+  if (st == MN_OK && ran) st = mn_session_wait(g->pf);
+  return st;
+}
+
 mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t n_prompt,
                                 const mn_sampling *s, uint32_t *out, size_t n_new) {
   const char *fn = "mn_generator_generate";
@@ -232,14 +327,16 @@ mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t 
   float params[3] = {s->temperature, (float)s->top_k, s->top_p};
   st = mn_session_set_input(g->s, "sample_params", params, 3);
   double t0 = now_ms();
-  /* Token j of this call's known tokens: the pending one, then the prompt's. */
-  for (size_t j = 0; st == MN_OK && j < feed; j++) {
-    size_t k = g->has_pending ? j : j + 1; /* 0: pending, else prompt column k - 1 */
+  /* The known tokens but the last: in chunks, then (those no chunk fits) one per launch. */
+  size_t done = 0;
+  if (st == MN_OK && g->pf && !g->token_prefill) st = prefill(g, prompt, n_prompt, feed - 1, &done);
+  for (; st == MN_OK && done < feed - 1; done++) {
     for (size_t i = 0; i < b; i++)
-      g->ids[i] = k == 0 ? g->pending[i] : prompt[i * n_prompt + k - 1];
-    if (j + 1 == feed) break;
+      g->ids[i] = known(g, prompt, n_prompt, i, done);
     st = launch(g, s, false);
   }
+  for (size_t i = 0; i < b; i++)
+    g->ids[i] = known(g, prompt, n_prompt, i, feed - 1);
   if (st == MN_OK) st = mn_session_wait(g->s);
   double t1 = now_ms();
   for (size_t t = 0; st == MN_OK && t < n_new; t++) {

@@ -56,6 +56,7 @@ typedef struct mn_model_ctx {
    * ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after writing row "pos"; 0: training. */
   int64_t max_seq;
   mn_node pos, kv_len;
+  bool no_head; /* the prefill graph: the final norm's output, no vocabulary product */
 } mn_model_ctx;
 
 /* RoPE of x at positions 0..T-1, at the packed rows' position ids, or in a decode graph at
@@ -71,6 +72,17 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
  * and "sample_key" U32 [3]; output 0 the sampled ids U32 [B]. */
 mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                 const char *name_prefix, mn_graph **out);
+/* The prefill graph of c: the decode graph's layers for `rows` tokens per sequence at
+ * positions pos .. pos+rows-1, each layer writing those rows of its caches and attending
+ * causally over them (query row r sees cache rows 0 .. pos+r, kv_len = pos+rows), without the
+ * head: output 0 the final norm's output [B, rows, D]. Inputs as the decode graph's, with
+ * "input_ids" (and GPT-2's "position_ids") U32 [B, rows], and no sampling inputs. */
+mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                 int64_t rows, const char *name_prefix, mn_graph **out);
+
+/* Makes g feed the prompt one token per launch through the decode graph (on) instead of the
+ * prefill graph's chunks: the reference that tests compare the chunks with. */
+void mn_generator_set_token_prefill(mn_generator *g, bool on);
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are
