@@ -248,7 +248,10 @@ static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
   return st;
 }
 
-void mn_generator_set_token_prefill(mn_generator *g, bool on) { g->token_prefill = on; }
+bool mn_generator_set_token_prefill(mn_generator *g, bool on) {
+  g->token_prefill = on;
+  return g->pf != NULL;
+}
 
 /* Known token j of this call for sequence i: the pending one, then the prompt's. */
 static uint32_t known(const mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t i,

@@ -81,8 +81,9 @@ mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_
                                  int64_t rows, const char *name_prefix, mn_graph **out);
 
 /* Makes g feed the prompt one token per launch through the decode graph (on) instead of the
- * prefill graph's chunks: the reference that tests compare the chunks with. */
-void mn_generator_set_token_prefill(mn_generator *g, bool on);
+ * prefill graph's chunks: the reference that tests compare the chunks with. Returns whether g
+ * has the chunks (false: its weights could not be shared, and it always goes token by token). */
+bool mn_generator_set_token_prefill(mn_generator *g, bool on);
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are

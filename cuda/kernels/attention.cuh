@@ -419,11 +419,20 @@ __device__ void mn_attn_fwd(const IO &io) {
     off = (long long)kv_len - T;
   }
 
-  const long long kend = MASK == MN_ATTN_MASK_CACHE ? (q0 + BR + off < S ? q0 + BR + off : S)
-                                                    : mn_attn_kend<BR, S, MASK>(q0);
+  // Cache rows from kv_len on are never read (they may hold anything, NaN included: a zero
+  // probability times NaN would still be NaN), so they load as zeros.
+  const long long kv_end = off + T;
+  const long long kend = MASK == MN_ATTN_MASK_CACHE
+                             ? (q0 + BR + off < kv_end ? q0 + BR + off : kv_end)
+                             : mn_attn_kend<BR, S, MASK>(q0);
   for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads(); // the previous tile's readers are done with ks, vs
-    mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
+    if constexpr (MASK == MN_ATTN_MASK_CACHE) {
+      mn_attn_load<HD, HDP, BC, LDA>(ks, qt.kb, (long long)KVH * HD, c0, kv_end);
+      mn_attn_load<HD, HDP, BC, LDA>(vs, qt.vb, (long long)KVH * HD, c0, kv_end);
+    } else {
+      mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
+    }
     __syncthreads();
     float s[RM][CN], dp[MODE == MN_ATTN_STATS_DELTA ? RM : 1][CN];
     mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
