@@ -32,7 +32,7 @@ static mn_status write_weights(const mn_model_config *c, const char *path) {
 /* Median prefill_ms of `repeats` calls of n_prompt tokens, each from an empty cache. */
 static mn_status time_path(mn_generator *gen, bool tokens, const uint32_t *prompt, size_t n,
                            int repeats, double *ms) {
-  mn_generator_set_token_prefill(gen, tokens);
+  mn_generator_set_prefill_mode(gen, tokens ? MN_PREFILL_TOKENS : MN_PREFILL_AUTO);
   double t[64];
   uint32_t next = 0;
   for (int r = -1; r < repeats; r++) {

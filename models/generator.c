@@ -24,11 +24,11 @@ struct mn_generator {
   mn_graph *g;
   mn_session *s;
   /* The prefill graph's session (NULL: none, the prompt runs token by token), its inputs
-   * [batch, MN_PREFILL_ROWS] each, and whether tests asked for the token-by-token path. */
+   * [batch, MN_PREFILL_ROWS] each, and how the prompt goes (model_internal.h). */
   mn_graph *pf_g;
   mn_session *pf;
   uint32_t *pf_ids, *pf_pos;
-  bool token_prefill;
+  mn_prefill_mode prefill_mode;
   int64_t batch, max_seq;
   size_t cache_len; /* rows written: the next launch writes row cache_len */
   bool has_pending;
@@ -248,9 +248,19 @@ static mn_status launch(mn_generator *g, const mn_sampling *s, bool read) {
   return st;
 }
 
-bool mn_generator_set_token_prefill(mn_generator *g, bool on) {
-  g->token_prefill = on;
+bool mn_generator_set_prefill_mode(mn_generator *g, mn_prefill_mode mode) {
+  g->prefill_mode = mode;
   return g->pf != NULL;
+}
+
+/* Whether a chunk of `real` known tokens in `rows` rows costs less than `real` decode launches.
+ * On CUDA it does: one launch either way, and the launch dominates at these sizes. On the CPU
+ * a row of a chunk costs about 0.6 of a decode launch (the reference's products compute each
+ * element on its own, so rows share little more than the skipped head), and pad rows cost as
+ * much as real ones. */
+static bool prefill_pays(const mn_generator *g, size_t real, size_t rows) {
+  if (g->prefill_mode == MN_PREFILL_CHUNKS || real == rows) return true;
+  return g->s->backend != &mn_cpu_backend || 5 * real >= 3 * rows;
 }
 
 /* Known token j of this call for sequence i: the pending one, then the prompt's. */
@@ -264,9 +274,9 @@ static uint32_t known(const mn_generator *g, const uint32_t *prompt, size_t n_pr
 }
 
 /* Writes the first n known tokens into the caches through the prefill session, a chunk of
- * MN_PREFILL_ROWS per launch, while a whole chunk fits the cache; *done counts the tokens
- * written. A short last chunk is padded: its pad rows write cache rows past the known tokens,
- * which the next tokens overwrite, and no real row attends to them (causal). */
+ * MN_PREFILL_ROWS per launch, while a whole chunk fits the cache and pays (prefill_pays);
+ * *done counts the tokens written. A short last chunk is padded: its pad rows write cache rows past
+ * the known tokens, which the next tokens overwrite, and no real row attends to them (causal). */
 static mn_status prefill(mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t n,
                          size_t *done) {
   size_t rows = (size_t)(g->max_seq < MN_PREFILL_ROWS ? g->max_seq : MN_PREFILL_ROWS);
@@ -276,6 +286,7 @@ static mn_status prefill(mn_generator *g, const uint32_t *prompt, size_t n_promp
   bool ran = false;
   while (st == MN_OK && *done < n && g->cache_len + rows <= (size_t)g->max_seq) {
     size_t real = n - *done < rows ? n - *done : rows;
+    if (!prefill_pays(g, real, rows)) break;
     uint32_t pos = (uint32_t)g->cache_len, len = pos + (uint32_t)rows;
     for (size_t i = 0; i < b; i++)
       for (size_t r = 0; r < rows; r++) {
@@ -332,7 +343,8 @@ mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t 
   double t0 = now_ms();
   /* The known tokens but the last: in chunks, then (those no chunk fits) one per launch. */
   size_t done = 0;
-  if (st == MN_OK && g->pf && !g->token_prefill) st = prefill(g, prompt, n_prompt, feed - 1, &done);
+  if (st == MN_OK && g->pf && g->prefill_mode != MN_PREFILL_TOKENS)
+    st = prefill(g, prompt, n_prompt, feed - 1, &done);
   for (; st == MN_OK && done < feed - 1; done++) {
     for (size_t i = 0; i < b; i++)
       g->ids[i] = known(g, prompt, n_prompt, i, done);

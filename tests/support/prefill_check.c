@@ -19,7 +19,8 @@ void mn_test_prefill_tokens(const mn_model_config *c, const char *path, mn_backe
   o.max_seq = max_seq;
   mn_generator *g = NULL;
   cr_assert_eq(mn_generator_new(c, path, &o, &g), MN_OK, "%s", mn_last_error());
-  cr_assert(mn_generator_set_token_prefill(g, token_path), "the generator has no prefill graph");
+  cr_assert(mn_generator_set_prefill_mode(g, token_path ? MN_PREFILL_TOKENS : MN_PREFILL_CHUNKS),
+            "the generator has no prefill graph");
   uint32_t prompt[2 * 96], first[2 * 96], more[2 * 4];
   cr_assert((size_t)batch * n_prompt <= sizeof prompt / sizeof *prompt && n_new <= 96);
   for (size_t i = 0; i < (size_t)batch * n_prompt; i++)
