@@ -629,7 +629,8 @@ MN_API mn_status mn_lora_save_merged(mn_session *s, const mn_graph *g, const mn_
 /* ---------------------------------------------------------------- generation
  *
  * A generator owns an inference session of a model's decode graph with its KV cache: the
- * prompt runs through the cache one token per launch, then each new token is one graph launch
+ * prompt is written into the cache in chunks of rows (a prefill graph sharing the weights and
+ * the cache, docs/generation.md), then each new token is one graph launch
  * (embedding, every layer with the cache append, the head and the sampling on the device)
  * that appends to the cache. Weights come from a HuggingFace safetensors file (or a sharded
  * checkpoint's index), loaded strictly (docs/generation.md). */

@@ -1,6 +1,7 @@
 /* The decode graph of a family: the training graph's layers for one new token per sequence,
  * where RoPE turns at the cache position and attention reads the KV caches, followed by
- * on-device sampling. The layers are the family builders' own (models/gpt2.c, llama.c), which
+ * on-device sampling; and the prefill graph, the same layers for a chunk of rows per sequence
+ * without the head. The layers are the family builders' own (models/gpt2.c, llama.c), which
  * ask mn_model_rope and mn_model_attention, so the two graphs cannot drift apart. */
 #include <stdio.h>
 #include <string.h>

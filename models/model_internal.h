@@ -52,8 +52,9 @@ typedef struct mn_model_ctx {
   const mn_lora_config *lora;
   bool packed;       /* examples packed in rows: attention within each (mn_model_options) */
   mn_node positions; /* "position_ids" when the family builder has declared it */
-  /* The decode graph (seq 1, models/decode.c): RoPE at "pos" and attention over the KV caches
-   * ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after writing row "pos"; 0: training. */
+  /* The decode graph (seq 1, models/decode.c) and the prefill graph (seq rows): RoPE at "pos"
+   * and attention over the KV caches ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after
+   * writing rows "pos" .. "pos"+seq-1; 0: training. */
   int64_t max_seq;
   mn_node pos, kv_len;
   bool no_head; /* the prefill graph: the final norm's output, no vocabulary product */
