@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "benchmarks/bench_util.h"
-#include "models/model_internal.h"
+#include "models/prefill_mode.h"
 
 static int fail(const char *what) {
   fprintf(stderr, "prefill: %s: %s\n", what, mn_last_error());

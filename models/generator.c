@@ -14,6 +14,7 @@
 
 #include "host/error.h"
 #include "models/model_internal.h"
+#include "models/prefill_mode.h"
 #include "session/session.h"
 
 /* Prompt rows per prefill launch, the last chunk padded: docs/generation.md says why 32. */
@@ -24,7 +25,7 @@ struct mn_generator {
   mn_graph *g;
   mn_session *s;
   /* The prefill graph's session (NULL: none, the prompt runs token by token), its inputs
-   * [batch, MN_PREFILL_ROWS] each, and how the prompt goes (model_internal.h). */
+   * [batch, MN_PREFILL_ROWS] each, and how the prompt goes (prefill_mode.h). */
   mn_graph *pf_g;
   mn_session *pf;
   uint32_t *pf_ids, *pf_pos;

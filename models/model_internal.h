@@ -81,19 +81,6 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
 mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                  int64_t rows, const char *name_prefix, mn_graph **out);
 
-/* How the generator feeds a prompt: MN_PREFILL_AUTO (the default) in chunks of the prefill
- * graph, except a short last chunk on the CPU (models/generator.c, prefill_pays); CHUNKS pads
- * every last chunk; TOKENS goes one token per launch through the decode graph, the reference
- * that tests compare the chunks with. */
-typedef enum mn_prefill_mode {
-  MN_PREFILL_AUTO,
-  MN_PREFILL_CHUNKS,
-  MN_PREFILL_TOKENS
-} mn_prefill_mode;
-/* Sets g's mode; returns whether g has the chunks (false: its weights could not be shared, and
- * it always goes token by token). */
-bool mn_generator_set_prefill_mode(mn_generator *g, mn_prefill_mode mode);
-
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are
  * left in the graph (sticky), and the result is then MN_NO_NODE. */

@@ -1,6 +1,6 @@
 #include "tests/support/prefill_check.h"
 
-#include "models/model_internal.h"
+#include "models/prefill_mode.h"
 #include "tests/support/generator_check.h"
 #include "tests/support/mn_test.h"
 
