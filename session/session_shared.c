@@ -74,15 +74,17 @@ mn_status mn_session_share_inputs(const char *fn, mn_session *s, mn_session *own
                      b == UINT32_MAX ? "this graph" : "the owner's graph");
     const mn_tensor_type *t = &s->plan->graph->nodes[mine].type;
     const mn_tensor_type *ot = &owner->plan->graph->nodes[theirs].type;
-    if (!mn_type_same_shape(t, ot) || t->dtype != ot->dtype ||
-        s->plan->buffers[b].storage != owner->plan->buffers[ob].storage) {
+    if (!mn_type_same_shape(t, ot) || t->dtype != ot->dtype) {
       char want[96], have[96];
-      return mn_fail(MN_ERR_SHAPE,
-                     "%s: input \"%s\" is %s here but %s in the owner (or stored "
-                     "otherwise)",
-                     fn, names[k], mn_shape_str(t, want, sizeof want),
-                     mn_shape_str(ot, have, sizeof have));
+      return mn_fail(MN_ERR_SHAPE, "%s: input \"%s\" is %s here but %s in the owner", fn, names[k],
+                     mn_shape_str(t, want, sizeof want), mn_shape_str(ot, have, sizeof have));
     }
+    if (s->plan->buffers[b].storage != owner->plan->buffers[ob].storage)
+      return mn_fail(MN_ERR_UNSUPPORTED,
+                     "%s: input \"%s\" is stored as %s here but as %s in the owner (the plans' "
+                     "precision placed it differently)",
+                     fn, names[k], mn_dtype_name(s->plan->buffers[b].storage),
+                     mn_dtype_name(owner->plan->buffers[ob].storage));
     if (!updated_in_place(s->plan, b) || !updated_in_place(owner->plan, ob))
       return mn_fail(MN_ERR_UNSUPPORTED,
                      "%s: input \"%s\" is not updated in place (mn_cache_write) in both graphs; "

@@ -86,12 +86,12 @@ static void prefill_tokens_equal_cpu(mn_model_family f) {
       for (int64_t b = 1; b <= 2; b++) {
         uint32_t cpu[2 * 10], gpu[2 * 10], gpu_tokens[2 * 10];
         size_t n = (size_t)b * 10 * sizeof *cpu;
-        mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, b, 96, lengths[li], 6, modes[m], false,
-                               cpu);
-        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, b, 96, lengths[li], 6, modes[m], false,
-                               gpu);
-        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, b, 96, lengths[li], 6, modes[m], true,
-                               gpu_tokens);
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], false, cpu);
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], false, gpu);
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], true, gpu_tokens);
         cr_assert_arr_eq(cpu, gpu, n, "chunks: mode %d prompt %zu batch %lld", m, lengths[li],
                          (long long)b);
         cr_assert_arr_eq(gpu_tokens, gpu, n,

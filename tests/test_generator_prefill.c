@@ -26,21 +26,28 @@ static void teardown(void) { mn_tmp_dir_remove(&dir); }
 
 TestSuite(generator_prefill, .init = setup, .fini = teardown);
 
-static void same_tokens(mn_model_family f, int64_t batch, int64_t max_seq, size_t n_prompt,
-                        const mn_sampling *s) {
+static void same_tokens_in(mn_model_family f, mn_precision prec, int64_t batch, int64_t max_seq,
+                           size_t n_prompt, const mn_sampling *s) {
   mn_model_config c = mn_test_prefill_config(f);
   const char *path = weights[f == MN_MODEL_LLAMA];
   enum { NEW = 6 };
   uint32_t chunks[2 * (NEW + 4)], tokens[2 * (NEW + 4)];
   size_t n = (size_t)batch * (NEW + 4);
-  mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, batch, max_seq, n_prompt, NEW, s, false, chunks);
-  mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, batch, max_seq, n_prompt, NEW, s, true, tokens);
+  mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, prec, batch, max_seq, n_prompt, NEW, s, false,
+                         chunks);
+  mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, prec, batch, max_seq, n_prompt, NEW, s, true,
+                         tokens);
   for (size_t i = 0; i < n; i++)
     cr_assert_eq(chunks[i], tokens[i],
                  "family %d, batch %lld, prompt %zu: token %zu of sequence %zu is %u in chunks, %u "
                  "token by token",
                  (int)f, (long long)batch, n_prompt, i % (NEW + 4), i / (NEW + 4), chunks[i],
                  tokens[i]);
+}
+
+static void same_tokens(mn_model_family f, int64_t batch, int64_t max_seq, size_t n_prompt,
+                        const mn_sampling *s) {
+  same_tokens_in(f, MN_PRECISION_F32, batch, max_seq, n_prompt, s);
 }
 
 static const mn_sampling warm = {.temperature = 1.3f, .top_k = 0, .top_p = 0.95f, .seed = 5};
@@ -64,4 +71,11 @@ Test(generator_prefill, llama_gqa_chunks_equal_tokens) { every_length(MN_MODEL_L
 Test(generator_prefill, a_short_cache_finishes_token_by_token) {
   same_tokens(MN_MODEL_LLAMA, 2, 60, 50, NULL);
   same_tokens(MN_MODEL_GPT2, 1, 60, 50, &warm);
+}
+
+/* In bf16 the two sessions store the caches alike, so they share them, and the chunks still
+ * give the tokens of the token-by-token path. */
+Test(generator_prefill, bf16_chunks_equal_tokens) {
+  same_tokens_in(MN_MODEL_LLAMA, MN_PRECISION_BF16, 2, 96, 50, NULL);
+  same_tokens_in(MN_MODEL_GPT2, MN_PRECISION_BF16, 1, 96, 71, &warm);
 }

@@ -11,10 +11,11 @@ mn_model_config mn_test_prefill_config(mn_model_family f) {
 }
 
 void mn_test_prefill_tokens(const mn_model_config *c, const char *path, mn_backend be,
-                            int64_t batch, int64_t max_seq, size_t n_prompt, size_t n_new,
-                            const mn_sampling *s, bool token_path, uint32_t *out) {
+                            mn_precision prec, int64_t batch, int64_t max_seq, size_t n_prompt,
+                            size_t n_new, const mn_sampling *s, bool token_path, uint32_t *out) {
   mn_generator_options o = mn_generator_options_default();
   o.session.backend = be;
+  o.session.precision = prec;
   o.batch = batch;
   o.max_seq = max_seq;
   mn_generator *g = NULL;
