@@ -58,21 +58,12 @@ void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
   return NULL;
 }
 
-/* Inputs that an in-place op updates (KV caches) keep their device contents across
- * steps, so they are written directly instead of being re-copied from staging. */
-static bool updated_in_place(const mn_plan *p, uint32_t buffer) {
-  const mn_graph *g = p->graph;
-  for (size_t i = 0; i < g->num_nodes; i++)
-    if ((mn_op_flags(g->nodes[i].op) & MN_OPF_INPLACE) && p->node_buffer[i] == buffer) return true;
-  return false;
-}
-
 static mn_status plan_staging(cuda_state *st, const mn_plan *p) {
   size_t total = 0;
   st->staged = calloc(p->num_buffers ? p->num_buffers : 1, sizeof *st->staged);
   if (!st->staged) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   for (size_t b = 0; b < p->num_buffers; b++) {
-    if (p->buffers[b].role != MN_BUF_INPUT || updated_in_place(p, (uint32_t)b)) continue;
+    if (p->buffers[b].role != MN_BUF_INPUT || mn_plan_input_persists(p, (uint32_t)b)) continue;
     /* F16's #loss_scale: the step's first kernel writes it from the device's scaler. */
     if (p->loss_scale != MN_NO_NODE && b == p->node_buffer[p->loss_scale]) continue;
     st->staged[st->num_staged++] =

@@ -128,11 +128,14 @@ enum mn_attn_mode {
 };
 /* Which keys a query row sees (template argument MASK): all of them, those up to its own
  * index, or those of its own packed example: from r - positions[r] up to r, the U32 [B, T]
- * positions being argument MN_ATTN_POSITIONS_ARG of every launch. */
+ * positions being argument MN_ATTN_POSITIONS_ARG of every launch. MN_ATTN_MASK_CACHE: the T
+ * query rows of a prefill over a KV cache of S rows see keys up to r + kv_len - T, kv_len (U32
+ * [1]) being argument MN_ATTN_POSITIONS_ARG and the error record argument 4. */
 enum mn_attn_mask {
   MN_ATTN_MASK_NONE = 0,
   MN_ATTN_MASK_CAUSAL = 1,
   MN_ATTN_MASK_SEGMENTS = 2,
+  MN_ATTN_MASK_CACHE = 3,
 };
 #define MN_ATTN_POSITIONS_ARG 8
 /* Operand precision of the tensor-core kernels (template argument PREC). */

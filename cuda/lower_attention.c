@@ -358,10 +358,35 @@ mn_status mn_cu_lower_PACKED_ATTENTION_GRAD_KV_SAVED(const mn_cu_op_ctx *c) {
   return lower_backward(c, GRAD_KV, true);
 }
 
+/* A prefill: P > 1 query rows per sequence against the caches, causal at the device's kv_len.
+ * The forward's query tiles, with the keys of the whole cache (S rows) as their columns; the
+ * FP32 kernel, which reads any storage, as the tensor-core kernels know no such mask. */
+static mn_status lower_cached_rows(const mn_cu_op_ctx *c) {
+  attn_dims d;
+  mn_status st = dims_of(c, MN_ATTN_MASK_CACHE, &d);
+  if (st != MN_OK) return st;
+  mn_cu_arg none = {.kind = MN_CU_ARG_NONE};
+  mn_cu_arg args[MN_ATTN_POSITIONS_ARG + 1] = {
+      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c),  mn_cu_error_arg(),
+      none,           none,           none,           mn_cu_in(c, 3)};
+  attn_tile t = forward_tile(&d);
+  size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
+  size_t smem = 4 * ((br + 2 * bc) * ld + br * (bc + 4));
+  int k = mn_cu_kernel(
+      c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %uu>",
+      d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len, (long long)d.s_len, d.heads,
+      d.kv_heads, d.mask, MN_ATTN_OUTPUT, (unsigned)c->id);
+  return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
+                      (unsigned)d.batches, smem, MN_ATTN_POSITIONS_ARG + 1, args);
+}
+
 /* q [B, H*hd] against rows 0..kv_len-1 of each sequence's caches ([S, kvd] is B = 1, [B, S,
  * kvd] B sequences); kv_len (input 3) is read on the device, so the splits cover the whole
- * cache and those past kv_len do nothing. */
+ * cache and those past kv_len do nothing. q [B, P, H*hd] with P > 1 is a prefill
+ * (lower_cached_rows). */
 mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
+  const mn_tensor_type *tq = mn_cu_in_type(c, 0);
+  if (tq->rank == 3 && tq->shape[1] > 1) return lower_cached_rows(c);
   const mn_op_attrs *a = &c->node->attrs;
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
   const mn_tensor_type *tk = mn_cu_in_type(c, 1);

@@ -209,14 +209,15 @@ mn_status mn_cu_lower_SCATTER_ADD(const mn_cu_op_ctx *c) {
   return mn_cu_launch(c, kid, (unsigned)((rows + rpb - 1) / rpb), 1, 1, 0, 4, args);
 }
 
-/* Inputs (new_kv [B, D], cache [rows, D] or [B, rows, D], kv_pos U32 [1]); the node's buffer
- * is the cache's (an in-place op), so only row kv_pos of each sequence is written. */
+/* Inputs (new_kv [B, D] or [B, P, D], cache [rows, D] or [B, rows, D], kv_pos U32 [1]); the
+ * node's buffer is the cache's (an in-place op), so only rows kv_pos .. kv_pos+P-1 of each
+ * sequence are written. */
 mn_status mn_cu_lower_CACHE_WRITE(const mn_cu_op_ctx *c) {
-  const mn_tensor_type *tc = mn_cu_in_type(c, 1);
+  const mn_tensor_type *tc = mn_cu_in_type(c, 1), *tn = mn_cu_in_type(c, 0);
   int64_t rows = tc->shape[tc->rank - 2], d = tc->shape[tc->rank - 1];
-  int64_t batch = tc->rank == 3 ? tc->shape[0] : 1;
-  int kid = mn_cu_kernel(c, 256, "mn_emb_cache_write<%lld, %lld, %uu>", (long long)rows,
-                         (long long)d, (unsigned)c->id);
+  int64_t batch = tc->rank == 3 ? tc->shape[0] : 1, p = tn->rank == 3 ? tn->shape[1] : 1;
+  int kid = mn_cu_kernel(c, 256, "mn_emb_cache_write<%lld, %lld, %lld, %uu>", (long long)rows,
+                         (long long)d, (long long)p, (unsigned)c->id);
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_out(c), mn_cu_in(c, 2), mn_cu_error_arg()};
-  return mn_cu_launch(c, kid, grid_for(d, 256), (unsigned)batch, 1, 0, 4, args);
+  return mn_cu_launch(c, kid, grid_for(p * d, 256), (unsigned)batch, 1, 0, 4, args);
 }

@@ -119,10 +119,11 @@ static bool check_u32_scalar(mn_graph *g, const char *fn, const char *what, mn_n
 /* The sequences of a cache: [S, D] holds one, [B, S, D] holds B. */
 static int64_t cache_batch(const mn_tensor_type *t) { return t->rank == 3 ? t->shape[0] : 1; }
 
-/* One row per sequence of a cache of `batch` sequences: [B, W] or [B, 1, W]. */
-static bool one_row_each(const mn_tensor_type *t, int64_t batch, int64_t width) {
+/* Rows of each sequence of a cache of `batch` sequences: [B, W] (one) or [B, P, W] (P, at most
+ * the cache's `max_rows`). */
+static bool rows_each(const mn_tensor_type *t, int64_t batch, int64_t width, int64_t max_rows) {
   if (t->shape[t->rank - 1] != width || t->shape[0] != batch) return false;
-  return t->rank == 2 || t->shape[1] == 1;
+  return t->rank == 2 || t->shape[1] <= max_rows;
 }
 
 mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32) {
@@ -146,10 +147,12 @@ mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_po
     return MN_NO_NODE;
   const mn_tensor_type *tn = mn_type_of(g, new_kv), *tc = mn_type_of(g, cache);
   int64_t b = cache_batch(tc), w = tc->shape[tc->rank - 1];
-  if (!one_row_each(tn, b, w))
-    return mn_graph_fail(
-        g, MN_ERR_SHAPE, "%s: new_kv is %s, expected [%lld,%lld] (a row of cache %s per sequence)",
-        fn, MN_DESC(g, new_kv, dn), (long long)b, (long long)w, MN_DESC(g, cache, dc));
+  if (!rows_each(tn, b, w, tc->shape[tc->rank - 2]))
+    return mn_graph_fail(g, MN_ERR_SHAPE,
+                         "%s: new_kv is %s, expected [%lld,%lld] (a row of cache %s per "
+                         "sequence) or [%lld,P,%lld] (P rows, P at most the cache's)",
+                         fn, MN_DESC(g, new_kv, dn), (long long)b, (long long)w,
+                         MN_DESC(g, cache, dc), (long long)b, (long long)w);
   return mn_graph_append(g, MN_OP_CACHE_WRITE, ins, 3, tc, NULL, NULL);
 }
 
@@ -170,11 +173,15 @@ mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_c
       !check_width(g, fn, "q", q, "num_heads", num_heads, head_dim) ||
       !check_width(g, fn, "k_cache", k_cache, "num_kv_heads", num_kv_heads, head_dim))
     return MN_NO_NODE;
-  int64_t b = cache_batch(mn_type_of(g, k_cache));
+  const mn_tensor_type *tk = mn_type_of(g, k_cache);
+  int64_t b = cache_batch(tk), qw = (int64_t)num_heads * head_dim;
   char dq[128];
-  if (!one_row_each(mn_type_of(g, q), b, (int64_t)num_heads * head_dim))
-    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: q is %s, expected one row per sequence [%lld,%lld]",
-                         fn, MN_DESC(g, q, dq), (long long)b, (long long)num_heads * head_dim);
+  if (!rows_each(mn_type_of(g, q), b, qw, tk->shape[tk->rank - 2]))
+    return mn_graph_fail(g, MN_ERR_SHAPE,
+                         "%s: q is %s, expected one row per sequence [%lld,%lld] or P rows "
+                         "[%lld,P,%lld] (P at most the cache's)",
+                         fn, MN_DESC(g, q, dq), (long long)b, (long long)qw, (long long)b,
+                         (long long)qw);
   mn_op_attrs attrs = {.num_heads = num_heads, .num_kv_heads = num_kv_heads, .head_dim = head_dim};
   return mn_graph_append(g, MN_OP_CACHED_ATTENTION, ins, 4, mn_type_of(g, q), &attrs, NULL);
 }

@@ -161,3 +161,13 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
 
 size_t mn_plan_num_dispatches(const mn_plan *p) { return p ? p->num_dispatches : 0; }
 size_t mn_plan_num_buffers(const mn_plan *p) { return p ? p->num_buffers : 0; }
+
+bool mn_plan_input_persists(const mn_plan *p, uint32_t b) {
+  const mn_graph *g = p->graph;
+  for (size_t i = 0; i < g->num_nodes; i++) {
+    const mn_node_rec *n = &g->nodes[i];
+    if ((mn_op_flags(n->op) & MN_OPF_INPLACE) && p->node_buffer[i] == b) return true;
+    if (n->op == MN_OP_MATMUL_QUANT && p->node_buffer[n->inputs[1]] == b) return true;
+  }
+  return false;
+}

@@ -86,6 +86,12 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
                         const mn_param_layout *layout, mn_plan **out);
 void mn_plan_free(mn_plan *p);
 
+/* Whether input buffer b keeps its contents from one step to the next with no copy from the
+ * host: an in-place op updates it (KV caches, the decode state), or it holds a quantized
+ * weight's packed rows, set once and read by every step. Backends that stage inputs leave these
+ * out, and only these can be shared between sessions. */
+bool mn_plan_input_persists(const mn_plan *p, uint32_t b);
+
 /* The extra_output node that holds value k (1 .. MN_MAX_EXTRA_OUTPUTS) of node id. */
 static inline mn_node mn_plan_extra_output(const mn_plan *p, mn_node id, int k) {
   return p->extra_outputs[(size_t)id * MN_MAX_EXTRA_OUTPUTS + (size_t)(k - 1)];

@@ -190,9 +190,12 @@ MN_API mn_node mn_slice_last(mn_graph *g, mn_node x, int64_t start, int64_t len)
 
 /* KV cache (inference). A cache is an mn_input [S, D] (one sequence) or [B, S, D] (B
  * sequences decoded together); kv_pos and kv_len are U32 [1], the same for every sequence.
- * mn_cache_write writes new_kv [B, D] or [B, 1, D] (B = 1 for an [S, D] cache) into row kv_pos
- * of each sequence in place; mn_cached_attention attends q [B, H*hd] or [B, 1, H*hd] to rows
- * 0 .. kv_len-1 of each sequence's caches (grouped query heads as mn_causal_attention). */
+ * mn_cache_write writes new_kv [B, D] or [B, P, D] (B = 1 for an [S, D] cache) into rows
+ * kv_pos .. kv_pos+P-1 of each sequence in place; mn_cached_attention attends q [B, H*hd] or
+ * [B, P, H*hd] to each sequence's caches, causally: with kv_len the rows known after the
+ * write, query row r sees rows 0 .. kv_len-P+r (P = 1: rows 0 .. kv_len-1), so a prompt of P
+ * tokens (a prefill) runs as one pass (grouped query heads as mn_causal_attention). kv_pos + P
+ * past the cache, or kv_len outside P .. S, fails the step. */
 MN_API mn_node mn_cache_write(mn_graph *g, mn_node new_kv, mn_node cache, mn_node kv_pos_u32);
 MN_API mn_node mn_cached_attention(mn_graph *g, mn_node q, mn_node k_cache, mn_node v_cache,
                                    mn_node kv_len_u32, int num_heads, int num_kv_heads,
@@ -637,7 +640,8 @@ MN_API mn_status mn_lora_save_merged(mn_session *s, const mn_graph *g, const mn_
 /* ---------------------------------------------------------------- generation
  *
  * A generator owns an inference session of a model's decode graph with its KV cache: the
- * prompt runs through the cache one token per launch, then each new token is one graph launch
+ * prompt is written into the cache in chunks of rows (a prefill graph sharing the weights and
+ * the cache, docs/generation.md), then each new token is one graph launch
  * (embedding, every layer with the cache append, the head and the sampling on the device)
  * that appends to the cache. Weights come from a HuggingFace safetensors file (or a sharded
  * checkpoint's index), loaded strictly (docs/generation.md). */

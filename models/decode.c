@@ -1,6 +1,7 @@
 /* The decode graph of a family: the training graph's layers for one new token per sequence,
  * where RoPE turns at the cache position and attention reads the KV caches, followed by
- * on-device sampling. The layers are the family builders' own (models/gpt2.c, llama.c), which
+ * on-device sampling; and the prefill graph, the same layers for a chunk of rows per sequence
+ * without the head. The layers are the family builders' own (models/gpt2.c, llama.c), which
  * ask mn_model_rope and mn_model_attention, so the two graphs cannot drift apart. */
 #include <stdio.h>
 #include <string.h>
@@ -36,21 +37,20 @@ mn_node mn_model_attention(const mn_model_ctx *m, int i, mn_node q, mn_node k, m
   return mn_cached_attention(g, q, kc, vc, m->kv_len, heads, kv_heads, hd);
 }
 
-mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
-                                const char *name_prefix, mn_graph **out) {
-  return mn_model_build_decode_quant(c, batch, max_seq, name_prefix, MN_QUANT_NONE, 0, out);
-}
-
-mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, int64_t max_seq,
-                                      const char *name_prefix, mn_quant quant, int group_size,
-                                      mn_graph **out) {
-  const char *fn = "mn_model_build_decode";
+/* The decode graph (rows 0: one token, sampled, advancing its own state) or the prefill graph
+ * (rows tokens, no head); linear weights quantized unless quant is MN_QUANT_NONE. */
+static mn_status build(const char *fn, const mn_model_config *c, int64_t batch, int64_t max_seq,
+                       int64_t rows, const char *name_prefix, mn_quant quant, int group_size,
+                       mn_graph **out) {
   mn_status st = mn_model_config_check(fn, c);
   if (st != MN_OK) return st;
   if (batch < 1 || batch > 65535 || max_seq < 1 || max_seq > ((int64_t)1 << 31))
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: batch %lld must be in 1..65535 and max_seq %lld in 1..2^31", fn,
                    (long long)batch, (long long)max_seq);
+  if (rows < 0 || rows > max_seq)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: rows %lld must be in 1..max_seq %lld", fn,
+                   (long long)rows, (long long)max_seq);
   if (c->family == MN_MODEL_GPT2 && max_seq > c->max_positions)
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: max_seq %lld is longer than n_positions %lld (the rows of wpe)", fn,
@@ -66,30 +66,36 @@ mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, i
   mn_model_ctx m = {.g = g,
                     .c = c,
                     .batch = batch,
-                    .seq = 1,
+                    .seq = rows ? rows : 1,
                     .prefix = prefix,
                     .positions = MN_NO_NODE,
                     .max_seq = max_seq,
                     .quant = quant,
-                    .group_size = group_size};
+                    .group_size = group_size,
+                    .no_head = rows > 0};
   m.pos = mn_input_u32(g, "pos", MN_SHAPE(1));
   m.kv_len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
-  mn_node logits = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
-  mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
-  mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
-  mn_node ids = mn_sample(g, logits, params, key);
-  /* Every write below depends on the ids, which come after every reader of what it overwrites. */
-  mn_node in = mn_graph_find_leaf(g, MN_OP_INPUT, "input_ids");
-  mn_node ring = mn_input_u32(g, "token_ring", MN_SHAPE(MN_DECODE_RING, batch));
-  mn_node next = mn_store_row_u32(g, ids, in, m.pos);
-  ring = mn_store_row_u32(g, next, ring, m.pos);
-  mn_node last = mn_increment_u32(g, ring, m.pos, 0);
-  last = mn_increment_u32(g, last, m.kv_len, 0);
-  last = mn_increment_u32(g, last, key, 2);
-  if (c->family == MN_MODEL_GPT2)
-    last = mn_increment_u32(g, last, mn_graph_find_leaf(g, MN_OP_INPUT, "position_ids"), 0);
-  mn_node outs[3] = {ids, ring, last};
-  if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, outs, 3);
+  mn_node y = c->family == MN_MODEL_GPT2 ? mn_gpt2_logits(&m) : mn_llama_logits(&m);
+  if (rows) {
+    if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, &y, 1);
+  } else {
+    mn_node params = mn_input(g, "sample_params", MN_SHAPE(3));
+    mn_node key = mn_input_u32(g, "sample_key", MN_SHAPE(3));
+    mn_node ids = mn_sample(g, y, params, key);
+    /* Every write below depends on the ids, which come after every reader of what it
+     * overwrites. */
+    mn_node in = mn_graph_find_leaf(g, MN_OP_INPUT, "input_ids");
+    mn_node ring = mn_input_u32(g, "token_ring", MN_SHAPE(MN_DECODE_RING, batch));
+    mn_node next = mn_store_row_u32(g, ids, in, m.pos);
+    ring = mn_store_row_u32(g, next, ring, m.pos);
+    mn_node last = mn_increment_u32(g, ring, m.pos, 0);
+    last = mn_increment_u32(g, last, m.kv_len, 0);
+    last = mn_increment_u32(g, last, key, 2);
+    if (c->family == MN_MODEL_GPT2)
+      last = mn_increment_u32(g, last, mn_graph_find_leaf(g, MN_OP_INPUT, "position_ids"), 0);
+    mn_node outs[3] = {ids, ring, last};
+    if (mn_graph_status(g) == MN_OK) mn_set_outputs(g, outs, 3);
+  }
   if ((st = mn_graph_status(g)) != MN_OK) {
     mn_fail(st, "%s: %s", fn, mn_graph_error(g));
     mn_graph_free(g);
@@ -97,4 +103,26 @@ mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, i
   }
   *out = g;
   return MN_OK;
+}
+
+mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                const char *name_prefix, mn_graph **out) {
+  return build("mn_model_build_decode", c, batch, max_seq, 0, name_prefix, MN_QUANT_NONE, 0, out);
+}
+
+mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                      const char *name_prefix, mn_quant quant, int group_size,
+                                      mn_graph **out) {
+  return build("mn_model_build_decode", c, batch, max_seq, 0, name_prefix, quant, group_size,
+               out);
+}
+
+mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                 int64_t rows, const char *name_prefix, mn_quant quant,
+                                 int group_size, mn_graph **out) {
+  if (rows < 1)
+    return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_model_build_prefill: rows %lld must be positive",
+                   (long long)rows);
+  return build("mn_model_build_prefill", c, batch, max_seq, rows, name_prefix, quant, group_size,
+               out);
 }

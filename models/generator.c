@@ -3,10 +3,11 @@
  * or the prompt's last when no token was asked for): that one is "pending" and goes in first
  * at the next call, so a call of 10 then a call of 10 launch exactly what one call of 20 does,
  * with the same sampling positions. Each launch writes row `pos` of every layer's caches and
- * samples the token after it; the prompt runs through the same graph one token per launch
- * (docs/generation.md says why). The graph advances its own position and feeds its sampled ids
- * to the next launch (models/decode.c), so the host sets them once per call and reads the
- * tokens from the device's ring every MN_DECODE_RING launches: no wait per token. */
+ * samples the token after it. The known tokens before the last run through a second session,
+ * of the prefill graph (mn_model_build_prefill), MN_PREFILL_ROWS at a time, which shares the
+ * weights and the caches with the first. The decode graph advances its own position and feeds
+ * its sampled ids to the next launch (models/decode.c), so the host sets them once per call and
+ * reads the tokens from the device's ring every MN_DECODE_RING launches: no wait per token. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +16,22 @@
 
 #include "host/error.h"
 #include "models/model_internal.h"
+#include "models/prefill_mode.h"
+#include "session/session.h"
+
+/* Prompt rows per prefill launch, the last chunk padded: docs/generation.md says why 32. */
+#define MN_PREFILL_ROWS 32
 
 struct mn_generator {
   mn_model_config cfg;
   mn_graph *g;
   mn_session *s;
+  /* The prefill graph's session (NULL: none, the prompt runs token by token), its inputs
+   * [batch, MN_PREFILL_ROWS] each, and how the prompt goes (prefill_mode.h). */
+  mn_graph *pf_g;
+  mn_session *pf;
+  uint32_t *pf_ids, *pf_pos;
+  mn_prefill_mode prefill_mode;
   int64_t batch, max_seq;
   size_t cache_len; /* rows written: the next launch writes row cache_len */
   bool has_pending;
@@ -79,14 +91,65 @@ static mn_status zero_caches(mn_generator *g) {
   return st;
 }
 
-/* The parameters, and the packed rows of quantized linear weights (U32 inputs of rank 2). */
+/* Whether node id is the packed rows of a quantized linear weight: an input that a
+ * matmul_quant multiplies by (info: the node's). */
+static bool packed_weight(const mn_graph *g, mn_node id, mn_node_info *info) {
+  if (mn_graph_node(g, id, info) != MN_OK || strcmp(info->op, "input") != 0) return false;
+  mn_node_info user;
+  for (size_t i = (size_t)id + 1; i < mn_graph_num_nodes(g); i++)
+    if (mn_graph_node(g, (mn_node)i, &user) == MN_OK && strcmp(user.op, "matmul_quant") == 0 &&
+        user.num_inputs > 1 && user.inputs[1] == id)
+      return true;
+  return false;
+}
+
+/* The prefill session: the weights and every layer's caches are the decode session's. A
+ * model whose weights the sharing cannot split (derived parameters at unaligned places) keeps
+ * the token-by-token prefill. */
+static mn_status new_prefill(mn_generator *g, const char *prefix, const mn_generator_options *go,
+                             int group) {
+  const mn_session_options *o = &go->session;
+  int64_t rows = g->max_seq < MN_PREFILL_ROWS ? g->max_seq : MN_PREFILL_ROWS;
+  size_t n = (size_t)g->batch * (size_t)rows, layers = (size_t)g->cfg.num_layers;
+  /* The caches, and the packed rows of quantized linear weights (U32 inputs of rank 2). */
+  size_t shared = 2 * layers, packed = 0;
+  mn_node_info info;
+  for (size_t i = 0; i < mn_graph_num_nodes(g->g); i++)
+    if (packed_weight(g->g, (mn_node)i, &info)) packed++;
+  char(*names)[32] = calloc(2 * layers, sizeof *names);
+  const char **ptrs = calloc(shared + packed, sizeof *ptrs);
+  g->pf_ids = calloc(n, sizeof *g->pf_ids);
+  g->pf_pos = calloc(n, sizeof *g->pf_pos);
+  mn_status st = names && ptrs && g->pf_ids && g->pf_pos
+                     ? MN_OK
+                     : mn_fail(MN_ERR_OUT_OF_MEMORY, "mn_generator_new: out of memory");
+  for (size_t i = 0; st == MN_OK && i < 2 * layers; i++) {
+    snprintf(names[i], sizeof names[i], "%s_cache.%zu", i % 2 ? "v" : "k", i / 2);
+    ptrs[i] = names[i];
+  }
+  for (size_t i = 0; st == MN_OK && i < mn_graph_num_nodes(g->g); i++)
+    if (packed_weight(g->g, (mn_node)i, &info)) ptrs[shared++] = info.name;
+  if (st == MN_OK)
+    st = mn_model_build_prefill(&g->cfg, g->batch, g->max_seq, rows, prefix, go->quant, group,
+                                &g->pf_g);
+  if (st == MN_OK) st = mn_build_inference_session_sharing(g->pf_g, o, g->s, ptrs, shared, &g->pf);
+  if (st == MN_ERR_UNSUPPORTED) {
+    mn_graph_free(g->pf_g);
+    g->pf_g = NULL;
+    st = MN_OK;
+  }
+  free(names);
+  free(ptrs);
+  return st;
+}
+
+/* The parameters, and the packed rows of quantized linear weights. */
 static size_t weight_bytes(const mn_graph *g) {
   size_t total = 0;
   mn_node_info info;
   for (size_t i = 0; i < mn_graph_num_nodes(g); i++)
-    if (mn_graph_node(g, (mn_node)i, &info) == MN_OK &&
-        (strcmp(info.op, "parameter") == 0 ||
-         (strcmp(info.op, "input") == 0 && info.type.dtype == MN_U32 && info.type.rank == 2)))
+    if (packed_weight(g, (mn_node)i, &info) ||
+        (mn_graph_node(g, (mn_node)i, &info) == MN_OK && strcmp(info.op, "parameter") == 0))
       total += mn_tensor_type_bytes(&info.type);
   return total;
 }
@@ -138,6 +201,7 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
     st = gguf ? mn_session_load_gguf(g->s, weights_path, MN_LOAD_STRICT)
               : mn_session_load_safetensors(g->s, weights_path, true);
   if (st == MN_OK) st = zero_caches(g);
+  if (st == MN_OK) st = new_prefill(g, prefix, o, group);
   if (st != MN_OK) {
     mn_generator_free(g);
     return st;
@@ -149,6 +213,10 @@ mn_status mn_generator_new(const mn_model_config *c, const char *weights_path,
 
 void mn_generator_free(mn_generator *g) {
   if (!g) return;
+  mn_session_free(g->pf); /* before the session whose memory it reads */
+  mn_graph_free(g->pf_g);
+  free(g->pf_ids);
+  free(g->pf_pos);
   mn_session_free(g->s);
   mn_graph_free(g->g);
   free(g->pending);
@@ -225,6 +293,68 @@ static mn_status read_ring(mn_generator *g, size_t pos0, size_t t0, size_t n, ui
   return MN_OK;
 }
 
+bool mn_generator_set_prefill_mode(mn_generator *g, mn_prefill_mode mode) {
+  g->prefill_mode = mode;
+  return g->pf != NULL;
+}
+
+/* Whether a chunk of `real` known tokens in `rows` rows costs less than `real` decode launches.
+ * On CUDA it does: one launch either way, and the launch dominates at these sizes. On the CPU
+ * a row of a chunk costs about 0.6 of a decode launch (the reference's products compute each
+ * element on its own, so rows share little more than the skipped head), and pad rows cost as
+ * much as real ones. */
+static bool prefill_pays(const mn_generator *g, size_t real, size_t rows) {
+  if (g->prefill_mode == MN_PREFILL_CHUNKS || real == rows) return true;
+  return g->s->backend != &mn_cpu_backend || 5 * real >= 3 * rows;
+}
+
+/* Known token j of this call for sequence i: the pending one, then the prompt's. */
+static uint32_t known(const mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t i,
+                      size_t j) {
+  if (g->has_pending) {
+    if (j == 0) return g->pending[i];
+    j--;
+  }
+  return prompt[i * n_prompt + j];
+}
+
+/* Writes the first n known tokens into the caches through the prefill session, a chunk of
+ * MN_PREFILL_ROWS per launch, while a whole chunk fits the cache and pays (prefill_pays);
+ * *done counts the tokens written. A short last chunk is padded: its pad rows write cache rows past
+ * the known tokens, which the next tokens overwrite, and no real row attends to them (causal). */
+static mn_status prefill(mn_generator *g, const uint32_t *prompt, size_t n_prompt, size_t n,
+                         size_t *done) {
+  size_t rows = (size_t)(g->max_seq < MN_PREFILL_ROWS ? g->max_seq : MN_PREFILL_ROWS);
+  size_t b = (size_t)g->batch;
+  /* The decode session's writes to the caches (the zeros, the last launch) come first. */
+  mn_status st = mn_session_wait(g->s);
+  bool ran = false;
+  while (st == MN_OK && *done < n && g->cache_len + rows <= (size_t)g->max_seq) {
+    size_t real = n - *done < rows ? n - *done : rows;
+    if (!prefill_pays(g, real, rows)) break;
+    uint32_t pos = (uint32_t)g->cache_len, len = pos + (uint32_t)rows;
+    for (size_t i = 0; i < b; i++)
+      for (size_t r = 0; r < rows; r++) {
+        g->pf_ids[i * rows + r] = r < real ? known(g, prompt, n_prompt, i, *done + r) : 0;
+        g->pf_pos[i * rows + r] = pos + (uint32_t)r;
+      }
+    st = mn_session_set_input_u32(g->pf, "input_ids", g->pf_ids, b * rows);
+    if (st == MN_OK) st = mn_session_set_input_u32(g->pf, "pos", &pos, 1);
+    if (st == MN_OK) st = mn_session_set_input_u32(g->pf, "kv_len", &len, 1);
+    if (st == MN_OK && g->cfg.family == MN_MODEL_GPT2)
+      st = mn_session_set_input_u32(g->pf, "position_ids", g->pf_pos, b * rows);
+    if (st == MN_OK) st = mn_session_step(g->pf);
+    if (st == MN_OK) {
+      ran = true;
+      g->cache_len += real;
+      *done += real;
+    }
+  }
+  /* Before the decode session reads the caches, on its own stream. */
+  if (st == MN_OK && ran) st = mn_session_wait(g->pf);
+  return st;
+}
+
 mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t n_prompt,
                                 const mn_sampling *s, uint32_t *out, size_t n_new) {
   const char *fn = "mn_generator_generate";
@@ -255,17 +385,21 @@ mn_status mn_generator_generate(mn_generator *g, const uint32_t *prompt, size_t 
                    n_prompt, n_new, g->cache_len + (g->has_pending ? 1 : 0), (long long)g->max_seq);
   float params[3] = {s->temperature, (float)s->top_k, s->top_p};
   st = mn_session_set_input(g->s, "sample_params", params, 3);
-  if (st == MN_OK) st = set_position(g, s);
   g->stats.launches = g->stats.host_reads = 0;
   double t0 = now_ms();
-  /* Token j of this call's known tokens: the pending one, then the prompt's. */
-  for (size_t j = 0; st == MN_OK && j < feed; j++) {
-    size_t k = g->has_pending ? j : j + 1; /* 0: pending, else prompt column k - 1 */
+  /* The known tokens but the last: in chunks, then (those no chunk fits) one per launch. */
+  size_t done = 0;
+  if (st == MN_OK && g->pf && g->prefill_mode != MN_PREFILL_TOKENS)
+    st = prefill(g, prompt, n_prompt, feed - 1, &done);
+  /* After the chunks, which move cache_len without the decode graph's device state. */
+  if (st == MN_OK) st = set_position(g, s);
+  for (; st == MN_OK && done < feed - 1; done++) {
     for (size_t i = 0; i < b; i++)
-      g->ids[i] = k == 0 ? g->pending[i] : prompt[i * n_prompt + k - 1];
-    if (j + 1 == feed) break;
+      g->ids[i] = known(g, prompt, n_prompt, i, done);
     st = launch(g, g->ids);
   }
+  for (size_t i = 0; i < b; i++)
+    g->ids[i] = known(g, prompt, n_prompt, i, feed - 1);
   if (st == MN_OK) st = mn_session_wait(g->s);
   double t1 = now_ms();
   /* The first launch takes the last known ids, each later one what the one before sampled. */

@@ -69,6 +69,7 @@ mn_node mn_gpt2_logits(const mn_model_ctx *m0) {
   for (int i = 0; i < (int)c->num_layers; i++)
     h = block(m, i, h);
   h = layer_norm(m, "ln_f", h);
+  if (m->no_head) return h;
   /* The head is outside the base model: never prefixed. */
   mn_node head = c->tie_word_embeddings
                      ? wte

@@ -66,6 +66,7 @@ mn_node mn_llama_logits(const mn_model_ctx *m0) {
     h = block(m, i, h);
   mn_node norm = mn_model_param(g, m->prefix, MN_SHAPE(d), "norm.weight");
   h = mn_rms_norm(g, h, norm, c->norm_eps);
+  if (m->no_head) return h;
   /* The head is outside the base model: never prefixed. */
   mn_node head = c->tie_word_embeddings
                      ? emb

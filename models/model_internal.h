@@ -52,14 +52,16 @@ typedef struct mn_model_ctx {
   const mn_lora_config *lora;
   bool packed;       /* examples packed in rows: attention within each (mn_model_options) */
   mn_node positions; /* "position_ids" when the family builder has declared it */
-  /* The decode graph (seq 1, models/decode.c): RoPE at "pos" and attention over the KV caches
-   * ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after writing row "pos"; 0: training. */
+  /* The decode graph (seq 1, models/decode.c) and the prefill graph (seq rows): RoPE at "pos"
+   * and attention over the KV caches ("k_cache.{i}", "v_cache.{i}" [B, max_seq, kv_dim]) after
+   * writing rows "pos" .. "pos"+seq-1; 0: training. */
   int64_t max_seq;
   mn_node pos, kv_len;
   /* Linear weights quantized (not MN_QUANT_NONE): each is a U32 input of the parameter's name
    * holding the packed rows of W [out, in] (host/quant.h), filled at load. */
   mn_quant quant;
   int group_size;
+  bool no_head; /* the prefill graph: the final norm's output, no vocabulary product */
 } mn_model_ctx;
 
 /* The weight of a linear layer with in -> out features, named as mn_model_param names it: the
@@ -96,6 +98,15 @@ mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, i
 mn_status mn_model_load_quant(const mn_model_config *c, const char *weights_path,
                               const char *prefix, bool gguf, mn_quant q, int group_size,
                               const mn_graph *gq, mn_session *sq);
+/* The prefill graph of c: the decode graph's layers for `rows` tokens per sequence at
+ * positions pos .. pos+rows-1, each layer writing those rows of its caches and attending
+ * causally over them (query row r sees cache rows 0 .. pos+r, kv_len = pos+rows), without the
+ * head: output 0 the final norm's output [B, rows, D]. Inputs as the decode graph's, with
+ * "input_ids" (and GPT-2's "position_ids") U32 [B, rows], and no sampling inputs; quantized
+ * linear weights as mn_model_build_decode_quant's. */
+mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,
+                                 int64_t rows, const char *name_prefix, mn_quant quant,
+                                 int group_size, mn_graph **out);
 
 /* The family graphs, up to the logits [B, T, V]: each declares its inputs ("input_ids", and
  * GPT-2's "position_ids") and its parameters in transformers' state_dict order. Errors are

@@ -90,11 +90,12 @@ mn_status mn_session_check_buildable(const char *fn, const mn_graph *g,
 /* Creates a session around an already lowered plan (taking ownership of it). */
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
                             bool training, mn_session **out) {
-  return mn_session_create_sharing(fn, plan, opts, training, NULL, out);
+  return mn_session_create_sharing(fn, plan, opts, training, NULL, NULL, 0, out);
 }
 
 mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_session_options *opts,
-                                    bool training, mn_session *owner, mn_session **out) {
+                                    bool training, mn_session *owner, const char *const *inputs,
+                                    size_t n_inputs, mn_session **out) {
   mn_session_options o = opts ? *opts : mn_session_options_default();
   const mn_backend_ops *backend = NULL;
   mn_status st = resolve_backend(fn, &o, &backend);
@@ -115,6 +116,7 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
   s->scaler = mn_loss_scaler_new();
   s->grad_accum = 1;
   if (owner) st = mn_session_share_parameters(fn, s, owner);
+  if (owner && st == MN_OK) st = mn_session_share_inputs(fn, s, owner, inputs, n_inputs);
   if (st != MN_OK || (st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
     free(s->shared);

@@ -23,9 +23,23 @@ mn_status mn_lower_training_report(const char *fn, const mn_graph *g, const mn_s
                                    mn_plan **out, mn_optimize_report *report);
 
 /* mn_session_create for a session that reads its parameters in place in owner's memory
- * (mn_build_inference_session_shared; NULL: none). */
+ * (mn_build_inference_session_shared; NULL: none), and the inputs named in inputs[0 ..
+ * n_inputs-1] (mn_session_share_inputs). */
 mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_session_options *opts,
-                                    bool training, mn_session *owner, mn_session **out);
+                                    bool training, mn_session *owner, const char *const *inputs,
+                                    size_t n_inputs, mn_session **out);
+/* Points s's inputs named in `names` at owner's inputs of those names, which must have the same
+ * type and storage and persist across steps in both plans (mn_plan_input_persists: KV caches,
+ * quantized weights; inputs that each step copies from the host cannot be shared);
+ * MN_ERR_NOT_FOUND or MN_ERR_SHAPE naming the input.
+ * Needs s->shared (mn_session_share_parameters). */
+mn_status mn_session_share_inputs(const char *fn, mn_session *s, mn_session *owner,
+                                  const char *const *names, size_t n);
+/* mn_build_inference_session_shared that also shares the named inputs with owner: a prefill
+ * session writing the KV caches that owner's decode graph reads (models/generator.c). */
+mn_status mn_build_inference_session_sharing(const mn_graph *g, const mn_session_options *opts,
+                                             mn_session *owner, const char *const *inputs,
+                                             size_t n_inputs, mn_session **out);
 /* Fills s->shared: every parameter of s's plan, by the name users call it, in owner's memory;
  * MN_ERR_NOT_FOUND or MN_ERR_SHAPE naming a parameter owner lacks or holds in another type. */
 mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session *owner);

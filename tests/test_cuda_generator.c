@@ -1,12 +1,14 @@
 /* The generator on CUDA against the CPU generator: the same tokens greedy and seeded, for
- * GPT-2 and Llama-GQA, batch 1 and 2, one graph launch per token. The decode graph's kernels
- * also compile here without a device (NVRTC). */
+ * GPT-2 and Llama-GQA, batch 1 and 2, one graph launch per token, and with prompts fed in
+ * prefill chunks (shorter and longer than one). The decode graph's kernels also compile here
+ * without a device (NVRTC). */
 #include <stdio.h>
 #include <string.h>
 
 #include "tests/support/cuda_check.h"
 #include "tests/support/generator_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/prefill_check.h"
 #include "tests/support/tmp_dir.h"
 
 static void tokens(mn_backend be, mn_model_family f, const char *path, int64_t batch,
@@ -66,4 +68,41 @@ Test(cuda_generator, decode_ops_compile) {
   mn_test_assert_compiles_precision(g, false, MN_PRECISION_F32);
   mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
   mn_graph_free(g);
+}
+
+/* Chunked prefill on CUDA: the CPU's tokens (chunked), and CUDA's own token-by-token ones. */
+static void prefill_tokens_equal_cpu(mn_model_family f) {
+  mn_test_require_cuda_device();
+  mn_tmp_dir dir = mn_tmp_dir_make("mn_cuda_prefill");
+  mn_model_config c = mn_test_prefill_config(f);
+  char path[512];
+  snprintf(path, sizeof path, "%s", mn_tmp_path(&dir, "w.st"));
+  mn_test_gen_write_weights(&c, path, 9);
+  const mn_sampling seeded = {.temperature = 1.2f, .top_k = 20, .top_p = 0.95f, .seed = 3};
+  const mn_sampling *modes[2] = {NULL, &seeded};
+  const size_t lengths[3] = {3, 50, 71};
+  for (int m = 0; m < 2; m++)
+    for (size_t li = 0; li < 3; li++)
+      for (int64_t b = 1; b <= 2; b++) {
+        uint32_t cpu[2 * 10], gpu[2 * 10], gpu_tokens[2 * 10];
+        size_t n = (size_t)b * 10 * sizeof *cpu;
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CPU, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], false, cpu);
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], false, gpu);
+        mn_test_prefill_tokens(&c, path, MN_BACKEND_CUDA, MN_PRECISION_F32, b, 96, lengths[li], 6,
+                               modes[m], true, gpu_tokens);
+        cr_assert_arr_eq(cpu, gpu, n, "chunks: mode %d prompt %zu batch %lld", m, lengths[li],
+                         (long long)b);
+        cr_assert_arr_eq(gpu_tokens, gpu, n,
+                         "cuda tokens against chunks: mode %d prompt %zu "
+                         "batch %lld",
+                         m, lengths[li], (long long)b);
+      }
+  mn_tmp_dir_remove(&dir);
+}
+
+Test(cuda_generator, gpt2_prefill_chunks_equal_cpu) { prefill_tokens_equal_cpu(MN_MODEL_GPT2); }
+Test(cuda_generator, llama_gqa_prefill_chunks_equal_cpu) {
+  prefill_tokens_equal_cpu(MN_MODEL_LLAMA);
 }

@@ -374,8 +374,10 @@ __device__ void mn_attn_delta(const IO &io) {
 // m), so that P = exp(score - m) * inv_l, and MN_ATTN_STATS_DELTA also delta = sum_s P_s dP_s with
 // dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the
 // gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
+// MN_ATTN_MASK_CACHE (a prefill over KV caches of S rows, MODE MN_ATTN_OUTPUT) reports a bad
+// kv_len as node NODE's.
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, int MASK,
-          int MODE, class IO>
+          int MODE, unsigned NODE = 0u, class IO>
 __device__ void mn_attn_fwd(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4;
@@ -404,11 +406,33 @@ __device__ void mn_attn_fwd(const IO &io) {
 #pragma unroll
   for (int i = 0; i < RM; i++)
     lo[i] = mn_attn_seg_lo<T, MASK>(io, qt.b, q0 + rbase + i);
+  // A prefill's query r is the cache's row r + off. kv_len is the same for every block, so a
+  // bad one returns from all of them before any barrier.
+  long long off = 0;
+  if constexpr (MASK == MN_ATTN_MASK_CACHE) {
+    const unsigned int kv_len = *mn_arg<const unsigned int>(io, MN_ATTN_POSITIONS_ARG);
+    if ((long long)kv_len < T || (long long)kv_len > S) {
+      if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
+        mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, S);
+      return;
+    }
+    off = (long long)kv_len - T;
+  }
 
-  const long long kend = mn_attn_kend<BR, S, MASK>(q0);
+  // Cache rows from kv_len on are never read (they may hold anything, NaN included: a zero
+  // probability times NaN would still be NaN), so they load as zeros.
+  const long long kv_end = off + T;
+  const long long kend = MASK == MN_ATTN_MASK_CACHE
+                             ? (q0 + BR + off < kv_end ? q0 + BR + off : kv_end)
+                             : mn_attn_kend<BR, S, MASK>(q0);
   for (long long c0 = mn_attn_kstart<BR, BC, T, MASK>(io, qt.b, q0); c0 < kend; c0 += BC) {
     __syncthreads(); // the previous tile's readers are done with ks, vs
-    mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
+    if constexpr (MASK == MN_ATTN_MASK_CACHE) {
+      mn_attn_load<HD, HDP, BC, LDA>(ks, qt.kb, (long long)KVH * HD, c0, kv_end);
+      mn_attn_load<HD, HDP, BC, LDA>(vs, qt.vb, (long long)KVH * HD, c0, kv_end);
+    } else {
+      mn_attn_load_kv<HD, HDP, BC, LDA, S, KVH, MODE != MN_ATTN_STATS>(ks, vs, qt.kb, qt.vb, c0);
+    }
     __syncthreads();
     float s[RM][CN], dp[MODE == MN_ATTN_STATS_DELTA ? RM : 1][CN];
     mn_attn_dot<RM, CN, HDQ, LDA, LDA>(s, qs + rbase * LDA, ks + cg * LDA);
@@ -421,7 +445,7 @@ __device__ void mn_attn_fwd(const IO &io) {
 #pragma unroll
       for (int j = 0; j < CN; j++) {
         const long long c = c0 + cg + 8 * j;
-        const bool ok = c < S && (MASK == MN_ATTN_MASK_NONE || (c <= r && c >= lo[i]));
+        const bool ok = c < S && (MASK == MN_ATTN_MASK_NONE || (c <= r + off && c >= lo[i]));
         s[i][j] = ok ? s[i][j] * scale : mn_attn_neg_inf();
         mx = fmaxf(mx, s[i][j]);
       }

@@ -9,6 +9,7 @@
 typedef struct attn_shape {
   size_t t_len, s_len, heads, kv_heads, head_dim;
   bool causal;
+  size_t offset;             /* causal: query row t sees keys up to t + offset */
   const uint32_t *positions; /* packed: U32 [B, T], else NULL */
 } attn_shape;
 
@@ -27,7 +28,7 @@ static void attend(const attn_shape *sh, const uint32_t *positions, const float 
   double scale = 1.0 / sqrt((double)hd);
   for (size_t t = 0; t < sh->t_len; t++) {
     size_t first = positions ? mn_ref_segment_start(t, positions[t]) : 0;
-    size_t n_keys = sh->causal ? t + 1 - first : sh->s_len;
+    size_t n_keys = sh->causal ? t + sh->offset + 1 - first : sh->s_len;
     for (size_t h = 0; h < sh->heads; h++) {
       const float *qh = q + t * q_stride + h * hd;
       size_t kv_off = first * kv_stride + (h / group) * hd;
@@ -98,41 +99,46 @@ static size_t cache_batch(const mn_tensor_type *t) {
 }
 static size_t cache_rows(const mn_tensor_type *t) { return (size_t)t->shape[t->rank - 2]; }
 
-/* out is the cache's own buffer (the plan makes the op in place), so only the row at
- * kv_pos of each sequence changes and every other row keeps what earlier steps wrote. */
+/* The rows per sequence of new_kv or q: [B, W] holds one, [B, P, W] P. */
+static size_t rows_each(const mn_tensor_type *t) { return t->rank == 3 ? (size_t)t->shape[1] : 1; }
+
+/* out is the cache's own buffer (the plan makes the op in place), so only rows kv_pos ..
+ * kv_pos+P-1 of each sequence change and every other row keeps what earlier steps wrote. */
 mn_status mn_ref_CACHE_WRITE(const mn_ref_ctx *c) {
   const mn_tensor_type *tc = mn_ref_in_type(c, 1);
   size_t batch = cache_batch(tc), max_seq = cache_rows(tc),
-         kv_dim = (size_t)tc->shape[tc->rank - 1];
+         kv_dim = (size_t)tc->shape[tc->rank - 1], p = rows_each(mn_ref_in_type(c, 0));
   uint32_t pos = mn_ref_in_u32(c, 2)[0];
-  if (pos >= max_seq)
+  if (pos >= max_seq || p > max_seq - pos)
     return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
                        "mn_cache_write: kv_pos %u is out of range for a cache of %zu rows "
-                       "(node %u)",
-                       pos, max_seq, c->node->inputs[1]);
+                       "(node %u) and %zu new rows",
+                       pos, max_seq, c->node->inputs[1], p);
   for (size_t b = 0; b < batch; b++)
-    memmove(mn_ref_out_f32(c) + (b * max_seq + pos) * kv_dim, mn_ref_in_f32(c, 0) + b * kv_dim,
-            kv_dim * sizeof(float));
+    memmove(mn_ref_out_f32(c) + (b * max_seq + pos) * kv_dim, mn_ref_in_f32(c, 0) + b * p * kv_dim,
+            p * kv_dim * sizeof(float));
   return MN_OK;
 }
 
 mn_status mn_ref_CACHED_ATTENTION(const mn_ref_ctx *c) {
   const mn_tensor_type *tk = mn_ref_in_type(c, 1);
   const mn_op_attrs *a = &c->node->attrs;
-  size_t batch = cache_batch(tk), max_seq = cache_rows(tk);
+  size_t batch = cache_batch(tk), max_seq = cache_rows(tk), p = rows_each(mn_ref_in_type(c, 0));
   uint32_t kv_len = mn_ref_in_u32(c, 3)[0];
-  if (kv_len == 0 || kv_len > max_seq)
+  if (kv_len < p || kv_len == 0 || kv_len > max_seq)
     return mn_ref_fail(c, MN_ERR_INVALID_ARGUMENT,
-                       "mn_cached_attention: kv_len %u is out of range 1..%zu (the rows of "
-                       "k_cache node %u)",
-                       kv_len, max_seq, c->node->inputs[1]);
-  attn_shape sh = {.t_len = 1,
+                       "mn_cached_attention: kv_len %u is out of range %zu..%zu (the query rows "
+                       "to the rows of k_cache node %u)",
+                       kv_len, p, max_seq, c->node->inputs[1]);
+  /* Query row r is the token at row kv_len - p + r of the cache: causal with that offset. */
+  attn_shape sh = {.t_len = p,
                    .s_len = kv_len,
                    .heads = (size_t)a->num_heads,
                    .kv_heads = (size_t)a->num_kv_heads,
                    .head_dim = (size_t)a->head_dim,
-                   .causal = false};
-  size_t q_row = sh.heads * sh.head_dim, kv_seq = max_seq * sh.kv_heads * sh.head_dim;
+                   .causal = true,
+                   .offset = kv_len - p};
+  size_t q_row = p * sh.heads * sh.head_dim, kv_seq = max_seq * sh.kv_heads * sh.head_dim;
   for (size_t b = 0; b < batch; b++) {
     mn_status st =
         attend_batches(c, &sh, 1, mn_ref_in_f32(c, 0) + b * q_row, mn_ref_in_f32(c, 1) + b * kv_seq,
