@@ -4,7 +4,8 @@
 # short table last.
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
-#                            [--tests REGEX] [--no-ctest] [--lm] [--lora] [--quality] [--sanitize]
+#                            [--tests REGEX] [--no-ctest] [--lm] [--lora] [--quality] [--decode]
+#                            [--sanitize]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
@@ -15,6 +16,15 @@
 #                      transformers under torch.autocast, one PASS/FAIL line each) and the
 #                      language-model steps (GPT-2 124M, SmolLM2-135M; fp32 and TF32) beside
 #                      transformers' models in PyTorch eager and torch.compile (minutes)
+#   --decode           also the decode benchmark (bench_decode: SmolLM2-135M shape batch 1 and 8
+#                      in bf16 and f32, each --quant format at batch 1 and 8 bf16 (a format the
+#                      generator refuses is reported as such), GPT-2 124M batch 1 bf16; prompt
+#                      128, 256 new tokens) beside benchmarks/torch_decode.py (transformers'
+#                      generate, bf16 and fp32, and a CUDA-graph static-cache decoder, bf16) in
+#                      the same run, and the greedy parity with transformers' generate
+#                      (scripts/hf_generate_parity.py, CPU and CUDA backends); the table of
+#                      scripts/decode_summary.py comes last. MN_DECODE_REPEATS (default 3) sets
+#                      the timed repeats (about 3 minutes with PyTorch)
 #   --lora             also LoRA against peft (scripts/peft_parity.py: our adapter loaded by
 #                      peft gives our logits, one step's adapter gradients and AdamW update,
 #                      the merged export through transformers; PEFT-PARITY PASS/FAIL) and the
@@ -44,6 +54,7 @@ bench=1
 lm=0
 lora=0
 quality=0
+decode=0
 run_ctest=1
 sanitize=0
 filter=()
@@ -57,10 +68,11 @@ while [ $# -gt 0 ]; do
     --lm) lm=1; shift ;;
     --lora) lora=1; shift ;;
     --quality) quality=1; shift ;;
+    --decode) decode=1; shift ;;
     --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n 2,30p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,40p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -138,6 +150,14 @@ if [ "$bench" = 1 ]; then
   fi
 fi
 
+# Greedy tokens of mn_generator against transformers' generate, fp32, both backends.
+generate_parity() {
+  python3 "$root/scripts/hf_generate_parity.py" --driver "$build/bench_generate_parity_driver" \
+    --backend both >"$logs/hf_generate_parity.log" 2>&1 || true
+  grep -E "^(PASS|FAIL|GENERATE-PARITY)" "$logs/hf_generate_parity.log" | tee -a "$logs/bench.log" ||
+    tail -n 20 "$logs/hf_generate_parity.log"
+}
+
 if [ "$lm" = 1 ]; then
   step "HF parity (scripts/hf_parity.py)"
   if python3 -c 'import torch, transformers' 2>/dev/null; then
@@ -154,6 +174,7 @@ if [ "$lm" = 1 ]; then
       echo "HF-PARITY bf16 FAILED (see $logs/hf_parity_bf16.log)" | tee -a "$logs/bench.log"
     fi
     grep -E "^  (ok|FAIL) " "$logs/hf_parity_bf16.log" | tee -a "$logs/bench.log" >/dev/null || true
+    generate_parity
   fi
   step "language-model steps"
   for model in gpt2 smollm2; do
@@ -196,6 +217,36 @@ if [ "$lora" = 1 ]; then
       tee -a "$logs/bench.log" || echo "BENCH-FAILED torch_nanogpt.py $model --lora 16" |
       tee -a "$logs/bench.log"
   done
+fi
+
+# The decode table (--decode); it comes again after the summary.
+decode_lines=""
+if [ "$decode" = 1 ]; then
+  step "decode: bench_decode beside PyTorch, greedy parity with transformers"
+  touch "$logs/bench.log"
+  dj="$logs/decode.jsonl"
+  : >"$dj"
+  reps=${MN_DECODE_REPEATS:-3}
+  for args in "smollm2 --batch 1,8 --precision bf16,f32" \
+    "smollm2 --batch 1,8 --precision bf16 --quant q8_0,q4_0,q4_1,int8,int4" \
+    "gpt2 --batch 1 --precision bf16"; do
+    "$build/bench_decode" $args --repeats "$reps" --json "$dj" 2>&1 | tee -a "$logs/bench.log" ||
+      echo "BENCH-FAILED bench_decode $args" | tee -a "$logs/bench.log"
+  done
+  if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+    for args in "smollm2 --batch 1,8 --precision bf16,f32" "gpt2 --batch 1 --precision bf16"; do
+      python3 "$root/benchmarks/torch_decode.py" $args --repeats "$reps" --json "$dj" 2>&1 |
+        tee -a "$logs/bench.log" || echo "BENCH-FAILED torch_decode.py $args" | tee -a "$logs/bench.log"
+    done
+    generate_parity
+  else
+    echo "PyTorch with CUDA or transformers not available: no PyTorch decode figures, no parity" |
+      tee -a "$logs/bench.log"
+  fi
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
+  decode_lines=$(python3 "$root/scripts/decode_summary.py" "$dj" --card "${card:-no GPU} $(date -u +%F)" 2>&1 || true)
+  decode_lines+=$'\n'$(grep -E "^(PASS|FAIL|GENERATE-PARITY)" "$logs/hf_generate_parity.log" 2>/dev/null || true)
+  echo "$decode_lines" | tee "$logs/decode-table.txt"
 fi
 
 # The bf16 training-quality run (--quality); its lines come again after the summary.
@@ -365,6 +416,7 @@ step "summary ($(date -u +%F), $(nvidia-smi --query-gpu=name --format=csv,nohead
 python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
   grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
 [ -z "$quality_lines" ] || printf '%s\n' "$quality_lines"
+[ -z "$decode_lines" ] || printf '\n%s\n' "$decode_lines"
 if [ "$sanitize" = 1 ]; then
   {
     printf '\ncompute-sanitizer (%ss in all; logs %s/sanitize-*.log)\n' "$sanitize_secs" "$logs"
