@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/data_parallel.h"
 #include "host/error.h"
 #include "host/storage.h"
 #include "optimizer/optimize.h"
@@ -121,6 +122,10 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
     free(s);
     return st;
   }
+  if ((st = mn_session_join_group(fn, s)) != MN_OK) {
+    mn_session_free(s);
+    return st;
+  }
   *out = s;
   return MN_OK;
 }
@@ -168,6 +173,7 @@ void mn_session_free(mn_session *s) {
   if (!s) return;
   if (s->backend) s->backend->destroy(s);
   mn_plan_free(s->plan);
+  mn_dp_free(s->dp);
   free(s->shared);
   free(s);
 }
