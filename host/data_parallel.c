@@ -164,3 +164,10 @@ mn_status mn_dp_all_gather_params(mn_dp *dp, const float *shard, float *params) 
   free(out);
   return st;
 }
+
+mn_status mn_dp_sync_params(mn_dp *dp, float *params) {
+  if (dp->synced) return MN_OK;
+  mn_status st = mn_broadcast(dp->group, dp->rank, params, dp->flat * sizeof *params, 0);
+  dp->synced = st == MN_OK;
+  return st;
+}

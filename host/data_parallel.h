@@ -30,6 +30,7 @@ typedef struct mn_dp {
   size_t num_ranges;
   mn_dp_bucket *buckets; /* in the order they become final */
   size_t num_buckets;
+  bool synced; /* the trainable parameters were broadcast from rank 0 (the first step) */
 } mn_dp;
 
 /* The default bucket size (PyTorch DDP's 25 MiB). */
@@ -59,6 +60,9 @@ static inline size_t mn_dp_slot_offset(const mn_plan *p, size_t slot) {
 }
 
 /* Host-memory steps (the CPU backend): grads is the flat gradient block. */
+/* Before the first step: params (the flat parameter block) becomes rank 0's, as PyTorch DDP
+ * does when it wraps a model, so that ranks initialized apart start together. */
+mn_status mn_dp_sync_params(mn_dp *dp, float *params);
 /* Replaces every gradient by the mean over ranks, bucket by bucket. */
 mn_status mn_dp_all_reduce_grads(mn_dp *dp, float *grads);
 /* ZeRO-1: shard (dp->shard floats) becomes the mean over ranks of rank's shard of grads. */

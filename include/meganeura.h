@@ -281,7 +281,9 @@ typedef struct mn_session_options {
    * mn_session_read_loss the mean of their losses. zero1 shards the optimizer state (ZeRO
    * stage 1). Every rank builds its session of the same graph with the same options at the
    * same time; a world size or graph that differs between ranks is refused by every rank
-   * (MN_ERR_INVALID_ARGUMENT). NULL group: a plain session (rank, world_size, zero1 unused). */
+   * (MN_ERR_INVALID_ARGUMENT). The first step makes every rank's trained parameters rank 0's
+   * (as PyTorch DDP does); frozen ones must be set alike on every rank. NULL group: a plain
+   * session (rank, world_size, zero1 unused). */
   struct mn_group *group;
   int rank, world_size;
   bool zero1;

@@ -255,6 +255,9 @@ mn_memory_summary mn_session_memory_summary(const mn_session *s) {
     for (size_t i = 0; i < p->num_params; i++)
       if (p->params[i].grad != MN_NO_NODE)
         m.adam_state_bytes += 2 * mn_plan_buffer_of(p, p->params[i].param)->bytes;
+  /* ZeRO-1: this rank keeps its shard's moments only. */
+  if (s->dp && s->dp->zero1 && m.adam_state_bytes)
+    m.adam_state_bytes = 2 * s->dp->shard * sizeof(float);
   m.total_buffer_bytes += m.adam_state_bytes;
   return m;
 }

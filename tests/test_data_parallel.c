@@ -43,12 +43,13 @@ typedef struct setup {
   int ranks, accum, rounds, first_round;
   optim opt;
   bool zero1, clip;
+  bool apart;              /* ranks other than 0 start from other parameters */
   const char *load, *save; /* checkpoint to start from / to write at the end (NULL: none) */
 } setup;
 
-/* The same initial parameters for every session. */
-static mn_status init_params(mn_session *s) {
-  mn_rng r = mn_rng_new(11);
+/* The initial parameters: seed 11 is the reference's. */
+static mn_status init_params(mn_session *s, uint64_t seed) {
+  mn_rng r = mn_rng_new(seed);
   float buf[IN * HID];
   for (int i = 0; i < 4; i++) {
     mn_rng_fill(&r, buf, sizes[i], -0.5f, 0.5f);
@@ -105,6 +106,8 @@ typedef struct rank_run {
   char error[512];
   float params[NUM_PARAMS];
   float loss[8];
+  size_t adam_bytes; /* the memory summary's Adam state */
+  size_t flat;       /* elements of the flat update block, alignment padding included */
 } rank_run;
 
 static void *rank_main(void *arg) {
@@ -120,8 +123,11 @@ static void *rank_main(void *arg) {
   o.zero1 = u->zero1;
   mn_session *s = NULL;
   mn_status st = mn_build_session(g, &o, &s);
-  if (st == MN_OK) st = u->load ? mn_session_load_checkpoint(s, u->load) : init_params(s);
+  uint64_t seed = u->apart && r->rank ? 12 : 11;
+  if (st == MN_OK) st = u->load ? mn_session_load_checkpoint(s, u->load) : init_params(s, seed);
   if (st == MN_OK) st = configure(s, u);
+  if (st == MN_OK) r->adam_bytes = mn_session_memory_summary(s).adam_state_bytes;
+  if (st == MN_OK) r->flat = s->plan->update_bytes / sizeof(float);
   if (r->stop_early) goto out;
   for (int round = u->first_round; st == MN_OK && round < u->first_round + u->rounds; round++)
     for (int m = 0; st == MN_OK && m < u->accum; m++) {
@@ -164,7 +170,7 @@ static void run_ranks(const setup *u, rank_run *runs) {
 static void run_one(const setup *u, float *params, float *loss) {
   mn_graph *g = mlp(u->accum * TOTAL, HID);
   mn_session *s = mn_test_session(g, MN_BACKEND_CPU, true);
-  cr_assert_eq(init_params(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(init_params(s, 11), MN_OK, "%s", mn_last_error());
   setup one = *u;
   one.accum = 1;
   cr_assert_eq(configure(s, &one), MN_OK, "%s", mn_last_error());
@@ -201,6 +207,15 @@ static void check_against_one_rank(const setup *u) {
   cr_expect(e <= TOL, "%d ranks, %s%s%s, accum %d: max relative error %.3g against one rank",
             u->ranks, u->opt == SGD ? "SGD" : "AdamW", u->zero1 ? ", ZeRO-1" : "",
             u->clip ? ", clipped" : "", u->accum, e);
+  /* ZeRO-1 keeps a shard of the moments: the flat update block (parameters and the padding
+   * between them) rounded up to a multiple of the ranks, divided by them. */
+  if (u->opt == ADAMW)
+    for (int i = 0; i < u->ranks; i++) {
+      size_t shard = (runs[i].flat + (size_t)u->ranks - 1) / (size_t)u->ranks;
+      size_t want = 2 * (u->zero1 ? shard : NUM_PARAMS) * sizeof(float);
+      cr_expect_eq(runs[i].adam_bytes, want, "rank %d of %d%s: %zu bytes of Adam state, want %zu",
+                   i, u->ranks, u->zero1 ? " (ZeRO-1)" : "", runs[i].adam_bytes, want);
+    }
   if (u->accum > 1) return;
   /* Every rank reports the mean of the ranks' losses: one rank's loss over the whole batch. */
   for (int i = 0; i < u->ranks; i++)
@@ -236,6 +251,11 @@ Test(data_parallel, gradient_accumulation_reduces_once_per_update) {
   sweep(SGD, false, false, 2);
   sweep(ADAMW, false, true, 2);
   sweep(ADAMW, true, true, 2);
+}
+Test(data_parallel, the_first_step_starts_every_rank_from_rank_0s_parameters) {
+  for (int n = 2; n <= MAX_RANKS; n++)
+    check_against_one_rank(&(setup){
+        .ranks = n, .accum = 1, .rounds = ROUNDS, .opt = ADAMW, .zero1 = n == 3, .apart = true});
 }
 Test(data_parallel, one_rank_group_is_the_plain_session) {
   check_against_one_rank(&(setup){.ranks = 1, .accum = 1, .rounds = ROUNDS, .opt = ADAMW});

@@ -214,6 +214,10 @@ static mn_status cpu_step(mn_session *s) {
   char msg[sizeof st->pending_error - 64];
   if (p->loss_scale != MN_NO_NODE)
     memcpy(buffer_ptr(s, p->node_buffer[p->loss_scale]), &s->scaler.scale, sizeof(float));
+  if (s->dp) {
+    mn_status rc = mn_dp_sync_params(s->dp, (float *)(st->arena + p->update_params_offset));
+    if (rc != MN_OK) return rc;
+  }
   for (size_t d = 0; d < p->num_dispatches; d++) {
     mn_node id = p->dispatches[d].node;
     const mn_node_rec *node = &g->nodes[id];
