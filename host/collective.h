@@ -31,6 +31,8 @@ typedef struct mn_collective_ops {
   /* buf (bytes) becomes root's buf. */
   mn_status (*broadcast)(mn_group *g, int rank, void *buf, size_t bytes, int root);
   mn_status (*barrier)(mn_group *g, int rank);
+  /* Breaks the group: every pending and later collective fails at once, naming why. */
+  void (*abort)(mn_group *g, const char *why);
   void (*destroy)(mn_group *g);
 } mn_collective_ops;
 

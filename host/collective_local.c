@@ -167,6 +167,15 @@ static mn_status local_barrier(mn_group *g, int rank) {
   return rendezvous(g, rank, NULL, "barrier");
 }
 
+static void local_abort(mn_group *g, const char *why) {
+  local_group *l = impl(g);
+  pthread_mutex_lock(&l->mu);
+  if (!l->broken) snprintf(l->why, sizeof l->why, "aborted: %s", why ? why : "");
+  l->broken = true;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
 static void local_destroy(mn_group *g) {
   local_group *l = impl(g);
   pthread_mutex_destroy(&l->mu);
@@ -183,6 +192,7 @@ static const mn_collective_ops local_ops = {
     .all_gather = local_all_gather,
     .broadcast = local_broadcast,
     .barrier = local_barrier,
+    .abort = local_abort,
     .destroy = local_destroy,
 };
 
@@ -218,6 +228,10 @@ mn_status mn_group_new_local(int world_size, double timeout_s, mn_group **out) {
 }
 
 bool mn_group_is_local(const mn_group *g) { return g && g->ops == &local_ops; }
+
+void mn_group_abort(mn_group *g, const char *why) {
+  if (g) g->ops->abort(g, why);
+}
 
 void mn_group_free(mn_group *g) {
   if (!g) return;

@@ -97,7 +97,8 @@ typedef struct nccl_group {
   mn_nccl_comm_t comm;
   void *stream;
   float *scratch;
-  bool failed; /* a call failed: destroying aborts the communicator instead of waiting on it */
+  bool failed;  /* a call failed: destroying aborts the communicator instead of waiting on it */
+  bool aborted; /* the communicator is gone (ncclCommAbort) */
 } nccl_group;
 
 static mn_status check(nccl_group *n, mn_nccl_result r, const char *what) {
@@ -106,6 +107,8 @@ static mn_status check(nccl_group *n, mn_nccl_result r, const char *what) {
   return mn_fail(MN_ERR_DEVICE, "%s: %s", what, n->api->get_error_string(r));
 }
 
+static mn_status aborted(void) { return mn_fail(MN_ERR_STATE, "the NCCL group was aborted"); }
+
 static int nccl_op(mn_reduce_op op) {
   return op == MN_REDUCE_MEAN ? MN_NCCL_AVG : op == MN_REDUCE_MAX ? MN_NCCL_MAX : MN_NCCL_SUM;
 }
@@ -113,6 +116,7 @@ static int nccl_op(mn_reduce_op op) {
 static mn_status n_all_reduce(mn_group *g, int rank, float *buf, size_t n, mn_reduce_op op) {
   (void)rank;
   nccl_group *c = g->impl;
+  if (c->aborted) return aborted();
   return check(c, c->api->all_reduce(buf, buf, n, MN_NCCL_FLOAT32, nccl_op(op), c->comm, c->stream),
                "ncclAllReduce");
 }
@@ -121,6 +125,7 @@ static mn_status n_reduce_scatter(mn_group *g, int rank, const float *in, float 
                                   mn_reduce_op op) {
   (void)rank;
   nccl_group *c = g->impl;
+  if (c->aborted) return aborted();
   return check(
       c, c->api->reduce_scatter(in, out, shard, MN_NCCL_FLOAT32, nccl_op(op), c->comm, c->stream),
       "ncclReduceScatter");
@@ -129,6 +134,7 @@ static mn_status n_reduce_scatter(mn_group *g, int rank, const float *in, float 
 static mn_status n_all_gather(mn_group *g, int rank, const float *in, float *out, size_t shard) {
   (void)rank;
   nccl_group *c = g->impl;
+  if (c->aborted) return aborted();
   return check(c, c->api->all_gather(in, out, shard, MN_NCCL_FLOAT32, c->comm, c->stream),
                "ncclAllGather");
 }
@@ -136,6 +142,7 @@ static mn_status n_all_gather(mn_group *g, int rank, const float *in, float *out
 static mn_status n_broadcast(mn_group *g, int rank, void *buf, size_t bytes, int root) {
   (void)rank;
   nccl_group *c = g->impl;
+  if (c->aborted) return aborted();
   return check(c, c->api->broadcast(buf, buf, bytes, MN_NCCL_UINT8, root, c->comm, c->stream),
                "ncclBroadcast");
 }
@@ -145,11 +152,18 @@ static mn_status n_barrier(mn_group *g, int rank) {
   return n_all_reduce(g, rank, c->scratch, 1, MN_REDUCE_SUM);
 }
 
+static void n_abort(mn_group *g, const char *why) {
+  (void)why;
+  nccl_group *c = g->impl;
+  if (!c->aborted) c->api->comm_abort(c->comm);
+  c->aborted = true;
+}
+
 static void n_destroy(mn_group *g) {
   nccl_group *c = g->impl;
-  if (c->failed)
+  if (c->failed && !c->aborted)
     c->api->comm_abort(c->comm);
-  else
+  else if (!c->aborted)
     c->api->comm_destroy(c->comm);
   free(c);
 }
@@ -161,6 +175,7 @@ static const mn_collective_ops nccl_ops = {
     .all_gather = n_all_gather,
     .broadcast = n_broadcast,
     .barrier = n_barrier,
+    .abort = n_abort,
     .destroy = n_destroy,
 };
 

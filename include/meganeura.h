@@ -387,6 +387,9 @@ typedef struct mn_group mn_group;
 /* world_size ranks in this process, one thread each with its own session, for the CPU backend
  * (a CUDA session of it is MN_ERR_UNSUPPORTED). world_size < 1: MN_ERR_INVALID_ARGUMENT. */
 MN_API mn_status mn_group_new_local(int world_size, double timeout_s, mn_group **out);
+/* Breaks the group on behalf of a rank that cannot go on: every collective waiting or yet to
+ * come fails at once with MN_ERR_STATE naming why, instead of waiting for the timeout. */
+MN_API void mn_group_abort(mn_group *g, const char *why);
 /* Frees the group once every session of it has been freed. */
 MN_API void mn_group_free(mn_group *g);
 

@@ -358,6 +358,23 @@ Test(data_parallel, a_rank_that_stops_stepping_times_out_the_others) {
   cr_expect(strstr(runs[0].error, "timed out") != NULL, "%s", runs[0].error);
 }
 
+Test(data_parallel, an_aborted_group_fails_its_waiting_ranks_at_once) {
+  setup u = {.ranks = 2, .accum = 1, .rounds = 1, .opt = SGD};
+  rank_run run = {.u = &u, .rank = 0, .world_size = 2, .hid = HID};
+  cr_assert_eq(mn_group_new_local(2, 60, &run.group), MN_OK);
+  struct timespec t0, pause = {0, 100 * 1000 * 1000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pthread_t thread;
+  cr_assert_eq(pthread_create(&thread, NULL, rank_main, &run), 0);
+  nanosleep(&pause, NULL);
+  mn_group_abort(run.group, "rank 1 cannot load its data");
+  pthread_join(thread, NULL);
+  cr_expect_eq(run.status, MN_ERR_STATE, "%s", run.error);
+  cr_expect(strstr(run.error, "aborted: rank 1 cannot load its data") != NULL, "%s", run.error);
+  cr_expect(seconds_since(&t0) < 10, "took %.1f s", seconds_since(&t0));
+  mn_group_free(run.group);
+}
+
 Test(data_parallel, two_sessions_of_one_rank_are_refused) {
   setup u = {.ranks = 2, .accum = 1, .rounds = 1, .opt = SGD};
   rank_run runs[2] = {{.u = &u, .rank = 0, .world_size = 2, .hid = HID},
