@@ -282,8 +282,11 @@ typedef struct mn_session_options {
    * stage 1). Every rank builds its session of the same graph with the same options at the
    * same time; a world size or graph that differs between ranks is refused by every rank
    * (MN_ERR_INVALID_ARGUMENT). The first step makes every rank's trained parameters rank 0's
-   * (as PyTorch DDP does); frozen ones must be set alike on every rank. NULL group: a plain
-   * session (rank, world_size, zero1 unused). */
+   * (as PyTorch DDP does); frozen ones, the optimizer and its settings must be set alike on
+   * every rank. After an update mn_session_read_grad gives the mean over ranks (with zero1,
+   * in the rank's shard only). Groups run on the CPU backend in this version: a CUDA session
+   * of one is MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing), and so is F16.
+   * NULL group: a plain session (rank, world_size, zero1 unused). */
   struct mn_group *group;
   int rank, world_size;
   bool zero1;
