@@ -21,6 +21,9 @@ typedef struct local_group {
   int arrived;
   bool *present;      /* per rank: posted in the current rendezvous */
   const void **input; /* per rank: its posted input */
+  /* Per rank: the collective and the size it posted, which must be every rank's. */
+  const char **kind;
+  size_t *size;
   bool broken;
   char why[256];
 } local_group;
@@ -36,9 +39,25 @@ static void missing_ranks(const mn_group *g, const local_group *l, char *buf, si
       used += (size_t)snprintf(buf + used, size - used, "%s%d", used ? ", " : "", r);
 }
 
-/* Posts input (NULL: keeps the last one) for rank and waits until every rank has posted; on a
- * timeout the group breaks. */
-static mn_status rendezvous(mn_group *g, int rank, const void *input, const char *what) {
+/* The last rank to arrive checks that every rank called the same collective on the same size:
+ * ranks whose steps went apart (one failed, one skipped a step) break the group instead of
+ * reading past each other's buffers. */
+static bool same_call(mn_group *g, local_group *l, int rank) {
+  for (int r = 0; r < g->world_size; r++)
+    if (l->size[r] != l->size[rank] || strcmp(l->kind[r], l->kind[rank]) != 0) {
+      snprintf(l->why, sizeof l->why,
+               "the ranks called different collectives: rank %d %s of %zu, rank %d %s of %zu", r,
+               l->kind[r], l->size[r], rank, l->kind[rank], l->size[rank]);
+      return false;
+    }
+  return true;
+}
+
+/* Posts input (NULL: keeps the last one) for rank, a call of collective `what` on `size`
+ * elements, and waits until every rank has posted; on a timeout or a mismatch the group
+ * breaks. */
+static mn_status rendezvous(mn_group *g, int rank, const void *input, size_t size,
+                            const char *what) {
   local_group *l = impl(g);
   if (rank < 0 || rank >= g->world_size)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: rank %d outside [0, %d)", what, rank,
@@ -63,9 +82,14 @@ static mn_status rendezvous(mn_group *g, int rank, const void *input, const char
     l->present[rank] = true;
     /* The second phase posts no input: another rank may still be reading this one. */
     if (input) l->input[rank] = input;
+    l->kind[rank] = what;
+    l->size[rank] = size;
     unsigned long gen = l->generation;
     if (++l->arrived == g->world_size) {
-      l->generation++;
+      if (same_call(g, l, rank))
+        l->generation++;
+      else
+        l->broken = true;
       l->arrived = 0;
       pthread_cond_broadcast(&l->cv);
     }
@@ -73,13 +97,13 @@ static mn_status rendezvous(mn_group *g, int rank, const void *input, const char
       if (pthread_cond_timedwait(&l->cv, &l->mu, &deadline) != ETIMEDOUT) continue;
       char missing[128];
       missing_ranks(g, l, missing, sizeof missing);
-      snprintf(l->why, sizeof l->why, "rank %d waited %g s for rank(s) %s of %d in %s", rank,
-               g->timeout_s, missing, g->world_size, what);
+      snprintf(l->why, sizeof l->why, "timed out: rank %d waited %g s for rank(s) %s of %d in %s",
+               rank, g->timeout_s, missing, g->world_size, what);
       l->broken = true;
       pthread_cond_broadcast(&l->cv);
     }
     if (l->generation == gen)
-      st = mn_fail(MN_ERR_STATE, "%s: timed out: %s", what, l->why);
+      st = mn_fail(MN_ERR_STATE, "%s: %s", what, l->why);
     else
       l->present[rank] = false;
   }
@@ -102,11 +126,11 @@ static mn_status local_all_reduce(mn_group *g, int rank, float *buf, size_t n, m
   const char *what = "all-reduce";
   float *scratch = malloc((n ? n : 1) * sizeof *scratch);
   if (!scratch) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory (%zu floats)", what, n);
-  mn_status st = rendezvous(g, rank, buf, what);
+  mn_status st = rendezvous(g, rank, buf, n, what);
   if (st == MN_OK) {
     for (size_t i = 0; i < n; i++)
       scratch[i] = reduce_at(g, impl(g), i, op);
-    st = rendezvous(g, rank, NULL, what);
+    st = rendezvous(g, rank, NULL, n, what);
   }
   if (st == MN_OK) memcpy(buf, scratch, n * sizeof *buf);
   free(scratch);
@@ -118,11 +142,11 @@ static mn_status local_reduce_scatter(mn_group *g, int rank, const float *in, fl
   const char *what = "reduce-scatter";
   float *scratch = malloc((shard ? shard : 1) * sizeof *scratch);
   if (!scratch) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  mn_status st = rendezvous(g, rank, in, what);
+  mn_status st = rendezvous(g, rank, in, shard, what);
   if (st == MN_OK) {
     for (size_t i = 0; i < shard; i++)
       scratch[i] = reduce_at(g, impl(g), (size_t)rank * shard + i, op);
-    st = rendezvous(g, rank, NULL, what);
+    st = rendezvous(g, rank, NULL, shard, what);
   }
   if (st == MN_OK) memcpy(out, scratch, shard * sizeof *out);
   free(scratch);
@@ -135,11 +159,11 @@ static mn_status local_all_gather(mn_group *g, int rank, const float *in, float 
   size_t n = shard * (size_t)g->world_size;
   float *scratch = malloc((n ? n : 1) * sizeof *scratch);
   if (!scratch) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  mn_status st = rendezvous(g, rank, in, what);
+  mn_status st = rendezvous(g, rank, in, shard, what);
   if (st == MN_OK) {
     for (int r = 0; r < g->world_size; r++)
       memcpy(scratch + (size_t)r * shard, impl(g)->input[r], shard * sizeof *scratch);
-    st = rendezvous(g, rank, NULL, what);
+    st = rendezvous(g, rank, NULL, shard, what);
   }
   if (st == MN_OK) memcpy(out, scratch, n * sizeof *out);
   free(scratch);
@@ -153,10 +177,10 @@ static mn_status local_broadcast(mn_group *g, int rank, void *buf, size_t bytes,
                    g->world_size);
   void *scratch = malloc(bytes ? bytes : 1);
   if (!scratch) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-  mn_status st = rendezvous(g, rank, buf, what);
+  mn_status st = rendezvous(g, rank, buf, bytes, what);
   if (st == MN_OK) {
     memcpy(scratch, impl(g)->input[root], bytes);
-    st = rendezvous(g, rank, NULL, what);
+    st = rendezvous(g, rank, NULL, bytes, what);
   }
   if (st == MN_OK) memcpy(buf, scratch, bytes);
   free(scratch);
@@ -164,7 +188,7 @@ static mn_status local_broadcast(mn_group *g, int rank, void *buf, size_t bytes,
 }
 
 static mn_status local_barrier(mn_group *g, int rank) {
-  return rendezvous(g, rank, NULL, "barrier");
+  return rendezvous(g, rank, NULL, 0, "barrier");
 }
 
 static void local_abort(mn_group *g, const char *why) {
@@ -182,6 +206,8 @@ static void local_destroy(mn_group *g) {
   pthread_cond_destroy(&l->cv);
   free(l->present);
   free(l->input);
+  free(l->kind);
+  free(l->size);
   free(l);
 }
 
@@ -210,9 +236,11 @@ mn_status mn_group_new_local(int world_size, double timeout_s, mn_group **out) {
   if (l) {
     l->present = calloc((size_t)world_size, sizeof *l->present);
     l->input = calloc((size_t)world_size, sizeof *l->input);
+    l->kind = calloc((size_t)world_size, sizeof *l->kind);
+    l->size = calloc((size_t)world_size, sizeof *l->size);
   }
-  if (!g || !l || !l->present || !l->input) {
-    if (l) free(l->present), free(l->input);
+  if (!g || !l || !l->present || !l->input || !l->kind || !l->size) {
+    if (l) free(l->present), free(l->input), free(l->kind), free(l->size);
     free(l);
     free(g);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);

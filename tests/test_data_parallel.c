@@ -375,6 +375,42 @@ Test(data_parallel, an_aborted_group_fails_its_waiting_ranks_at_once) {
   mn_group_free(run.group);
 }
 
+typedef struct call {
+  mn_group *group;
+  int rank;
+  size_t n;
+  mn_status status;
+  char error[512];
+} call;
+
+static void *all_reduce_main(void *arg) {
+  call *c = arg;
+  float buf[8] = {0};
+  c->status = mn_all_reduce(c->group, c->rank, buf, c->n, MN_REDUCE_SUM);
+  if (c->status != MN_OK) snprintf(c->error, sizeof c->error, "%s", mn_last_error());
+  return NULL;
+}
+
+/* Ranks whose steps went apart fail instead of reading past each other's buffers. */
+Test(data_parallel, ranks_calling_different_collectives_fail) {
+  mn_group *group = NULL;
+  cr_assert_eq(mn_group_new_local(2, 10, &group), MN_OK);
+  call c[2] = {{.group = group, .rank = 0, .n = 3}, {.group = group, .rank = 1, .n = 4}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, all_reduce_main, &c[i]), 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(t[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    cr_expect_eq(c[i].status, MN_ERR_STATE, "rank %d: %s", i, c[i].error);
+    cr_expect(strstr(c[i].error, "different collectives") != NULL, "%s", c[i].error);
+  }
+  /* The group stays broken. */
+  float x = 0;
+  cr_expect_eq(mn_all_reduce(group, 0, &x, 1, MN_REDUCE_SUM), MN_ERR_STATE);
+  mn_group_free(group);
+}
+
 Test(data_parallel, two_sessions_of_one_rank_are_refused) {
   setup u = {.ranks = 2, .accum = 1, .rounds = 1, .opt = SGD};
   rank_run runs[2] = {{.u = &u, .rank = 0, .world_size = 2, .hid = HID},

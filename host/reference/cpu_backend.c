@@ -247,6 +247,8 @@ static mn_status cpu_step(mn_session *s) {
         st->pending = rc;
         snprintf(st->pending_error, sizeof st->pending_error, "mn_session_wait: %s", msg);
       }
+      /* The other ranks would wait for this one's gradients until the timeout. */
+      if (s->dp) mn_group_abort(s->dp->group, st->pending_error);
       return MN_OK;
     }
   }
