@@ -496,7 +496,7 @@ Test(data_parallel, a_missing_nccl_is_named) {
   cr_expect(strstr(mn_nccl_error(), "NCCL is not available") != NULL, "%s", mn_nccl_error());
 }
 
-/* Where NCCL is installed, every function resolves. */
+/* Where NCCL is installed, every function resolves and an id can be made. */
 Test(data_parallel, an_installed_nccl_resolves_every_function) {
   mn_nccl api;
   if (mn_nccl_open(MN_NCCL_LIBRARY, &api) != MN_OK) {
@@ -506,6 +506,10 @@ Test(data_parallel, an_installed_nccl_resolves_every_function) {
   cr_expect_not_null(api.get_error_string);
   cr_expect_not_null(api.comm_init_rank);
   cr_expect_str_eq(api.get_error_string(0), "no error");
+  /* ncclGetUniqueId needs no device: rank 0's id for the others. */
+  mn_group_id id = {{0}}, zero = {{0}};
+  cr_expect_eq(mn_group_id_new(&id), MN_OK, "%s", mn_last_error());
+  cr_expect(memcmp(id.bytes, zero.bytes, sizeof id.bytes) != 0, "the id is all zeros");
 }
 
 Test(data_parallel, a_group_id_is_shared_through_a_file) {
