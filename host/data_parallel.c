@@ -10,19 +10,19 @@ typedef struct grad_entry {
   size_t ready, slot;
 } grad_entry;
 
-/* The last dispatch that writes the gradient's buffer: after it the gradient is final. */
+/* The last dispatch that writes the gradient's buffer: after it the gradient is final. A
+ * gradient no dispatch writes (there is none in a valid plan) counts as final at the end. */
 static size_t ready_index(const mn_plan *p, mn_node grad) {
   uint32_t buffer = p->node_buffer[grad];
   size_t ready = p->num_dispatches ? p->num_dispatches - 1 : 0;
-  bool found = false;
   for (size_t d = 0; d < p->num_dispatches; d++) {
     mn_node id = p->dispatches[d].node;
     bool writes = p->node_buffer[id] == buffer;
     for (int k = 1; k <= mn_node_num_extra_outputs(&p->graph->nodes[id]); k++)
       writes = writes || p->node_buffer[mn_plan_extra_output(p, id, k)] == buffer;
-    if (writes) ready = d, found = true;
+    if (writes) ready = d;
   }
-  return found ? ready : (p->num_dispatches ? p->num_dispatches - 1 : 0);
+  return ready;
 }
 
 static int by_ready(const void *a, const void *b) {
