@@ -63,6 +63,7 @@ struct mn_session {
    * (its buffer_address), else NULL; NULL as a whole when nothing is shared. */
   void **shared;
   mn_session *owner; /* the session whose parameters those are, else NULL */
+  struct mn_dp *dp;  /* the session's rank of a data-parallel group (data_parallel.h), or NULL */
 };
 
 /* The backend memory of a buffer that lives in another session, or NULL. */

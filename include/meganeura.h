@@ -289,6 +289,21 @@ typedef struct mn_session_options {
   mn_fusion_mode fusion;     /* default MN_FUSION_AUTO */
   mn_siblings_mode siblings; /* default MN_SIBLINGS_AUTO */
   mn_precision precision;    /* default MN_PRECISION_F32 */
+  /* Data parallelism (docs/distributed.md): with group set, the session is rank `rank` of
+   * `world_size` ranks (which must be the group's size) that each step on their own batch and
+   * update as one: the update uses the mean of the ranks' gradients and
+   * mn_session_read_loss the mean of their losses. zero1 shards the optimizer state (ZeRO
+   * stage 1). Every rank builds its session of the same graph with the same options at the
+   * same time; a world size or graph that differs between ranks is refused by every rank
+   * (MN_ERR_INVALID_ARGUMENT). The first step makes every rank's trained parameters rank 0's
+   * (as PyTorch DDP does); frozen ones, the optimizer and its settings must be set alike on
+   * every rank. After an update mn_session_read_grad gives the mean over ranks (with zero1,
+   * in the rank's shard only). Groups run on the CPU backend in this version: a CUDA session
+   * of one is MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing), and so is F16.
+   * NULL group: a plain session (rank, world_size, zero1 unused). */
+  struct mn_group *group;
+  int rank, world_size;
+  bool zero1;
 } mn_session_options;
 MN_API mn_session_options mn_session_options_default(void);
 
@@ -378,6 +393,56 @@ typedef struct mn_session_stats {
 } mn_session_stats;
 MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out);
 
+/* ---------------------------------------------------------------- data parallelism */
+
+/* A data-parallel group: the ranks whose sessions reduce their gradients together (set
+ * mn_session_options.group). Every collective the sessions make waits for the other ranks at
+ * most timeout_s seconds (<= 0: 300); a rank that never joins or stops stepping makes the
+ * others fail with MN_ERR_STATE naming the missing ranks, and the group stays broken. Steps
+ * and checkpoint saves are collective: every rank calls them, in the same order. */
+typedef struct mn_group mn_group;
+/* world_size ranks in this process, one thread each with its own session, for the CPU backend
+ * (a CUDA session of it is MN_ERR_UNSUPPORTED). world_size < 1: MN_ERR_INVALID_ARGUMENT. */
+MN_API mn_status mn_group_new_local(int world_size, double timeout_s, mn_group **out);
+/* Breaks the group on behalf of a rank that cannot go on: every collective waiting or yet to
+ * come fails at once with MN_ERR_STATE naming why, instead of waiting for the timeout. */
+MN_API void mn_group_abort(mn_group *g, const char *why);
+/* Frees the group once every session of it has been freed. */
+MN_API void mn_group_free(mn_group *g);
+
+/* Where this process sits in a job started by a launcher, read from its environment:
+ * torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), srun (SLURM_PROCID,
+ * SLURM_NTASKS, SLURM_LOCALID) or mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+ * OMPI_COMM_WORLD_LOCAL_RANK), first found in that order. MN_ERR_NOT_FOUND when none is set,
+ * MN_ERR_INVALID_ARGUMENT naming the variable for a value that is not a number or a rank
+ * outside [0, world_size). master_addr is empty and master_port 0 when not given. */
+typedef struct mn_launch_env {
+  const char *launcher; /* "torchrun", "slurm" or "mpi" */
+  int rank, world_size, local_rank;
+  char master_addr[256];
+  int master_port;
+} mn_launch_env;
+MN_API mn_status mn_launch_env_read(mn_launch_env *out);
+
+/* The id every rank of an NCCL group passes to create it (ncclUniqueId's 128 bytes). NCCL is
+ * loaded at run time (libnccl.so.2, or the path in MN_NCCL_LIBRARY): without it this is
+ * MN_ERR_UNSUPPORTED naming the library. */
+typedef struct mn_group_id {
+  unsigned char bytes[128];
+} mn_group_id;
+MN_API mn_status mn_group_id_new(mn_group_id *out);
+/* Shares an id through a file on a file system every rank sees: rank 0 writes *id to path
+ * (whole or not at all: a temporary file renamed), the others wait for it at most timeout_s
+ * seconds (<= 0: 300) and read it into *id. MN_ERR_IO naming the path on failure, MN_ERR_STATE
+ * on the timeout. */
+MN_API mn_status mn_group_id_share_file(const char *path, int rank, double timeout_s,
+                                        mn_group_id *id);
+
+/* For a session of a data-parallel group, saving is collective: every rank calls it with the
+ * same path, rank 0 writes the whole state (ZeRO-1 shards of the optimizer state gathered
+ * first; written to a temporary file and renamed, never half-written), and every rank returns
+ * rank 0's outcome once the file is in place. Every rank loads the same file, whatever number
+ * of ranks wrote it. */
 MN_API mn_status mn_session_save_checkpoint(mn_session *s, const char *path);
 MN_API mn_status mn_session_load_checkpoint(mn_session *s, const char *path);
 /* A checkpoint with the caller's own entries in its __metadata__ (a training program's step,

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/data_parallel.h"
 #include "host/error.h"
 #include "io/safetensors.h"
 #include "session/session_params.h"
@@ -171,6 +172,21 @@ static mn_status check_entries(const char *fn, const mn_checkpoint_entry *extra,
   return MN_OK;
 }
 
+/* Every rank of a group returns once rank 0 has written the file, with rank 0's outcome (a
+ * rank's own failure first). */
+static mn_status group_outcome(const char *fn, mn_session *s, mn_status mine) {
+  struct {
+    int status;
+    char error[500];
+  } root = {.status = (int)mine};
+  if (mine != MN_OK) snprintf(root.error, sizeof root.error, "%s", mn_last_error());
+  mn_status st = mn_broadcast(s->dp->group, s->dp->rank, &root, sizeof root, 0);
+  if (st != MN_OK || mine != MN_OK) return st != MN_OK ? st : mine;
+  if (root.status == MN_OK) return MN_OK;
+  return mn_fail((mn_status)root.status, "%s: rank 0 could not write the checkpoint: %s", fn,
+                 root.error);
+}
+
 static mn_status save(const char *fn, mn_session *s, const char *path,
                       const mn_checkpoint_entry *extra, size_t n_extra) {
   if (!s) return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
@@ -195,7 +211,9 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
   size_t np = 0, nt = 0;
   save_buffers b = {0};
   st = mn_io_params(fn, s, &params, &np);
-  if (st == MN_OK) st = gather(fn, s, params, np, moments, &b, &nt);
+  /* A group's checkpoint is rank 0's: the others only take part in gathering ZeRO-1 shards. */
+  bool writes = !s->dp || s->dp->rank == 0;
+  if (st == MN_OK && (writes || s->dp->zero1)) st = gather(fn, s, params, np, moments, &b, &nt);
 
   char values[NUM_FLOAT_FIELDS][FLOAT_CHARS], step[32];
   meta[0] = (mn_st_meta){"checkpoint_format", CK_FORMAT};
@@ -221,14 +239,14 @@ static mn_status save(const char *fn, mn_session *s, const char *path,
   }
   for (size_t i = 0; i < n_extra; i++)
     meta[own + i] = (mn_st_meta){extra[i].key, extra[i].value};
-  if (st == MN_OK) {
+  if (st == MN_OK && writes) {
     st = mn_safetensors_write(path, b.tensors, nt, meta, own + n_extra);
     if (st != MN_OK) st = mn_io_rewrap(st, fn);
   }
   save_buffers_free(&b);
   free(params);
   free(meta);
-  return st;
+  return s->dp ? group_outcome(fn, s, st) : st;
 }
 
 mn_status mn_session_save_checkpoint(mn_session *s, const char *path) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/data_parallel.h"
 #include "host/error.h"
 #include "host/storage.h"
 #include "optimizer/optimize.h"
@@ -123,6 +124,10 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
     free(s);
     return st;
   }
+  if ((st = mn_session_join_group(fn, s)) != MN_OK) {
+    mn_session_free(s);
+    return st;
+  }
   *out = s;
   return MN_OK;
 }
@@ -170,6 +175,7 @@ void mn_session_free(mn_session *s) {
   if (!s) return;
   if (s->backend) s->backend->destroy(s);
   mn_plan_free(s->plan);
+  mn_dp_free(s->dp);
   free(s->shared);
   free(s);
 }
@@ -251,6 +257,9 @@ mn_memory_summary mn_session_memory_summary(const mn_session *s) {
     for (size_t i = 0; i < p->num_params; i++)
       if (p->params[i].grad != MN_NO_NODE)
         m.adam_state_bytes += 2 * mn_plan_buffer_of(p, p->params[i].param)->bytes;
+  /* ZeRO-1: this rank keeps its shard's moments only. */
+  if (s->dp && s->dp->zero1 && m.adam_state_bytes)
+    m.adam_state_bytes = 2 * s->dp->shard * sizeof(float);
   m.total_buffer_bytes += m.adam_state_bytes;
   return m;
 }

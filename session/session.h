@@ -50,6 +50,11 @@ mn_status mn_session_share_parameters(const char *fn, mn_session *s, mn_session 
 mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_options *opts,
                             bool training, mn_session **out);
 
+/* Joins the group of s->options.group (nothing without one): checks the backend and options,
+ * makes the group's first collective (world size and plan agreed by every rank) and sets s->dp.
+ * session/data_parallel.c. */
+mn_status mn_session_join_group(const char *fn, mn_session *s);
+
 /* A parameter as users name it: a parameter node of the plan, or a source of a derived
  * one. The values are elements [offset, offset + numel) of node's tensor. */
 typedef struct mn_param_view {

@@ -320,6 +320,30 @@ expect 1 "holds a non-finite value" train "${T[@]}" --batch 2 --steps 1 --init-f
   >/dev/null 2>"$tmp/nan-train.err"
 grep -q "holds a non-finite value" "$tmp/nan-train.err" && fail "train --allow-nonfinite still refused the weights"
 
+# ---- --ranks: 2 data-parallel ranks of batch 2 train as one of batch 4; rank 0 alone reports
+expect 2 "meganeura train: --ranks must be a positive integer, got '0'" train "${T[@]}" --batch 2 --ranks 0
+"$mn" train "${T[@]}" --steps 4 --batch 4 --out "$tmp/rank1" >/dev/null 2>"$tmp/rank1.err" ||
+  fail "train --batch 4: $(cat "$tmp/rank1.err")"
+"$mn" train "${T[@]}" --steps 4 --batch 2 --ranks 2 --checkpoint-every 2 --out "$tmp/ranks2" \
+  >/dev/null 2>"$tmp/ranks2.err" || fail "train --ranks 2: $(cat "$tmp/ranks2.err")"
+[[ $(grep -c "weights saved" "$tmp/ranks2.err") == 1 ]] || fail "--ranks 2: not only rank 0 reported"
+grep -q "2 data-parallel ranks of batch 2" "$tmp/ranks2.err" || fail "--ranks 2: no ranks line"
+[[ -f $tmp/ranks2/checkpoint-000004.safetensors ]] || fail "--ranks 2: no checkpoint"
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$tmp/rank1/model.safetensors" "$tmp/ranks2/model.safetensors" <<'PY' ||
+import array, sys
+from st_tensors import tensors
+one, two = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert one.keys() == two.keys()
+# AdamW magnifies the rounding noise of gradients that are 0 in exact arithmetic (the keys'
+# bias), hence 1e-4 rather than fp32's order of the sums alone.
+worst = max(abs(x - y) for k in one
+            for x, y in zip(array.array("f", one[k]), array.array("f", two[k])))
+sys.exit(0 if worst < 1e-4 else f"max difference {worst}")
+PY
+    fail "--ranks 2 --batch 2 differs from --batch 4"
+fi
+
 if ((fails)); then
   echo "$fails check(s) failed" >&2
   exit 1

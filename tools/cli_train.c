@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <regex.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ static const char USAGE[] =
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
-    "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite]\n"
+    "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite] [--ranks N]\n"
     "         [--lora-rank R [--lora-alpha A] [--lora-targets LIST] [--lora-dropout P]\n"
     "          [--merge-lora]] [--chat-template chatml|plain] [--pack]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
@@ -39,6 +40,8 @@ static const char USAGE[] =
     "CUDA device of compute capability 8.0 or newer, else f32; a resumed run keeps its own.\n"
     "--grad-accum K: each step averages the gradients of K batches of B windows before\n"
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
+    "--ranks N: N data-parallel ranks on the CPU backend (threads), each training on its\n"
+    "own B windows of every step's N*B, as one rank of batch N*B would; rank 0 reports.\n"
     "--freeze REGEX: parameters whose names match the POSIX extended regular expression (say\n"
     "'h\\.[0-5]\\.' or 'wte|wpe') are frozen: no gradient, no optimizer state, no update.\n"
     "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n"
@@ -90,6 +93,7 @@ enum {
   O_MERGE_LORA,
   O_CHAT_TEMPLATE,
   O_PACK,
+  O_RANKS,
   O_COUNT
 };
 
@@ -154,8 +158,15 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
       cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
       cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches) ||
       cli_precision(CMD, &o[O_PRECISION], &a->options, &a->precision) ||
-      cli_pos_long(CMD, &o[O_GRAD_ACCUM], &a->grad_accum))
+      cli_pos_long(CMD, &o[O_GRAD_ACCUM], &a->grad_accum) ||
+      cli_pos_long(CMD, &o[O_RANKS], &a->ranks))
     return CLI_USAGE;
+  if (a->ranks > 64) {
+    fprintf(stderr, "%s: --ranks must be at most 64, got %ld\n", CMD, a->ranks);
+    return CLI_USAGE;
+  }
+  /* In-process ranks are threads of the CPU backend; the library refuses F16 for groups. */
+  if (a->ranks > 1) a->options.backend = MN_BACKEND_CPU;
   if (a->grad_accum > 1024) {
     fprintf(stderr, "%s: --grad-accum must be at most 1024, got %ld\n", CMD, a->grad_accum);
     return CLI_USAGE;
@@ -288,11 +299,12 @@ static int load_rows(const train_args *a, const resume_point *rp, run *r) {
     return CLI_FAIL;
   }
   if (check_vocab(r, r->rows.ids, r->rows.n * r->rows.seq, a->data)) return CLI_FAIL;
-  fprintf(stderr,
-          "%s: %zu examples (%zu cut to --seq, %zu without a counted token dropped) in %zu "
-          "rows%s, %zu of %zu tokens counted\n",
-          CMD, r->rows.examples, r->rows.truncated, r->rows.dropped, r->rows.n,
-          a->pack ? " (packed)" : "", r->rows.counted, r->rows.n * r->rows.seq);
+  if (a->rank == 0)
+    fprintf(stderr,
+            "%s: %zu examples (%zu cut to --seq, %zu without a counted token dropped) in %zu "
+            "rows%s, %zu of %zu tokens counted\n",
+            CMD, r->rows.examples, r->rows.truncated, r->rows.dropped, r->rows.n,
+            a->pack ? " (packed)" : "", r->rows.counted, r->rows.n * r->rows.seq);
   if (a->val_data) {
     rc = cli_rows_load(CMD, a->val_data, r->tok, a->chat_template, a->seq, a->pack,
                        (uint64_t)a->seed, &r->val_rows);
@@ -345,7 +357,7 @@ static int load_data(const train_args *a, const resume_point *rp, run *r) {
 
 /* --freeze: the parameters whose names match `pattern` (checked by check_args) are frozen; a
  * pattern that matches none is a usage error, as a typo would train everything. */
-static int freeze(const char *pattern, mn_graph *g) {
+static int freeze(const char *pattern, mn_graph *g, bool report) {
   regex_t re;
   if (regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB) != 0) return CLI_USAGE;
   size_t frozen = 0, params = 0;
@@ -364,8 +376,9 @@ static int freeze(const char *pattern, mn_graph *g) {
     fprintf(stderr, "%s: --freeze '%s' matches no parameter\n", CMD, pattern);
     return CLI_USAGE;
   }
-  fprintf(stderr, "%s: froze %zu of %zu parameters (%lld values)\n", CMD, frozen, params,
-          (long long)values);
+  if (report)
+    fprintf(stderr, "%s: froze %zu of %zu parameters (%lld values)\n", CMD, frozen, params,
+            (long long)values);
   return CLI_OK;
 }
 
@@ -382,7 +395,7 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
                          .packed = a->pack != 0};
   if (mn_model_build_with(&r->cfg, a->batch, a->seq, &mo, &r->g) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the model");
-  if (a->freeze && freeze(a->freeze, r->g)) return CLI_USAGE;
+  if (a->freeze && freeze(a->freeze, r->g, a->rank == 0)) return CLI_USAGE;
   if (mn_build_session(r->g, &a->options, &r->s) != MN_OK)
     return cli_lib_fail(CMD, "cannot build the session");
   if (mn_session_set_grad_accumulation(r->s, (int)a->grad_accum) != MN_OK)
@@ -397,13 +410,16 @@ static int build(const train_args *a, const resume_point *rp, run *r) {
   if (a->resume && mn_session_load_checkpoint(r->s, a->resume) != MN_OK)
     return cli_lib_fail(CMD, "cannot load --resume checkpoint");
   long eval_batches = a->eval_batches ? a->eval_batches : 8;
-  if (r->val) {
-    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &a->options, a->batch, a->seq, eval_batches,
+  mn_session_options eval_options = a->options;
+  eval_options.group = NULL;
+  bool lead = a->rank == 0; /* only rank 0 evaluates */
+  if (lead && r->val) {
+    if (cli_eval_init(CMD, &r->eval, r->g, r->s, &eval_options, a->batch, a->seq, eval_batches,
                       r->val, r->n_val))
       return CLI_FAIL;
     r->evaluating = true;
-  } else if (r->val_rows.n) {
-    if (cli_eval_init_rows(CMD, &r->eval, r->g, r->s, &a->options, a->batch, eval_batches,
+  } else if (lead && r->val_rows.n) {
+    if (cli_eval_init_rows(CMD, &r->eval, r->g, r->s, &eval_options, a->batch, eval_batches,
                            &r->val_rows))
       return CLI_FAIL;
     r->evaluating = true;
@@ -479,16 +495,21 @@ static void write_plot(const train_args *a, const run *r) {
     fprintf(stderr, "%s: warning: cannot write --plot '%s': %s\n", CMD, a->plot, strerror(errno));
 }
 
+/* Every rank draws the whole step's ranks * batch windows from the one sampler (so the
+ * sampler's state is the same on every rank and in checkpoints) and keeps its own batch. */
 static void draw_batch(const train_args *a, run *r, uint64_t *rng) {
-  if (a->chat_template) {
-    for (long b = 0; b < a->batch; b++)
-      cli_rows_copy(&r->rows, (size_t)(cli_rand(rng) % r->rows.n), r->ids + b * a->seq,
-                    r->labels + b * a->seq, r->positions ? r->positions + b * a->seq : NULL);
-    return;
-  }
-  size_t windows = r->n_data - (size_t)a->seq;
-  for (long b = 0; b < a->batch; b++) {
-    size_t off = (size_t)(cli_rand(rng) % windows);
+  for (long k = 0; k < a->ranks * a->batch; k++) {
+    long b = k - a->rank * a->batch;
+    bool mine = b >= 0 && b < a->batch;
+    if (a->chat_template) {
+      size_t row = (size_t)(cli_rand(rng) % r->rows.n);
+      if (mine)
+        cli_rows_copy(&r->rows, row, r->ids + b * a->seq, r->labels + b * a->seq,
+                      r->positions ? r->positions + b * a->seq : NULL);
+      continue;
+    }
+    size_t off = (size_t)(cli_rand(rng) % (r->n_data - (size_t)a->seq));
+    if (!mine) continue;
     memcpy(r->ids + b * a->seq, r->data + off, (size_t)a->seq * sizeof *r->ids);
     memcpy(r->labels + b * a->seq, r->data + off + 1, (size_t)a->seq * sizeof *r->ids);
   }
@@ -496,12 +517,16 @@ static void draw_batch(const train_args *a, run *r, uint64_t *rng) {
 
 static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
   size_t bt = (size_t)(a->batch * a->seq);
-  int tty = isatty(STDERR_FILENO);
+  bool lead = a->rank == 0;
+  int tty = lead && isatty(STDERR_FILENO);
   mn_session_stats stats;
   const char *backend = mn_session_get_stats(r->s, &stats) == MN_OK ? stats.backend : "?";
   size_t tokens = a->chat_template ? r->rows.n * r->rows.seq : r->n_data;
-  fprintf(stderr, "%s: %s backend, %s precision, %zu tokens of data, steps %ld..%ld\n", CMD,
-          backend, a->precision, tokens, start + 1, a->steps);
+  if (lead && a->ranks > 1)
+    fprintf(stderr, "%s: %ld data-parallel ranks of batch %ld\n", CMD, a->ranks, a->batch);
+  if (lead)
+    fprintf(stderr, "%s: %s backend, %s precision, %zu tokens of data, steps %ld..%ld\n", CMD,
+            backend, a->precision, tokens, start + 1, a->steps);
   const ckpt_record rec = {a, &r->cfg, r->prefix, r->data_hash, r->tokenizer_hash};
   double t0 = cli_now();
   long done = 0;
@@ -523,12 +548,13 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
     done++;
     bool last = step + 1 == a->steps;
     if (!isfinite(loss)) {
-      fprintf(stderr, "\n%s: the loss is not finite at step %ld; lower --lr\n", CMD, step + 1);
+      if (lead)
+        fprintf(stderr, "\n%s: the loss is not finite at step %ld; lower --lr\n", CMD, step + 1);
       return CLI_FAIL;
     }
-    if (last && save_final(a, r)) return CLI_FAIL;
-    double el = cli_now() - t0,
-           tps = (double)bt * (double)a->grad_accum * (double)done / (el > 0 ? el : 1e-9);
+    if (last && lead && save_final(a, r)) return CLI_FAIL;
+    double el = cli_now() - t0, tps = (double)bt * (double)a->grad_accum * (double)a->ranks *
+                                      (double)done / (el > 0 ? el : 1e-9);
     r->steps_log[r->n_log] = step + 1;
     r->loss_log[r->n_log++] = loss;
     char val[64] = "", cols[64] = ",";
@@ -545,16 +571,17 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
     char eta[32];
     fmt_eta(el / (double)done * (double)(a->steps - step - 1), eta, sizeof eta);
     long every = a->steps / 20 > 0 ? a->steps / 20 : 1;
-    if (tty || (step + 1) % every == 0 || last || step == start || *val)
+    if (lead && (tty || (step + 1) % every == 0 || last || step == start || *val))
       fprintf(stderr, "%sstep %ld/%ld  loss %.4f%s  lr %.3g  %.0f tok/s  ETA %s%s", tty ? "\r" : "",
               step + 1, a->steps, loss, val, lr, tps, eta, tty ? "   " : "\n");
     if (a->ck_every && (step + 1) % a->ck_every == 0) {
       char path[4200];
       snprintf(path, sizeof path, "%s/checkpoint-%06ld.safetensors", a->out, step + 1);
       if (cli_save_checkpoint(CMD, r->s, path, &rec, step + 1, rng)) return CLI_FAIL;
-      if (a->keep_last && cli_keep_last(CMD, a->out, a->keep_last)) return CLI_FAIL;
+      if (lead && a->keep_last && cli_keep_last(CMD, a->out, a->keep_last)) return CLI_FAIL;
     }
   }
+  if (!lead) return CLI_OK;
   if (tty) fputc('\n', stderr);
   fprintf(stderr, "%s: loss %.4f -> %.4f in %ld steps, %.1f s\n", CMD, r->loss_log[0],
           r->loss_log[r->n_log - 1], done, cli_now() - t0);
@@ -563,6 +590,84 @@ static int train_loop(const train_args *a, run *r, long start, uint64_t rng) {
             strerror(errno));
   if (a->plot) write_plot(a, r);
   return CLI_OK;
+}
+
+static long start_step(const train_args *a, const resume_point *rp) {
+  return a->resume ? rp->step : 0;
+}
+
+/* A checkpoint of this command holds the sampler's state; older ones seeded it from the step,
+ * which is why their resumed runs drew other batches. */
+static uint64_t sampler_start(const train_args *a, const resume_point *rp) {
+  return rp->self_contained
+             ? rp->sampler_rng
+             : (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + (uint64_t)start_step(a, rp) + 1;
+}
+
+/* --ranks: ranks 1.. run on threads of their own, each with its own data and session, while
+ * rank 0 goes on in the caller. A rank that fails aborts the group, so that the others stop
+ * at once instead of waiting for it. */
+typedef struct rank_thread {
+  pthread_t thread;
+  train_args a;
+  const resume_point *rp;
+  run r;
+  int rc;
+} rank_thread;
+
+static void *rank_main(void *arg) {
+  rank_thread *t = arg;
+  t->rc = load_data(&t->a, t->rp, &t->r);
+  if (!t->rc) t->rc = build(&t->a, t->rp, &t->r);
+  if (!t->rc)
+    t->rc = train_loop(&t->a, &t->r, start_step(&t->a, t->rp), sampler_start(&t->a, t->rp));
+  if (t->rc) mn_group_abort(t->a.options.group, "a rank of meganeura train --ranks failed");
+  run_free(&t->r);
+  return NULL;
+}
+
+static int start_ranks(train_args *a, const resume_point *rp, const mn_model_config *cfg,
+                       rank_thread **out) {
+  mn_group *group = NULL;
+  if (mn_group_new_local((int)a->ranks, 0, &group) != MN_OK)
+    return cli_lib_fail(CMD, "cannot create the group of --ranks");
+  a->options.group = group;
+  a->options.world_size = (int)a->ranks;
+  rank_thread *t = calloc((size_t)a->ranks, sizeof *t);
+  if (!t) {
+    mn_group_free(group);
+    return fprintf(stderr, "%s: out of memory\n", CMD), CLI_FAIL;
+  }
+  for (long i = 1; i < a->ranks; i++) {
+    t[i].a = *a;
+    t[i].a.rank = (int)i;
+    t[i].a.options.rank = (int)i;
+    t[i].rp = rp;
+    t[i].r.cfg = *cfg;
+    if (pthread_create(&t[i].thread, NULL, rank_main, &t[i]) != 0) {
+      mn_group_abort(group, "cannot start a thread");
+      for (long k = 1; k < i; k++)
+        pthread_join(t[k].thread, NULL);
+      free(t);
+      mn_group_free(group);
+      return fprintf(stderr, "%s: cannot start rank %ld's thread\n", CMD, i), CLI_FAIL;
+    }
+  }
+  *out = t;
+  return CLI_OK;
+}
+
+/* Waits for ranks 1.. (after rank 0 ended with rc) and frees the group. */
+static int finish_ranks(train_args *a, rank_thread *t, int rc) {
+  if (rc) mn_group_abort(a->options.group, "rank 0 of meganeura train --ranks failed");
+  for (long i = 1; i < a->ranks; i++) {
+    pthread_join(t[i].thread, NULL);
+    if (!rc) rc = t[i].rc;
+  }
+  free(t);
+  mn_group_free(a->options.group);
+  a->options.group = NULL;
+  return rc;
 }
 
 /* Everything that can be refused is refused here, before any output is touched. */
@@ -629,11 +734,13 @@ int cli_train(int argc, char **argv) {
       [O_MERGE_LORA] = {"--merge-lora", 0, NULL, 0},
       [O_CHAT_TEMPLATE] = {"--chat-template", 1, NULL, 0},
       [O_PACK] = {"--pack", 0, NULL, 0},
+      [O_RANKS] = {"--ranks", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   train_args a = {.warmup = 0,
                   .grad_accum = 1,
+                  .ranks = 1,
                   .seed = 0,
                   .wd = 0.01f,
                   /* 0: not given (8 batches when evaluating); unrecorded, so a resumed
@@ -644,16 +751,14 @@ int cli_train(int argc, char **argv) {
   mn_safetensors *ck = NULL;
   run r = {0};
   rc = prepare(o, &a, &rp, &ck, &r);
+  rank_thread *followers = NULL;
+  if (!rc && a.ranks > 1) rc = start_ranks(&a, &rp, &r.cfg, &followers);
   if (!rc) rc = load_data(&a, &rp, &r);
   if (!rc) rc = build(&a, &rp, &r);
-  long start = a.resume ? rp.step : 0;
-  if (!rc) rc = open_metrics(&a, start, &r);
-  /* A checkpoint of this command holds the sampler's state; older ones seeded it from the
-   * step, which is why their resumed runs drew other batches. */
-  uint64_t rng = rp.self_contained ? rp.sampler_rng
-                                   : (uint64_t)a.seed * 0x9E3779B97F4A7C15ull + (uint64_t)start + 1;
-  if (!rc) rc = train_loop(&a, &r, start, rng);
+  if (!rc) rc = open_metrics(&a, start_step(&a, &rp), &r);
+  if (!rc) rc = train_loop(&a, &r, start_step(&a, &rp), sampler_start(&a, &rp));
   run_free(&r);
+  if (followers) rc = finish_ranks(&a, followers, rc);
   mn_safetensors_close(ck);
   return rc;
 }

@@ -26,6 +26,11 @@ typedef struct train_args {
    * per row (0). */
   const char *chat_template;
   long pack;
+  /* --ranks N: N data-parallel ranks on the CPU backend, one thread each (1: none); rank is
+   * this thread's, and only rank 0 prints, evaluates and writes files other than
+   * checkpoints (whose saving every rank takes part in). */
+  long ranks;
+  int rank;
 } train_args;
 
 /* The LoRA options, in this order, into a->lora_* and a->lora (CLI_USAGE after printing why);

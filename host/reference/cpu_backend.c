@@ -5,9 +5,11 @@
 #include <string.h>
 
 #include "host/backend.h"
+#include "host/data_parallel.h"
 #include "host/error.h"
 #include "host/reference/ref_kernels.h"
 #include "host/reference/ref_update.h"
+#include "host/reference/ref_zero.h"
 #include "host/storage.h"
 
 #define MN_ARENA_ALIGN 256
@@ -20,6 +22,7 @@ typedef struct cpu_state {
   size_t operand_cap[3];
   float *accum;             /* gradient accumulation: the running sum, update_bytes */
   float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
+  mn_ref_zero zero;         /* ZeRO-1 sessions: the shard's moments instead of adam_m/adam_v */
   mn_status pending;        /* failure of the last step, reported by wait */
   char pending_error[1024];
 } cpu_state;
@@ -106,6 +109,7 @@ static void cpu_destroy(mn_session *s) {
   cpu_state *st = s->backend_state;
   if (!st) return;
   free_adam_state(s->plan, st);
+  mn_ref_zero_free(&st->zero);
   free(st->accum);
   free(st->operand[0]);
   free(st->operand[1]);
@@ -210,6 +214,10 @@ static mn_status cpu_step(mn_session *s) {
   char msg[sizeof st->pending_error - 64];
   if (p->loss_scale != MN_NO_NODE)
     memcpy(buffer_ptr(s, p->node_buffer[p->loss_scale]), &s->scaler.scale, sizeof(float));
+  if (s->dp) {
+    mn_status rc = mn_dp_sync_params(s->dp, (float *)(st->arena + p->update_params_offset));
+    if (rc != MN_OK) return rc;
+  }
   for (size_t d = 0; d < p->num_dispatches; d++) {
     mn_node id = p->dispatches[d].node;
     const mn_node_rec *node = &g->nodes[id];
@@ -239,8 +247,17 @@ static mn_status cpu_step(mn_session *s) {
         st->pending = rc;
         snprintf(st->pending_error, sizeof st->pending_error, "mn_session_wait: %s", msg);
       }
+      /* The other ranks would wait for this one's gradients until the timeout. */
+      if (s->dp) mn_group_abort(s->dp->group, st->pending_error);
       return MN_OK;
     }
+  }
+  /* Data parallelism: the loss every rank reports is the mean over ranks. */
+  if (s->dp && p->loss != MN_NO_NODE) {
+    mn_status rc =
+        mn_all_reduce(s->dp->group, s->dp->rank, (float *)buffer_ptr(s, p->node_buffer[p->loss]), 1,
+                      MN_REDUCE_MEAN);
+    if (rc != MN_OK) return rc;
   }
   if (p->loss_scale != MN_NO_NODE && !unscale_gradients(s)) return MN_OK;
   if (!s->training || s->optim.kind == MN_OPTIM_NONE) return MN_OK;
@@ -251,6 +268,15 @@ static mn_status cpu_step(mn_session *s) {
   }
   mn_session_accumulation_advance(s, apply);
   if (!apply) return MN_OK;
+  /* Once per update, after accumulation: the gradients become the mean over ranks. */
+  if (s->dp && s->dp->zero1) {
+    s->step_count++;
+    return mn_ref_zero_step(s, st->arena, &st->zero);
+  }
+  if (s->dp) {
+    mn_status rc = mn_dp_all_reduce_grads(s->dp, (float *)(st->arena + p->update_grads_offset));
+    if (rc != MN_OK) return rc;
+  }
   bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
   if (adam) {
     mn_status rc = ensure_adam_state(p, st);
@@ -263,6 +289,7 @@ static mn_status cpu_step(mn_session *s) {
 
 static mn_status cpu_read_optim_state(mn_session *s, size_t slot, int which, float *dst, size_t n) {
   cpu_state *st = s->backend_state;
+  if (s->dp && s->dp->zero1) return mn_ref_zero_read_moment(s, &st->zero, slot, which, dst, n);
   float **moments = which ? st->adam_v : st->adam_m;
   if (!moments || !moments[slot])
     memset(dst, 0, n * sizeof *dst);
@@ -274,6 +301,7 @@ static mn_status cpu_read_optim_state(mn_session *s, size_t slot, int which, flo
 static mn_status cpu_write_optim_state(mn_session *s, size_t slot, int which, const float *src,
                                        size_t n) {
   cpu_state *st = s->backend_state;
+  if (s->dp && s->dp->zero1) return mn_ref_zero_write_moment(s, &st->zero, slot, which, src, n);
   mn_status rc = ensure_adam_state(s->plan, st);
   if (rc != MN_OK) return rc;
   float *dst = (which ? st->adam_v : st->adam_m)[slot];

@@ -32,29 +32,34 @@ static void clip_gradients(const mn_plan *p, float max_norm, unsigned char *aren
   }
 }
 
+void mn_ref_update_range(const mn_optimizer_config *o, uint64_t step, float *w, const float *g,
+                         float *m, float *v, size_t n) {
+  if (o->kind == MN_OPTIM_SGD) {
+    for (size_t k = 0; k < n; k++)
+      w[k] = (float)(w[k] - (double)o->lr * g[k]);
+    return;
+  }
+  double bc1 = 1.0 - pow(o->beta1, (double)step), bc2 = 1.0 - pow(o->beta2, (double)step);
+  double decay = o->kind == MN_OPTIM_ADAMW ? 1.0 - (double)o->lr * o->weight_decay : 1.0;
+  double step_size = o->lr / bc1, bc2_sqrt = sqrt(bc2);
+  for (size_t k = 0; k < n; k++) {
+    double mk = (double)o->beta1 * m[k] + (1.0 - o->beta1) * g[k];
+    double vk = (double)o->beta2 * v[k] + (1.0 - o->beta2) * (double)g[k] * g[k];
+    m[k] = (float)mk;
+    v[k] = (float)vk;
+    double denom = sqrt((double)v[k]) / bc2_sqrt + o->eps;
+    w[k] = (float)(w[k] * decay - step_size * m[k] / denom);
+  }
+}
+
 void mn_ref_optimizer_step(const mn_plan *p, const mn_optimizer_config *o, uint64_t step,
                            unsigned char *arena, float *const *m, float *const *v) {
   if (o->max_grad_norm > 0) clip_gradients(p, o->max_grad_norm, arena);
-  double bc1 = 1.0 - pow(o->beta1, (double)step), bc2 = 1.0 - pow(o->beta2, (double)step);
   for (size_t i = 0; i < p->num_params; i++) {
     if (p->params[i].grad == MN_NO_NODE) continue;
     float *w = f32_at(arena, p, p->params[i].param);
     const float *g = f32_at(arena, p, p->params[i].grad);
     size_t n = numel_of(p, p->params[i].param);
-    if (o->kind == MN_OPTIM_SGD) {
-      for (size_t k = 0; k < n; k++)
-        w[k] = (float)(w[k] - (double)o->lr * g[k]);
-      continue;
-    }
-    double decay = o->kind == MN_OPTIM_ADAMW ? 1.0 - (double)o->lr * o->weight_decay : 1.0;
-    double step_size = o->lr / bc1, bc2_sqrt = sqrt(bc2);
-    for (size_t k = 0; k < n; k++) {
-      double mk = (double)o->beta1 * m[i][k] + (1.0 - o->beta1) * g[k];
-      double vk = (double)o->beta2 * v[i][k] + (1.0 - o->beta2) * (double)g[k] * g[k];
-      m[i][k] = (float)mk;
-      v[i][k] = (float)vk;
-      double denom = sqrt((double)v[i][k]) / bc2_sqrt + o->eps;
-      w[k] = (float)(w[k] * decay - step_size * m[i][k] / denom);
-    }
+    mn_ref_update_range(o, step, w, g, m ? m[i] : NULL, v ? v[i] : NULL, n);
   }
 }
