@@ -113,8 +113,7 @@ mn_status mn_model_build_decode(const mn_model_config *c, int64_t batch, int64_t
 mn_status mn_model_build_decode_quant(const mn_model_config *c, int64_t batch, int64_t max_seq,
                                       const char *name_prefix, mn_quant quant, int group_size,
                                       mn_graph **out) {
-  return build("mn_model_build_decode", c, batch, max_seq, 0, name_prefix, quant, group_size,
-               out);
+  return build("mn_model_build_decode", c, batch, max_seq, 0, name_prefix, quant, group_size, out);
 }
 
 mn_status mn_model_build_prefill(const mn_model_config *c, int64_t batch, int64_t max_seq,

@@ -9,6 +9,7 @@
 
 #include "host/quant.h"
 #include "io/gguf.h"
+#include "models/prefill_mode.h"
 #include "tests/support/generator_check.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/quant_check.h"
@@ -287,6 +288,35 @@ Test(quant, generator_agrees_with_unquantized, .init = gen_setup, .fini = gen_te
     agreement(f[i], MN_QUANT_AFFINE_INT4, 32, 0.4);
     if (f[i] == MN_MODEL_GPT2) agreement(f[i], MN_QUANT_AFFINE_INT4, 128, 0.4);
   }
+}
+
+/* The prefill session shares the quantized weights with the decode session: a prompt fed in a
+ * chunk gives the tokens of the same prompt fed one token per launch. */
+static void prefill_tokens(mn_model_family f, mn_quant q, int gs, mn_prefill_mode mode,
+                           uint32_t *out) {
+  mn_model_config c = config(f);
+  mn_generator *g = make(&c, weights[f == MN_MODEL_LLAMA], q, gs);
+  cr_assert(mn_generator_set_prefill_mode(g, mode), "%s: the generator has no prefill graph",
+            mn_quant_name(q));
+  uint32_t prompt[25];
+  for (size_t i = 0; i < 25; i++)
+    prompt[i] = (uint32_t)((i * 29 + 3) % (size_t)c.vocab_size);
+  cr_assert_eq(mn_generator_generate(g, prompt, 25, NULL, out, 4), MN_OK, "%s", mn_last_error());
+  mn_generator_free(g);
+}
+
+Test(quant, prefill_chunks_share_the_packed_weights, .init = gen_setup, .fini = gen_teardown) {
+  mn_model_family f[2] = {MN_MODEL_GPT2, MN_MODEL_LLAMA};
+  const mn_quant qs[3] = {MN_QUANT_Q8_0, MN_QUANT_Q4_1, MN_QUANT_AFFINE_INT4};
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 3; k++) {
+      uint32_t chunks[4], tokens[4];
+      prefill_tokens(f[i], qs[k], 32, MN_PREFILL_CHUNKS, chunks);
+      prefill_tokens(f[i], qs[k], 32, MN_PREFILL_TOKENS, tokens);
+      for (int t = 0; t < 4; t++)
+        cr_assert_eq(chunks[t], tokens[t], "family %d %s: token %d is %u in a chunk, %u by tokens",
+                     (int)f[i], mn_quant_name(qs[k]), t, chunks[t], tokens[t]);
+    }
 }
 
 /* Writes a copy of a Q4_0 GGUF whose linear layers' blocks hold only codes 8..15 (values
