@@ -760,9 +760,10 @@ typedef struct mn_generator_stats {
   double prefill_ms, ms_per_token; /* of the last generate call */
   uint64_t launches_per_token;     /* graph launches per decoded token: 1 on CUDA */
   size_t cache_len, weight_bytes;  /* rows in the cache; device bytes of the weights */
-  /* Of the last generate call: graph launches (one per prompt token but the last, and one per
-   * new token), and reads of the new tokens, each of which waits for the device: one per 64
-   * new tokens and one at the end, never one per token. */
+  /* Of the last generate call: graph launches (one per prefill chunk of up to 32 prompt tokens,
+   * one per prompt token that no chunk takes, and one per new token), and reads of the new tokens,
+   * each of which waits for the device: one per 64 new tokens and one at the end, never one per
+   * token. */
   uint64_t launches, host_reads;
 } mn_generator_stats;
 MN_API mn_status mn_generator_get_stats(const mn_generator *g, mn_generator_stats *out);

@@ -346,6 +346,7 @@ static mn_status prefill(mn_generator *g, const uint32_t *prompt, size_t n_promp
     if (st == MN_OK) st = mn_session_step(g->pf);
     if (st == MN_OK) {
       ran = true;
+      g->stats.launches++;
       g->cache_len += real;
       *done += real;
     }
