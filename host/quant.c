@@ -8,8 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "io/gguf.h"
-#include "io/safetensors.h"
+#include "host/storage.h"
 
 bool mn_quant_group_ok(mn_quant q, int group_size) {
   if (q == MN_QUANT_AFFINE_INT8 || q == MN_QUANT_AFFINE_INT4)
@@ -59,7 +58,7 @@ static void q8_0(const float *x, mn_block_q8_0 *y) {
   for (int j = 0; j < MN_GGML_QK; j++)
     amax = fmaxf(amax, fabsf(x[j]));
   float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_f32_to_f16(d);
+  y->d = mn_storage_bits(MN_F16, d);
   for (int j = 0; j < MN_GGML_QK; j++)
     y->qs[j] = (int8_t)roundf(x[j] * id);
 }
@@ -74,7 +73,7 @@ static void q4_0(const float *x, mn_block_q4_0 *y) {
       max = x[j];
     }
   float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_f32_to_f16(d);
+  y->d = mn_storage_bits(MN_F16, d);
   for (int j = 0; j < MN_GGML_QK / 2; j++) {
     int lo = (int8_t)(x[j] * id + 8.5f), hi = (int8_t)(x[j + MN_GGML_QK / 2] * id + 8.5f);
     y->qs[j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
@@ -88,8 +87,8 @@ static void q4_1(const float *x, mn_block_q4_1 *y) {
     max = x[j] > max ? x[j] : max;
   }
   float d = (max - min) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_f32_to_f16(d);
-  y->m = mn_f32_to_f16(min);
+  y->d = mn_storage_bits(MN_F16, d);
+  y->m = mn_storage_bits(MN_F16, min);
   for (int j = 0; j < MN_GGML_QK / 2; j++) {
     int lo = (int8_t)((x[j] - min) * id + 0.5f);
     int hi = (int8_t)((x[j + MN_GGML_QK / 2] - min) * id + 0.5f);
@@ -106,10 +105,11 @@ static void affine(const float *x, int g, int bits, unsigned char *y) {
     max = x[j] > max ? x[j] : max;
   }
   int levels = (1 << bits) - 1;
-  uint16_t hs = mn_f32_to_f16((max - min) / (float)levels), hb = mn_f32_to_f16(min);
+  uint16_t hs = mn_storage_bits(MN_F16, (max - min) / (float)levels),
+           hb = mn_storage_bits(MN_F16, min);
   memcpy(y, &hs, 2);
   memcpy(y + 2, &hb, 2);
-  float s = mn_f16_to_f32(hs), b = mn_f16_to_f32(hb);
+  float s = mn_storage_value(MN_F16, hs), b = mn_storage_value(MN_F16, hb);
   unsigned char *qs = y + 4;
   if (bits == 4) memset(qs, 0, (size_t)g / 2);
   for (int j = 0; j < g; j++) {
@@ -163,7 +163,7 @@ static void affine_row(const unsigned char *row, int g, int bits, float *dst, si
     uint16_t hs, hb;
     memcpy(&hs, row, 2);
     memcpy(&hb, row + 2, 2);
-    float s = mn_f16_to_f32(hs), b = mn_f16_to_f32(hb);
+    float s = mn_storage_value(MN_F16, hs), b = mn_storage_value(MN_F16, hb);
     const unsigned char *qs = row + 4;
     for (int j = 0; j < g; j++) {
       int code = bits == 8 ? qs[j] : j < g / 2 ? qs[j] & 0x0F : qs[j - g / 2] >> 4;
@@ -173,11 +173,48 @@ static void affine_row(const unsigned char *row, int g, int bits, float *dst, si
   }
 }
 
+static void ggml_q8_0(const unsigned char *src, float *dst, uint64_t nblocks) {
+  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q8_0), dst += MN_GGML_QK) {
+    mn_block_q8_0 blk;
+    memcpy(&blk, src, sizeof blk);
+    float d = mn_storage_value(MN_F16, blk.d);
+    for (int j = 0; j < MN_GGML_QK; j++)
+      dst[j] = (float)blk.qs[j] * d;
+  }
+}
+
+static void ggml_q4_0(const unsigned char *src, float *dst, uint64_t nblocks) {
+  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_0), dst += MN_GGML_QK) {
+    mn_block_q4_0 blk;
+    memcpy(&blk, src, sizeof blk);
+    float d = mn_storage_value(MN_F16, blk.d);
+    for (int j = 0; j < MN_GGML_QK / 2; j++) {
+      dst[j] = d * (float)((blk.qs[j] & 0x0F) - 8);
+      dst[j + MN_GGML_QK / 2] = d * (float)((blk.qs[j] >> 4) - 8);
+    }
+  }
+}
+
+/* volatile keeps the product rounded to f32 before the sum: a fused multiply-add would round
+ * once and differ from gguf-py in the last bit. */
+static void ggml_q4_1(const unsigned char *src, float *dst, uint64_t nblocks) {
+  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_1), dst += MN_GGML_QK) {
+    mn_block_q4_1 blk;
+    memcpy(&blk, src, sizeof blk);
+    float d = mn_storage_value(MN_F16, blk.d), m = mn_storage_value(MN_F16, blk.m);
+    for (int j = 0; j < MN_GGML_QK / 2; j++) {
+      volatile float lo = d * (float)(blk.qs[j] & 0x0F), hi = d * (float)(blk.qs[j] >> 4);
+      dst[j] = lo + m;
+      dst[j + MN_GGML_QK / 2] = hi + m;
+    }
+  }
+}
+
 void mn_dequantize_row(mn_quant q, int group_size, const void *row, float *dst, size_t cols) {
   switch (q) {
-  case MN_QUANT_Q8_0: mn_ggml_to_f32(MN_GGML_Q8_0, row, dst, cols); break;
-  case MN_QUANT_Q4_0: mn_ggml_to_f32(MN_GGML_Q4_0, row, dst, cols); break;
-  case MN_QUANT_Q4_1: mn_ggml_to_f32(MN_GGML_Q4_1, row, dst, cols); break;
+  case MN_QUANT_Q8_0: ggml_q8_0(row, dst, cols / MN_GGML_QK); break;
+  case MN_QUANT_Q4_0: ggml_q4_0(row, dst, cols / MN_GGML_QK); break;
+  case MN_QUANT_Q4_1: ggml_q4_1(row, dst, cols / MN_GGML_QK); break;
   case MN_QUANT_AFFINE_INT8: affine_row(row, group_size, 8, dst, cols); break;
   case MN_QUANT_AFFINE_INT4: affine_row(row, group_size, 4, dst, cols); break;
   default: break;

@@ -1,11 +1,11 @@
 /* Quantized weight formats of mn_matmul_quant: the matrix W [out, in] is stored row by row,
  * each row a run of blocks along `in` padded with zero bytes to whole U32 words, so that the
  * node is U32 [out, row words] and a row starts on a word.
- *   Q8_0, Q4_0, Q4_1: GGML's blocks of 32 (io/gguf.h), quantized by ggml's reference rules.
- *   affine int8 / int4 of group g (MLX style): per group a block of f16 scale, f16 bias, then
- *   the codes q (int8: g bytes; int4: g / 2 bytes, element j in the low nibble of byte j and
- *   element j + g/2 in its high nibble, as GGML's 4-bit blocks), w = scale * q + bias with
- *   bias the group's minimum and scale (max - min) / (2^bits - 1). */
+ *   Q8_0, Q4_0, Q4_1: GGML's blocks of 32 (below; GGUF files hold the same), quantized by ggml's
+ * reference rules. affine int8 / int4 of group g (MLX style): per group a block of f16 scale, f16
+ * bias, then the codes q (int8: g bytes; int4: g / 2 bytes, element j in the low nibble of byte j
+ * and element j + g/2 in its high nibble, as GGML's 4-bit blocks), w = scale * q + bias with bias
+ * the group's minimum and scale (max - min) / (2^bits - 1). */
 #ifndef MN_HOST_QUANT_H
 #define MN_HOST_QUANT_H
 
@@ -14,6 +14,24 @@
 #include <stdint.h>
 
 #include "meganeura.h"
+
+/* GGML's block layouts (blocks of 32 values, little-endian). */
+#define MN_GGML_QK 32
+typedef struct mn_block_q8_0 {
+  uint16_t d; /* f16 scale */
+  int8_t qs[MN_GGML_QK];
+} mn_block_q8_0;
+typedef struct mn_block_q4_0 {
+  uint16_t d;
+  uint8_t qs[MN_GGML_QK / 2]; /* element j in the low nibble of qs[j], j + 16 in the high one */
+} mn_block_q4_0;
+typedef struct mn_block_q4_1 {
+  uint16_t d, m;
+  uint8_t qs[MN_GGML_QK / 2];
+} mn_block_q4_1;
+_Static_assert(sizeof(mn_block_q8_0) == 34 && sizeof(mn_block_q4_0) == 18 &&
+                   sizeof(mn_block_q4_1) == 20,
+               "GGML block layouts have no padding");
 
 /* Weights per block and bytes per block of a format (group_size read by the affine ones);
  * false for MN_QUANT_NONE or an unknown format. */

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/quant.h"
 #include "meganeura.h"
 
 #define MN_GGUF_MAX_DIMS          4 /* GGML_MAX_DIMS */
@@ -46,23 +47,7 @@ enum {
   MN_GGML_BF16 = 30,
 };
 
-/* GGML's block layouts (blocks of 32 values, little-endian). */
-#define MN_GGML_QK 32
-typedef struct mn_block_q8_0 {
-  uint16_t d; /* f16 scale */
-  int8_t qs[MN_GGML_QK];
-} mn_block_q8_0;
-typedef struct mn_block_q4_0 {
-  uint16_t d;
-  uint8_t qs[MN_GGML_QK / 2]; /* element j in the low nibble of qs[j], j + 16 in the high one */
-} mn_block_q4_0;
-typedef struct mn_block_q4_1 {
-  uint16_t d, m;
-  uint8_t qs[MN_GGML_QK / 2];
-} mn_block_q4_1;
-_Static_assert(sizeof(mn_block_q8_0) == 34 && sizeof(mn_block_q4_0) == 18 &&
-                   sizeof(mn_block_q4_1) == 20,
-               "GGML block layouts have no padding");
+/* GGML's block layouts (mn_block_q8_0, ...) are host/quant.h's. */
 
 typedef struct mn_gguf mn_gguf;
 

@@ -50,43 +50,6 @@ bool mn_ggml_type_convertible(uint32_t type) {
          type == MN_GGML_Q8_0 || type == MN_GGML_Q4_0 || type == MN_GGML_Q4_1;
 }
 
-static void q8_0(const unsigned char *src, float *dst, uint64_t nblocks) {
-  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q8_0), dst += MN_GGML_QK) {
-    mn_block_q8_0 blk;
-    memcpy(&blk, src, sizeof blk);
-    float d = mn_f16_to_f32(blk.d);
-    for (int j = 0; j < MN_GGML_QK; j++)
-      dst[j] = (float)blk.qs[j] * d;
-  }
-}
-
-static void q4_0(const unsigned char *src, float *dst, uint64_t nblocks) {
-  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_0), dst += MN_GGML_QK) {
-    mn_block_q4_0 blk;
-    memcpy(&blk, src, sizeof blk);
-    float d = mn_f16_to_f32(blk.d);
-    for (int j = 0; j < MN_GGML_QK / 2; j++) {
-      dst[j] = d * (float)((blk.qs[j] & 0x0F) - 8);
-      dst[j + MN_GGML_QK / 2] = d * (float)((blk.qs[j] >> 4) - 8);
-    }
-  }
-}
-
-/* volatile keeps the product rounded to f32 before the sum: a fused multiply-add would round
- * once and differ from gguf-py in the last bit. */
-static void q4_1(const unsigned char *src, float *dst, uint64_t nblocks) {
-  for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_1), dst += MN_GGML_QK) {
-    mn_block_q4_1 blk;
-    memcpy(&blk, src, sizeof blk);
-    float d = mn_f16_to_f32(blk.d), m = mn_f16_to_f32(blk.m);
-    for (int j = 0; j < MN_GGML_QK / 2; j++) {
-      volatile float lo = d * (float)(blk.qs[j] & 0x0F), hi = d * (float)(blk.qs[j] >> 4);
-      dst[j] = lo + m;
-      dst[j + MN_GGML_QK / 2] = hi + m;
-    }
-  }
-}
-
 void mn_ggml_to_f32(uint32_t type, const void *src, float *dst, uint64_t n) {
   const unsigned char *s = src;
   switch (type) {
@@ -99,9 +62,9 @@ void mn_ggml_to_f32(uint32_t type, const void *src, float *dst, uint64_t n) {
       dst[i] = type == MN_GGML_F16 ? mn_f16_to_f32(h) : mn_bf16_to_f32(h);
     }
     break;
-  case MN_GGML_Q8_0: q8_0(s, dst, n / MN_GGML_QK); break;
-  case MN_GGML_Q4_0: q4_0(s, dst, n / MN_GGML_QK); break;
-  case MN_GGML_Q4_1: q4_1(s, dst, n / MN_GGML_QK); break;
+  case MN_GGML_Q8_0: mn_dequantize_row(MN_QUANT_Q8_0, 0, s, dst, n); break;
+  case MN_GGML_Q4_0: mn_dequantize_row(MN_QUANT_Q4_0, 0, s, dst, n); break;
+  case MN_GGML_Q4_1: mn_dequantize_row(MN_QUANT_Q4_1, 0, s, dst, n); break;
   default: break;
   }
 }
