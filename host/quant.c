@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "host/storage.h"
+#include "host/half.h"
 
 bool mn_quant_group_ok(mn_quant q, int group_size) {
   if (q == MN_QUANT_AFFINE_INT8 || q == MN_QUANT_AFFINE_INT4)
@@ -58,7 +58,7 @@ static void q8_0(const float *x, mn_block_q8_0 *y) {
   for (int j = 0; j < MN_GGML_QK; j++)
     amax = fmaxf(amax, fabsf(x[j]));
   float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_storage_bits(MN_F16, d);
+  y->d = mn_f32_to_f16(d);
   for (int j = 0; j < MN_GGML_QK; j++)
     y->qs[j] = (int8_t)roundf(x[j] * id);
 }
@@ -73,7 +73,7 @@ static void q4_0(const float *x, mn_block_q4_0 *y) {
       max = x[j];
     }
   float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_storage_bits(MN_F16, d);
+  y->d = mn_f32_to_f16(d);
   for (int j = 0; j < MN_GGML_QK / 2; j++) {
     int lo = (int8_t)(x[j] * id + 8.5f), hi = (int8_t)(x[j + MN_GGML_QK / 2] * id + 8.5f);
     y->qs[j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
@@ -87,8 +87,8 @@ static void q4_1(const float *x, mn_block_q4_1 *y) {
     max = x[j] > max ? x[j] : max;
   }
   float d = (max - min) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  y->d = mn_storage_bits(MN_F16, d);
-  y->m = mn_storage_bits(MN_F16, min);
+  y->d = mn_f32_to_f16(d);
+  y->m = mn_f32_to_f16(min);
   for (int j = 0; j < MN_GGML_QK / 2; j++) {
     int lo = (int8_t)((x[j] - min) * id + 0.5f);
     int hi = (int8_t)((x[j + MN_GGML_QK / 2] - min) * id + 0.5f);
@@ -105,11 +105,10 @@ static void affine(const float *x, int g, int bits, unsigned char *y) {
     max = x[j] > max ? x[j] : max;
   }
   int levels = (1 << bits) - 1;
-  uint16_t hs = mn_storage_bits(MN_F16, (max - min) / (float)levels),
-           hb = mn_storage_bits(MN_F16, min);
+  uint16_t hs = mn_f32_to_f16((max - min) / (float)levels), hb = mn_f32_to_f16(min);
   memcpy(y, &hs, 2);
   memcpy(y + 2, &hb, 2);
-  float s = mn_storage_value(MN_F16, hs), b = mn_storage_value(MN_F16, hb);
+  float s = mn_f16_to_f32(hs), b = mn_f16_to_f32(hb);
   unsigned char *qs = y + 4;
   if (bits == 4) memset(qs, 0, (size_t)g / 2);
   for (int j = 0; j < g; j++) {
@@ -163,7 +162,7 @@ static void affine_row(const unsigned char *row, int g, int bits, float *dst, si
     uint16_t hs, hb;
     memcpy(&hs, row, 2);
     memcpy(&hb, row + 2, 2);
-    float s = mn_storage_value(MN_F16, hs), b = mn_storage_value(MN_F16, hb);
+    float s = mn_f16_to_f32(hs), b = mn_f16_to_f32(hb);
     const unsigned char *qs = row + 4;
     for (int j = 0; j < g; j++) {
       int code = bits == 8 ? qs[j] : j < g / 2 ? qs[j] & 0x0F : qs[j - g / 2] >> 4;
@@ -177,7 +176,7 @@ static void ggml_q8_0(const unsigned char *src, float *dst, uint64_t nblocks) {
   for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q8_0), dst += MN_GGML_QK) {
     mn_block_q8_0 blk;
     memcpy(&blk, src, sizeof blk);
-    float d = mn_storage_value(MN_F16, blk.d);
+    float d = mn_f16_to_f32(blk.d);
     for (int j = 0; j < MN_GGML_QK; j++)
       dst[j] = (float)blk.qs[j] * d;
   }
@@ -187,7 +186,7 @@ static void ggml_q4_0(const unsigned char *src, float *dst, uint64_t nblocks) {
   for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_0), dst += MN_GGML_QK) {
     mn_block_q4_0 blk;
     memcpy(&blk, src, sizeof blk);
-    float d = mn_storage_value(MN_F16, blk.d);
+    float d = mn_f16_to_f32(blk.d);
     for (int j = 0; j < MN_GGML_QK / 2; j++) {
       dst[j] = d * (float)((blk.qs[j] & 0x0F) - 8);
       dst[j + MN_GGML_QK / 2] = d * (float)((blk.qs[j] >> 4) - 8);
@@ -201,7 +200,7 @@ static void ggml_q4_1(const unsigned char *src, float *dst, uint64_t nblocks) {
   for (uint64_t b = 0; b < nblocks; b++, src += sizeof(mn_block_q4_1), dst += MN_GGML_QK) {
     mn_block_q4_1 blk;
     memcpy(&blk, src, sizeof blk);
-    float d = mn_storage_value(MN_F16, blk.d), m = mn_storage_value(MN_F16, blk.m);
+    float d = mn_f16_to_f32(blk.d), m = mn_f16_to_f32(blk.m);
     for (int j = 0; j < MN_GGML_QK / 2; j++) {
       volatile float lo = d * (float)(blk.qs[j] & 0x0F), hi = d * (float)(blk.qs[j] >> 4);
       dst[j] = lo + m;

@@ -59,13 +59,7 @@ mn_status mn_safetensors_raw(const mn_safetensors *st, const char *name, const v
  * (unknown names, and the sub-byte F4/F6 types). */
 size_t mn_st_dtype_size(const char *dtype);
 
-/* ---------------------------------------------------------------- conversions */
-
-/* f32 -> bf16 and f32 -> f16 round to nearest, ties to even; values beyond the target's range
- * become infinities; NaN stays NaN (quiet, sign kept). The reverse directions are exact. */
-uint16_t mn_f32_to_bf16(float f);
-uint16_t mn_f32_to_f16(float f);
-float mn_bf16_to_f32(uint16_t h);
-float mn_f16_to_f32(uint16_t h);
+/* The f32 <-> f16/bf16 conversions, for the readers and writers of this header. */
+#include "host/half.h"
 
 #endif

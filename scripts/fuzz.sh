@@ -31,13 +31,13 @@ cd "$root"
 # The library sources each target links; cuda/ never (the fuzzers run without a GPU).
 shopt -s nullglob
 case "$target" in
-fuzz_safetensors) sources=(io/safetensors_*.c host/error.c) ;;
+fuzz_safetensors) sources=(io/safetensors_*.c host/half.c host/error.c) ;;
 fuzz_plan_cache) sources=(io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c session/*.c) ;;
 fuzz_model_config)
   sources=(models/*.c io/*.c host/*.c host/reference/*.c autodiff/*.c optimizer/*.c session/*.c)
   ;;
-fuzz_tokenizer) sources=(io/tokenizer*.c io/unicode_tables.c io/gguf_*.c io/safetensors_dtype.c host/error.c) ;;
-fuzz_gguf) sources=(io/gguf_*.c io/safetensors_dtype.c host/error.c) ;;
+fuzz_tokenizer) sources=(io/tokenizer*.c io/unicode_tables.c io/gguf_*.c io/safetensors_dtype.c host/half.c host/quant.c host/error.c) ;;
+fuzz_gguf) sources=(io/gguf_*.c io/safetensors_dtype.c host/half.c host/quant.c host/error.c) ;;
 *) usage ;;
 esac
 [[ -f fuzz/$target.c ]] || { echo "fuzz/$target.c does not exist" >&2; exit 2; }
