@@ -6,25 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "benchmarks/driver_util.h"
 #include "meganeura.h"
 
 static int fail(const char *what) {
   fprintf(stderr, "decode_loop: %s: %s\n", what, mn_last_error());
   return 1;
-}
-
-static mn_status write_weights(const mn_model_config *c, const char *path) {
-  mn_graph *g = NULL;
-  mn_session *s = NULL;
-  mn_session_options so = mn_session_options_default();
-  so.backend = MN_BACKEND_CPU;
-  mn_status st = mn_model_build(c, 1, 1, NULL, &g);
-  if (st == MN_OK) st = mn_build_inference_session(g, &so, &s);
-  if (st == MN_OK) st = mn_model_init_parameters(c, g, s, 3);
-  if (st == MN_OK) st = mn_session_save_safetensors(s, path);
-  mn_session_free(s);
-  mn_graph_free(g);
-  return st;
 }
 
 int main(int argc, char **argv) {
@@ -37,7 +24,7 @@ int main(int argc, char **argv) {
   mn_model_config c;
   if (mn_model_config_load(argv[1], &c) != MN_OK) return fail("config");
   c.initializer_range = 0.3f; /* logits far from flat: sampling draws from a real spread */
-  if (write_weights(&c, path) != MN_OK) return fail("weights");
+  if (drv_write_random_weights(&c, path, 3) != MN_OK) return fail("weights");
   mn_generator_options o = mn_generator_options_default();
   o.max_seq = (int64_t)n + 8;
   mn_generator *g = NULL;

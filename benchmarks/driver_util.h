@@ -1,7 +1,8 @@
 /* What the programs that scripts drive (hf_parity_driver, peft_parity_driver, quality_driver)
- * share: paths, exact binary files, folders, the precision names, a language model's batch and
- * the AdamW options. Static functions in a header because CMake builds every
- * .c file in benchmarks/ as its own program. Each exits with a message naming `prog`. */
+ * share (and the decode benchmarks' random weights): paths, exact binary files, folders, the
+ * precision names, a language model's batch and the AdamW options. Static functions in a header
+ * because CMake builds every .c file in benchmarks/ as its own program. Each exits with a message
+ * naming `prog`. */
 #ifndef MN_BENCH_DRIVER_UTIL_H
 #define MN_BENCH_DRIVER_UTIL_H
 
@@ -131,6 +132,23 @@ static inline bool drv_adamw_arg(const char *k, const char *v, drv_adamw *o) {
                                               : NULL;
   if (at) *at = atof(v);
   return at != NULL;
+}
+
+/* Random weights of c (mn_model_init_parameters with seed) saved at path by a CPU session of
+ * the training graph: a model file for the benchmarks that need no checkpoint. */
+static inline mn_status drv_write_random_weights(const mn_model_config *c, const char *path,
+                                                 uint64_t seed) {
+  mn_graph *g = NULL;
+  mn_session *s = NULL;
+  mn_session_options so = mn_session_options_default();
+  so.backend = MN_BACKEND_CPU;
+  mn_status st = mn_model_build(c, 1, 1, NULL, &g);
+  if (st == MN_OK) st = mn_build_inference_session(g, &so, &s);
+  if (st == MN_OK) st = mn_model_init_parameters(c, g, s, seed);
+  if (st == MN_OK) st = mn_session_save_safetensors(s, path);
+  mn_session_free(s);
+  mn_graph_free(g);
+  return st;
 }
 
 #endif

@@ -7,26 +7,12 @@
 #include <string.h>
 
 #include "benchmarks/bench_util.h"
+#include "benchmarks/driver_util.h"
 #include "models/prefill_mode.h"
 
 static int fail(const char *what) {
   fprintf(stderr, "prefill: %s: %s\n", what, mn_last_error());
   return 1;
-}
-
-/* Random weights of c at path: an inference session of the training graph, initialized. */
-static mn_status write_weights(const mn_model_config *c, const char *path) {
-  mn_graph *g = NULL;
-  mn_session *s = NULL;
-  mn_session_options so = mn_session_options_default();
-  so.backend = MN_BACKEND_CPU;
-  mn_status st = mn_model_build(c, 1, 2, NULL, &g);
-  if (st == MN_OK) st = mn_build_inference_session(g, &so, &s);
-  if (st == MN_OK) st = mn_model_init_parameters(c, g, s, 7);
-  if (st == MN_OK) st = mn_session_save_safetensors(s, path);
-  mn_session_free(s);
-  mn_graph_free(g);
-  return st;
 }
 
 /* Median prefill_ms of `repeats` calls of n_prompt tokens, each from an empty cache. */
@@ -63,7 +49,7 @@ int main(int argc, char **argv) {
   }
   mn_model_config c;
   if (mn_model_config_load(argv[1], &c) != MN_OK) return fail("config");
-  if (write_weights(&c, path) != MN_OK) return fail("weights");
+  if (drv_write_random_weights(&c, path, 7) != MN_OK) return fail("weights");
   mn_generator_options o = mn_generator_options_default();
   o.session.backend = cuda ? MN_BACKEND_CUDA : MN_BACKEND_CPU;
   o.max_seq = (int64_t)n + 64;
