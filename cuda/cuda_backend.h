@@ -30,6 +30,10 @@ void *mn_cuda_session_stream(const mn_session *s);
  * scripts/profile.sh; the session must run on CUDA and have stepped once. */
 mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out);
 
+/* mn_group_new_nccl on CUDA (cuda/nccl_group.c): the communicator on `device`. */
+mn_status mn_cuda_nccl_group_new(const mn_group_id *id, int world_size, int rank, int device,
+                                 double timeout_s, mn_group **out);
+
 /* Tests: fills every activation and output buffer and the scratch with NaN, so an
  * element a kernel fails to write shows up. The session must run on CUDA. */
 mn_status mn_cuda_poison(mn_session *s);

@@ -437,6 +437,23 @@ MN_API mn_status mn_group_id_new(mn_group_id *out);
  * on the timeout. */
 MN_API mn_status mn_group_id_share_file(const char *path, int rank, double timeout_s,
                                         mn_group_id *id);
+/* Shares an id the way torchrun's TCP store does: rank 0 listens on master_port (all
+ * interfaces) and sends *id to each of the world_size - 1 other ranks, which connect to
+ * master_addr:master_port (retrying until rank 0 listens) and read it into *id. Every rank
+ * returns within timeout_s seconds (<= 0: 300): MN_ERR_STATE naming the ranks or the address
+ * that did not answer, MN_ERR_IO for a name that does not resolve or a port in use. */
+MN_API mn_status mn_group_id_share_tcp(const char *master_addr, int master_port, int rank,
+                                       int world_size, double timeout_s, mn_group_id *id);
+/* One rank of an NCCL group, one process (or thread) per GPU: every rank calls it at the same
+ * time with the same id, world_size, its own rank and the CUDA device its session will use
+ * (mn_session_options.device must be the same). A rank that does not join within timeout_s
+ * seconds (<= 0: 300) makes the others fail with MN_ERR_STATE, and a collective that does
+ * not finish within it aborts the communicator (a watchdog, as PyTorch's), so a dead rank is
+ * an error, not a hang. MN_ERR_UNSUPPORTED when NCCL cannot be loaded or the library was
+ * built without CUDA; MN_ERR_INVALID_ARGUMENT for a rank outside [0, world_size) or a NULL
+ * argument; MN_ERR_DEVICE for a device that is not usable. */
+MN_API mn_status mn_group_new_nccl(const mn_group_id *id, int world_size, int rank, int device,
+                                   double timeout_s, mn_group **out);
 
 /* For a session of a data-parallel group, saving is collective: every rank calls it with the
  * same path, rank 0 writes the whole state (ZeRO-1 shards of the optimizer state gathered
