@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/nvtx.h"
+#include "cuda/profile_floor.h"
 #include "host/error.h"
 #include "host/graph.h"
 #include "host/ops.h"
@@ -72,13 +74,24 @@ static void describe(const cuda_state *st, const mn_session *s, size_t cmd, char
 /* Runs every command once between events; times[i] gets command i's milliseconds. */
 static mn_status time_commands(cuda_state *st, mn_session *s, bool update, cudaEvent_t *ev,
                                double *times) {
-  size_t n = st->prog.num_cmds + (update ? 1 : 0);
+  size_t n = st->prog.num_cmds + (update ? 1 : 0), fwd_end = mn_cu_forward_end(st, s);
   mn_status rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "recording an event");
+  /* NVTX ranges per phase, for Nsight Compute's --nvtx-include (scripts/profile.sh). */
+  mn_nvtx_push("meganeura: forward");
   for (size_t i = 0; rc == MN_OK && i < n; i++) {
+    if (i == fwd_end + 1 && i < st->prog.num_cmds) {
+      mn_nvtx_pop();
+      mn_nvtx_push("meganeura: backward");
+    }
+    if (i == st->prog.num_cmds) {
+      mn_nvtx_pop();
+      mn_nvtx_push("meganeura: optimizer");
+    }
     rc = i < st->prog.num_cmds ? mn_cu_enqueue_cmd(st, s, i)
                                : mn_cu_enqueue_update(st, s, st->captured_key);
     if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[i + 1], st->stream), "recording an event");
   }
+  mn_nvtx_pop();
   if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "profiling a step");
   for (size_t i = 0; rc == MN_OK && i < n; i++) {
     float ms = 0;
@@ -165,6 +178,9 @@ mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out) {
       med[i] = col[reps / 2];
     }
     print_report(s, med, n, out);
+    mn_cu_peaks peaks;
+    rc = mn_cu_measure_peaks(st, &peaks);
+    if (rc == MN_OK) mn_cu_print_floors(s, med, n, &peaks, out);
   }
   for (size_t i = 0; i < created; i++)
     cudaEventDestroy(ev[i]);

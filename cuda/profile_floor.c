@@ -1,0 +1,290 @@
+/* The distance of each op of a profiled step to its floor: the work of every command (the
+ * FLOPs of its products, the bytes its kernel must at least read and write) priced at the
+ * card's measured bf16 GEMM rate and copy bandwidth, both measured here in the same run, so
+ * the table shows where a step is far from what the hardware allows. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/profile_floor.h"
+#include "host/error.h"
+#include "host/graph.h"
+#include "host/ops.h"
+
+/* ------------------------------------------------------------------ the card's peaks */
+
+static mn_status lt(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return MN_OK;
+  return mn_fail(MN_ERR_DEVICE, "profile: cuBLASLt %s: %s", what, cublasLtGetStatusString(s));
+}
+
+/* The median of `reps` timings of one 8192-cubed bf16 product (FP32 accumulation, what the
+ * sessions' bf16 products use), in TFLOP/s. */
+static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
+  const int n = 8192, reps = 7;
+  size_t bytes = (size_t)n * n * 2;
+  void *a = NULL, *b = NULL, *c = NULL;
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  mn_status rc = mn_cu_check(cudaMalloc(&a, bytes), "profile: GEMM operand");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&b, bytes), "profile: GEMM operand");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&c, bytes), "profile: GEMM result");
+  /* Small random-looking values: all-zero operands run faster than real data. */
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(a, 0x3c, bytes, st->stream), "GEMM fill");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(b, 0x3b, bytes, st->stream), "GEMM fill");
+  if (rc == MN_OK) rc = lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  if (rc == MN_OK) rc = lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n), "layout");
+  if (rc == MN_OK) rc = lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  cublasLtMatmulHeuristicResult_t h;
+  int found = 0;
+  if (rc == MN_OK) {
+    size_t ws = st->workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    rc = lt(cublasLtMatmulAlgoGetHeuristic(st->lt, desc, la, la, la, la, pref, 1, &h, &found),
+            "heuristic");
+    if (rc == MN_OK && !found) rc = mn_fail(MN_ERR_DEVICE, "profile: no bf16 GEMM algorithm");
+  }
+  float alpha = 1.0f, beta = 0.0f;
+  double *ms = malloc(reps * sizeof *ms);
+  if (rc == MN_OK && !ms) rc = mn_fail(MN_ERR_OUT_OF_MEMORY, "profile");
+  for (int r = -1; rc == MN_OK && r < reps; r++) {
+    rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
+    if (rc == MN_OK)
+      rc = lt(cublasLtMatmul(st->lt, desc, &alpha, a, la, b, la, &beta, c, la, c, la, &h.algo,
+                             st->workspace, st->workspace_bytes, st->stream),
+              "matmul");
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "GEMM");
+    float t = 0;
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventElapsedTime(&t, ev[0], ev[1]), "event");
+    if (rc == MN_OK && r >= 0) ms[r] = t;
+  }
+  if (rc == MN_OK) {
+    for (int i = 1; i < reps; i++)
+      for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+        double x = ms[j];
+        ms[j] = ms[j - 1];
+        ms[j - 1] = x;
+      }
+    *tflops = 2.0 * n * (double)n * n / (ms[reps / 2] * 1e-3) / 1e12;
+  }
+  free(ms);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return rc;
+}
+
+/* A 1 GiB device-to-device copy, median of 7: bytes read plus bytes written per second. */
+static mn_status copy_rate(cuda_state *st, cudaEvent_t ev[2], double *tbps) {
+  const size_t bytes = (size_t)1 << 30;
+  const int reps = 7;
+  void *a = NULL, *b = NULL;
+  double ms[7];
+  mn_status rc = mn_cu_check(cudaMalloc(&a, bytes), "profile: copy source");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&b, bytes), "profile: copy target");
+  for (int r = -1; rc == MN_OK && r < reps; r++) {
+    rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
+    if (rc == MN_OK)
+      rc = mn_cu_check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st->stream), "copy");
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "copy");
+    float t = 0;
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventElapsedTime(&t, ev[0], ev[1]), "event");
+    if (rc == MN_OK && r >= 0) ms[r] = t;
+  }
+  if (rc == MN_OK) {
+    for (int i = 1; i < reps; i++)
+      for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+        double x = ms[j];
+        ms[j] = ms[j - 1];
+        ms[j - 1] = x;
+      }
+    *tbps = 2.0 * (double)bytes / (ms[reps / 2] * 1e-3) / 1e12;
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return rc;
+}
+
+mn_status mn_cu_measure_peaks(cuda_state *st, mn_cu_peaks *out) {
+  cudaEvent_t ev[2] = {NULL, NULL};
+  mn_status rc = mn_cu_check(cudaEventCreate(&ev[0]), "creating an event");
+  if (rc == MN_OK) rc = mn_cu_check(cudaEventCreate(&ev[1]), "creating an event");
+  if (rc == MN_OK) rc = gemm_rate(st, ev, &out->gemm_tflops);
+  if (rc == MN_OK) rc = copy_rate(st, ev, &out->copy_tbps);
+  for (int i = 0; i < 2; i++)
+    if (ev[i]) cudaEventDestroy(ev[i]);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ the work of a command */
+
+/* Bytes of node id's value as the session stores it (bf16 values take 2 bytes each). */
+static double stored_bytes(const mn_plan *p, mn_node id) {
+  const mn_node_rec *n = &p->graph->nodes[id];
+  double numel = (double)mn_tensor_type_numel(&n->type);
+  mn_dtype storage = p->buffers[p->node_buffer[id]].storage;
+  return numel * (double)mn_dtype_size(storage);
+}
+
+/* Matrix-product units of an attention kernel: each is one [Tq, d] x [d, Tk] product per
+ * head (the statistics pass, P V, dP, dS K, ...). */
+static int attention_products(mn_op op) {
+  switch (op) {
+  case MN_OP_CAUSAL_ATTENTION:
+  case MN_OP_FULL_ATTENTION:
+  case MN_OP_CROSS_ATTENTION:
+  case MN_OP_CAUSAL_ATTENTION_PACKED: return 2;
+  case MN_OP_ATTENTION_GRAD_KV:
+  case MN_OP_ATTENTION_GRAD_KV_SAVED:
+  case MN_OP_PACKED_ATTENTION_GRAD_KV:
+  case MN_OP_PACKED_ATTENTION_GRAD_KV_SAVED: return 4;
+  case MN_OP_ATTENTION_GRAD_Q:
+  case MN_OP_ATTENTION_GRAD_Q_SAVED:
+  case MN_OP_ATTENTION_GRAD_K:
+  case MN_OP_PACKED_ATTENTION_GRAD_Q:
+  case MN_OP_PACKED_ATTENTION_GRAD_Q_SAVED:
+  case MN_OP_PACKED_ATTENTION_GRAD_K: return 3;
+  case MN_OP_ATTENTION_GRAD_V:
+  case MN_OP_PACKED_ATTENTION_GRAD_V: return 2;
+  default: return 0;
+  }
+}
+
+/* The FLOPs of an attention node: q [.., Tq, H*d], k [.., Tk, KVH*d]; causal masks skip
+ * half of each product (the variant of a backward op says whether its forward was causal). */
+static double attention_flops(const mn_graph *g, const mn_node_rec *n) {
+  int units = attention_products(n->op);
+  if (!units || n->num_inputs < 2) return 0;
+  const mn_tensor_type *q = &g->nodes[n->inputs[0]].type, *k = &g->nodes[n->inputs[1]].type;
+  int heads = n->attrs.num_heads, d = n->attrs.head_dim;
+  if (heads <= 0 || d <= 0 || q->rank < 2 || k->rank < 2) return 0;
+  double rows = (double)mn_tensor_type_numel(q) / ((double)heads * d); /* batch * Tq */
+  double tk = (double)k->shape[k->rank - 2];
+  bool causal = n->op == MN_OP_CAUSAL_ATTENTION || n->op == MN_OP_CAUSAL_ATTENTION_PACKED ||
+                mn_op_is_packed_attention_grad(n->op) ||
+                ((mn_op_flags(n->op) & MN_OPF_BACKWARD) && n->attrs.variant == 1);
+  return units * 2.0 * rows * heads * tk * d * (causal ? 0.5 : 1.0);
+}
+
+void mn_cu_command_work(const cuda_state *st, const mn_session *s, size_t cmd, bool first_of_node,
+                        double *flops, double *bytes) {
+  *flops = 0;
+  *bytes = 0;
+  const mn_plan *p = s->plan;
+  if (cmd >= st->prog.num_cmds) { /* the optimizer: params, grads and two moments, in and out */
+    *bytes = (double)p->update_bytes * 7.0;
+    return;
+  }
+  const mn_cu_cmd *c = &st->prog.cmds[cmd];
+  if (c->kind == MN_CU_CMD_MATMUL)
+    *flops = 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k *
+             (double)(c->mm.batch > 0 ? c->mm.batch : 1);
+  if (c->kind == MN_CU_CMD_MEMSET) {
+    *bytes = (double)c->bytes;
+    return;
+  }
+  if (c->kind == MN_CU_CMD_COPY) {
+    *bytes = 2.0 * (double)c->bytes;
+    return;
+  }
+  if (!first_of_node) return;
+  const mn_node_rec *n = &p->graph->nodes[c->node];
+  if (c->kind == MN_CU_CMD_LAUNCH) *flops = attention_flops(p->graph, n);
+  for (int i = 0; i < n->num_inputs; i++)
+    *bytes += stored_bytes(p, n->inputs[i]);
+  *bytes += stored_bytes(p, c->node);
+  for (int k = 1; k <= mn_node_num_extra_outputs(n); k++)
+    *bytes += stored_bytes(p, mn_plan_extra_output(p, c->node, k));
+}
+
+/* ------------------------------------------------------------------ the table */
+
+typedef struct floor_row {
+  const char *op;
+  size_t commands;
+  double ms, floor_ms, flops, bytes;
+} floor_row;
+
+static int by_gap_desc(const void *a, const void *b) {
+  const floor_row *x = a, *y = b;
+  double gx = x->ms - x->floor_ms, gy = y->ms - y->floor_ms;
+  return (gx < gy) - (gx > gy);
+}
+
+static const char *op_name(const cuda_state *st, const mn_session *s, size_t cmd) {
+  if (cmd == st->prog.num_cmds) return "optimizer_update";
+  return mn_op_name(mn_graph_at(s->plan->graph, st->prog.cmds[cmd].node)->op);
+}
+
+size_t mn_cu_forward_end(const cuda_state *st, const mn_session *s) {
+  const mn_plan *p = s->plan;
+  if (p->loss == MN_NO_NODE) return st->prog.num_cmds;
+  mn_node writer = p->loss;
+  if (mn_op_flags(p->graph->nodes[writer].op) & MN_OPF_EXTRA_OUTPUT)
+    writer = p->graph->nodes[writer].inputs[0];
+  size_t end = st->prog.num_cmds;
+  for (size_t i = 0; i < st->prog.num_cmds; i++)
+    if (st->prog.cmds[i].node == writer) end = i;
+  return end;
+}
+
+void mn_cu_print_floors(const mn_session *s, const double *med, size_t n, const mn_cu_peaks *pk,
+                        FILE *out) {
+  const cuda_state *st = s->backend_state;
+  floor_row *rows = calloc(n ? n : 1, sizeof *rows);
+  if (!rows) return;
+  size_t num = 0, fwd_end = mn_cu_forward_end(st, s);
+  double phase_ms[3] = {0}, phase_floor[3] = {0}, total = 0, total_floor = 0;
+  mn_node last_node = MN_NO_NODE;
+  for (size_t i = 0; i < n; i++) {
+    if (i < st->prog.num_cmds && mn_cu_cmd_skipped(st, i)) continue;
+    bool first = i >= st->prog.num_cmds || st->prog.cmds[i].node != last_node;
+    if (i < st->prog.num_cmds) last_node = st->prog.cmds[i].node;
+    double flops, bytes;
+    mn_cu_command_work(st, s, i, first, &flops, &bytes);
+    double fl = fmax(flops / (pk->gemm_tflops * 1e12), bytes / (pk->copy_tbps * 1e12)) * 1e3;
+    const char *op = op_name(st, s, i);
+    size_t k = 0;
+    while (k < num && strcmp(rows[k].op, op) != 0)
+      k++;
+    if (k == num) rows[num++] = (floor_row){.op = op};
+    rows[k].commands++;
+    rows[k].ms += med[i];
+    rows[k].floor_ms += fl;
+    rows[k].flops += flops;
+    rows[k].bytes += bytes;
+    int phase = i >= st->prog.num_cmds ? 2 : i <= fwd_end ? 0 : 1;
+    phase_ms[phase] += med[i];
+    phase_floor[phase] += fl;
+    total += med[i];
+    total_floor += fl;
+  }
+  qsort(rows, num, sizeof *rows, by_gap_desc);
+  fprintf(out,
+          "FLOOR measured now: bf16 GEMM %.0f TFLOP/s (8192^3), copy %.2f TB/s (1 GiB, read + "
+          "write)\n",
+          pk->gemm_tflops, pk->copy_tbps);
+  fprintf(out, "FLOOR %-28s %8s %9s %9s %7s %9s %8s\n", "op", "commands", "ms", "floor ms",
+          "x floor", "TFLOP/s", "TB/s");
+  for (size_t k = 0; k < num; k++) {
+    const floor_row *r = &rows[k];
+    double sec = r->ms * 1e-3;
+    fprintf(out, "FLOOR %-28s %8zu %9.3f %9.3f %7.1f %9.1f %8.2f\n", r->op, r->commands, r->ms,
+            r->floor_ms, r->floor_ms > 0 ? r->ms / r->floor_ms : 0.0,
+            sec > 0 ? r->flops / sec / 1e12 : 0.0, sec > 0 ? r->bytes / sec / 1e12 : 0.0);
+  }
+  const char *names[3] = {"forward (to the loss)", "backward", "optimizer"};
+  for (int ph = 0; ph < 3; ph++)
+    fprintf(out, "FLOOR phase %-22s %9.3f ms, floor %9.3f ms\n", names[ph], phase_ms[ph],
+            phase_floor[ph]);
+  fprintf(out, "FLOOR total %9.3f ms in kernels, floor %9.3f ms (%.1fx)\n", total, total_floor,
+          total_floor > 0 ? total / total_floor : 0.0);
+  free(rows);
+}
