@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/schedule.h"
 #include "host/error.h"
 
 mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned grid[3],
@@ -100,8 +101,7 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
         cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
         "recording the input event");
   if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_begin(st, s);
-  for (size_t i = 0; rc == MN_OK && i < st->prog.num_cmds; i++)
-    rc = mn_cu_enqueue_cmd(st, s, i);
+  if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s);
   if (rc == MN_OK && (((key & 1u) && st->opt_update >= 0) || scaled))
     rc = mn_cu_enqueue_update(st, s, key);
   if (rc == MN_OK)
@@ -145,6 +145,7 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
   if (end != MN_OK) return end;
   size_t nodes = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
+  st->graph_width = mn_cu_graph_width(graph);
   rc = mn_cu_check(cudaGraphInstantiate(&st->exec, graph, 0), "instantiating the step graph");
   cudaGraphDestroy(graph);
   if (rc != MN_OK) return rc;

@@ -16,6 +16,7 @@
 #include "cuda/cuda_state.h"
 #include "cuda/loss_scale.h"
 #include "cuda/nvtx.h"
+#include "cuda/schedule.h"
 #include "cuda/storage_layout.h"
 #include "host/error.h"
 
@@ -202,6 +203,7 @@ static void cuda_destroy(mn_session *s) {
   if (st->stream) cudaStreamSynchronize(st->stream);
   if (st->exec) cudaGraphExecDestroy(st->exec);
   mn_cu_matmuls_destroy(st);
+  mn_cu_lanes_free(st);
   if (st->lt) cublasLtDestroy(st->lt);
   if (st->library) cudaLibraryUnload(st->library);
   if (st->inputs_consumed) cudaEventDestroy(st->inputs_consumed);
@@ -587,6 +589,7 @@ static void cuda_stats(const mn_session *s, mn_session_stats *out) {
   out->submissions = st->submissions;
   out->kernels = st->prog.num_kernels;
   out->graph_nodes = st->graph_nodes;
+  out->graph_width = st->graph_width;
   out->graph_captures = st->captures;
   out->kernel_cache_hit = st->cache_hit;
   out->build_ms = st->build_ms;

@@ -37,6 +37,21 @@ typedef struct mn_cu_device_misc {
   mn_dev_scaler scaler_host; /* the host's state, copied in by every step */
 } mn_cu_device_misc;
 
+/* The streams of a capture built from data dependencies (schedule.c): stream 0 is the
+ * session's; each other has its own cuBLASLt workspace. events[i] marks the end of command i
+ * for the commands of other streams that wait for it. */
+#define MN_CU_MAX_STREAMS 8
+typedef struct mn_cu_lanes {
+  int streams;
+  int *lane;    /* per command: its stream, -1 for a skipped command */
+  size_t *wait; /* per command and stream: 1 + the command of that stream it waits for, or 0 */
+  cudaStream_t stream[MN_CU_MAX_STREAMS];
+  void *workspace[MN_CU_MAX_STREAMS];
+  cudaEvent_t fork, join[MN_CU_MAX_STREAMS];
+  cudaEvent_t *events;
+  size_t num_events;
+} mn_cu_lanes;
+
 typedef struct cuda_state {
   int device;
   cudaStream_t stream;
@@ -84,6 +99,8 @@ typedef struct cuda_state {
   cudaKernel_t *kernels;
   int opt_sumsq, opt_update, opt_accumulate; /* kernel indices, -1 for inference */
 
+  mn_cu_lanes lanes;
+  size_t graph_width; /* the most nodes of the captured graph at one depth (1: a chain) */
   cudaGraphExec_t exec;
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;

@@ -375,12 +375,17 @@ MN_API int mn_memory_summary_format(const mn_memory_summary *m, char *buf, size_
 
 /* What a session did: proves one device launch per step and reports build costs. */
 typedef struct mn_session_stats {
-  const char *backend;         /* "cpu" or "cuda" */
-  uint64_t steps;              /* mn_session_step calls that submitted work */
-  uint64_t graph_launches;     /* CUDA graph launches (0 on the CPU) */
-  uint64_t submissions;        /* every device submission made by steps, launches included */
-  size_t kernels;              /* distinct compiled kernels */
-  size_t graph_nodes;          /* nodes of the captured step graph */
+  const char *backend;     /* "cpu" or "cuda" */
+  uint64_t steps;          /* mn_session_step calls that submitted work */
+  uint64_t graph_launches; /* CUDA graph launches (0 on the CPU) */
+  uint64_t submissions;    /* every device submission made by steps, launches included */
+  size_t kernels;          /* distinct compiled kernels */
+  size_t graph_nodes;      /* nodes of the captured step graph */
+  /* The most nodes of the step graph at one depth (longest path from its start): 1 for a
+   * chain; more where independent commands (q/k/v products, a weight gradient beside its
+   * input gradient) were captured as siblings that may run at once (MN_CUDA_STREAMS=1 in the
+   * environment captures one chain). */
+  size_t graph_width;
   uint64_t graph_captures;     /* captures of the step graph: 1 unless the optimizer kind changed */
   bool kernel_cache_hit;       /* the kernels came from the disk cache: nothing compiled */
   double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */

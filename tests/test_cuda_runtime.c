@@ -1,6 +1,7 @@
 /* The CUDA runtime: kernel compilation, the cubin cache and compile errors (no device
  * needed), and on a GPU the one-launch-per-step contract, out-of-memory handling and
  * device memory returning to where it started. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,7 +209,7 @@ Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
   FILE *f = tmpfile();
   cr_assert_not_null(f);
   cr_assert_eq(mn_cuda_profile_step(s, 3, f), MN_OK, "%s", mn_last_error());
-  char text[8192];
+  char text[32768];
   rewind(f);
   size_t n = fread(text, 1, sizeof text - 1, f);
   text[n] = '\0';
@@ -220,6 +221,17 @@ Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
   cr_assert_gt(ms, 0.0, "%s", text);
   cr_assert_not_null(strstr(text, "PROFILE matmul "), "%s", text);
   cr_assert_not_null(strstr(text, "optimizer_update"), "%s", text);
+  /* The floor table: the card's measured peaks, then each op's distance to them. */
+  double tflops = 0, tbps = 0;
+  const char *floor = strstr(text, "FLOOR measured now");
+  cr_assert_not_null(floor, "%s", text);
+  cr_assert_eq(
+      sscanf(floor, "FLOOR measured now: bf16 GEMM %lf TFLOP/s (8192^3), copy %lf", &tflops, &tbps),
+      2, "%s", floor);
+  cr_assert_gt(tflops, 1.0, "%s", floor);
+  cr_assert_gt(tbps, 0.1, "%s", floor);
+  cr_assert_not_null(strstr(text, "FLOOR phase backward"), "%s", text);
+  cr_assert_not_null(strstr(text, "FLOOR total"), "%s", text);
   mn_session_stats st;
   cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
   cr_assert_eq(st.graph_launches, 1u, "profiling launched the step graph");
@@ -227,6 +239,74 @@ Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
   cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
   mn_session_free(s);
   mn_graph_free(g);
+}
+
+/* Two products of one input, each with its own loss term: their forward products, their
+ * weight gradients and the two loss terms are independent. */
+static mn_graph *two_branch_graph(void) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(64, 32));
+  mn_node w1 = mn_parameter(g, "w1", MN_SHAPE(32, 48));
+  mn_node w2 = mn_parameter(g, "w2", MN_SHAPE(32, 48));
+  mn_node t = mn_input(g, "t", MN_SHAPE(64, 48));
+  mn_node a = mn_relu(g, mn_matmul(g, x, w1));
+  mn_node b = mn_sigmoid(g, mn_matmul(g, x, w2));
+  mn_set_outputs(g, (mn_node[]){mn_add(g, mn_mse_loss(g, a, t), mn_mse_loss(g, b, t))}, 1);
+  return g;
+}
+
+static void step_two_branches(int streams, size_t *width, float *w1, float *w2) {
+  char value[8];
+  snprintf(value, sizeof value, "%d", streams);
+  setenv("MN_CUDA_STREAMS", value, 1);
+  mn_graph *g = two_branch_graph();
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CUDA;
+  o.siblings = MN_SIBLINGS_NEVER; /* keep the two products apart */
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  mn_rng r = mn_rng_new(11);
+  float x[64 * 32], t[64 * 48], p[32 * 48];
+  mn_rng_fill(&r, x, 64 * 32, -1, 1);
+  mn_rng_fill(&r, t, 64 * 48, 0, 1);
+  cr_assert_eq(mn_session_set_input(s, "x", x, 64 * 32), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "t", t, 64 * 48), MN_OK);
+  mn_rng_fill(&r, p, 32 * 48, -0.3f, 0.3f);
+  cr_assert_eq(mn_session_set_parameter(s, "w1", p, 32 * 48), MN_OK);
+  mn_rng_fill(&r, p, 32 * 48, -0.3f, 0.3f);
+  cr_assert_eq(mn_session_set_parameter(s, "w2", p, 32 * 48), MN_OK);
+  cr_assert_eq(mn_session_set_learning_rate(s, 0.5f), MN_OK);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  mn_session_stats stats;
+  cr_assert_eq(mn_session_get_stats(s, &stats), MN_OK);
+  *width = stats.graph_width;
+  cr_assert_eq(stats.graph_launches, 4u);
+  cr_assert_eq(mn_session_read_param(s, "w1", w1, 32 * 48), MN_OK);
+  cr_assert_eq(mn_session_read_param(s, "w2", w2, 32 * 48), MN_OK);
+  mn_session_free(s);
+  mn_graph_free(g);
+  unsetenv("MN_CUDA_STREAMS");
+}
+
+/* The step graph holds the plan's data dependencies: the two branches become sibling nodes,
+ * and the parameters after four steps are those of the one-chain graph (within the rounding of
+ * a reduction that may add in another order). */
+Test(cuda_runtime, independent_branches_become_sibling_graph_nodes) {
+  mn_test_require_cuda_device();
+  static float chain_w1[32 * 48], chain_w2[32 * 48], dag_w1[32 * 48], dag_w2[32 * 48];
+  size_t chain_width = 0, dag_width = 0;
+  step_two_branches(1, &chain_width, chain_w1, chain_w2);
+  step_two_branches(4, &dag_width, dag_w1, dag_w2);
+  cr_assert_eq(chain_width, 1u, "MN_CUDA_STREAMS=1 captures one chain, width %zu", chain_width);
+  cr_assert_geq(dag_width, 2u, "the branches were not captured as siblings (width %zu)", dag_width);
+  for (size_t i = 0; i < 32 * 48; i++) {
+    cr_assert_leq(fabsf(dag_w1[i] - chain_w1[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w1[i])),
+                  "w1[%zu]: %g vs %g", i, dag_w1[i], chain_w1[i]);
+    cr_assert_leq(fabsf(dag_w2[i] - chain_w2[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w2[i])),
+                  "w2[%zu]: %g vs %g", i, dag_w2[i], chain_w2[i]);
+  }
 }
 
 static size_t free_device_bytes(void) {

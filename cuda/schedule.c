@@ -1,0 +1,362 @@
+/* The program's commands on several streams while the step graph is captured, so that the
+ * graph holds the data dependencies of the plan instead of one chain: a command waits only for
+ * the earlier commands whose memory it reads or overwrites (the conflict tracking of a
+ * recorded graph session), and independent branches (q, k and v products, a weight gradient
+ * beside its input gradient, the two halves of an attention backward) become sibling nodes
+ * that the GPU may overlap.
+ *
+ * Each command's accesses are address ranges on the device: the buffers of its node's inputs
+ * are read, its node's buffers (the value and any extra values, which in-place ops share with
+ * the tensor they update) and anything else it names are written. The scratch and staging
+ * regions count as one range each, written by every command that uses them, so that their
+ * users keep program order. The error record (first error wins, atomically) and the step's
+ * scalars (read-only during the program) are not tracked. Matrix products of different
+ * streams get cuBLASLt workspaces of their own. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/schedule.h"
+#include "host/error.h"
+#include "host/graph.h"
+
+typedef struct span {
+  uintptr_t lo, hi;
+  bool write;
+} span;
+
+#define MAX_SPANS (MN_CU_MAX_ARGS + 8)
+
+typedef struct access {
+  span s[MAX_SPANS];
+  int n;
+} access;
+
+static void add(access *a, uintptr_t lo, uintptr_t hi, bool write) {
+  if (!lo || hi <= lo) return;
+  for (int i = 0; i < a->n; i++)
+    if (a->s[i].lo == lo && a->s[i].hi == hi) {
+      a->s[i].write = a->s[i].write || write;
+      return;
+    }
+  if (a->n < MAX_SPANS) a->s[a->n++] = (span){lo, hi, write};
+}
+
+static uintptr_t buffer_base(const cuda_state *st, const mn_session *s, mn_node node) {
+  return (uintptr_t)mn_cu_resolve(st, s, (mn_cu_arg){.kind = MN_CU_ARG_NODE, .node = node});
+}
+
+static bool writes_buffer(const mn_plan *p, mn_node id, uint32_t b) {
+  if (p->node_buffer[id] == b) return true;
+  for (int k = 1; k <= mn_node_num_extra_outputs(&p->graph->nodes[id]); k++)
+    if (p->node_buffer[mn_plan_extra_output(p, id, k)] == b) return true;
+  return false;
+}
+
+static bool is_input(const mn_node_rec *n, mn_node x) {
+  for (int i = 0; i < n->num_inputs; i++)
+    if (n->inputs[i] == x) return true;
+  return false;
+}
+
+static void add_arg(access *a, const cuda_state *st, const mn_session *s, mn_node owner,
+                    mn_cu_arg arg) {
+  const mn_plan *p = s->plan;
+  switch (arg.kind) {
+  case MN_CU_ARG_NODE: {
+    uint32_t b = p->node_buffer[arg.node];
+    uintptr_t lo = buffer_base(st, s, arg.node);
+    bool read = is_input(&p->graph->nodes[owner], arg.node) && !writes_buffer(p, owner, b);
+    add(a, lo, lo + p->buffers[b].bytes, !read);
+    break;
+  }
+  case MN_CU_ARG_SCRATCH: add(a, (uintptr_t)st->scratch, (uintptr_t)st->scratch + 1, true); break;
+  case MN_CU_ARG_STAGE: add(a, (uintptr_t)st->stage, (uintptr_t)st->stage + 1, true); break;
+  /* Weight copies change only outside the program (the update, the refresh before a step). */
+  case MN_CU_ARG_SHADOW:
+  case MN_CU_ARG_ERROR:
+  case MN_CU_ARG_SCALARS:
+  case MN_CU_ARG_NONE: break;
+  }
+}
+
+static void accesses(const cuda_state *st, const mn_session *s, size_t i, access *a) {
+  const mn_plan *p = s->plan;
+  const mn_cu_cmd *c = &st->prog.cmds[i];
+  a->n = 0;
+  uintptr_t own = buffer_base(st, s, c->node);
+  add(a, own, own + mn_plan_buffer_of(p, c->node)->bytes, true);
+  for (int k = 1; k <= mn_node_num_extra_outputs(&p->graph->nodes[c->node]); k++) {
+    mn_node x = mn_plan_extra_output(p, c->node, k);
+    uintptr_t lo = buffer_base(st, s, x);
+    add(a, lo, lo + mn_plan_buffer_of(p, x)->bytes, true);
+  }
+  switch (c->kind) {
+  case MN_CU_CMD_LAUNCH:
+    for (int k = 0; k < c->num_args; k++)
+      add_arg(a, st, s, c->node, c->args[k]);
+    break;
+  case MN_CU_CMD_MATMUL: {
+    const mn_cu_matmul_desc *d = &c->mm;
+    const mn_cu_arg args[] = {d->a, d->b, d->c, d->bias, d->aux, d->c_fallback};
+    for (size_t k = 0; k < sizeof args / sizeof args[0]; k++)
+      add_arg(a, st, s, c->node, args[k]);
+    break;
+  }
+  case MN_CU_CMD_MEMSET:
+  case MN_CU_CMD_COPY:
+    add_arg(a, st, s, c->node, c->args[0]);
+    if (c->kind == MN_CU_CMD_COPY) add_arg(a, st, s, c->node, c->args[1]);
+    break;
+  }
+}
+
+static bool conflict(const access *x, const access *y) {
+  for (int i = 0; i < x->n; i++)
+    for (int j = 0; j < y->n; j++)
+      if ((x->s[i].write || y->s[j].write) && x->s[i].lo < y->s[j].hi && y->s[j].lo < x->s[i].hi)
+        return true;
+  return false;
+}
+
+int mn_cu_schedule_streams(void) {
+  const char *env = getenv("MN_CUDA_STREAMS");
+  int n = env && *env ? atoi(env) : MN_CU_DEFAULT_STREAMS;
+  return n < 1 ? 1 : n > MN_CU_MAX_STREAMS ? MN_CU_MAX_STREAMS : n;
+}
+
+mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams) {
+  mn_cu_lanes *ln = &st->lanes;
+  free(ln->lane);
+  free(ln->wait);
+  size_t n = st->prog.num_cmds;
+  ln->streams = streams;
+  ln->lane = malloc((n ? n : 1) * sizeof *ln->lane);
+  ln->wait = calloc((n ? n : 1) * (size_t)streams, sizeof *ln->wait);
+  access *acc = malloc((n ? n : 1) * sizeof *acc);
+  if (!acc || !ln->lane || !ln->wait) {
+    free(acc);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory (the stream schedule)");
+  }
+  /* tail[l]: the last command given to stream l (+1; 0: none yet). */
+  size_t tail[MN_CU_MAX_STREAMS] = {0};
+  for (size_t i = 0; i < n; i++) {
+    ln->lane[i] = -1;
+    if (mn_cu_cmd_skipped(st, i)) continue;
+    accesses(st, s, i, &acc[i]);
+    /* latest[l]: the latest command of stream l that command i must follow (+1); earlier ones
+     * of that stream precede it anyway. */
+    size_t latest[MN_CU_MAX_STREAMS] = {0};
+    size_t newest = 0;
+    int newest_lane = -1, found = 0;
+    for (size_t j = i; j-- > 0 && found < streams;) {
+      int l = ln->lane[j];
+      if (l < 0 || latest[l] > j) continue;
+      if (!conflict(&acc[i], &acc[j])) continue;
+      latest[l] = j + 1;
+      found++;
+      if (j + 1 > newest) {
+        newest = j + 1;
+        newest_lane = l;
+      }
+    }
+    /* Continue the chain of the newest dependency when it ends its stream; else an unused
+     * stream; else the one idle longest (its last command is the oldest). */
+    int lane = -1;
+    if (newest_lane >= 0 && tail[newest_lane] == newest) lane = newest_lane;
+    for (int l = 0; lane < 0 && l < streams; l++)
+      if (tail[l] == 0) lane = l;
+    if (lane < 0) {
+      lane = 0;
+      for (int l = 1; l < streams; l++)
+        if (tail[l] < tail[lane]) lane = l;
+    }
+    ln->lane[i] = lane;
+    for (int l = 0; l < streams; l++)
+      if (l != lane && latest[l]) ln->wait[i * (size_t)streams + (size_t)l] = latest[l];
+    tail[lane] = i + 1;
+  }
+  free(acc);
+  return MN_OK;
+}
+
+static mn_status prepare_lanes(cuda_state *st, const mn_session *s) {
+  mn_cu_lanes *ln = &st->lanes;
+  int streams = mn_cu_schedule_streams();
+  mn_status rc = mn_cu_schedule_build(st, s, streams);
+  ln->stream[0] = st->stream;
+  ln->workspace[0] = st->workspace;
+  for (int l = 1; rc == MN_OK && l < streams; l++) {
+    if (!ln->stream[l])
+      rc = mn_cu_check(cudaStreamCreateWithFlags(&ln->stream[l], cudaStreamNonBlocking),
+                       "creating a stream");
+    if (rc == MN_OK && !ln->workspace[l] && st->workspace_bytes)
+      rc = mn_cu_check(cudaMalloc(&ln->workspace[l], st->workspace_bytes), "a cuBLASLt workspace");
+  }
+  for (int l = 0; rc == MN_OK && l < streams; l++)
+    if (!ln->join[l])
+      rc = mn_cu_check(cudaEventCreateWithFlags(&ln->join[l], cudaEventDisableTiming),
+                       "creating an event");
+  if (rc == MN_OK && !ln->fork)
+    rc = mn_cu_check(cudaEventCreateWithFlags(&ln->fork, cudaEventDisableTiming),
+                     "creating an event");
+  size_t n = st->prog.num_cmds;
+  if (rc == MN_OK && ln->num_events < n) {
+    cudaEvent_t *ev = realloc(ln->events, n * sizeof *ev);
+    if (!ev) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory (events)");
+    ln->events = ev;
+    for (; rc == MN_OK && ln->num_events < n; ln->num_events++)
+      rc =
+          mn_cu_check(cudaEventCreateWithFlags(&ln->events[ln->num_events], cudaEventDisableTiming),
+                      "creating an event");
+  }
+  return rc;
+}
+
+mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s) {
+  mn_status rc = prepare_lanes(st, s);
+  mn_cu_lanes *ln = &st->lanes;
+  size_t n = st->prog.num_cmds;
+  int streams = ln->streams;
+  /* Which commands another stream waits for: only those record an event. */
+  bool *marked = calloc(n ? n : 1, sizeof *marked);
+  if (rc == MN_OK && !marked) rc = mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
+  for (size_t i = 0; rc == MN_OK && i < n; i++)
+    for (int l = 0; l < streams; l++)
+      if (ln->wait[i * (size_t)streams + (size_t)l])
+        marked[ln->wait[i * (size_t)streams + (size_t)l] - 1] = true;
+  cudaStream_t origin = st->stream;
+  void *origin_ws = st->workspace;
+  if (rc == MN_OK && streams > 1)
+    rc = mn_cu_check(cudaEventRecord(ln->fork, origin), "forking the capture");
+  for (int l = 1; rc == MN_OK && l < streams; l++)
+    rc = mn_cu_check(cudaStreamWaitEvent(ln->stream[l], ln->fork, 0), "forking the capture");
+  for (size_t i = 0; rc == MN_OK && i < n; i++) {
+    int lane = ln->lane[i];
+    if (lane < 0) continue;
+    for (int l = 0; rc == MN_OK && l < streams; l++) {
+      size_t w = ln->wait[i * (size_t)streams + (size_t)l];
+      if (w)
+        rc = mn_cu_check(cudaStreamWaitEvent(ln->stream[lane], ln->events[w - 1], 0),
+                         "ordering the capture");
+    }
+    st->stream = ln->stream[lane];
+    st->workspace = ln->workspace[lane];
+    if (rc == MN_OK) rc = mn_cu_enqueue_cmd(st, s, i);
+    st->stream = origin;
+    st->workspace = origin_ws;
+    if (rc == MN_OK && marked[i])
+      rc = mn_cu_check(cudaEventRecord(ln->events[i], ln->stream[lane]), "ordering the capture");
+  }
+  /* Join every stream back, also after a failure, so that the capture can end. */
+  for (int l = 1; l < streams; l++) {
+    mn_status j = mn_cu_check(cudaEventRecord(ln->join[l], ln->stream[l]), "joining the capture");
+    if (j == MN_OK)
+      j = mn_cu_check(cudaStreamWaitEvent(origin, ln->join[l], 0), "joining the capture");
+    if (rc == MN_OK) rc = j;
+  }
+  free(marked);
+  return rc;
+}
+
+typedef struct node_index {
+  cudaGraphNode_t node;
+  size_t index;
+} node_index;
+
+static int by_node(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const node_index *)a)->node,
+            y = (uintptr_t)((const node_index *)b)->node;
+  return (x > y) - (x < y);
+}
+
+static size_t index_of(const node_index *sorted, size_t n, cudaGraphNode_t node) {
+  node_index key = {.node = node};
+  const node_index *hit = bsearch(&key, sorted, n, sizeof *sorted, by_node);
+  return hit ? hit->index : n;
+}
+
+size_t mn_cu_graph_width(void *graph) {
+  cudaGraph_t g = graph;
+  size_t n = 0, e = 0;
+  if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess || n == 0) return 0;
+  if (cudaGraphGetEdges(g, NULL, NULL, NULL, &e) != cudaSuccess) return 0;
+  cudaGraphNode_t *nodes = malloc(n * sizeof *nodes);
+  cudaGraphNode_t *from = malloc((e ? e : 1) * sizeof *from),
+                  *to = malloc((e ? e : 1) * sizeof *to);
+  node_index *sorted = malloc(n * sizeof *sorted);
+  size_t *indeg = calloc(n, sizeof *indeg), *depth = calloc(n, sizeof *depth);
+  size_t *src = malloc((e ? e : 1) * sizeof *src), *dst = malloc((e ? e : 1) * sizeof *dst);
+  size_t *queue = malloc(n * sizeof *queue), *count = calloc(n, sizeof *count);
+  size_t width = 0;
+  bool ok = nodes && from && to && sorted && indeg && depth && src && dst && queue && count &&
+            cudaGraphGetNodes(g, nodes, &n) == cudaSuccess &&
+            cudaGraphGetEdges(g, from, to, NULL, &e) == cudaSuccess;
+  if (ok) {
+    for (size_t i = 0; i < n; i++)
+      sorted[i] = (node_index){nodes[i], i};
+    qsort(sorted, n, sizeof *sorted, by_node);
+    for (size_t k = 0; k < e; k++) {
+      src[k] = index_of(sorted, n, from[k]);
+      dst[k] = index_of(sorted, n, to[k]);
+      if (src[k] < n && dst[k] < n) indeg[dst[k]]++;
+    }
+    /* Kahn's order; a node's depth is its longest path from a root. Edges are scanned per
+     * popped node through a sort by source. */
+    size_t *order = malloc((e ? e : 1) * sizeof *order), *first = calloc(n + 1, sizeof *first);
+    if (order && first) {
+      for (size_t k = 0; k < e; k++)
+        if (src[k] < n) first[src[k] + 1]++;
+      for (size_t i = 0; i < n; i++)
+        first[i + 1] += first[i];
+      size_t *fill = calloc(n, sizeof *fill);
+      if (fill) {
+        for (size_t k = 0; k < e; k++)
+          if (src[k] < n) order[first[src[k]] + fill[src[k]]++] = k;
+        free(fill);
+        size_t head = 0, tailq = 0;
+        for (size_t i = 0; i < n; i++)
+          if (indeg[i] == 0) queue[tailq++] = i;
+        while (head < tailq) {
+          size_t v = queue[head++];
+          if (++count[depth[v]] > width) width = count[depth[v]];
+          for (size_t k = first[v]; k < first[v + 1]; k++) {
+            size_t w = dst[order[k]];
+            if (w >= n) continue;
+            if (depth[v] + 1 > depth[w]) depth[w] = depth[v] + 1;
+            if (--indeg[w] == 0) queue[tailq++] = w;
+          }
+        }
+      }
+    }
+    free(order);
+    free(first);
+  }
+  free(nodes);
+  free(from);
+  free(to);
+  free(sorted);
+  free(indeg);
+  free(depth);
+  free(src);
+  free(dst);
+  free(queue);
+  free(count);
+  return width;
+}
+
+void mn_cu_lanes_free(cuda_state *st) {
+  mn_cu_lanes *ln = &st->lanes;
+  for (int l = 1; l < MN_CU_MAX_STREAMS; l++) {
+    if (ln->stream[l]) cudaStreamDestroy(ln->stream[l]);
+    cudaFree(ln->workspace[l]);
+  }
+  for (int l = 0; l < MN_CU_MAX_STREAMS; l++)
+    if (ln->join[l]) cudaEventDestroy(ln->join[l]);
+  if (ln->fork) cudaEventDestroy(ln->fork);
+  for (size_t i = 0; i < ln->num_events; i++)
+    cudaEventDestroy(ln->events[i]);
+  free(ln->events);
+  free(ln->lane);
+  free(ln->wait);
+  *ln = (mn_cu_lanes){0};
+}

@@ -1,0 +1,30 @@
+/* The step graph built from data dependencies (schedule.c): which stream each command of the
+ * program is captured on and which earlier commands it waits for (cuda_state.lanes). */
+#ifndef MN_CUDA_SCHEDULE_H
+#define MN_CUDA_SCHEDULE_H
+
+#include "cuda/cuda_state.h"
+
+#define MN_CU_DEFAULT_STREAMS 4
+
+/* The number of streams a capture spreads the program over: MN_CUDA_STREAMS from the
+ * environment (1 captures one chain, as before), else MN_CU_DEFAULT_STREAMS. */
+int mn_cu_schedule_streams(void);
+
+/* Assigns the program's commands to `streams` streams from their conflicts, into st->lanes
+ * (the buffers, scratch and staging must be in place: addresses are compared). */
+mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams);
+
+/* Enqueues every command of the program during a capture on st->stream: forks the other
+ * streams from it, makes each command wait for its dependencies on other streams, and joins
+ * them back, so the captured graph has an edge only where the data needs one. Builds the
+ * schedule, and the streams, events and workspaces it needs, at each capture. */
+mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s);
+
+/* The most nodes of `graph` (a cudaGraph_t) at one depth: 1 for a chain. */
+size_t mn_cu_graph_width(void *graph);
+
+/* Frees what mn_cu_enqueue_program made. */
+void mn_cu_lanes_free(cuda_state *st);
+
+#endif
