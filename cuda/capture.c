@@ -128,6 +128,8 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
     st->exec = NULL;
   }
   st->captured = false;
+  rc = mn_cu_lanes_prepare(st, s);
+  if (rc != MN_OK) return rc;
   rc = mn_cu_check(cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal),
                    "starting the capture");
   if (rc != MN_OK) return rc;

@@ -24,6 +24,7 @@ static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
   const int n = 8192, reps = 7;
   size_t bytes = (size_t)n * n * 2;
   void *a = NULL, *b = NULL, *c = NULL;
+  cublasLtHandle_t handle = NULL;
   cublasLtMatmulDesc_t desc = NULL;
   cublasLtMatrixLayout_t la = NULL;
   cublasLtMatmulPreference_t pref = NULL;
@@ -33,16 +34,18 @@ static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
   /* Small random-looking values: all-zero operands run faster than real data. */
   if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(a, 0x3c, bytes, st->stream), "GEMM fill");
   if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(b, 0x3b, bytes, st->stream), "GEMM fill");
+  /* A handle of its own: a session without matrix products has none. */
+  if (rc == MN_OK) rc = lt(cublasLtCreate(&handle), "handle");
   if (rc == MN_OK) rc = lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
   if (rc == MN_OK) rc = lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n), "layout");
   if (rc == MN_OK) rc = lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
   cublasLtMatmulHeuristicResult_t h;
   int found = 0;
   if (rc == MN_OK) {
-    size_t ws = st->workspace_bytes;
+    size_t ws = st->workspace ? st->workspace_bytes : 0;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof ws);
-    rc = lt(cublasLtMatmulAlgoGetHeuristic(st->lt, desc, la, la, la, la, pref, 1, &h, &found),
+    rc = lt(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, la, la, la, pref, 1, &h, &found),
             "heuristic");
     if (rc == MN_OK && !found) rc = mn_fail(MN_ERR_DEVICE, "profile: no bf16 GEMM algorithm");
   }
@@ -52,8 +55,8 @@ static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
   for (int r = -1; rc == MN_OK && r < reps; r++) {
     rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
     if (rc == MN_OK)
-      rc = lt(cublasLtMatmul(st->lt, desc, &alpha, a, la, b, la, &beta, c, la, c, la, &h.algo,
-                             st->workspace, st->workspace_bytes, st->stream),
+      rc = lt(cublasLtMatmul(handle, desc, &alpha, a, la, b, la, &beta, c, la, c, la, &h.algo,
+                             st->workspace, st->workspace ? st->workspace_bytes : 0, st->stream),
               "matmul");
     if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
     if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "GEMM");
@@ -74,6 +77,7 @@ static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
   if (la) cublasLtMatrixLayoutDestroy(la);
   if (desc) cublasLtMatmulDescDestroy(desc);
+  if (handle) cublasLtDestroy(handle);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);

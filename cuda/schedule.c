@@ -179,7 +179,7 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
   return MN_OK;
 }
 
-static mn_status prepare_lanes(cuda_state *st, const mn_session *s) {
+mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
   mn_cu_lanes *ln = &st->lanes;
   int streams = mn_cu_schedule_streams();
   mn_status rc = mn_cu_schedule_build(st, s, streams);
@@ -213,8 +213,10 @@ static mn_status prepare_lanes(cuda_state *st, const mn_session *s) {
 }
 
 mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s) {
-  mn_status rc = prepare_lanes(st, s);
+  mn_status rc = MN_OK;
   mn_cu_lanes *ln = &st->lanes;
+  if (!ln->lane || ln->stream[0] != st->stream)
+    return mn_fail(MN_ERR_STATE, "cuda backend: the streams of the capture were not prepared");
   size_t n = st->prog.num_cmds;
   int streams = ln->streams;
   /* Which commands another stream waits for: only those record an event. */

@@ -15,10 +15,13 @@ int mn_cu_schedule_streams(void);
  * (the buffers, scratch and staging must be in place: addresses are compared). */
 mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams);
 
+/* Before a capture (nothing may be allocated while one runs): the schedule, and the streams,
+ * events and cuBLASLt workspaces it needs. */
+mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s);
+
 /* Enqueues every command of the program during a capture on st->stream: forks the other
  * streams from it, makes each command wait for its dependencies on other streams, and joins
- * them back, so the captured graph has an edge only where the data needs one. Builds the
- * schedule, and the streams, events and workspaces it needs, at each capture. */
+ * them back, so the captured graph has an edge only where the data needs one. */
 mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s);
 
 /* The most nodes of `graph` (a cudaGraph_t) at one depth: 1 for a chain. */
