@@ -363,8 +363,9 @@ expect 2 "the group id goes through MASTER_ADDR, which is not set" train "${T[@]
 export MASTER_ADDR=127.0.0.1
 expect 2 "but MASTER_PORT is not set; set MN_GROUP_PORT or give --group-id-file PATH" train "${T[@]}" --batch 2
 MN_GROUP_PORT=70000 expect 2 "meganeura train: MN_GROUP_PORT=\"70000\" is not a port" train "${T[@]}" --batch 2
+# No device visible: the rank fails at once (on a machine with one, it would use that one).
 export MASTER_PORT=29500 LOCAL_RANK=63
-expect 1 "meganeura train: rank 1 " train "${T[@]}" --batch 2 --out "$tmp/launched"
+CUDA_VISIBLE_DEVICES= expect 1 "meganeura train: rank 1 " train "${T[@]}" --batch 2 --out "$tmp/launched"
 "$mn" train "${T[@]}" --batch 2 --steps 2 --launcher none --out "$tmp/alone" >/dev/null 2>"$tmp/alone.err" ||
   fail "--launcher none under RANK=1 WORLD_SIZE=2: $(cat "$tmp/alone.err")"
 export RANK=0 WORLD_SIZE=1

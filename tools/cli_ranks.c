@@ -181,6 +181,9 @@ int cli_train_launched(train_args *a, const resume_point *rp, const mn_model_con
             CMD, a->rank, a->env.launcher);
     return CLI_FAIL;
   }
+  /* srun --gpus-per-task (or CUDA_VISIBLE_DEVICES set per rank) shows each rank its one
+   * device. */
+  if (devices == 1) a->options.device = 0;
   if (a->options.device >= devices) {
     fprintf(stderr, "%s: rank %d has local rank %d, but this machine has %d usable CUDA device%s\n",
             CMD, a->rank, a->options.device, devices, devices == 1 ? "" : "s");
