@@ -308,10 +308,12 @@ static mn_status ask(const struct addrinfo *ai, int rank, int world_size, double
   mn_status result = MN_ERR_NOT_FOUND;
   bool connected = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
   if (!connected && errno == EINPROGRESS) {
+    /* At most 5 s per address: a filtered one must leave time for the next. */
     struct pollfd p = {fd, POLLOUT, 0};
     int err = ETIMEDOUT;
     socklen_t len = sizeof err;
-    if (poll(&p, 1, ms_left(deadline)) > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    double until = now_s() + 5 < deadline ? now_s() + 5 : deadline;
+    if (poll(&p, 1, ms_left(until)) > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
     connected = err == 0;
     if (!connected) *why = strerror(err);
   } else if (!connected) {

@@ -195,8 +195,8 @@ int cli_train_launched(train_args *a, const resume_point *rp, const mn_model_con
       snprintf(how, sizeof how, "the file %s", a->group_id_file);
     else
       snprintf(how, sizeof how, "port %d (from %s)", a->group_port, a->env.master_addr);
-    fprintf(stderr, "%s: rank 0 of %ld started by %s, the group id through %s\n", CMD, a->ranks,
-            a->env.launcher, how);
+    fprintf(stderr, "%s: rank 0 of %ld on device %d, the group id through %s\n", CMD, a->ranks,
+            a->options.device, how);
   }
   mn_group_id id = {{0}};
   if (a->rank == 0 && mn_group_id_new(&id) != MN_OK)
