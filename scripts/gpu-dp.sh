@@ -7,8 +7,9 @@
 #       against one process with --batch N*B: final weights within --tol (relative to the
 #       model's largest weight, at least 1), rank 0 alone reporting, the collective
 #       checkpoint written;
-#   (c) the same 2-rank run started by torchrun (--no-python, the id over TCP at
-#       MASTER_ADDR:MASTER_PORT+1) when torchrun or torch.distributed.run is there;
+#   (c) the same 2-rank run as two processes started by hand with RANK, WORLD_SIZE,
+#       LOCAL_RANK, MASTER_ADDR and MASTER_PORT (the id over TCP at MASTER_PORT + 1), and
+#       started by torchrun (--no-python) when torchrun or torch.distributed.run is there;
 #   (d) a rank killed mid-run (SIGKILL): --gpus names it and stops the other, within a minute;
 #   (e) bench_dp_step (GPT-2 124M bf16 AdamW, per-GPU batch 16 x 1024) at 1, 2 (and 4) GPUs;
 # and prints a table last. Every step's output is kept under the log folder. Exits 1 when
@@ -46,7 +47,7 @@ while [ $# -gt 0 ]; do
     --tol) tol=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
-    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
     *) echo "gpu-dp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -61,7 +62,7 @@ rows=()
 failed=0
 # row CHECK RESULT DETAIL: one line of the final table; a FAIL makes the script exit 1.
 row() {
-  rows+=("$(printf '%-34s %-5s %s' "$1" "$2" "$3")")
+  rows+=("$(printf '%-40s %-5s %s' "$1" "$2" "$3")")
   [ "$2" = FAIL ] && failed=1
   printf '%s: %s %s\n' "$1" "$2" "$3"
 }
@@ -189,6 +190,24 @@ for n in "${worlds[@]}"; do
   fi
 done
 
+step "(c) two ranks started by hand, as srun would, the id over TCP"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+pids=()
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 900 "$mn" train "${T[@]}" --batch 2 --out "$work/tcp2" >"$logs/tcp2-rank$r.log" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[0]}"
+rc0=$?
+wait "${pids[1]}"
+rc1=$?
+if [ "$rc0" = 0 ] && [ "$rc1" = 0 ]; then
+  check "2 launched ranks (TCP id) = one process" plain4 tcp2 "$tol"
+else
+  row "2 launched ranks (TCP id) = one process" FAIL "exits $rc0, $rc1: $(grep -h 'meganeura' "$logs"/tcp2-rank*.log | grep -v '^step' | tail -n 3 | tr '\n' ' ')"
+fi
+
 step "(c) torchrun --nproc_per_node 2"
 launcher=()
 if command -v torchrun >/dev/null 2>&1; then
@@ -270,6 +289,6 @@ if [ "$bench" = 1 ]; then
 fi
 
 step "summary (logs: $logs)"
-printf '%-34s %-5s %s\n' check result detail
+printf '%-40s %-5s %s\n' check result detail
 printf '%s\n' "${rows[@]}" | tee "$logs/summary.txt"
 exit "$failed"

@@ -194,7 +194,7 @@ int cli_train_launched(train_args *a, const resume_point *rp, const mn_model_con
     if (a->group_id_file)
       snprintf(how, sizeof how, "the file %s", a->group_id_file);
     else
-      snprintf(how, sizeof how, "port %d (from %s)", a->group_port, a->env.master_addr);
+      snprintf(how, sizeof how, "TCP port %d (MASTER_ADDR %s)", a->group_port, a->env.master_addr);
     fprintf(stderr, "%s: rank 0 of %ld on device %d, the group id through %s\n", CMD, a->ranks,
             a->options.device, how);
   }
