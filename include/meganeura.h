@@ -446,7 +446,9 @@ MN_API mn_status mn_group_id_share_file(const char *path, int rank, double timeo
  * interfaces) and sends *id to each of the world_size - 1 other ranks, which connect to
  * master_addr:master_port (retrying until rank 0 listens) and read it into *id. Every rank
  * returns within timeout_s seconds (<= 0: 300): MN_ERR_STATE naming the ranks or the address
- * that did not answer, MN_ERR_IO for a name that does not resolve or a port in use. */
+ * that did not answer, MN_ERR_IO for a name that does not resolve or a port in use,
+ * MN_ERR_INVALID_ARGUMENT when a rank connects twice or the world sizes differ (each peer
+ * tells rank 0 its rank and world size first). world_size 1 returns at once. */
 MN_API mn_status mn_group_id_share_tcp(const char *master_addr, int master_port, int rank,
                                        int world_size, double timeout_s, mn_group_id *id);
 /* One rank of an NCCL group, one process (or thread) per GPU: every rank calls it at the same

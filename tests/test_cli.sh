@@ -344,6 +344,36 @@ PY
     fail "--ranks 2 --batch 2 differs from --batch 4"
 fi
 
+# ---- --gpus and launched ranks: what is refused before any device is touched (the runs
+# themselves need several GPUs: scripts/gpu-dp.sh)
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT MN_GROUP_PORT SLURM_PROCID SLURM_NTASKS \
+  OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
+expect 2 "meganeura train: give --ranks (CPU threads) or --gpus (one process per CUDA device), not both" \
+  train "${T[@]}" --batch 2 --ranks 2 --gpus 2
+expect 2 "meganeura train: --gpus must be a positive integer, got '0'" train "${T[@]}" --batch 2 --gpus 0
+expect 2 "meganeura train: --gpus must be at most 64, got 65" train "${T[@]}" --batch 2 --gpus 65
+expect 1 "meganeura train: --gpus 64 needs" train "${T[@]}" --batch 2 --gpus 64 --out "$tmp/gpus"
+expect 2 "meganeura train: --launcher must be auto, env or none, got 'mpi'" train "${T[@]}" --batch 2 --launcher mpi
+expect 2 "meganeura train: --launcher env: mn_launch_env_read: no launcher environment" train "${T[@]}" --batch 2 --launcher env
+expect 2 "meganeura train: --group-id-file applies to a job started by a launcher" train "${T[@]}" --batch 2 --group-id-file "$tmp/id"
+export RANK=1 WORLD_SIZE=2
+expect 2 "meganeura train: --ranks cannot be used in a job started by torchrun (rank 1 of 2)" train "${T[@]}" --batch 2 --ranks 2
+expect 2 "meganeura train: --gpus cannot be used in a job started by torchrun (rank 1 of 2)" train "${T[@]}" --batch 2 --gpus 2
+expect 2 "the group id goes through MASTER_ADDR, which is not set" train "${T[@]}" --batch 2
+export MASTER_ADDR=127.0.0.1
+expect 2 "but MASTER_PORT is not set; set MN_GROUP_PORT or give --group-id-file PATH" train "${T[@]}" --batch 2
+MN_GROUP_PORT=70000 expect 2 "meganeura train: MN_GROUP_PORT=\"70000\" is not a port" train "${T[@]}" --batch 2
+# No device visible: the rank fails at once (on a machine with one, it would use that one).
+export MASTER_PORT=29500 LOCAL_RANK=63
+CUDA_VISIBLE_DEVICES= expect 1 "meganeura train: rank 1 " train "${T[@]}" --batch 2 --out "$tmp/launched"
+"$mn" train "${T[@]}" --batch 2 --steps 2 --launcher none --out "$tmp/alone" >/dev/null 2>"$tmp/alone.err" ||
+  fail "--launcher none under RANK=1 WORLD_SIZE=2: $(cat "$tmp/alone.err")"
+export RANK=0 WORLD_SIZE=1
+"$mn" train "${T[@]}" --batch 2 --steps 2 --out "$tmp/world1" >/dev/null 2>"$tmp/world1.err" ||
+  fail "WORLD_SIZE=1 is not a plain run: $(cat "$tmp/world1.err")"
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+"$mn" train --help | grep -q -- "--gpus N" || fail "meganeura train --help: no --gpus"
+
 if ((fails)); then
   echo "$fails check(s) failed" >&2
   exit 1

@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <regex.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +21,8 @@ static const char USAGE[] =
     "         [--val-data FILE | --val-fraction F] [--eval-every K] [--eval-batches N]\n"
     "         [--checkpoint-every K] [--keep-last N] [--out DIR] [--resume CKPT] [--seed S]\n"
     "         [--metrics FILE.csv] [--plot FILE.svg] [--precision f32|tf32|bf16|f16]\n"
-    "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite] [--ranks N]\n"
+    "         [--grad-accum K] [--freeze REGEX] [--allow-nonfinite] [--ranks N | --gpus N]\n"
+    "         [--launcher auto|env|none] [--group-id-file PATH]\n"
     "         [--lora-rank R [--lora-alpha A] [--lora-targets LIST] [--lora-dropout P]\n"
     "          [--merge-lora]] [--chat-template chatml|plain] [--pack]\n"
     "Trains with AdamW on random windows of --data (text: each byte is a token, vocabulary\n"
@@ -42,6 +42,14 @@ static const char USAGE[] =
     "its update, as one step of batch K*B would (a step's loss is their mean).\n"
     "--ranks N: N data-parallel ranks on the CPU backend (threads), each training on its\n"
     "own B windows of every step's N*B, as one rank of batch N*B would; rank 0 reports.\n"
+    "--gpus N: the same with N ranks on CUDA devices 0..N-1, one process each (NCCL); the\n"
+    "first rank that fails stops the others.\n"
+    "Under torchrun, srun or mpirun (RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS or\n"
+    "OMPI_COMM_WORLD_RANK/SIZE with a world size above 1; --launcher env takes any size,\n"
+    "--launcher none ignores them) each process is one rank on device LOCAL_RANK. Rank 0\n"
+    "hands the NCCL id to the others at MASTER_ADDR, port MN_GROUP_PORT (default\n"
+    "MASTER_PORT + 1), or through --group-id-file PATH on a file system every rank sees\n"
+    "(remove the file before a new job).\n"
     "--freeze REGEX: parameters whose names match the POSIX extended regular expression (say\n"
     "'h\\.[0-5]\\.' or 'wte|wpe') are frozen: no gradient, no optimizer state, no update.\n"
     "--init-from weights holding NaN or infinity are refused unless --allow-nonfinite.\n"
@@ -94,6 +102,9 @@ enum {
   O_CHAT_TEMPLATE,
   O_PACK,
   O_RANKS,
+  O_GPUS,
+  O_LAUNCHER,
+  O_GROUP_ID_FILE,
   O_COUNT
 };
 
@@ -157,16 +168,28 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
       cli_pos_float(CMD, &o[O_VAL_FRACTION], &a->val_fraction) ||
       cli_pos_long(CMD, &o[O_EVAL_EVERY], &a->eval_every) ||
       cli_pos_long(CMD, &o[O_EVAL_BATCHES], &a->eval_batches) ||
-      cli_precision(CMD, &o[O_PRECISION], &a->options, &a->precision) ||
       cli_pos_long(CMD, &o[O_GRAD_ACCUM], &a->grad_accum) ||
-      cli_pos_long(CMD, &o[O_RANKS], &a->ranks))
+      cli_pos_long(CMD, &o[O_RANKS], &a->ranks) || cli_pos_long(CMD, &o[O_GPUS], &a->gpus))
     return CLI_USAGE;
-  if (a->ranks > 64) {
-    fprintf(stderr, "%s: --ranks must be at most 64, got %ld\n", CMD, a->ranks);
+  if (a->ranks > 64 || a->gpus > 64) {
+    fprintf(stderr, "%s: %s must be at most 64, got %ld\n", CMD,
+            a->gpus > 64 ? "--gpus" : "--ranks", a->gpus > 64 ? a->gpus : a->ranks);
+    return CLI_USAGE;
+  }
+  if (o[O_RANKS].seen && o[O_GPUS].seen) {
+    fprintf(stderr,
+            "%s: give --ranks (CPU threads) or --gpus (one process per CUDA device), not "
+            "both\n",
+            CMD);
     return CLI_USAGE;
   }
   /* In-process ranks are threads of the CPU backend; the library refuses F16 for groups. */
   if (a->ranks > 1) a->options.backend = MN_BACKEND_CPU;
+  a->group_id_file = o[O_GROUP_ID_FILE].value;
+  /* After the launcher's device is known: the default precision depends on it. */
+  if (cli_launch_args(a, o[O_LAUNCHER].value, o[O_RANKS].seen) ||
+      cli_precision(CMD, &o[O_PRECISION], &a->options, &a->precision))
+    return CLI_USAGE;
   if (a->grad_accum > 1024) {
     fprintf(stderr, "%s: --grad-accum must be at most 1024, got %ld\n", CMD, a->grad_accum);
     return CLI_USAGE;
@@ -604,74 +627,19 @@ static uint64_t sampler_start(const train_args *a, const resume_point *rp) {
              : (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + (uint64_t)start_step(a, rp) + 1;
 }
 
-/* --ranks: ranks 1.. run on threads of their own, each with its own data and session, while
- * rank 0 goes on in the caller. A rank that fails aborts the group, so that the others stop
- * at once instead of waiting for it. */
-typedef struct rank_thread {
-  pthread_t thread;
-  train_args a;
-  const resume_point *rp;
-  run r;
-  int rc;
-} rank_thread;
-
-static void *rank_main(void *arg) {
-  rank_thread *t = arg;
-  t->rc = load_data(&t->a, t->rp, &t->r);
-  if (!t->rc) t->rc = build(&t->a, t->rp, &t->r);
-  if (!t->rc)
-    t->rc = train_loop(&t->a, &t->r, start_step(&t->a, t->rp), sampler_start(&t->a, t->rp));
-  if (t->rc) mn_group_abort(t->a.options.group, "a rank of meganeura train --ranks failed");
-  run_free(&t->r);
-  return NULL;
-}
-
-static int start_ranks(train_args *a, const resume_point *rp, const mn_model_config *cfg,
-                       rank_thread **out) {
-  mn_group *group = NULL;
-  if (mn_group_new_local((int)a->ranks, 0, &group) != MN_OK)
-    return cli_lib_fail(CMD, "cannot create the group of --ranks");
-  a->options.group = group;
-  a->options.world_size = (int)a->ranks;
-  rank_thread *t = calloc((size_t)a->ranks, sizeof *t);
-  if (!t) {
-    mn_group_free(group);
-    return fprintf(stderr, "%s: out of memory\n", CMD), CLI_FAIL;
-  }
-  for (long i = 1; i < a->ranks; i++) {
-    t[i].a = *a;
-    t[i].a.rank = (int)i;
-    t[i].a.options.rank = (int)i;
-    t[i].rp = rp;
-    t[i].r.cfg = *cfg;
-    if (pthread_create(&t[i].thread, NULL, rank_main, &t[i]) != 0) {
-      mn_group_abort(group, "cannot start a thread");
-      for (long k = 1; k < i; k++)
-        pthread_join(t[k].thread, NULL);
-      free(t);
-      mn_group_free(group);
-      return fprintf(stderr, "%s: cannot start rank %ld's thread\n", CMD, i), CLI_FAIL;
-    }
-  }
-  *out = t;
-  return CLI_OK;
-}
-
-/* Waits for ranks 1.. (after rank 0 ended with rc) and frees the group. */
-static int finish_ranks(train_args *a, rank_thread *t, int rc) {
-  if (rc) mn_group_abort(a->options.group, "rank 0 of meganeura train --ranks failed");
-  for (long i = 1; i < a->ranks; i++) {
-    pthread_join(t[i].thread, NULL);
-    if (!rc) rc = t[i].rc;
-  }
-  free(t);
-  mn_group_free(a->options.group);
-  a->options.group = NULL;
+int cli_train_rank(const train_args *a, const resume_point *rp, const mn_model_config *cfg) {
+  run r = {.cfg = *cfg};
+  int rc = load_data(a, rp, &r);
+  if (!rc) rc = build(a, rp, &r);
+  if (!rc && a->rank == 0) rc = open_metrics(a, start_step(a, rp), &r);
+  if (!rc) rc = train_loop(a, &r, start_step(a, rp), sampler_start(a, rp));
+  run_free(&r);
   return rc;
 }
 
 /* Everything that can be refused is refused here, before any output is touched. */
-static int prepare(cli_opt *o, train_args *a, resume_point *rp, mn_safetensors **ck, run *r) {
+static int prepare(cli_opt *o, train_args *a, resume_point *rp, mn_safetensors **ck,
+                   mn_model_config *cfg) {
   if (o[O_RESUME].seen && o[O_INIT].seen) {
     fprintf(stderr, "%s: --resume and --init-from cannot be used together\n", CMD);
     return CLI_USAGE;
@@ -687,10 +655,10 @@ static int prepare(cli_opt *o, train_args *a, resume_point *rp, mn_safetensors *
     return CLI_USAGE;
   }
   if (a->config) {
-    if (cli_load_config(CMD, a->config, &r->cfg)) return CLI_FAIL;
-    if (cli_resume_check_config(CMD, rp, &r->cfg)) return CLI_FAIL;
+    if (cli_load_config(CMD, a->config, cfg)) return CLI_FAIL;
+    if (cli_resume_check_config(CMD, rp, cfg)) return CLI_FAIL;
   } else {
-    r->cfg = rp->cfg;
+    *cfg = rp->cfg;
   }
   if (cli_prepare_out_dir(CMD, a->out)) return CLI_FAIL;
   if (a->metrics && cli_check_output_file(CMD, "--metrics", a->metrics)) return CLI_FAIL;
@@ -735,6 +703,9 @@ int cli_train(int argc, char **argv) {
       [O_CHAT_TEMPLATE] = {"--chat-template", 1, NULL, 0},
       [O_PACK] = {"--pack", 0, NULL, 0},
       [O_RANKS] = {"--ranks", 1, NULL, 0},
+      [O_GPUS] = {"--gpus", 1, NULL, 0},
+      [O_LAUNCHER] = {"--launcher", 1, NULL, 0},
+      [O_GROUP_ID_FILE] = {"--group-id-file", 1, NULL, 0},
   };
   int rc = cli_parse(CMD, argc, argv, o, O_COUNT, USAGE);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
@@ -749,16 +720,18 @@ int cli_train(int argc, char **argv) {
                   .options = mn_session_options_default()};
   resume_point rp = {0};
   mn_safetensors *ck = NULL;
-  run r = {0};
-  rc = prepare(o, &a, &rp, &ck, &r);
-  rank_thread *followers = NULL;
-  if (!rc && a.ranks > 1) rc = start_ranks(&a, &rp, &r.cfg, &followers);
-  if (!rc) rc = load_data(&a, &rp, &r);
-  if (!rc) rc = build(&a, &rp, &r);
-  if (!rc) rc = open_metrics(&a, start_step(&a, &rp), &r);
-  if (!rc) rc = train_loop(&a, &r, start_step(&a, &rp), sampler_start(&a, &rp));
-  run_free(&r);
-  if (followers) rc = finish_ranks(&a, followers, rc);
+  mn_model_config cfg;
+  rc = prepare(o, &a, &rp, &ck, &cfg);
+  if (!rc) {
+    if (a.gpus)
+      rc = cli_train_gpus(&a, &rp, &cfg, argc, argv);
+    else if (a.launched)
+      rc = cli_train_launched(&a, &rp, &cfg);
+    else if (a.ranks > 1)
+      rc = cli_train_threads(&a, &rp, &cfg);
+    else
+      rc = cli_train_rank(&a, &rp, &cfg);
+  }
   mn_safetensors_close(ck);
   return rc;
 }

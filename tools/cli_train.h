@@ -31,6 +31,15 @@ typedef struct train_args {
    * checkpoints (whose saving every rank takes part in). */
   long ranks;
   int rank;
+  /* --gpus N: N processes of this program, one per CUDA device (0: not given). */
+  long gpus;
+  /* One rank of a job started by a launcher (cli_launch_args): its environment, and where the
+   * group id comes from: --group-id-file, else rank 0's group_port at env.master_addr. In such
+   * a job ranks is the world size and rank this process's. */
+  bool launched;
+  mn_launch_env env;
+  const char *group_id_file;
+  int group_port;
 } train_args;
 
 /* The LoRA options, in this order, into a->lora_* and a->lora (CLI_USAGE after printing why);
@@ -56,6 +65,22 @@ typedef struct resume_point {
   uint64_t data_hash;      /* FNV-1a of the training tokens */
   uint64_t tokenizer_hash; /* FNV-1a of the tokenizer.json bytes; 0: no tokenizer */
 } resume_point;
+
+/* One rank's whole run: its data, session and training loop (rank 0 also writes the metrics
+ * CSV, the plot and the final weights). */
+int cli_train_rank(const train_args *a, const resume_point *rp, const mn_model_config *cfg);
+/* --ranks N: a group of threads, rank 0 on the caller's. */
+int cli_train_threads(train_args *a, const resume_point *rp, const mn_model_config *cfg);
+/* --gpus N: N ranks as processes (this program run again as rank r on device r, as a launcher
+ * would start it); the parent waits, and the first rank that fails stops the others. */
+int cli_train_gpus(train_args *a, const resume_point *rp, const mn_model_config *cfg, int argc,
+                   char **argv);
+/* --launcher auto|env|none (NULL: auto) against the environment: sets a->launched (and the
+ * rank, world size, device and the group id's source) for a job of WORLD_SIZE > 1 (or any
+ * with env); CLI_USAGE with a message for options a launched rank cannot take. */
+int cli_launch_args(train_args *a, const char *launcher, bool ranks_given);
+/* One rank of a launched job: its NCCL group on device LOCAL_RANK, then cli_train_rank. */
+int cli_train_launched(train_args *a, const resume_point *rp, const mn_model_config *cfg);
 
 /* The checkpoint's metadata key of an option ("--lr" -> "train.lr"); NULL for options that
  * do not shape the trajectory. */
