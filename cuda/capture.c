@@ -135,7 +135,7 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
 }
 
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
-  mn_status rc = mn_cu_sync(st, s, "waiting before capture");
+  mn_status rc = mn_cu_sync(st, "waiting before capture");
   if (rc != MN_OK) return rc;
   if (st->exec) {
     cudaGraphExecDestroy(st->exec);

@@ -295,8 +295,7 @@ static mn_status use_device(const cuda_state *st) {
   return mn_cu_check(cudaSetDevice(st->device), "selecting the session's device");
 }
 
-mn_status mn_cu_sync(cuda_state *st, const mn_session *s, const char *what) {
-  (void)s;
+mn_status mn_cu_sync(cuda_state *st, const char *what) {
   if (st->dp) return mn_cu_dp_wait(st, NULL, what);
   return mn_cu_check(cudaStreamSynchronize(st->stream), what);
 }
@@ -332,7 +331,7 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   } else {
     rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
                      "copying to the device");
-    if (rc == MN_OK) rc = mn_cu_sync(st, s, "copying to the device");
+    if (rc == MN_OK) rc = mn_cu_sync(st, "copying to the device");
   }
   /* The stream is idle: every step has run. */
   if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
@@ -343,7 +342,7 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
   cuda_state *st = s->backend_state;
   mn_status dev = use_device(st);
   if (dev != MN_OK) return dev;
-  mn_status rc = mn_cu_sync(st, s, "waiting for the step");
+  mn_status rc = mn_cu_sync(st, "waiting for the step");
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
   if (s->plan->loss != MN_NO_NODE && buffer == s->plan->node_buffer[s->plan->loss] &&
@@ -497,7 +496,7 @@ static mn_status cuda_wait(mn_session *s) {
   cuda_state *st = s->backend_state;
   mn_status dev = use_device(st);
   if (dev != MN_OK) return dev;
-  mn_status rc = mn_cu_sync(st, s, "running the step");
+  mn_status rc = mn_cu_sync(st, "running the step");
   st->in_flight = false;
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
@@ -536,7 +535,7 @@ static mn_status cuda_wait(mn_session *s) {
   mn_status cleared =
       mn_cu_check(cudaMemsetAsync(&st->misc->error, 0, sizeof st->misc->error, st->stream),
                   "clearing an error");
-  if (cleared == MN_OK) cleared = mn_cu_sync(st, s, "clearing an error");
+  if (cleared == MN_OK) cleared = mn_cu_sync(st, "clearing an error");
   if (cleared != MN_OK) return cleared;
   /* This rank skipped an update the others made: the group cannot go on together. */
   mn_cu_dp_abort(st, msg);
@@ -570,7 +569,7 @@ static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, fl
     memset(dst, 0, n * sizeof *dst);
     return MN_OK;
   }
-  rc = mn_cu_sync(st, s, "waiting for the step");
+  rc = mn_cu_sync(st, "waiting for the step");
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
   return mn_cu_check(
@@ -597,7 +596,7 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
   rc = mn_cu_check(cudaMemcpyAsync((unsigned char *)st->adam + off, src, n * sizeof *src,
                                    cudaMemcpyHostToDevice, st->stream),
                    "writing the Adam state");
-  if (rc == MN_OK) rc = mn_cu_sync(st, s, "writing the Adam state");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "writing the Adam state");
   if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
   return rc;
 }

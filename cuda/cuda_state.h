@@ -176,7 +176,7 @@ mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned gr
 
 /* Waits until the session's stream is idle: through the group's watchdog in a data-parallel
  * session (a rank that died fails the wait instead of hanging it). */
-mn_status mn_cu_sync(cuda_state *st, const mn_session *s, const char *what);
+mn_status mn_cu_sync(cuda_state *st, const char *what);
 
 /* Low-precision sessions: enqueues the refresh of the update block's low-precision copy from
  * its fp32 parameters (ZeRO-1 gathers them outside the optimizer kernel). */

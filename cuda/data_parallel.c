@@ -171,7 +171,7 @@ mn_status mn_cuda_dp_attach(mn_session *s) {
     rc = mn_cu_check(cudaEventCreateWithFlags(&st->dp->done, cudaEventDisableTiming), "an event");
   if (rc == MN_OK) rc = plan_buckets(st, s);
   if (rc == MN_OK && s->dp->zero1 && s->training) rc = allocate_zero(st, s);
-  if (rc == MN_OK) rc = mn_cu_sync(st, s, "setting up the group's buffers");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "setting up the group's buffers");
   st->captured = st->other_captured = false;
   return rc;
 }
@@ -365,7 +365,7 @@ static mn_status gather(cuda_state *st, mn_session *s) {
               d->api->all_gather(st->adam + (size_t)which * dp->shard, d->pad_grads, dp->shard,
                                  MN_NCCL_FLOAT32, d->comm, st->stream),
               "ncclAllGather of the Adam state");
-    if (rc == MN_OK) rc = mn_cu_sync(st, s, "gathering the Adam state");
+    if (rc == MN_OK) rc = mn_cu_sync(st, "gathering the Adam state");
     if (rc == MN_OK)
       rc = mn_cu_check(cudaMemcpy(which ? d->all_v : d->all_m, d->pad_grads, all * sizeof(float),
                                   cudaMemcpyDeviceToHost),
@@ -378,7 +378,7 @@ static mn_status gather(cuda_state *st, mn_session *s) {
 
 mn_status mn_cu_dp_read_moment(cuda_state *st, mn_session *s, size_t slot, int which, float *dst,
                                size_t n) {
-  mn_status rc = mn_cu_sync(st, s, "waiting for the step");
+  mn_status rc = mn_cu_sync(st, "waiting for the step");
   if (rc == MN_OK) rc = gather(st, s);
   if (rc != MN_OK) return rc;
   memcpy(dst, (which ? st->dp->all_v : st->dp->all_m) + mn_dp_slot_offset(s->plan, slot),
@@ -398,7 +398,7 @@ mn_status mn_cu_dp_write_moment(cuda_state *st, mn_session *s, size_t slot, int 
     rc = mn_cu_check(cudaMemcpyAsync(dst + (a - lo), src + (a - at), (b - a) * sizeof *dst,
                                      cudaMemcpyHostToDevice, st->stream),
                      "writing the Adam state");
-  if (rc == MN_OK) rc = mn_cu_sync(st, s, "writing the Adam state");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "writing the Adam state");
   st->dp->gathered = false;
   return rc;
 }

@@ -129,7 +129,7 @@ mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const flo
   mn_status rc = mn_cu_check(
       cudaMemcpyAsync(dst, bits, count * sizeof *bits, cudaMemcpyHostToDevice, st->stream),
       "copying to the device");
-  if (rc == MN_OK) rc = mn_cu_sync(st, NULL, "copying to the device");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "copying to the device");
   free(bits);
   return rc;
 }
