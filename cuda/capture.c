@@ -1,6 +1,7 @@
 /* Captures one whole step into a CUDA graph: staging copies in, every command of the
- * program, the optimizer update, and the error record and loss copied out. An F16 training
- * step also copies the host's loss-scaler state in, runs the scaler's kernels around the
+ * program, the optimizer update, and the error record and loss copied out; in a
+ * data-parallel session also the gradients' and the loss's collectives (data_parallel.c). An F16
+ * training step also copies the host's loss-scaler state in, runs the scaler's kernels around the
  * program and the update (loss_scale.c), and copies the device's scaler out. */
 #include <stdio.h>
 #include <string.h>
@@ -57,6 +58,13 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
     mn_status rc = mn_cu_launch_kernel(st, (uint32_t)st->opt_accumulate, grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
   }
+  /* Data parallelism: the update reads the mean over ranks (with accumulation, of the
+   * round's means, known only now). */
+  if (key & MN_CU_KEY_REDUCE) {
+    if (mn_cu_dp_zero1(st, s)) return mn_cu_dp_zero_update(st, s, key);
+    mn_status rc = mn_cu_dp_reduce(st, s, mn_cu_dp_overlaps(st, s, key));
+    if (rc != MN_OK) return rc;
+  }
   if (key & 2u) {
     mn_ptrs io = {{grads, st->norm_partials, &st->misc->error, &st->misc->scalars}};
     const unsigned norm_grid[3] = {MN_CU_NORM_BLOCKS, 1, 1};
@@ -101,9 +109,13 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
         cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
         "recording the input event");
   if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_begin(st, s);
-  if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s);
+  /* Gradient buckets go to NCCL as soon as the commands that finish them have run. */
+  bool overlap = mn_cu_dp_overlaps(st, s, key);
+  mn_cu_dp_capture_begin(st);
+  if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s, overlap ? mn_cu_dp_after_cmd : NULL);
   if (rc == MN_OK && (((key & 1u) && st->opt_update >= 0) || scaled))
     rc = mn_cu_enqueue_update(st, s, key);
+  if (rc == MN_OK && st->dp) rc = mn_cu_dp_loss(st, s);
   if (rc == MN_OK)
     rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->error, &st->misc->error,
                                      sizeof st->misc->error, cudaMemcpyDeviceToHost, st->stream),
@@ -121,7 +133,7 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
 }
 
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
-  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting before capture");
+  mn_status rc = mn_cu_sync(st, "waiting before capture");
   if (rc != MN_OK) return rc;
   if (st->exec) {
     cudaGraphExecDestroy(st->exec);

@@ -200,8 +200,18 @@ static void cuda_destroy(mn_session *s) {
   cuda_state *st = s->backend_state;
   if (!st) return;
   cudaSetDevice(st->device);
+  /* A data-parallel step waiting for a dead rank ends through the watchdog; the caller's
+   * error stays the last one. */
+  if (st->stream && st->dp) {
+    char keep[2048];
+    snprintf(keep, sizeof keep, "%s", mn_last_error());
+    mn_cu_dp_wait(st, NULL, "freeing the session");
+    mn_set_last_error(keep);
+  }
   if (st->stream) cudaStreamSynchronize(st->stream);
+  mn_cu_dp_free(st);
   if (st->exec) cudaGraphExecDestroy(st->exec);
+  if (st->other_exec) cudaGraphExecDestroy(st->other_exec);
   mn_cu_matmuls_destroy(st);
   mn_cu_lanes_free(st);
   if (st->lt) cublasLtDestroy(st->lt);
@@ -250,6 +260,7 @@ static mn_status cuda_create(mn_session *s) {
                                      &st->opt_update, &st->opt_accumulate);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
+  if (rc == MN_OK) rc = mn_cu_dp_declare(st, s);
   mn_nvtx_pop();
   st->lower_ms = now_ms() - tl;
   mn_nvtx_push("meganeura: compile kernels");
@@ -286,9 +297,15 @@ static mn_status use_device(const cuda_state *st) {
   return mn_cu_check(cudaSetDevice(st->device), "selecting the session's device");
 }
 
+mn_status mn_cu_sync(cuda_state *st, const char *what) {
+  if (st->dp) return mn_cu_dp_wait(st, NULL, what);
+  return mn_cu_check(cudaStreamSynchronize(st->stream), what);
+}
+
 /* The previous step's staging copies must have run before staging is rewritten. */
 static mn_status wait_inputs_consumed(cuda_state *st) {
   if (!st->in_flight) return MN_OK;
+  if (st->dp) return mn_cu_dp_wait(st, st->inputs_consumed, "waiting for the input copies");
   return mn_cu_check(cudaEventSynchronize(st->inputs_consumed), "waiting for the input copies");
 }
 
@@ -316,7 +333,7 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   } else {
     rc = mn_cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream),
                      "copying to the device");
-    if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+    if (rc == MN_OK) rc = mn_cu_sync(st, "copying to the device");
   }
   /* The stream is idle: every step has run. */
   if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
@@ -327,7 +344,7 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
   cuda_state *st = s->backend_state;
   mn_status dev = use_device(st);
   if (dev != MN_OK) return dev;
-  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
+  mn_status rc = mn_cu_sync(st, "waiting for the step");
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
   if (s->plan->loss != MN_NO_NODE && buffer == s->plan->node_buffer[s->plan->loss] &&
@@ -366,6 +383,7 @@ static mn_status ensure_accum(cuda_state *st, const mn_session *s) {
 static mn_status ensure_adam(cuda_state *st, const mn_session *s) {
   bool adam = s->optim.kind == MN_OPTIM_ADAM || s->optim.kind == MN_OPTIM_ADAMW;
   if (!adam || st->adam || !s->training || s->plan->update_bytes == 0) return MN_OK;
+  if (mn_cu_dp_zero1(st, s)) return mn_cu_dp_ensure_moments(st, s);
   size_t bytes = 2 * s->plan->update_bytes;
   mn_status rc = mn_cu_check(cudaMalloc((void **)&st->adam, bytes), "the Adam state");
   if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(st->adam, 0, bytes, st->stream), "Adam state");
@@ -397,25 +415,56 @@ static void fill_scalars(const mn_session *s, uint64_t step, bool apply, mn_dev_
                           .micro_step = s->micro_steps};
 }
 
+/* Makes the graph of `key` current: the kept one when it was captured for it, else a new
+ * capture (a data-parallel session keeps the one it replaces). */
+static mn_status select_graph(cuda_state *st, mn_session *s, unsigned key) {
+  if (st->other_captured && st->other_key == key) {
+    cudaGraphExec_t exec = st->exec;
+    unsigned prev = st->captured_key;
+    bool had = st->captured;
+    st->exec = st->other_exec;
+    st->captured_key = key;
+    st->captured = true;
+    st->other_exec = exec;
+    st->other_key = prev;
+    st->other_captured = had;
+    return MN_OK;
+  }
+  if (st->dp && st->captured) {
+    if (st->other_exec) cudaGraphExecDestroy(st->other_exec);
+    st->other_exec = st->exec;
+    st->other_key = st->captured_key;
+    st->other_captured = true;
+    st->exec = NULL;
+    st->captured = false;
+  }
+  mn_status rc = mn_cu_capture(st, s, key);
+  if (rc == MN_OK) st->captures++;
+  return rc;
+}
+
 static mn_status cuda_step(mn_session *s) {
   cuda_state *st = s->backend_state;
   bool update = s->training && s->optim.kind != MN_OPTIM_NONE;
   mn_status rc = use_device(st);
+  if (rc == MN_OK) rc = mn_cu_dp_usable(st);
   if (rc == MN_OK) rc = ensure_adam(st, s);
   if (rc == MN_OK) rc = ensure_accum(st, s);
   if (rc != MN_OK) return rc;
-  /* The decision to update is a scalar the graph copies in: no capture per accumulation step. */
+  /* The decision to update is a scalar the graph copies in: no capture per accumulation step.
+   * A data-parallel session's collectives cannot be skipped that way: its applying steps
+   * launch a graph of their own. */
   bool apply = mn_session_accumulation_step(s);
-  unsigned key = capture_key(s);
+  unsigned key = capture_key(s) | (st->dp && update && apply ? MN_CU_KEY_REDUCE : 0u);
   if (!st->captured || st->captured_key != key) {
     mn_nvtx_push("meganeura: capture step graph");
-    rc = mn_cu_capture(st, s, key);
+    rc = select_graph(st, s, key);
     mn_nvtx_pop();
     if (rc != MN_OK) return rc;
-    st->captures++;
   }
   mn_nvtx_push("meganeura: step");
-  rc = mn_cu_low_refresh(st, s);
+  if (st->dp) rc = mn_cu_dp_sync_params(st, s);
+  if (rc == MN_OK) rc = mn_cu_low_refresh(st, s);
   if (rc == MN_OK) rc = wait_inputs_consumed(st);
   if (rc == MN_OK) {
     fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
@@ -449,7 +498,7 @@ static mn_status cuda_wait(mn_session *s) {
   cuda_state *st = s->backend_state;
   mn_status dev = use_device(st);
   if (dev != MN_OK) return dev;
-  mn_status rc = mn_cu_check(cudaStreamSynchronize(st->stream), "running the step");
+  mn_status rc = mn_cu_sync(st, "running the step");
   st->in_flight = false;
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
@@ -488,9 +537,10 @@ static mn_status cuda_wait(mn_session *s) {
   mn_status cleared =
       mn_cu_check(cudaMemsetAsync(&st->misc->error, 0, sizeof st->misc->error, st->stream),
                   "clearing an error");
-  if (cleared == MN_OK)
-    cleared = mn_cu_check(cudaStreamSynchronize(st->stream), "clearing an error");
+  if (cleared == MN_OK) cleared = mn_cu_sync(st, "clearing an error");
   if (cleared != MN_OK) return cleared;
+  /* This rank skipped an update the others made: the group cannot go on together. */
+  mn_cu_dp_abort(st, msg);
   mn_set_last_error(msg);
   return rc;
 }
@@ -516,11 +566,12 @@ static mn_status cuda_read_optim_state(mn_session *s, size_t slot, int which, fl
   mn_status rc = use_device(st);
   if (rc == MN_OK) rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
+  if (mn_cu_dp_zero1(st, s)) return mn_cu_dp_read_moment(st, s, slot, which, dst, n);
   if (!st->adam) {
     memset(dst, 0, n * sizeof *dst);
     return MN_OK;
   }
-  rc = mn_cu_check(cudaStreamSynchronize(st->stream), "waiting for the step");
+  rc = mn_cu_sync(st, "waiting for the step");
   if (rc != MN_OK) return rc;
   mn_cu_scaler_absorb(st, s);
   return mn_cu_check(
@@ -535,18 +586,19 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
   mn_status rc = use_device(st);
   if (rc == MN_OK) rc = optim_state_offset(s, slot, which, n, &off);
   if (rc != MN_OK) return rc;
+  if (mn_cu_dp_zero1(st, s)) return mn_cu_dp_write_moment(st, s, slot, which, src, n);
   if (!st->adam && s->plan->update_bytes) {
     rc = mn_cu_check(cudaMalloc((void **)&st->adam, 2 * s->plan->update_bytes), "the Adam state");
     if (rc == MN_OK)
       rc = mn_cu_check(cudaMemsetAsync(st->adam, 0, 2 * s->plan->update_bytes, st->stream),
                        "the Adam state");
-    st->captured = false; /* the update kernel's arguments change */
+    st->captured = st->other_captured = false; /* the update kernel's arguments change */
     if (rc != MN_OK) return rc;
   }
   rc = mn_cu_check(cudaMemcpyAsync((unsigned char *)st->adam + off, src, n * sizeof *src,
                                    cudaMemcpyHostToDevice, st->stream),
                    "writing the Adam state");
-  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "writing the Adam state");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "writing the Adam state");
   if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
   return rc;
 }

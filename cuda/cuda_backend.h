@@ -34,6 +34,13 @@ mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out);
 mn_status mn_cuda_nccl_group_new(const mn_group_id *id, int world_size, int rank, int device,
                                  double timeout_s, mn_group **out);
 
+/* A CUDA session joining its NCCL group (session/data_parallel.c): prepare, before the join
+ * check, checks that the group is an NCCL group on the session's device and puts the group's
+ * collectives on the session's stream; attach, once s->dp is set, makes the events, streams
+ * and buffers the step graph's collectives use. */
+mn_status mn_cuda_dp_prepare(mn_session *s, const char *fn);
+mn_status mn_cuda_dp_attach(mn_session *s);
+
 /* Tests: fills every activation and output buffer and the scratch with NaN, so an
  * element a kernel fails to write shows up. The session must run on CUDA. */
 mn_status mn_cuda_poison(mn_session *s);

@@ -50,7 +50,15 @@ typedef struct mn_cu_lanes {
   cudaEvent_t fork, join[MN_CU_MAX_STREAMS];
   cudaEvent_t *events;
   size_t num_events;
+  bool active; /* the program is being enqueued: the other streams have not joined yet */
 } mn_cu_lanes;
+
+/* A data-parallel session's collectives (data_parallel.c). */
+typedef struct mn_cu_dp mn_cu_dp;
+
+/* Capture-key bit of a data-parallel step graph that reduces the gradients (every step's
+ * graph without accumulation, the applying step's with it). */
+#define MN_CU_KEY_REDUCE 16u
 
 typedef struct cuda_state {
   int device;
@@ -104,6 +112,13 @@ typedef struct cuda_state {
   cudaGraphExec_t exec;
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;
+  /* The graph captured before it, kept while valid: a data-parallel session that accumulates
+   * launches two graphs in turn (the applying one reduces, the others must not). */
+  cudaGraphExec_t other_exec;
+  unsigned other_key;
+  bool other_captured;
+  mn_cu_dp *dp;                /* NULL outside a data-parallel group */
+  int zero_sumsq, zero_update; /* ZeRO-1: the optimizer kernels over one shard, -1 without */
   cudaEvent_t inputs_consumed;
   bool in_flight;
   uint64_t launches;    /* cudaGraphLaunch calls */
@@ -176,6 +191,42 @@ void mn_cu_scaler_absorb(cuda_state *st, mn_session *s);
 /* Launches kernel `kernel` (an instance of the program) on the session stream with io. */
 mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned grid[3],
                               unsigned block, size_t smem, mn_ptrs *io);
+
+/* Waits until the session's stream is idle: through the group's watchdog in a data-parallel
+ * session (a rank that died fails the wait instead of hanging it). */
+mn_status mn_cu_sync(cuda_state *st, const char *what);
+
+/* Low-precision sessions: enqueues the refresh of the update block's low-precision copy from
+ * its fp32 parameters (ZeRO-1 gathers them outside the optimizer kernel). */
+mn_status mn_cu_low_enqueue_block(cuda_state *st, const mn_session *s);
+
+/* Data parallelism (data_parallel.c). declare: the ZeRO-1 kernels, at build. free: at
+ * destroy. sync_params: before the first step, rank 0's parameters broadcast (outside the
+ * graph). In the step graph: capture_begin; after_cmd after every program command (buckets
+ * overlapped with the backward pass, when mn_cu_dp_overlaps); reduce before the optimizer
+ * (overlapped: the remaining buckets and the join; else every bucket on the compute stream);
+ * zero_update instead of the optimizer kernels in a ZeRO-1 session; loss after the update.
+ * Moments of a ZeRO-1 session: ensure (allocated on first use), read (collective), write
+ * (the part in the rank's shard). usable: MN_ERR_STATE once the group was aborted; abort:
+ * breaks the group; wait: the watchdog's wait on `event`, or on the session stream (NULL). */
+mn_status mn_cu_dp_declare(cuda_state *st, const mn_session *s);
+void mn_cu_dp_free(cuda_state *st);
+mn_status mn_cu_dp_sync_params(cuda_state *st, mn_session *s);
+bool mn_cu_dp_overlaps(const cuda_state *st, const mn_session *s, unsigned key);
+void mn_cu_dp_capture_begin(cuda_state *st);
+mn_status mn_cu_dp_after_cmd(cuda_state *st, const mn_session *s, size_t cmd);
+mn_status mn_cu_dp_reduce(cuda_state *st, const mn_session *s, bool overlapped);
+mn_status mn_cu_dp_zero_update(cuda_state *st, const mn_session *s, unsigned key);
+mn_status mn_cu_dp_loss(cuda_state *st, const mn_session *s);
+bool mn_cu_dp_zero1(const cuda_state *st, const mn_session *s);
+mn_status mn_cu_dp_ensure_moments(cuda_state *st, const mn_session *s);
+mn_status mn_cu_dp_read_moment(cuda_state *st, mn_session *s, size_t slot, int which, float *dst,
+                               size_t n);
+mn_status mn_cu_dp_write_moment(cuda_state *st, mn_session *s, size_t slot, int which,
+                                const float *src, size_t n);
+mn_status mn_cu_dp_usable(const cuda_state *st);
+void mn_cu_dp_abort(cuda_state *st, const char *why);
+mn_status mn_cu_dp_wait(cuda_state *st, cudaEvent_t event, const char *what);
 
 /* Records the whole step into a CUDA graph and instantiates it. */
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);

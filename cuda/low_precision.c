@@ -26,7 +26,8 @@ static int convert_kernel(cuda_state *st, const mn_plan *p, long long n) {
   return k < 0 ? -1 : mn_cu_instance(&st->prog, k, (unsigned)mn_cu_low_storage(p));
 }
 
-static mn_status launch_convert(cuda_state *st, int kernel, void *dst, void *src, long long n) {
+/* Enqueues the conversion (inside a capture too); launch_convert counts it as a submission. */
+static mn_status convert(cuda_state *st, int kernel, void *dst, void *src, long long n) {
   mn_ptrs io = {{dst, src}};
   long long blocks = ((n + 7) / 8 + 255) / 256;
   dim3 grid = {(unsigned)(blocks < 1      ? 1
@@ -35,9 +36,13 @@ static mn_status launch_convert(cuda_state *st, int kernel, void *dst, void *src
                1, 1},
        block = {256, 1, 1};
   void *args[] = {&io};
-  mn_status rc = mn_cu_check(
+  return mn_cu_check(
       cudaLaunchKernel((const void *)st->kernels[kernel], grid, block, args, 0, st->stream),
       "refreshing the weights' low-precision copy");
+}
+
+static mn_status launch_convert(cuda_state *st, int kernel, void *dst, void *src, long long n) {
+  mn_status rc = convert(st, kernel, dst, src, n);
   if (rc == MN_OK) st->submissions++;
   return rc;
 }
@@ -99,6 +104,12 @@ mn_status mn_cu_low_refresh(cuda_state *st, const mn_session *s) {
   return rc;
 }
 
+mn_status mn_cu_low_enqueue_block(cuda_state *st, const mn_session *s) {
+  if (!low(s) || st->shadow_block_kernel < 0) return MN_OK;
+  return convert(st, st->shadow_block_kernel, st->shadow, st->arena + s->plan->update_params_offset,
+                 (long long)(s->plan->update_bytes / sizeof(float)));
+}
+
 void mn_cu_low_free(cuda_state *st) {
   cudaFree(st->shadow);
   cudaFree(st->stage);
@@ -118,7 +129,7 @@ mn_status mn_cu_low_write(cuda_state *st, mn_dtype storage, void *dst, const flo
   mn_status rc = mn_cu_check(
       cudaMemcpyAsync(dst, bits, count * sizeof *bits, cudaMemcpyHostToDevice, st->stream),
       "copying to the device");
-  if (rc == MN_OK) rc = mn_cu_check(cudaStreamSynchronize(st->stream), "copying to the device");
+  if (rc == MN_OK) rc = mn_cu_sync(st, "copying to the device");
   free(bits);
   return rc;
 }

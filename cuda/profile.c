@@ -156,6 +156,10 @@ mn_status mn_cuda_profile_step(mn_session *s, int reps, FILE *out) {
   cuda_state *st = s->backend_state;
   if (!st->captured)
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "mn_cuda_profile_step: step the session first");
+  /* Run eagerly, one rank's collectives would wait for ranks that are not profiling. */
+  if (s->dp)
+    return mn_fail(MN_ERR_UNSUPPORTED,
+                   "mn_cuda_profile_step: a data-parallel session's step is not profiled yet");
   mn_status rc = s->backend->wait(s);
   if (rc != MN_OK) return rc;
   bool update = (st->captured_key & 1u) && st->opt_update >= 0;

@@ -212,7 +212,19 @@ mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
   return rc;
 }
 
-mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s) {
+mn_status mn_cu_lanes_wait_all(cuda_state *st, cudaEvent_t ev, cudaStream_t target) {
+  mn_cu_lanes *ln = &st->lanes;
+  mn_status rc = mn_cu_check(cudaEventRecord(ev, st->stream), "ordering the capture");
+  if (rc == MN_OK) rc = mn_cu_check(cudaStreamWaitEvent(target, ev, 0), "ordering the capture");
+  for (int l = 1; rc == MN_OK && ln->active && l < ln->streams; l++) {
+    rc = mn_cu_check(cudaEventRecord(ln->join[l], ln->stream[l]), "ordering the capture");
+    if (rc == MN_OK)
+      rc = mn_cu_check(cudaStreamWaitEvent(target, ln->join[l], 0), "ordering the capture");
+  }
+  return rc;
+}
+
+mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s, mn_cu_after_cmd after) {
   mn_status rc = MN_OK;
   mn_cu_lanes *ln = &st->lanes;
   if (!ln->lane || ln->stream[0] != st->stream)
@@ -232,9 +244,13 @@ mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s) {
     rc = mn_cu_check(cudaEventRecord(ln->fork, origin), "forking the capture");
   for (int l = 1; rc == MN_OK && l < streams; l++)
     rc = mn_cu_check(cudaStreamWaitEvent(ln->stream[l], ln->fork, 0), "forking the capture");
+  ln->active = true;
   for (size_t i = 0; rc == MN_OK && i < n; i++) {
     int lane = ln->lane[i];
-    if (lane < 0) continue;
+    if (lane < 0) {
+      if (after) rc = after(st, s, i);
+      continue;
+    }
     for (int l = 0; rc == MN_OK && l < streams; l++) {
       size_t w = ln->wait[i * (size_t)streams + (size_t)l];
       if (w)
@@ -248,7 +264,9 @@ mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s) {
     st->workspace = origin_ws;
     if (rc == MN_OK && marked[i])
       rc = mn_cu_check(cudaEventRecord(ln->events[i], ln->stream[lane]), "ordering the capture");
+    if (rc == MN_OK && after) rc = after(st, s, i);
   }
+  ln->active = false;
   /* Join every stream back, also after a failure, so that the capture can end. */
   for (int l = 1; l < streams; l++) {
     mn_status j = mn_cu_check(cudaEventRecord(ln->join[l], ln->stream[l]), "joining the capture");

@@ -19,10 +19,18 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
  * events and cuBLASLt workspaces it needs. */
 mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s);
 
+/* What runs after command i is enqueued (st->stream is the session's stream again). */
+typedef mn_status (*mn_cu_after_cmd)(cuda_state *st, const mn_session *s, size_t i);
+
 /* Enqueues every command of the program during a capture on st->stream: forks the other
  * streams from it, makes each command wait for its dependencies on other streams, and joins
- * them back, so the captured graph has an edge only where the data needs one. */
-mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s);
+ * them back, so the captured graph has an edge only where the data needs one. `after` (may be
+ * NULL) is called after each command, skipped ones included. */
+mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s, mn_cu_after_cmd after);
+
+/* Makes `target` wait for every command enqueued so far: the work on st->stream (through
+ * `ev`) and, while the program is being enqueued, the last command of every other stream. */
+mn_status mn_cu_lanes_wait_all(cuda_state *st, cudaEvent_t ev, cudaStream_t target);
 
 /* The most nodes of `graph` (a cudaGraph_t) at one depth: 1 for a chain. */
 size_t mn_cu_graph_width(void *graph);

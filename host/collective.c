@@ -12,10 +12,10 @@ mn_status mn_group_join(mn_group *g, int rank, int world_size, uint64_t config_h
    * the last rank that differs (0: none). */
   bool size_ok = world_size == g->world_size;
   uint64_t root = config_hash;
-  mn_status st = mn_broadcast(g, rank, &root, sizeof root, 0);
+  mn_status st = mn_broadcast_host(g, rank, &root, sizeof root, 0);
   if (st != MN_OK) return st;
   float mark = root == config_hash && size_ok ? 0.0f : (float)(rank + 1);
-  st = mn_all_reduce(g, rank, &mark, 1, MN_REDUCE_MAX);
+  st = mn_all_reduce_host(g, rank, &mark, 1, MN_REDUCE_MAX);
   if (st != MN_OK) return st;
   if (mark == 0) return MN_OK;
   if (!size_ok)

@@ -31,6 +31,10 @@ typedef struct mn_collective_ops {
   /* buf (bytes) becomes root's buf. */
   mn_status (*broadcast)(mn_group *g, int rank, void *buf, size_t bytes, int root);
   mn_status (*barrier)(mn_group *g, int rank);
+  /* all_reduce and broadcast over host memory, waiting until done (the join check, checkpoint
+   * outcomes); NULL where the collectives above take host memory already. */
+  mn_status (*host_all_reduce)(mn_group *g, int rank, float *buf, size_t n, mn_reduce_op op);
+  mn_status (*host_broadcast)(mn_group *g, int rank, void *buf, size_t bytes, int root);
   /* Breaks the group: every pending and later collective fails at once, naming why. */
   void (*abort)(mn_group *g, const char *why);
   void (*destroy)(mn_group *g);
@@ -72,5 +76,16 @@ static inline mn_status mn_broadcast(mn_group *g, int rank, void *buf, size_t by
   return g->ops->broadcast(g, rank, buf, bytes, root);
 }
 static inline mn_status mn_barrier(mn_group *g, int rank) { return g->ops->barrier(g, rank); }
+/* Small host buffers, whatever memory the group's collectives take. */
+static inline mn_status mn_all_reduce_host(mn_group *g, int rank, float *buf, size_t n,
+                                           mn_reduce_op op) {
+  return (g->ops->host_all_reduce ? g->ops->host_all_reduce : g->ops->all_reduce)(g, rank, buf, n,
+                                                                                  op);
+}
+static inline mn_status mn_broadcast_host(mn_group *g, int rank, void *buf, size_t bytes,
+                                          int root) {
+  return (g->ops->host_broadcast ? g->ops->host_broadcast : g->ops->broadcast)(g, rank, buf, bytes,
+                                                                               root);
+}
 
 #endif

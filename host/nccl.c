@@ -1,4 +1,5 @@
-/* NCCL loaded at run time (nccl.h) and the group over it. */
+/* NCCL loaded at run time (nccl.h); the group over it is the CUDA backend's
+ * (cuda/nccl_group.c). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@ mn_status mn_nccl_open(const char *library, mn_nccl *api) {
       {"ncclCommAbort", &api->comm_abort, sizeof api->comm_abort},
       {"ncclCommDestroy", &api->comm_destroy, sizeof api->comm_destroy},
       {"ncclGetErrorString", &api->get_error_string, sizeof api->get_error_string},
+      {"ncclCommGetAsyncError", &api->comm_get_async_error, sizeof api->comm_get_async_error},
   };
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
     if (!resolve(h, fns[i].name, fns[i].slot, fns[i].size)) {
@@ -87,124 +89,5 @@ mn_status mn_group_id_new(mn_group_id *out) {
   if (r != 0)
     return mn_fail(MN_ERR_DEVICE, "mn_group_id_new: ncclGetUniqueId: %s", api->get_error_string(r));
   memcpy(out->bytes, id.internal, sizeof out->bytes);
-  return MN_OK;
-}
-
-/* ------------------------------------------------------------------ the group */
-
-typedef struct nccl_group {
-  const mn_nccl *api;
-  mn_nccl_comm_t comm;
-  void *stream;
-  float *scratch;
-  bool failed;  /* a call failed: destroying aborts the communicator instead of waiting on it */
-  bool aborted; /* the communicator is gone (ncclCommAbort) */
-} nccl_group;
-
-static mn_status check(nccl_group *n, mn_nccl_result r, const char *what) {
-  if (r == 0) return MN_OK;
-  n->failed = true;
-  return mn_fail(MN_ERR_DEVICE, "%s: %s", what, n->api->get_error_string(r));
-}
-
-static mn_status aborted(void) { return mn_fail(MN_ERR_STATE, "the NCCL group was aborted"); }
-
-static int nccl_op(mn_reduce_op op) {
-  return op == MN_REDUCE_MEAN ? MN_NCCL_AVG : op == MN_REDUCE_MAX ? MN_NCCL_MAX : MN_NCCL_SUM;
-}
-
-static mn_status n_all_reduce(mn_group *g, int rank, float *buf, size_t n, mn_reduce_op op) {
-  (void)rank;
-  nccl_group *c = g->impl;
-  if (c->aborted) return aborted();
-  return check(c, c->api->all_reduce(buf, buf, n, MN_NCCL_FLOAT32, nccl_op(op), c->comm, c->stream),
-               "ncclAllReduce");
-}
-
-static mn_status n_reduce_scatter(mn_group *g, int rank, const float *in, float *out, size_t shard,
-                                  mn_reduce_op op) {
-  (void)rank;
-  nccl_group *c = g->impl;
-  if (c->aborted) return aborted();
-  return check(
-      c, c->api->reduce_scatter(in, out, shard, MN_NCCL_FLOAT32, nccl_op(op), c->comm, c->stream),
-      "ncclReduceScatter");
-}
-
-static mn_status n_all_gather(mn_group *g, int rank, const float *in, float *out, size_t shard) {
-  (void)rank;
-  nccl_group *c = g->impl;
-  if (c->aborted) return aborted();
-  return check(c, c->api->all_gather(in, out, shard, MN_NCCL_FLOAT32, c->comm, c->stream),
-               "ncclAllGather");
-}
-
-static mn_status n_broadcast(mn_group *g, int rank, void *buf, size_t bytes, int root) {
-  (void)rank;
-  nccl_group *c = g->impl;
-  if (c->aborted) return aborted();
-  return check(c, c->api->broadcast(buf, buf, bytes, MN_NCCL_UINT8, root, c->comm, c->stream),
-               "ncclBroadcast");
-}
-
-static mn_status n_barrier(mn_group *g, int rank) {
-  nccl_group *c = g->impl;
-  return n_all_reduce(g, rank, c->scratch, 1, MN_REDUCE_SUM);
-}
-
-static void n_abort(mn_group *g, const char *why) {
-  (void)why;
-  nccl_group *c = g->impl;
-  if (!c->aborted) c->api->comm_abort(c->comm);
-  c->aborted = true;
-}
-
-static void n_destroy(mn_group *g) {
-  nccl_group *c = g->impl;
-  if (c->failed && !c->aborted)
-    c->api->comm_abort(c->comm);
-  else if (!c->aborted)
-    c->api->comm_destroy(c->comm);
-  free(c);
-}
-
-static const mn_collective_ops nccl_ops = {
-    .name = "nccl",
-    .all_reduce = n_all_reduce,
-    .reduce_scatter = n_reduce_scatter,
-    .all_gather = n_all_gather,
-    .broadcast = n_broadcast,
-    .barrier = n_barrier,
-    .abort = n_abort,
-    .destroy = n_destroy,
-};
-
-mn_status mn_nccl_group_new(const mn_group_id *id, int world_size, int rank, void *stream,
-                            float *device_scratch, mn_group **out) {
-  *out = NULL;
-  const mn_nccl *api = NULL;
-  mn_status st = mn_nccl_get(&api);
-  if (st != MN_OK) return st;
-  nccl_group *c = calloc(1, sizeof *c);
-  mn_group *g = calloc(1, sizeof *g);
-  if (!c || !g) {
-    free(c);
-    free(g);
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "NCCL group: out of memory");
-  }
-  *c = (nccl_group){.api = api, .stream = stream, .scratch = device_scratch};
-  mn_nccl_unique_id uid;
-  memcpy(uid.internal, id->bytes, sizeof uid.internal);
-  if ((st = check(c, api->comm_init_rank(&c->comm, world_size, uid, rank), "ncclCommInitRank")) !=
-      MN_OK) {
-    free(c);
-    free(g);
-    return st;
-  }
-  *g = (mn_group){.ops = &nccl_ops,
-                  .world_size = world_size,
-                  .timeout_s = MN_GROUP_DEFAULT_TIMEOUT_S,
-                  .impl = c};
-  *out = g;
   return MN_OK;
 }

@@ -16,7 +16,9 @@ typedef struct mn_nccl_unique_id {
 } mn_nccl_unique_id;        /* ncclUniqueId */
 typedef int mn_nccl_result; /* ncclResult_t: 0 is ncclSuccess */
 /* ncclDataType_t and ncclRedOp_t values used here. */
-enum { MN_NCCL_FLOAT32 = 7, MN_NCCL_UINT8 = 1 };
+enum { MN_NCCL_FLOAT32 = 7, MN_NCCL_FLOAT64 = 8, MN_NCCL_UINT8 = 1 };
+/* ncclResult_t's ncclInProgress: an operation of a communicator is still running. */
+enum { MN_NCCL_IN_PROGRESS = 7 };
 enum { MN_NCCL_SUM = 0, MN_NCCL_MAX = 2, MN_NCCL_AVG = 4 };
 
 typedef struct mn_nccl {
@@ -37,6 +39,7 @@ typedef struct mn_nccl {
   mn_nccl_result (*comm_abort)(mn_nccl_comm_t comm);
   mn_nccl_result (*comm_destroy)(mn_nccl_comm_t comm);
   const char *(*get_error_string)(mn_nccl_result r);
+  mn_nccl_result (*comm_get_async_error)(mn_nccl_comm_t comm, mn_nccl_result *async_error);
 } mn_nccl;
 
 /* Opens `library` and resolves every function: MN_ERR_UNSUPPORTED naming the library and what
@@ -47,12 +50,5 @@ mn_status mn_nccl_open(const char *library, mn_nccl *api);
 mn_status mn_nccl_get(const mn_nccl **out);
 /* Why mn_nccl_get failed ("" when it did not). */
 const char *mn_nccl_error(void);
-
-/* A group of one rank per process over NCCL: comm created from id (every rank passes the same);
- * collectives are enqueued on `stream` (a cudaStream_t) over device buffers and return before
- * they run, so they can be captured into the step graph; barrier all-reduces one float of
- * device_scratch. */
-mn_status mn_nccl_group_new(const mn_group_id *id, int world_size, int rank, void *stream,
-                            float *device_scratch, mn_group **out);
 
 #endif

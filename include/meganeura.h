@@ -298,9 +298,10 @@ typedef struct mn_session_options {
    * (MN_ERR_INVALID_ARGUMENT). The first step makes every rank's trained parameters rank 0's
    * (as PyTorch DDP does); frozen ones, the optimizer and its settings must be set alike on
    * every rank. After an update mn_session_read_grad gives the mean over ranks (with zero1,
-   * in the rank's shard only). Groups run on the CPU backend in this version: a CUDA session
-   * of one is MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing), and so is F16.
-   * NULL group: a plain session (rank, world_size, zero1 unused). */
+   * in the rank's shard only). A CPU session joins an in-process group (mn_group_new_local), a
+   * CUDA session an NCCL group (mn_group_new_nccl) on its device; any other pairing is
+   * MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing), and so is F16. NULL group:
+   * a plain session (rank, world_size, zero1 unused). */
   struct mn_group *group;
   int rank, world_size;
   bool zero1;
@@ -407,7 +408,8 @@ MN_API mn_status mn_session_get_stats(const mn_session *s, mn_session_stats *out
  * and checkpoint saves are collective: every rank calls them, in the same order. */
 typedef struct mn_group mn_group;
 /* world_size ranks in this process, one thread each with its own session, for the CPU backend
- * (a CUDA session of it is MN_ERR_UNSUPPORTED). world_size < 1: MN_ERR_INVALID_ARGUMENT. */
+ * (a CUDA session of it is MN_ERR_UNSUPPORTED: CUDA ranks use mn_group_new_nccl).
+ * world_size < 1: MN_ERR_INVALID_ARGUMENT. */
 MN_API mn_status mn_group_new_local(int world_size, double timeout_s, mn_group **out);
 /* Breaks the group on behalf of a rank that cannot go on: every collective waiting or yet to
  * come fails at once with MN_ERR_STATE naming why, instead of waiting for the timeout. */

@@ -82,6 +82,14 @@ jobs=$(nproc 2>/dev/null || echo 4)
 
 step() { printf '\n== %s\n' "$*"; }
 
+# Data-parallel suites load NCCL at run time: PyTorch's wheel (nvidia.nccl) has it. NVLink
+# multicast (NVLS) stays off, as these machines need.
+if [ -z "${MN_NCCL_LIBRARY:-}" ]; then
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib/libnccl.so.2"))' 2>/dev/null || true)
+  if [ -n "$nccl" ] && [ -f "$nccl" ]; then export MN_NCCL_LIBRARY=$nccl; fi
+fi
+export NCCL_NVLS_ENABLE=0
+
 # compute-sanitizer: PATH first, then the toolkit's bin folders. Looked for before the build,
 # so that a missing one stops the run at once.
 sanitizer=""

@@ -180,7 +180,7 @@ static mn_status group_outcome(const char *fn, mn_session *s, mn_status mine) {
     char error[500];
   } root = {.status = (int)mine};
   if (mine != MN_OK) snprintf(root.error, sizeof root.error, "%s", mn_last_error());
-  mn_status st = mn_broadcast(s->dp->group, s->dp->rank, &root, sizeof root, 0);
+  mn_status st = mn_broadcast_host(s->dp->group, s->dp->rank, &root, sizeof root, 0);
   if (st != MN_OK || mine != MN_OK) return st != MN_OK ? st : mine;
   if (root.status == MN_OK) return MN_OK;
   return mn_fail((mn_status)root.status, "%s: rank 0 could not write the checkpoint: %s", fn,

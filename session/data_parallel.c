@@ -1,21 +1,32 @@
-/* A session joining its data-parallel group (mn_session_options.group) when it is built. */
+/* A session joining its data-parallel group (mn_session_options.group) when it is built:
+ * CPU sessions through an in-process group, CUDA sessions through an NCCL group whose
+ * collectives the CUDA backend captures into its step graph (cuda/data_parallel.c). */
+#ifdef MN_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "host/data_parallel.h"
 #include "host/error.h"
 #include "host/nccl.h"
 #include "session/session.h"
 
-/* Only the CPU backend has collectives now; CUDA ranks need NCCL, and first of all the
- * library (docs/distributed.md). */
-static mn_status check_backend(const char *fn, const mn_session *s) {
-  if (s->backend == &mn_cpu_backend) return MN_OK;
+/* The group must serve the session's backend; a CUDA session's group is bound to its stream. */
+static mn_status check_backend(const char *fn, mn_session *s) {
+  if (s->backend == &mn_cpu_backend) {
+    if (mn_group_is_local(s->options.group)) return MN_OK;
+    return mn_fail(MN_ERR_UNSUPPORTED,
+                   "%s: a CPU session's group must be an in-process group (mn_group_new_local); "
+                   "an NCCL group serves CUDA sessions",
+                   fn);
+  }
   const mn_nccl *nccl = NULL;
   mn_status st = mn_nccl_get(&nccl);
   if (st != MN_OK)
     return mn_fail(st, "%s: a data-parallel CUDA session needs NCCL: %s", fn, mn_nccl_error());
-  return mn_fail(MN_ERR_UNSUPPORTED,
-                 "%s: data-parallel training runs on the CPU backend only in this version "
-                 "(an in-process group); CUDA ranks through NCCL are not built yet",
-                 fn);
+#ifdef MN_WITH_CUDA
+  return mn_cuda_dp_prepare(s, fn);
+#else
+  return mn_fail(MN_ERR_UNSUPPORTED, "%s: this build of meganeura has no CUDA backend", fn);
+#endif
 }
 
 mn_status mn_session_join_group(const char *fn, mn_session *s) {
@@ -34,5 +45,9 @@ mn_status mn_session_join_group(const char *fn, mn_session *s) {
   if ((st = mn_group_join(o->group, o->rank, o->world_size, mn_dp_plan_hash(s->plan, o->zero1),
                           fn)) != MN_OK)
     return st;
-  return mn_dp_new(s->plan, o->group, o->rank, o->zero1, MN_DP_BUCKET_BYTES, &s->dp);
+  st = mn_dp_new(s->plan, o->group, o->rank, o->zero1, MN_DP_BUCKET_BYTES, &s->dp);
+#ifdef MN_WITH_CUDA
+  if (st == MN_OK && s->backend != &mn_cpu_backend) st = mn_cuda_dp_attach(s);
+#endif
+  return st;
 }

@@ -512,6 +512,25 @@ Test(data_parallel, an_installed_nccl_resolves_every_function) {
   cr_expect(memcmp(id.bytes, zero.bytes, sizeof id.bytes) != 0, "the id is all zeros");
 }
 
+Test(data_parallel, mn_group_new_nccl_checks_its_arguments) {
+  mn_group_id id = {{0}};
+  mn_group *g = (mn_group *)&id;
+  cr_expect_eq(mn_group_new_nccl(&id, 2, 0, 0, 1, NULL), MN_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(mn_last_error(), "out is NULL") != NULL, "%s", mn_last_error());
+  cr_expect_eq(mn_group_new_nccl(NULL, 2, 0, 0, 1, &g), MN_ERR_INVALID_ARGUMENT);
+  cr_expect_null(g, "a failed call leaves *out NULL");
+  cr_expect(strstr(mn_last_error(), "id is NULL") != NULL, "%s", mn_last_error());
+  cr_expect_eq(mn_group_new_nccl(&id, 0, 0, 0, 1, &g), MN_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(mn_last_error(), "world_size = 0") != NULL, "%s", mn_last_error());
+  cr_expect_eq(mn_group_new_nccl(&id, 2, 2, 0, 1, &g), MN_ERR_INVALID_ARGUMENT);
+  cr_expect(strstr(mn_last_error(), "rank = 2") != NULL, "%s", mn_last_error());
+  cr_expect_eq(mn_group_new_nccl(&id, 2, -1, 0, 1, &g), MN_ERR_INVALID_ARGUMENT);
+  /* Valid arguments need NCCL, then CUDA, then a usable device. */
+  mn_status st = mn_group_new_nccl(&id, 1, 0, 1 << 20, 1, &g);
+  cr_expect(st == MN_ERR_UNSUPPORTED || st == MN_ERR_DEVICE, "status %d: %s", st, mn_last_error());
+  cr_expect_null(g);
+}
+
 Test(data_parallel, a_group_id_is_shared_through_a_file) {
   mn_tmp_dir t = mn_tmp_dir_make("mn_dp_id");
   const char *path = mn_tmp_path(&t, "id");
