@@ -5,10 +5,12 @@
 
 #include "cuda/cuda_state.h"
 
-#define MN_CU_DEFAULT_STREAMS 4
+#define MN_CU_DEFAULT_STREAMS 1
 
 /* The number of streams a capture spreads the program over: MN_CUDA_STREAMS from the
- * environment (1 captures one chain, as before), else MN_CU_DEFAULT_STREAMS. */
+ * environment (at most MN_CU_MAX_STREAMS), else MN_CU_DEFAULT_STREAMS. One chain is the
+ * default because it measured faster: GPT-2 bf16 on an H100, 47.90-47.99 ms against
+ * 48.82-48.93 ms with 4 streams (docs/performance.md). */
 int mn_cu_schedule_streams(void);
 
 /* Assigns the program's commands to `streams` streams from their conflicts, into st->lanes

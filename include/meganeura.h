@@ -383,9 +383,10 @@ typedef struct mn_session_stats {
   size_t kernels;          /* distinct compiled kernels */
   size_t graph_nodes;      /* nodes of the captured step graph */
   /* The most nodes of the step graph at one depth (longest path from its start): 1 for a
-   * chain; more where independent commands (q/k/v products, a weight gradient beside its
-   * input gradient) were captured as siblings that may run at once (MN_CUDA_STREAMS=1 in the
-   * environment captures one chain). */
+   * chain, the default. With MN_CUDA_STREAMS=N (2..8) in the environment the capture spreads
+   * the program over N streams, each command waiting only for the earlier ones whose memory it
+   * reads or overwrites, so independent commands (q/k/v products, a weight gradient beside
+   * its input gradient) become siblings that may run at once and this is above 1. */
   size_t graph_width;
   uint64_t graph_captures;     /* captures of the step graph: 1 unless the optimizer kind changed */
   bool kernel_cache_hit;       /* the kernels came from the disk cache: nothing compiled */
