@@ -341,7 +341,7 @@ Test(cuda_runtime, building_and_freeing_a_session_100_times_returns_all_device_m
   mn_test_require_cuda_device();
   mn_graph *g = mlp_graph(4, 8, 16, 3);
   /* The first session loads libraries (cuBLASLt, the kernels' module) that stay, and its first
-   * step makes the streams of a capture, whose runtime resources the process keeps. */
+   * step captures a graph, whose runtime resources the process keeps. */
   mn_session *first = mn_test_session(g, MN_BACKEND_CUDA, true);
   cr_assert_eq(mn_session_step(first), MN_OK);
   cr_assert_eq(mn_session_wait(first), MN_OK);
