@@ -1,11 +1,12 @@
 /* Causal attention alone, forward and backward, at the shapes of the language-model steps:
  * GPT-2 124M (B 16, T 1024, 12 heads of 64) and SmolLM2-135M (B 8, T 1024, 9 query heads over
- * 3 kv heads of 64). A training graph: q, k and v parameters, each scaled by 1 so that they are
- * stored as an op's output in the session's 16-bit storage (as the projections' outputs are in
- * the models), mn_causal_attention, and an MSE loss whose gradient makes the backward ops. The
- * per-op medians of mn_cuda_profile_step give one ATTN line per attention op with its
- * milliseconds and TFLOP/s; benchmarks/torch_attention.py times PyTorch's flash attention on
- * the same shapes.
+ * 3 kv heads of 64). A training graph: q, k and v parameters, each scaled (q by 0.5, k by 2,
+ * which leaves q.k as it was; v by 2) so that the attention reads an op's output in the
+ * session's 16-bit storage, as it reads the projections' outputs in the models (a scale by 1
+ * would be removed by the optimizer, leaving fp32 leaves), mn_causal_attention, and an MSE loss
+ * whose gradient makes the backward ops. The per-op medians of mn_cuda_profile_step give one ATTN
+ * line per attention op with its milliseconds and TFLOP/s; benchmarks/torch_attention.py times
+ * PyTorch's flash attention on the same shapes.
  *
  * FLOPs: one product over the causal triangle is B * H * T^2 * d multiply-adds counted as two
  * (half of the 2 B H T^2 d of the full square). The forward makes two (scores, P V); the dQ op
@@ -30,9 +31,9 @@ static const attn_shape shapes[] = {
 static mn_graph *build(const attn_shape *a) {
   mn_graph *g = mn_graph_new();
   int64_t qw = (int64_t)a->heads * a->head_dim, kvw = (int64_t)a->kv_heads * a->head_dim;
-  mn_node q = mn_scale(g, mn_parameter(g, "q", MN_SHAPE(a->batch, a->seq, qw)), 1.0f);
-  mn_node k = mn_scale(g, mn_parameter(g, "k", MN_SHAPE(a->batch, a->seq, kvw)), 1.0f);
-  mn_node v = mn_scale(g, mn_parameter(g, "v", MN_SHAPE(a->batch, a->seq, kvw)), 1.0f);
+  mn_node q = mn_scale(g, mn_parameter(g, "q", MN_SHAPE(a->batch, a->seq, qw)), 0.5f);
+  mn_node k = mn_scale(g, mn_parameter(g, "k", MN_SHAPE(a->batch, a->seq, kvw)), 2.0f);
+  mn_node v = mn_scale(g, mn_parameter(g, "v", MN_SHAPE(a->batch, a->seq, kvw)), 2.0f);
   mn_node y = mn_causal_attention(g, q, k, v, a->heads, a->kv_heads, a->head_dim);
   mn_node target = mn_input(g, "target", MN_SHAPE(a->batch, a->seq, qw));
   mn_node loss = mn_mse_loss(g, y, target);
