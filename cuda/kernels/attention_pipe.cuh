@@ -21,7 +21,8 @@
 // mixed (a pre-pass of attention_mma.cuh feeds the dQ and dK / dV here). Scores are computed by
 // the same m16n8k16 products from the same values in the forward and in both backward kernels,
 // so they agree bit for bit; P = exp2(s * scale2 - m) is one fused multiply-add before exp2 in
-// all three. WARPS warps of 16 rows each own a block of 16 * WARPS rows; tiles stream 64 rows.
+// all three. WARPS warps of 16 rows each own a block of 16 * WARPS rows (the forward's warps RW
+// blocks of 16 rows each); tiles stream 64 rows.
 
 __device__ __forceinline__ void mn_cp_async16(void *dst, const void *src, bool valid) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
