@@ -10,7 +10,9 @@
  * tile. attention_grad_*_saved (optimizer/attention_stats.h) read the forward's statistics and
  * replace the pre-pass, a second pass over every score, by delta = dy . y, one pass over dy and
  * the forward's output. causal_attention_packed and its gradients are these with the segment
- * mask, their positions an extra argument (MN_ATTN_POSITIONS_ARG). Cached attention splits the
+ * mask, their positions an extra argument (MN_ATTN_POSITIONS_ARG). Unmasked and causal attention
+ * with 16-bit operands run the pipelined forward, dQ and dK / dV of attention_pipe.cuh instead
+ * (same grids and statistics; the pre-pass stays the mma kernel's). Cached attention splits the
  * cache over blocks of 128 keys and merges the partial softmaxes. */
 #include <string.h>
 
@@ -116,6 +118,9 @@ typedef struct attn_tc {
   const char *name; /* "mn_attn_lp" or "mn_attn_mma" */
   int first;        /* LP storage, or the TF32 precision */
   size_t row_bytes; /* a shared tile row: head_dim + 8 16-bit values, or head_dim + 4 floats */
+  /* 16-bit operands, unmasked or causal, positions that fit an int: the forward (not the
+   * pre-pass), dQ and dK / dV are the pipelined kernels of kernels/attention_pipe.cuh. */
+  bool pipe;
 } attn_tc;
 
 static attn_tc tensor_core(const mn_cu_op_ctx *c, const attn_dims *d) {
@@ -123,12 +128,63 @@ static attn_tc tensor_core(const mn_cu_op_ctx *c, const attn_dims *d) {
   bool low = false;
   for (int i = 0; i < 3; i++)
     low = low || mn_cu_arg_storage(c->plan, mn_cu_in(c, i)) != MN_DEV_F32;
+  bool pipe = (d->mask == MN_ATTN_MASK_NONE || d->mask == MN_ATTN_MASK_CAUSAL) &&
+              d->t_len < INT32_MAX / 2 && d->s_len < INT32_MAX / 2;
   if (low && hd % 16 == 0 && hd <= 128)
-    return (attn_tc){true, "mn_attn_lp", mn_cu_low_storage(c->plan), 2 * (size_t)(hd + 8)};
+    return (attn_tc){true, "mn_attn_lp", mn_cu_low_storage(c->plan), 2 * (size_t)(hd + 8), pipe};
   if (hd % 32 == 0 && hd <= 128)
     return (attn_tc){true, "mn_attn_mma", c->allow_tf32 ? MN_ATTN_TF32 : MN_ATTN_3XTF32,
-                     4 * (size_t)(hd + 4)};
+                     4 * (size_t)(hd + 4), false};
   return (attn_tc){.on = false};
+}
+
+/* The pipelined kernels: PIPE_WARPS warps of 16 rows a block, tiles of PIPE_COLS rows streamed
+ * through two stages. In the forward, head dims up to 64 give each warp PIPE_FWD_BLOCKS blocks of
+ * 16 rows, which share the K and V fragments it reads (larger ones would spill). */
+#define PIPE_WARPS      4
+#define PIPE_FWD_BLOCKS 2
+#define PIPE_COLS       64
+
+static size_t pipe_rows(void) { return 16 * PIPE_WARPS; }
+
+/* The pipelined forward: q [rows], then two stages of k and v [PIPE_COLS] each. */
+static mn_status launch_pipe_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                                     int mode, const mn_cu_arg *args, int nargs) {
+  int blocks = d->head_dim <= 64 ? PIPE_FWD_BLOCKS : 1;
+  int k = mn_cu_kernel(c, 32 * PIPE_WARPS,
+                       "mn_attn_pipe_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %d, %d>",
+                       tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                       d->kv_heads, d->mask, mode, PIPE_WARPS, blocks);
+  size_t rows = pipe_rows() * (size_t)blocks;
+  size_t smem = (rows + 4 * PIPE_COLS) * tc->row_bytes;
+  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)rows), (unsigned)d->heads,
+                      (unsigned)d->batches, smem, nargs, args);
+}
+
+/* The pipelined dQ: q and dy [rows], then two stages of k and v [PIPE_COLS] each. */
+static mn_status launch_pipe_dq(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                                const mn_cu_arg *args, int nargs) {
+  int k =
+      mn_cu_kernel(c, 32 * PIPE_WARPS, "mn_attn_pipe_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d>",
+                   tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                   d->kv_heads, d->mask, PIPE_WARPS);
+  size_t smem = (2 * pipe_rows() + 4 * PIPE_COLS) * tc->row_bytes;
+  return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)pipe_rows()), (unsigned)d->heads,
+                      (unsigned)d->batches, smem, nargs, args);
+}
+
+/* The pipelined dK / dV: k and v [rows], then two stages of q and dy [PIPE_COLS] and their
+ * statistics (3 floats a row). out: an mn_attn_kv_out. */
+static mn_status launch_pipe_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                                 int out, bool packed, const mn_cu_arg *args, int nargs) {
+  int k = mn_cu_kernel(c, 32 * PIPE_WARPS,
+                       "mn_attn_pipe_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s, %d>",
+                       tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
+                       d->kv_heads, d->mask, out, packed ? "true" : "false", PIPE_WARPS);
+  size_t smem =
+      2 * pipe_rows() * tc->row_bytes + 2 * (2 * PIPE_COLS * tc->row_bytes + 12 * PIPE_COLS);
+  return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, (unsigned)pipe_rows()), (unsigned)d->kv_heads,
+                      (unsigned)d->batches, smem, nargs, args);
 }
 
 /* Shared memory of the tensor-core kernels: `tiles` tiles of 64 rows, plus `extra` floats. */
@@ -138,6 +194,8 @@ static size_t mma_smem(const attn_tc *tc, int tiles, size_t extra) {
 
 static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
                                     int mode, const mn_cu_arg *args, int nargs) {
+  if (tc->pipe && (mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS))
+    return launch_pipe_forward(c, d, tc, mode, args, nargs);
   int tiles = mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS ? 3
               : mode == MN_ATTN_STATS_DELTA                          ? 4
                                                                      : 2;
@@ -224,6 +282,7 @@ static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool
 /* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
 static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
                                 int out, bool packed, const mn_cu_arg *args, int nargs) {
+  if (tc->pipe) return launch_pipe_dkv(c, d, tc, out, packed, args, nargs);
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s>",
                        tc->name, tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len,
                        d->heads, d->kv_heads, d->mask, out, packed ? "true" : "false");
@@ -289,6 +348,7 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved
   }
   if (tc.on) {
     if (!saved && (st = launch_mma_forward(c, &d, &tc, mode, args, pre_nargs)) != MN_OK) return st;
+    if (which == GRAD_Q && tc.pipe) return launch_pipe_dq(c, &d, &tc, args, nargs);
     if (which == GRAD_Q) {
       int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d>", tc.name,
                            tc.first, d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,

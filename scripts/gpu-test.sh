@@ -5,7 +5,7 @@
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
 #                            [--tests REGEX] [--no-ctest] [--lm] [--lora] [--quality] [--decode]
-#                            [--sanitize]
+#                            [--sanitize] [--attention]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
@@ -36,6 +36,10 @@
 #                      meganeura fp32, meganeura bf16 and PyTorch autocast bf16; writes
 #                      docs/quality-bf16.svg and .csv and prints whether the final losses are
 #                      within 1% of each other (minutes)
+#   --attention        also the attention benchmark: bench_attention (causal attention forward,
+#                      dQ and dK / dV ops at the GPT-2 and SmolLM2 shapes, bf16, per-op ms and
+#                      TFLOP/s) beside benchmarks/torch_attention.py (PyTorch's flash
+#                      attention, forward and forward + backward), then a small table
 #   --sanitize         also run every GPU suite (build/tests/test_cuda_*) under NVIDIA
 #                      compute-sanitizer, memcheck then racecheck, after the other parts; a
 #                      finding fails the script. Slow suites run a representative subset of
@@ -55,6 +59,7 @@ lm=0
 lora=0
 quality=0
 decode=0
+attention=0
 run_ctest=1
 sanitize=0
 filter=()
@@ -69,6 +74,7 @@ while [ $# -gt 0 ]; do
     --lora) lora=1; shift ;;
     --quality) quality=1; shift ;;
     --decode) decode=1; shift ;;
+    --attention) attention=1; shift ;;
     --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
@@ -257,6 +263,32 @@ if [ "$decode" = 1 ]; then
   echo "$decode_lines" | tee "$logs/decode-table.txt"
 fi
 
+# The attention table (--attention); it comes again after the summary.
+attention_lines=""
+if [ "$attention" = 1 ]; then
+  step "attention: bench_attention beside PyTorch's flash attention"
+  touch "$logs/bench.log"
+  "$build/bench_attention" all 2>&1 | tee "$logs/attention.log" ||
+    echo "BENCH-FAILED bench_attention" | tee -a "$logs/attention.log"
+  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    python3 "$root/benchmarks/torch_attention.py" all 2>&1 | tee -a "$logs/attention.log" ||
+      echo "BENCH-FAILED torch_attention.py" | tee -a "$logs/attention.log"
+  else
+    echo "PyTorch with CUDA not available: no PyTorch attention figures" | tee -a "$logs/attention.log"
+  fi
+  cat "$logs/attention.log" >>"$logs/bench.log"
+  attention_lines=$(awk '/^(ATTN|TORCH-ATTN) / {
+      op = ""; ms = ""; tf = ""
+      for (i = 1; i <= NF; i++) {
+        if ($i ~ /^(op|pass)=/) op = substr($i, index($i, "=") + 1)
+        if ($i ~ /^ms=/) ms = substr($i, 4)
+        if ($i ~ /^tflops=/) tf = substr($i, 8)
+      }
+      printf "%-10s %-8s %-5s %-28s %9s ms %7s TFLOP/s\n", ($1 == "ATTN" ? "meganeura" : "torch"), $2, $3, op, ms, tf
+    }' "$logs/attention.log")
+  echo "$attention_lines"
+fi
+
 # The bf16 training-quality run (--quality); its lines come again after the summary.
 quality_lines=""
 if [ "$quality" = 1 ]; then
@@ -425,6 +457,7 @@ python3 "$root/scripts/gpu_summary.py" "$logs/ctest.log" "$logs/bench.log" ||
   grep -E "tests passed|BENCH" "$logs/ctest.log" "$logs/bench.log" || true
 [ -z "$quality_lines" ] || printf '%s\n' "$quality_lines"
 [ -z "$decode_lines" ] || printf '\n%s\n' "$decode_lines"
+[ -z "$attention_lines" ] || printf '\n%s\n' "$attention_lines"
 if [ "$sanitize" = 1 ]; then
   {
     printf '\ncompute-sanitizer (%ss in all; logs %s/sanitize-*.log)\n' "$sanitize_secs" "$logs"

@@ -1,0 +1,456 @@
+// Pipelined 16-bit attention: the forward, dQ and dK / dV kernels of attention_mma.cuh for
+// unmasked and causal attention with q, k and v tiles of 16-bit values (LP: MN_DEV_BF16 or
+// MN_DEV_F16), restructured the way FlashAttention-2 is on Ampere and Hopper:
+//
+// - The streamed tiles are double-buffered: cp.async copies tile j + 1 into shared memory while
+//   the warps multiply tile j, so the loads of a block overlap its own work instead of relying
+//   on other blocks of the SM to hide them (the mma kernels hold 160-230 registers a thread, so
+//   an SM runs only 8-12 of their warps).
+// - The operand rows that a block keeps (its queries and dY for the forward and dQ, its keys and
+//   values for dK / dV) are read into mma fragments once, with ldmatrix; the streamed tiles are
+//   read with ldmatrix too (plain for the B operand of products with a transposed tile, .trans
+//   for the others), four 8 x 8 matrices an instruction instead of one 32-bit word.
+// - Only tiles that cross the causal diagonal or the end of the sequence are masked; a warp
+//   whose 16 rows see nothing of a tile skips its products (the tile loops of a block already
+//   stop at the diagonal).
+// - Positions in a head are ints (the lowering takes this path only for T and S below 2^31).
+//
+// Everything else is as in attention_mma.cuh: the fragment layouts and the k = 2t pairing of C
+// and A fragments, P and dS rounded to LP for their products, statistics and sums in fp32 and in
+// base 2, the same launch grids and statistics layout, so these kernels and the mma ones can be
+// mixed (a pre-pass of attention_mma.cuh feeds the dQ and dK / dV here). Scores are computed by
+// the same m16n8k16 products from the same values in the forward and in both backward kernels,
+// so they agree bit for bit; P = exp2(s * scale2 - m) is one fused multiply-add before exp2 in
+// all three. WARPS warps of 16 rows each own a block of 16 * WARPS rows (the forward's warps RW
+// blocks of 16 rows each); tiles stream 64 rows.
+
+__device__ __forceinline__ void mn_cp_async16(void *dst, const void *src, bool valid) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  // A source size of 0 fills the 16 bytes with zeros: rows past the end of a head.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void mn_cp_async4(void *dst, const void *src, bool valid) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void mn_cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void mn_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 matrices of 16-bit values (ldmatrix, not transposed): lanes 8i .. 8i + 7 give the
+// addresses of rows 0 .. 7 of matrix i, and r[i] gets (row g, columns 2t, 2t + 1).
+__device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const unsigned short *row) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// Rows first .. first + ROWS - 1 of one head (src: row 0 at the head's first column, rows
+// `stride` elements apart) into dst[r * LD + d] by NTH threads, rows at or past `count` as
+// zeros. When src stores LP the copy is asynchronous (cp.async: the caller commits and waits);
+// other storage is read and rounded to LP at once.
+template <int LP, int HD, int ROWS, int NTH, class P>
+__device__ __forceinline__ void mn_pipe_load(unsigned short *dst, P src, long long stride,
+                                             long long first, long long count) {
+  constexpr int LD = HD + 8, C8 = HD / 8;
+  for (int i = threadIdx.x; i < ROWS * C8; i += NTH) {
+    const int r = i / C8, c = (i - r * C8) * 8;
+    const long long row = first + r;
+    const bool ok = row < count;
+    if constexpr (mn_attn_lp_same<LP, P>::value) {
+      mn_cp_async16(dst + r * LD + c, (src + (ok ? row : 0) * stride + c).p, ok);
+    } else {
+      uint4 w = make_uint4(0u, 0u, 0u, 0u);
+      if (ok) {
+        const auto p = src + row * stride + c;
+        const float4 lo = mn_ld4(p, 0), hi = mn_ld4(p, 1);
+        w = make_uint4(mn_lp_round2<LP>(lo.x, lo.y), mn_lp_round2<LP>(lo.z, lo.w),
+                       mn_lp_round2<LP>(hi.x, hi.y), mn_lp_round2<LP>(hi.z, hi.w));
+      }
+      *reinterpret_cast<uint4 *>(dst + r * LD + c) = w;
+    }
+  }
+}
+
+// The A fragments of the warp's 16 rows of a shared tile (rows `rows`, stride LD) for every
+// 16-dim step: a0 rows 0-7 / dims 0-7, a1 rows 8-15 / dims 0-7, a2 rows 0-7 / dims 8-15, a3
+// rows 8-15 / dims 8-15 (matrix i = lane / 8 at row 8 (i & 1), dim 8 (i >> 1)).
+template <int HD, int LD>
+__device__ __forceinline__ void mn_pipe_frag_a(unsigned (&f)[HD / 16][4],
+                                               const unsigned short *rows, int lane) {
+  const unsigned short *p = rows + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+  for (int k = 0; k < HD / 16; k++)
+    mn_ldsm_x4(f[k], p + 16 * k);
+}
+
+// acc[r] (16 x 64: 8 C tiles) = row block r of the warp (A fragments fa[r]) times the 64 rows
+// of `b` transposed: B(k, n) = b[n * LD + k], each B fragment read once for the RW row blocks.
+// For keys n0 .. n0 + 15 and dims k0 .. k0 + 15, matrix i = lane / 8 is at key 8 (i >> 1), dim
+// 8 (i & 1): b0, b1 of tile n0 / 8, then of n0 / 8 + 1.
+template <int LP, int HD, int LD, int RW>
+__device__ __forceinline__ void mn_pipe_abt_rows(float (&acc)[RW][8][4],
+                                                 const unsigned (&fa)[RW][HD / 16][4],
+                                                 const unsigned short *b, int lane) {
+  mn_attn_fill(acc, 0.0f);
+  const unsigned short *p = b + ((lane & 7) + 8 * (lane >> 4)) * LD + 8 * ((lane >> 3) & 1);
+#pragma unroll
+  for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+    for (int n = 0; n < 8; n += 2) {
+      unsigned fb[4];
+      mn_ldsm_x4(fb, p + n * 8 * LD + 16 * k);
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        mn_mma_lp<LP>(acc[r][n], fa[r][k], fb[0], fb[1]);
+        mn_mma_lp<LP>(acc[r][n + 1], fa[r][k], fb[2], fb[3]);
+      }
+    }
+}
+
+// One row block of mn_pipe_abt_rows.
+template <int LP, int HD, int LD>
+__device__ __forceinline__ void mn_pipe_abt(float (&acc)[8][4], const unsigned (&fa)[HD / 16][4],
+                                            const unsigned short *b, int lane) {
+  mn_pipe_abt_rows<LP, HD, LD, 1>(reinterpret_cast<float(&)[1][8][4]>(acc),
+                                  reinterpret_cast<const unsigned(&)[1][HD / 16][4]>(fa), b, lane);
+}
+
+// acc[r] (16 x HD) += p[r] (16 x 64, C tiles rounded to LP) times the 64 x HD rows of `b`,
+// B(k, n) = b[k * LD + n] read once for the RW row blocks with ldmatrix .trans, as in
+// mn_lp_mma_pb.
+template <int LP, int HD, int LD, int RW>
+__device__ __forceinline__ void mn_pipe_pb_rows(float (&acc)[RW][HD / 8][4],
+                                                const float (&p)[RW][8][4], const unsigned short *b,
+                                                int lane) {
+  const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1), mcol = 8 * (lane >> 4);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    unsigned fa[RW][4];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      fa[r][0] = mn_lp_round2<LP>(p[r][2 * j][0], p[r][2 * j][1]);
+      fa[r][1] = mn_lp_round2<LP>(p[r][2 * j][2], p[r][2 * j][3]);
+      fa[r][2] = mn_lp_round2<LP>(p[r][2 * j + 1][0], p[r][2 * j + 1][1]);
+      fa[r][3] = mn_lp_round2<LP>(p[r][2 * j + 1][2], p[r][2 * j + 1][3]);
+    }
+    const unsigned short *row = b + (16 * j + mrow) * LD + mcol;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n += 2) {
+      unsigned fb[4];
+      mn_ldsm_x4_trans(fb, row + n * 8);
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        mn_mma_lp<LP>(acc[r][n], fa[r], fb[0], fb[1]);
+        mn_mma_lp<LP>(acc[r][n + 1], fa[r], fb[2], fb[3]);
+      }
+    }
+  }
+}
+
+template <int MASK> __device__ __forceinline__ bool mn_pipe_sees(int r, int c, int s_len) {
+  return c < s_len && (MASK == MN_ATTN_MASK_NONE || c <= r);
+}
+
+// Forward over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads,
+// each warp RW blocks of 16 rows (BR = 16 * RW * WARPS), which share every K and V fragment it
+// reads. MODE MN_ATTN_OUTPUT (io = q, k, v, out) or MN_ATTN_OUTPUT_STATS (also m and inv_l, as
+// the mma forward writes them). MASK: MN_ATTN_MASK_NONE or MN_ATTN_MASK_CAUSAL.
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
+          int RW, class IO>
+__device__ void mn_attn_pipe_fwd(const IO &io) {
+  constexpr int BR = 16 * RW * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
+  static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  unsigned short *qs = reinterpret_cast<unsigned short *>(mn_attn_smem); // [BR][LD]
+  unsigned short *kv = qs + BR * LD; // per stage: K [BC][LD], then V [BC][LD]
+
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
+  const int q0 = (int)qt.q0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rw = q0 + 16 * RW * warp; // the warp's first row
+  const float scale2 = mn_attn_log2e / sqrtf((float)HD);
+  const int kend = (int)mn_attn_kend<BR, S, MASK>(qt.q0);
+  const int tiles = (kend + BC - 1) / BC;
+  auto load_kv = [&](int j) {
+    unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
+    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, (long long)KVH * HD, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, (long long)KVH * HD, (long long)j * BC, S);
+  };
+
+  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
+  mn_cp_commit();
+  load_kv(0);
+  mn_cp_commit();
+  mn_cp_wait<1>();
+  __syncthreads();
+  unsigned qf[RW][KD][4];
+#pragma unroll
+  for (int r = 0; r < RW; r++)
+    mn_pipe_frag_a<HD, LD>(qf[r], qs + (rw - q0 + 16 * r) * LD, lane);
+
+  float acc[RW][HD / 8][4], m[RW][2], l[RW][2];
+  mn_attn_fill(acc, 0.0f);
+  mn_attn_fill(m, mn_attn_neg_inf());
+  mn_attn_fill(l, 0.0f);
+  for (int j = 0; j < tiles; j++) {
+    if (j + 1 < tiles) load_kv(j + 1);
+    mn_cp_commit();
+    mn_cp_wait<1>();
+    __syncthreads();
+    const int c0 = j * BC;
+    if (MASK == MN_ATTN_MASK_NONE || c0 <= rw + 16 * RW - 1) {
+      const unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
+      float s[RW][8][4];
+      mn_pipe_abt_rows<LP, HD, LD, RW>(s, qf, ks, lane);
+      if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw)) {
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+#pragma unroll
+          for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+              if (!mn_pipe_sees<MASK>(rw + 16 * r + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1),
+                                      (int)S))
+                s[r][n][e] = mn_attn_neg_inf();
+      }
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[r][n][e]);
+        float m_sub[2], alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const float m_new = fmaxf(m[r][i], mn_quad_max(mx[i]) * scale2);
+          // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
+          m_sub[i] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
+          alpha[i] = exp2f(m[r][i] - m_sub[i]);
+          m[r][i] = m_new;
+          l[r][i] *= alpha[i];
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            s[r][n][e] = exp2f(fmaf(s[r][n][e], scale2, -m_sub[e >> 1]));
+            l[r][e >> 1] += s[r][n][e];
+          }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            acc[r][n][e] *= alpha[e >> 1];
+      }
+      mn_pipe_pb_rows<LP, HD, LD, RW>(acc, s, ks + BC * LD, lane);
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    // Each lane summed its own columns of the rows: the row sums are over the 4 lanes of a quad.
+    const float l0 = mn_quad_sum(l[r][0]), l1 = mn_quad_sum(l[r][1]);
+    const int row = rw + 16 * r;
+    mn_mma_store<HD>(mn_out<3>(io) + qt.qoff, (long long)H * HD, row, T, acc[r], 1.0f / l0,
+                     1.0f / l1, g, t);
+    if constexpr (MODE == MN_ATTN_OUTPUT_STATS) {
+      if (t == 0) {
+        const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
+        if (row + g < T) mn_attn_store_stats<false>(io, sb + row + g, m[r][0], l0, 0.0f);
+        if (row + g + 8 < T) mn_attn_store_stats<false>(io, sb + row + g + 8, m[r][1], l1, 0.0f);
+      }
+    }
+  }
+}
+
+// dQ over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads; io = q,
+// k, v, dy, m, inv_l, delta, dq. dS = P (dy . v - delta), dq = scale * sum dS k.
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, class IO>
+__device__ void mn_attn_pipe_dq(const IO &io) {
+  constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
+  static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  unsigned short *qs = reinterpret_cast<unsigned short *>(mn_attn_smem); // [BR][LD]
+  unsigned short *dys = qs + BR * LD;                                    // [BR][LD]
+  unsigned short *kv = dys + BR * LD; // per stage: K [BC][LD], then V [BC][LD]
+
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
+  const int q0 = (int)qt.q0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int rw = q0 + 16 * warp;
+  const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
+  const int kend = (int)mn_attn_kend<BR, S, MASK>(qt.q0);
+  const int tiles = (kend + BC - 1) / BC;
+  auto load_kv = [&](int j) {
+    unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
+    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, (long long)KVH * HD, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, (long long)KVH * HD, (long long)j * BC, S);
+  };
+
+  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH>(dys, mn_in<3>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
+  mn_cp_commit();
+  load_kv(0);
+  mn_cp_commit();
+  const long long sb = mn_attn_sb<T, H>(qt.b, qt.h);
+  float rm[2], ril[2], rdelta[2], acc[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+    mn_attn_load_stats<T, true>(io, sb, rw + g + 8 * i, rm[i], ril[i], rdelta[i]);
+  mn_attn_fill(acc, 0.0f);
+  mn_cp_wait<1>();
+  __syncthreads();
+  unsigned qf[KD][4], dyf[KD][4];
+  mn_pipe_frag_a<HD, LD>(qf, qs + 16 * warp * LD, lane);
+  mn_pipe_frag_a<HD, LD>(dyf, dys + 16 * warp * LD, lane);
+
+  for (int j = 0; j < tiles; j++) {
+    if (j + 1 < tiles) load_kv(j + 1);
+    mn_cp_commit();
+    mn_cp_wait<1>();
+    __syncthreads();
+    const int c0 = j * BC;
+    if (MASK == MN_ATTN_MASK_NONE || c0 <= rw + 15) {
+      const unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
+      float s[8][4], dp[8][4];
+      mn_pipe_abt<LP, HD, LD>(s, qf, ks, lane);
+      mn_pipe_abt<LP, HD, LD>(dp, dyf, ks + BC * LD, lane);
+      const bool masked = c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw);
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int i = e >> 1;
+          float p = exp2f(fmaf(s[n][e], scale2, -rm[i])) * ril[i];
+          if (masked && !mn_pipe_sees<MASK>(rw + g + 8 * i, c0 + n * 8 + 2 * t + (e & 1), (int)S))
+            p = 0.0f;
+          s[n][e] = p * (dp[n][e] - rdelta[i]);
+        }
+      mn_lp_mma_pb<LP, HD, LD, 8>(acc, s, ks, lane);
+    }
+    __syncthreads();
+  }
+  mn_mma_store<HD>(mn_out<7>(io) + qt.qoff, (long long)H * HD, rw, T, acc, scale, scale, g, t);
+}
+
+// dV (OUT MN_ATTN_DV), dK (MN_ATTN_DK) or both (MN_ATTN_DK_DV) over one (key block, kv head,
+// batch): grid (ceil(S / BR), KVH, B), 32 * WARPS threads; io = q, k, v, dy, m, inv_l, delta,
+// out. PACKED output rows hold the key's dK then its dV. The block streams the query tiles of
+// each of its kv head's query heads (causal: from the tile holding query c0) through two stages
+// of q, dy and their statistics, so every element is summed by one thread in a fixed order.
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
+          int WARPS, class IO>
+__device__ void mn_attn_pipe_dkv(const IO &io) {
+  constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16, G = H / KVH;
+  constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
+  constexpr long long OS = (PACKED ? 2 : 1) * KVH * HD; // output row stride
+  // A stage: q [BC][LD], dy [BC][LD] (16-bit), then m, inv_l, delta [3][BC] (floats).
+  constexpr int STAGE = 2 * BC * LD + 3 * BC * 2;
+  static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  unsigned short *ks = reinterpret_cast<unsigned short *>(mn_attn_smem); // [BR][LD]
+  unsigned short *vs = ks + BR * LD;                                     // [BR][LD]
+  unsigned short *stages = vs + BR * LD;
+
+  const mn_attn_kvtile kt = mn_attn_kvtile_of<BR, HD, S, KVH>();
+  const int c0 = (int)kt.c0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int cw = c0 + 16 * warp; // the warp's first key
+  const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
+  const int r_start = MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0;
+  const int per_head = ((int)T - r_start + BC - 1) / BC, tiles = G * per_head;
+  const float *sm = mn_in<4>(io), *sil = mn_in<5>(io), *sdelta = mn_in<6>(io);
+  auto load_q = [&](int i) {
+    unsigned short *qs = stages + (i & 1) * STAGE;
+    const int h = kt.kvh * G + i / per_head;
+    const long long r0 = r_start + (long long)(i % per_head) * BC;
+    const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
+    mn_pipe_load<LP, HD, BC, NTH>(qs, mn_in<0>(io) + qh.qoff, (long long)H * HD, r0, T);
+    mn_pipe_load<LP, HD, BC, NTH>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0, T);
+    float *st = reinterpret_cast<float *>(qs + 2 * BC * LD);
+    for (int x = threadIdx.x; x < (WANT_K ? 3 : 2) * BC; x += NTH) {
+      const int which = x / BC, j = x - which * BC;
+      const bool ok = r0 + j < T;
+      const long long at = qh.sb + (ok ? r0 + j : 0);
+      mn_cp_async4(st + x, (which == 0 ? sm : which == 1 ? sil : sdelta) + at, ok);
+    }
+  };
+
+  mn_pipe_load<LP, HD, BR, NTH>(ks, mn_in<1>(io) + kt.kvoff, (long long)KVH * HD, kt.c0, S);
+  mn_pipe_load<LP, HD, BR, NTH>(vs, mn_in<2>(io) + kt.kvoff, (long long)KVH * HD, kt.c0, S);
+  mn_cp_commit();
+  if (tiles > 0) load_q(0);
+  mn_cp_commit();
+  mn_cp_wait<1>();
+  __syncthreads();
+  unsigned kf[KD][4], vf[KD][4];
+  mn_pipe_frag_a<HD, LD>(kf, ks + 16 * warp * LD, lane);
+  if constexpr (WANT_K) mn_pipe_frag_a<HD, LD>(vf, vs + 16 * warp * LD, lane);
+  float dk[WANT_K ? HD / 8 : 1][4], dv[WANT_V ? HD / 8 : 1][4];
+  mn_attn_fill(dk, 0.0f);
+  mn_attn_fill(dv, 0.0f);
+
+  for (int i = 0; i < tiles; i++) {
+    if (i + 1 < tiles) load_q(i + 1);
+    mn_cp_commit();
+    mn_cp_wait<1>();
+    __syncthreads();
+    const int r0 = r_start + (i % per_head) * BC;
+    // Causal: a warp whose keys all come after the tile's last query sees nothing of it.
+    if (MASK == MN_ATTN_MASK_NONE || cw <= r0 + BC - 1) {
+      const unsigned short *qs = stages + (i & 1) * STAGE, *dys = qs + BC * LD;
+      const float *st = reinterpret_cast<const float *>(qs + 2 * BC * LD);
+      // Transposed scores: rows are this warp's keys, columns the tile's queries.
+      float p[8][4], dp[WANT_K ? 8 : 1][4];
+      mn_pipe_abt<LP, HD, LD>(p, kf, qs, lane);
+      if constexpr (WANT_K) mn_pipe_abt<LP, HD, LD>(dp, vf, dys, lane);
+      const bool masked =
+          r0 + BC > (int)T || cw + 16 > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && cw + 15 > r0);
+#pragma unroll
+      for (int n = 0; n < 8; n++) {
+        // The lane's two columns 2t, 2t + 1 of tile n: one 8-byte read per statistic.
+        const int j0 = n * 8 + 2 * t;
+        const float2 sm2 = *reinterpret_cast<const float2 *>(st + j0),
+                     il2 = *reinterpret_cast<const float2 *>(st + BC + j0);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int j = j0 + (e & 1), c = cw + g + 8 * (e >> 1);
+          float v =
+              exp2f(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) * (e & 1 ? il2.y : il2.x);
+          if (masked && !(r0 + j < (int)T && mn_pipe_sees<MASK>(r0 + j, c, (int)S))) v = 0.0f;
+          p[n][e] = v;
+        }
+      }
+      if constexpr (WANT_V) mn_lp_mma_pb<LP, HD, LD, 8>(dv, p, dys, lane);
+      if constexpr (WANT_K) {
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+          const float2 d2 = *reinterpret_cast<const float2 *>(st + 2 * BC + n * 8 + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            p[n][e] *= dp[n][e] - (e & 1 ? d2.y : d2.x);
+        }
+        mn_lp_mma_pb<LP, HD, LD, 8>(dk, p, qs, lane);
+      }
+    }
+    __syncthreads();
+  }
+  const auto out = mn_out<7>(io) + kt.b * S * OS + kt.kvh * HD;
+  if constexpr (WANT_K) mn_mma_store<HD>(out, OS, cw, S, dk, scale, scale, g, t);
+  if constexpr (WANT_V)
+    mn_mma_store<HD>(out + (PACKED ? KVH * HD : 0), OS, cw, S, dv, 1.0f, 1.0f, g, t);
+}
