@@ -55,6 +55,7 @@ static void set_random(mn_session *s, const char *name, size_t n, uint64_t *rng,
   free(x);
 }
 
+#ifdef MN_WITH_CUDA
 /* Products over the causal triangle that each attention op makes (see the top). */
 static int products_of(const char *op) {
   if (strstr(op, "grad_kv")) return 4;
@@ -62,6 +63,7 @@ static int products_of(const char *op) {
   if (strstr(op, "grad_k")) return 3;
   return 2;
 }
+#endif
 
 static void run(const attn_shape *a, const mn_session_options *o, const char *prec, int reps) {
   mn_graph *g = build(a);

@@ -213,6 +213,8 @@ static void require_ranks(int n) {
 #ifdef MN_WITH_CUDA
   int have = mn_cuda_usable_devices();
   if (have < n) cr_skip_test("needs %d CUDA devices, %d usable", n, have);
+#else
+  (void)n;
 #endif
 }
 
