@@ -10,13 +10,17 @@
  * BENCH line: the median step time over N steps (default 10) after W (default 3), taken with
  * CUDA events on each rank's session stream and the slowest rank's median kept; tokens/s of
  * the whole group; the speed-up over one GPU; and the exposed communication, the step time
- * at N ranks minus at one (what NCCL adds that the backward pass does not hide). A table of
- * the same comes last. Needs NCCL (libnccl.so.2 or MN_NCCL_LIBRARY); set NCCL_NVLS_ENABLE=0
+ * at N ranks minus at one (what NCCL adds that the backward pass does not hide), beside the
+ * all-reduce of the whole gradient block alone through the same group (median over as many
+ * calls), so the share of the communication the backward pass hides is the difference. A table
+ * of the same comes last. Needs NCCL (libnccl.so.2 or MN_NCCL_LIBRARY); set NCCL_NVLS_ENABLE=0
  * where NVLink multicast is not available. */
 #include <pthread.h>
 
 #include "benchmarks/bench_util.h"
 #include "benchmarks/lm_configs.h"
+#include "host/collective.h"
+#include "session/session.h"
 
 #ifndef MN_WITH_CUDA
 int main(void) {
@@ -42,6 +46,7 @@ typedef struct rank_job {
   const bench_args *b;
   const mn_model_config *cfg;
   double step_ms;
+  double allreduce_ms; /* the whole gradient block all-reduced alone, on the session's stream */
   float loss;
   bool ok;
   char error[512];
@@ -52,6 +57,43 @@ static void *fail(rank_job *j, mn_group *g, const char *what) {
   snprintf(j->error, sizeof j->error, "rank %d: %s: %s", j->rank, what, mn_last_error());
   mn_group_abort(g, j->error);
   return NULL;
+}
+
+static int by_value(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+/* What the step's collectives cost with nothing to hide behind: the session's whole flat
+ * gradient block (what its buckets carry) all-reduced (mean) through the group on the session's
+ * stream, the median of `steps` after `warmup`. Every rank makes the same calls. */
+static mn_status time_allreduce(rank_job *j, mn_group *g, mn_session *s) {
+  size_t n = s->plan->update_bytes / sizeof(float);
+  cudaStream_t stream = mn_cuda_session_stream(s);
+  float *buf = NULL, *ms = calloc((size_t)j->b->steps, sizeof *ms);
+  cudaEvent_t ev[2] = {NULL, NULL};
+  mn_status st = ms && n && cudaMalloc((void **)&buf, n * sizeof *buf) == cudaSuccess &&
+                         cudaMemsetAsync(buf, 0, n * sizeof *buf, stream) == cudaSuccess &&
+                         cudaEventCreate(&ev[0]) == cudaSuccess &&
+                         cudaEventCreate(&ev[1]) == cudaSuccess
+                     ? MN_OK
+                     : MN_ERR_DEVICE;
+  for (long r = -j->b->warmup; st == MN_OK && r < j->b->steps; r++) {
+    cudaEventRecord(ev[0], stream);
+    st = mn_all_reduce(g, j->rank, buf, n, MN_REDUCE_MEAN);
+    cudaEventRecord(ev[1], stream);
+    if (st == MN_OK && cudaEventSynchronize(ev[1]) != cudaSuccess) st = MN_ERR_DEVICE;
+    if (st == MN_OK && r >= 0) cudaEventElapsedTime(&ms[r], ev[0], ev[1]);
+  }
+  if (st == MN_OK) {
+    qsort(ms, (size_t)j->b->steps, sizeof *ms, by_value);
+    j->allreduce_ms = ms[j->b->steps / 2];
+  }
+  for (int i = 0; i < 2; i++)
+    if (ev[i]) cudaEventDestroy(ev[i]);
+  cudaFree(buf);
+  free(ms);
+  return st;
 }
 
 static void *rank_main(void *arg) {
@@ -99,7 +141,8 @@ static void *rank_main(void *arg) {
       cudaSetDevice(j->rank);
       j->step_ms = bench_steps_ms(s, (int)b->warmup, (int)b->steps, 1);
       j->loss = mn_session_read_loss(s);
-      j->ok = true;
+      j->ok = j->world == 1 || time_allreduce(j, g, s) == MN_OK;
+      if (!j->ok) fail(j, g, "the all-reduce alone");
     }
   }
   free(ids);
@@ -110,7 +153,8 @@ static void *rank_main(void *arg) {
 }
 
 /* One world size: the slowest rank's median step time, or a negative value on failure. */
-static double run_world(const bench_args *b, const mn_model_config *cfg, int world, float *loss) {
+static double run_world(const bench_args *b, const mn_model_config *cfg, int world, float *loss,
+                        double *allreduce_ms) {
   mn_group_id id;
   bench_check(mn_group_id_new(&id), "mn_group_id_new");
   rank_job jobs[MAX_RANKS] = {{0}};
@@ -133,6 +177,7 @@ static double run_world(const bench_args *b, const mn_model_config *cfg, int wor
     } else if (worst >= 0 && jobs[r].step_ms > worst) {
       worst = jobs[r].step_ms;
     }
+    if (jobs[r].ok && jobs[r].allreduce_ms > *allreduce_ms) *allreduce_ms = jobs[r].allreduce_ms;
   }
   *loss = jobs[0].loss;
   return worst;
@@ -211,7 +256,7 @@ int main(int argc, char **argv) {
       mn_model_config_parse(strcmp(b.model, "gpt2") == 0 ? MN_BENCH_GPT2 : MN_BENCH_SMOLLM2, &cfg),
       "config");
   int devices = mn_cuda_usable_devices();
-  double ms[MAX_WORLDS];
+  double ms[MAX_WORLDS], comm[MAX_WORLDS] = {0};
   int failed = 0;
   for (int w = 0; w < n_worlds; w++) {
     ms[w] = -1;
@@ -221,7 +266,7 @@ int main(int argc, char **argv) {
       continue;
     }
     float loss = 0;
-    ms[w] = run_world(&b, &cfg, worlds[w], &loss);
+    ms[w] = run_world(&b, &cfg, worlds[w], &loss, &comm[w]);
     if (ms[w] < 0) {
       printf("BENCH-FAILED dp_%s ranks=%d\n", b.model, worlds[w]);
       failed = 1;
@@ -229,16 +274,18 @@ int main(int argc, char **argv) {
     }
     double tps = (double)worlds[w] * (double)(b.batch * b.seq) / (ms[w] * 1e-3);
     double one = ms[0] > 0 ? (double)(b.batch * b.seq) / (ms[0] * 1e-3) : 0;
+    double exposed = ms[0] > 0 ? ms[w] - ms[0] : 0.0;
     printf("BENCH dp_%s_%s%s ranks=%d batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
-           "scaling=%.3f exposed_comm_ms=%.3f loss=%.4f\n",
+           "scaling=%.3f exposed_comm_ms=%.3f allreduce_alone_ms=%.3f hidden_ms=%.3f loss=%.4f\n",
            b.model, b.precision_name, b.zero1 ? "_zero1" : "", worlds[w], b.batch, b.seq, ms[w],
-           tps, one > 0 ? tps / one : 0.0, ms[0] > 0 ? ms[w] - ms[0] : 0.0, loss);
+           tps, one > 0 ? tps / one : 0.0, exposed, comm[w],
+           comm[w] > exposed ? comm[w] - exposed : 0.0, loss);
     fflush(stdout);
   }
   printf("\n%s %s%s, per-GPU batch %ld x %ld, median of %ld steps after %ld\n", b.model,
          b.precision_name, b.zero1 ? " ZeRO-1" : "", b.batch, b.seq, b.steps, b.warmup);
-  printf("%6s %10s %12s %10s %11s %18s\n", "ranks", "step ms", "tokens/s", "x one GPU",
-         "efficiency", "exposed comm ms");
+  printf("%6s %10s %12s %10s %11s %18s %16s %10s\n", "ranks", "step ms", "tokens/s", "x one GPU",
+         "efficiency", "exposed comm ms", "all-reduce ms", "hidden");
   for (int w = 0; w < n_worlds; w++) {
     if (ms[w] < 0) {
       printf("%6d %10s\n", worlds[w], worlds[w] > devices ? "skipped" : "failed");
@@ -246,8 +293,10 @@ int main(int argc, char **argv) {
     }
     double tps = (double)worlds[w] * (double)(b.batch * b.seq) / (ms[w] * 1e-3);
     double x = ms[0] > 0 ? tps / ((double)(b.batch * b.seq) / (ms[0] * 1e-3)) : 0;
-    printf("%6d %10.2f %12.0f %10.2f %10.0f%% %18.2f\n", worlds[w], ms[w], tps, x,
-           100.0 * x / worlds[w], ms[0] > 0 ? ms[w] - ms[0] : 0.0);
+    double exposed = ms[0] > 0 ? ms[w] - ms[0] : 0.0;
+    double hidden = comm[w] > exposed ? comm[w] - exposed : 0.0;
+    printf("%6d %10.2f %12.0f %10.2f %10.0f%% %18.2f %16.2f %9.0f%%\n", worlds[w], ms[w], tps, x,
+           100.0 * x / worlds[w], exposed, comm[w], comm[w] > 0 ? 100.0 * hidden / comm[w] : 0.0);
   }
   return failed;
 }
