@@ -35,10 +35,10 @@ mn_status mn_session_join_group(const char *fn, mn_session *s) {
   if (!s->training)
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: options.group is set but an inference session has nothing to reduce", fn);
-  if (o->precision == MN_PRECISION_F16)
+  if (o->precision == MN_PRECISION_F16 && s->backend != &mn_cpu_backend)
     return mn_fail(MN_ERR_UNSUPPORTED,
-                   "%s: data-parallel training in F16 (a loss scale every rank must agree on) is "
-                   "not supported; use BF16 or F32",
+                   "%s: data-parallel CUDA training in F16 (a loss scale every rank must agree "
+                   "on) is not supported; use BF16 or F32",
                    fn);
   mn_status st = check_backend(fn, s);
   if (st != MN_OK) return st;

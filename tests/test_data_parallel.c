@@ -43,7 +43,9 @@ typedef struct setup {
   int ranks, accum, rounds, first_round;
   optim opt;
   bool zero1, clip;
-  bool apart;              /* ranks other than 0 start from other parameters */
+  bool apart;       /* ranks other than 0 start from other parameters */
+  bool f16;         /* F16 training with its loss scaler */
+  int blowup_round; /* > 0: rank 1's inputs of round blowup_round - 1 are huge (it overflows) */
   const char *load, *save; /* checkpoint to start from / to write at the end (NULL: none) */
 } setup;
 
@@ -108,6 +110,8 @@ typedef struct rank_run {
   float loss[8];
   size_t adam_bytes; /* the memory summary's Adam state */
   size_t flat;       /* elements of the flat update block, alignment padding included */
+  float loss_scale;  /* F16: the scaler after the run */
+  uint64_t skipped;  /* F16: the steps it skipped */
 } rank_run;
 
 static void *rank_main(void *arg) {
@@ -121,6 +125,7 @@ static void *rank_main(void *arg) {
   o.rank = r->rank;
   o.world_size = r->world_size;
   o.zero1 = u->zero1;
+  if (u->f16) o.precision = MN_PRECISION_F16;
   mn_session *s = NULL;
   mn_status st = mn_build_session(g, &o, &s);
   uint64_t seed = u->apart && r->rank ? 12 : 11;
@@ -132,9 +137,21 @@ static void *rank_main(void *arg) {
   for (int round = u->first_round; st == MN_OK && round < u->first_round + u->rounds; round++)
     for (int m = 0; st == MN_OK && m < u->accum; m++) {
       st = feed(s, round, u->accum, (m * u->ranks + r->rank) * b, b);
+      if (st == MN_OK && r->rank == 1 && round + 1 == u->blowup_round) {
+        float huge[TOTAL * IN];
+        for (int i = 0; i < b * IN; i++)
+          huge[i] = 3.0e38f;
+        st = mn_session_set_input(s, "x", huge, (size_t)(b * IN));
+      }
       if (st == MN_OK) st = step(s, &r->loss[round - u->first_round]);
     }
   if (st == MN_OK) st = read_all(s, r->params);
+  mn_session_stats stats;
+  if (st == MN_OK) st = mn_session_get_stats(s, &stats);
+  if (st == MN_OK) {
+    r->loss_scale = stats.loss_scale;
+    r->skipped = stats.skipped_steps;
+  }
   if (st == MN_OK && u->save) st = mn_session_save_checkpoint(s, u->save);
 out:
   r->status = st;
@@ -431,16 +448,34 @@ Test(data_parallel, options_a_group_cannot_take) {
   mn_session *s = NULL;
   cr_expect_eq(mn_build_inference_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT);
   cr_expect(strstr(mn_last_error(), "inference") != NULL, "%s", mn_last_error());
-  o.precision = MN_PRECISION_F16;
-  cr_expect_eq(mn_build_session(g, &o, &s), MN_ERR_UNSUPPORTED);
-  cr_expect(strstr(mn_last_error(), "F16") != NULL, "%s", mn_last_error());
-  o.precision = MN_PRECISION_F32;
   o.rank = 1;
   cr_expect_eq(mn_build_session(g, &o, &s), MN_ERR_INVALID_ARGUMENT);
   cr_expect(strstr(mn_last_error(), "rank = 1") != NULL, "%s", mn_last_error());
   cr_expect_eq(mn_group_new_local(0, 1, &group), MN_ERR_INVALID_ARGUMENT);
   mn_graph_free(g);
   mn_group_free(o.group);
+}
+
+/* F16: a step whose gradients overflow on one rank is skipped by every rank, so the ranks keep
+ * one loss scale and one model; the steps that do not overflow train as in F32. */
+Test(data_parallel, f16_ranks_skip_the_steps_any_rank_overflows) {
+  setup u = {.ranks = 2, .accum = 1, .rounds = ROUNDS, .opt = SGD, .f16 = true};
+  rank_run runs[MAX_RANKS];
+  run_ranks(&u, runs);
+  uint64_t calm = runs[0].skipped;
+  cr_expect_eq(runs[1].skipped, calm);
+  cr_expect(memcmp(runs[0].params, runs[1].params, sizeof runs[0].params) == 0,
+            "F16 ranks' parameters differ");
+  u.blowup_round = 2;
+  run_ranks(&u, runs);
+  cr_expect_gt(runs[0].skipped, calm, "rank 1's overflow skipped nothing on rank 0 (%llu, %llu)",
+               (unsigned long long)runs[0].skipped, (unsigned long long)calm);
+  cr_expect_eq(runs[0].skipped, runs[1].skipped, "skipped steps %llu and %llu",
+               (unsigned long long)runs[0].skipped, (unsigned long long)runs[1].skipped);
+  cr_expect_eq(runs[0].loss_scale, runs[1].loss_scale, "loss scales %g and %g",
+               (double)runs[0].loss_scale, (double)runs[1].loss_scale);
+  cr_expect(memcmp(runs[0].params, runs[1].params, sizeof runs[0].params) == 0,
+            "the ranks' parameters differ after an overflow on one of them");
 }
 
 /* ------------------------------------------------------------------ the plan and NCCL */

@@ -183,7 +183,7 @@ static int check_args(cli_opt *o, train_args *a, bool config_known) {
             CMD);
     return CLI_USAGE;
   }
-  /* In-process ranks are threads of the CPU backend; the library refuses F16 for groups. */
+  /* In-process ranks are threads of the CPU backend. */
   if (a->ranks > 1) a->options.backend = MN_BACKEND_CPU;
   a->group_id_file = o[O_GROUP_ID_FILE].value;
   /* After the launcher's device is known: the default precision depends on it. */

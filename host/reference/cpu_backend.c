@@ -168,8 +168,9 @@ static void store_low_precision(mn_session *s, mn_node id, const mn_node_rec *no
 }
 
 /* F16: divides every parameter gradient by the loss scale the step was seeded with and
- * records whether they are all finite; false skips the update (host/storage.h). */
-static bool unscale_gradients(mn_session *s) {
+ * records whether they are all finite (in a group: on every rank, so that all of them skip
+ * the same steps and keep one loss scale); *apply false skips the update (host/storage.h). */
+static mn_status unscale_gradients(mn_session *s, bool *apply) {
   const mn_plan *p = s->plan;
   float inv = 1.0f / s->scaler.scale;
   bool finite = true;
@@ -182,7 +183,14 @@ static bool unscale_gradients(mn_session *s) {
       g[k] *= inv;
     }
   }
-  return mn_loss_scaler_record(&s->scaler, finite);
+  if (s->dp) {
+    float overflowed = finite ? 0.0f : 1.0f;
+    mn_status rc = mn_all_reduce(s->dp->group, s->dp->rank, &overflowed, 1, MN_REDUCE_MAX);
+    if (rc != MN_OK) return rc;
+    finite = overflowed == 0.0f;
+  }
+  *apply = mn_loss_scaler_record(&s->scaler, finite);
+  return MN_OK;
 }
 
 /* Gradient accumulation over the flat gradient vector, in the float arithmetic of
@@ -259,7 +267,11 @@ static mn_status cpu_step(mn_session *s) {
                       MN_REDUCE_MEAN);
     if (rc != MN_OK) return rc;
   }
-  if (p->loss_scale != MN_NO_NODE && !unscale_gradients(s)) return MN_OK;
+  if (p->loss_scale != MN_NO_NODE) {
+    bool finite = true;
+    mn_status rc = unscale_gradients(s, &finite);
+    if (rc != MN_OK || !finite) return rc;
+  }
   if (!s->training || s->optim.kind == MN_OPTIM_NONE) return MN_OK;
   bool apply = mn_session_accumulation_step(s);
   if (s->grad_accum > 1) {
