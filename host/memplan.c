@@ -185,6 +185,11 @@ mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode) {
     free(placed);
     return st;
   }
+  for (size_t b = 0; p->external && b < nb; b++)
+    if (p->external[b]) {
+      p->buffers[b].offset = 0;
+      placed[b] = true;
+    }
   if (mode == MN_LAYOUT_ONE_PER_BUFFER) {
     for (size_t b = 0; b < nb; b++) {
       if (placed[b]) continue;

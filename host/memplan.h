@@ -15,7 +15,8 @@ typedef enum mn_layout_mode {
   MN_LAYOUT_ONE_PER_BUFFER, /* every buffer its own memory (the reference for tests) */
 } mn_layout_mode;
 
-/* Sets every buffer's offset and p->arena_bytes. */
+/* Sets every buffer's offset and p->arena_bytes. External buffers (p->external) take no
+ * space: their offset is 0 and never read. */
 mn_status mn_memplan_layout(mn_plan *p, mn_layout_mode mode);
 
 /* The dispatch that first writes each buffer, its node's (for an extra output, that of the

@@ -81,6 +81,7 @@ void mn_plan_free(mn_plan *p) {
   free(p->buffers);
   free(p->node_buffer);
   free(p->extra_outputs);
+  free(p->external);
   free(p->params);
   mn_param_layout_clear(&p->layout);
   free(p);

@@ -54,6 +54,9 @@ struct mn_plan {
   /* extra_outputs[node * MN_MAX_EXTRA_OUTPUTS + k - 1]: the extra_output node holding value k
    * of a multi-output node, else MN_NO_NODE */
   mn_node *extra_outputs;
+  /* Per buffer (NULL: none): memory the session reads where another session keeps it (shared
+   * parameters, KV caches and quantized weights), which the layout gives no arena space. */
+  bool *external;
   size_t arena_bytes;
   mn_node loss;            /* output 0 when it is an F32 [1] node, else MN_NO_NODE */
   size_t num_user_outputs; /* graph outputs [0, n) are the user's; the rest gradients */

@@ -10,6 +10,7 @@
 
 #include "host/data_parallel.h"
 #include "host/error.h"
+#include "host/memplan.h"
 #include "host/storage.h"
 #include "optimizer/optimize.h"
 #include "optimizer/siblings.h"
@@ -94,6 +95,16 @@ mn_status mn_session_create(const char *fn, mn_plan *plan, const mn_session_opti
   return mn_session_create_sharing(fn, plan, opts, training, NULL, NULL, 0, out);
 }
 
+/* What the session reads in its owner's memory takes none of its own arena. */
+static mn_status plan_without_shared(const char *fn, mn_session *s) {
+  mn_plan *p = s->plan;
+  if (!(p->external = calloc(p->num_buffers ? p->num_buffers : 1, sizeof *p->external)))
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  for (size_t b = 0; b < p->num_buffers; b++)
+    p->external[b] = s->shared[b] != NULL;
+  return mn_memplan_layout(p, MN_LAYOUT_PLANNED);
+}
+
 mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_session_options *opts,
                                     bool training, mn_session *owner, const char *const *inputs,
                                     size_t n_inputs, mn_session **out) {
@@ -118,6 +129,7 @@ mn_status mn_session_create_sharing(const char *fn, mn_plan *plan, const mn_sess
   s->grad_accum = 1;
   if (owner) st = mn_session_share_parameters(fn, s, owner);
   if (owner && st == MN_OK) st = mn_session_share_inputs(fn, s, owner, inputs, n_inputs);
+  if (owner && st == MN_OK) st = plan_without_shared(fn, s);
   if (st != MN_OK || (st = backend->create(s)) != MN_OK) {
     mn_plan_free(plan);
     free(s->shared);

@@ -1,6 +1,7 @@
 /* mn_build_inference_session_shared: an inference session that reads a training session's
  * parameters in place sees every update without a copy, equals an inference session given
- * the same weights by copy, and refuses an owner without its parameters. On CUDA too (the
+ * the same weights by copy while holding no memory for them, and refuses an owner without its
+ * parameters. On CUDA too (the
  * GPU case skips without a device). */
 #include <string.h>
 
@@ -67,6 +68,13 @@ static void check_sharing(mn_backend backend) {
     cr_assert_eq(mn_session_read_output_by_index(copy, 0, copied_y, B * OUT), MN_OK);
     cr_expect(memcmp(shared_y, copied_y, sizeof shared_y) == 0,
               "step %d: the shared session does not see the trained weights", step);
+    /* The weights it reads in the owner's memory take none of its own. */
+    size_t shared_bytes = mn_session_memory_summary(eval).total_buffer_bytes;
+    size_t copy_bytes = mn_session_memory_summary(copy).total_buffer_bytes;
+    size_t weights = (IN * HID + HID + HID * OUT + OUT) * sizeof(float);
+    cr_expect_leq(shared_bytes + weights, copy_bytes,
+                  "the shared session holds %zu bytes, a copy %zu: its arena still has the weights",
+                  shared_bytes, copy_bytes);
     mn_session_free(copy);
   }
   cr_expect(memcmp(before, shared_y, sizeof before) != 0, "training changed nothing");
