@@ -129,7 +129,8 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
     rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->scaler, &st->misc->scaler,
                                      sizeof st->misc->scaler, cudaMemcpyDeviceToHost, st->stream),
                      "copying the loss scaler");
-  return rc;
+  mn_status joined = mn_cu_dp_capture_end(st);
+  return rc != MN_OK ? rc : joined;
 }
 
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {

@@ -214,6 +214,9 @@ void mn_cu_dp_free(cuda_state *st);
 mn_status mn_cu_dp_sync_params(cuda_state *st, mn_session *s);
 bool mn_cu_dp_overlaps(const cuda_state *st, const mn_session *s, unsigned key);
 void mn_cu_dp_capture_begin(cuda_state *st);
+/* After the step's last node, also after a failure: joins the communication stream back if
+ * a bucket forked it and nothing joined it yet, so that the capture can end. */
+mn_status mn_cu_dp_capture_end(cuda_state *st);
 mn_status mn_cu_dp_after_cmd(cuda_state *st, const mn_session *s, size_t cmd);
 mn_status mn_cu_dp_reduce(cuda_state *st, const mn_session *s, bool overlapped);
 mn_status mn_cu_dp_zero_update(cuda_state *st, const mn_session *s, unsigned key);

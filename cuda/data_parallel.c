@@ -38,6 +38,8 @@ struct mn_cu_dp {
   size_t *run_first, *run_num;
   size_t *after_cmd; /* per bucket: the program command after which it is final */
   size_t next;       /* while capturing: the next bucket to issue */
+  bool forked;       /* while capturing: the communication stream joined the capture */
+  bool joined;       /* ... and the compute stream has waited for it since */
   /* ZeRO-1 */
   float *pad_grads, *pad_params; /* device, world * shard each */
   float *all_m, *all_v;          /* host: every rank's moments, gathered for reading */
@@ -220,7 +222,24 @@ bool mn_cu_dp_overlaps(const cuda_state *st, const mn_session *s, unsigned key) 
 }
 
 void mn_cu_dp_capture_begin(cuda_state *st) {
-  if (st->dp) st->dp->next = 0;
+  if (!st->dp) return;
+  st->dp->next = 0;
+  st->dp->forked = st->dp->joined = false;
+}
+
+/* The compute stream waits for the communication stream, so that the capture can end. */
+static mn_status join_comm(cuda_state *st) {
+  mn_cu_dp *d = st->dp;
+  mn_status rc = mn_cu_check(cudaEventRecord(d->done, d->comm_stream), "recording the last bucket");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaStreamWaitEvent(st->stream, d->done, 0), "waiting on the last bucket");
+  d->joined = rc == MN_OK;
+  return rc;
+}
+
+mn_status mn_cu_dp_capture_end(cuda_state *st) {
+  mn_cu_dp *d = st->dp;
+  return d && d->forked && !d->joined ? join_comm(st) : MN_OK;
 }
 
 /* Bucket b's all-reduce (mean) on `stream`. */
@@ -245,6 +264,7 @@ static mn_status issue_forked(cuda_state *st, const mn_session *s) {
   size_t b = d->next++;
   /* The commands that wrote the bucket may run on any stream of the capture (schedule.c). */
   mn_status rc = mn_cu_lanes_wait_all(st, d->ready[b], d->comm_stream);
+  d->forked = d->forked || rc == MN_OK;
   return rc == MN_OK ? issue(st, s, b, d->comm_stream) : rc;
 }
 
@@ -267,10 +287,7 @@ mn_status mn_cu_dp_reduce(cuda_state *st, const mn_session *s, bool overlapped) 
   while (rc == MN_OK && d->next < d->num_buckets)
     rc = issue_forked(st, s);
   if (rc != MN_OK || !d->num_buckets) return rc;
-  rc = mn_cu_check(cudaEventRecord(d->done, d->comm_stream), "recording the last bucket");
-  if (rc == MN_OK)
-    rc = mn_cu_check(cudaStreamWaitEvent(st->stream, d->done, 0), "waiting on the last bucket");
-  return rc;
+  return join_comm(st);
 }
 
 static mn_status copy(cuda_state *st, void *dst, const void *src, size_t floats) {

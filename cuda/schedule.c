@@ -204,10 +204,12 @@ mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
     cudaEvent_t *ev = realloc(ln->events, n * sizeof *ev);
     if (!ev) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory (events)");
     ln->events = ev;
-    for (; rc == MN_OK && ln->num_events < n; ln->num_events++)
+    while (rc == MN_OK && ln->num_events < n) {
       rc =
           mn_cu_check(cudaEventCreateWithFlags(&ln->events[ln->num_events], cudaEventDisableTiming),
                       "creating an event");
+      if (rc == MN_OK) ln->num_events++;
+    }
   }
   return rc;
 }

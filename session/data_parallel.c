@@ -35,6 +35,8 @@ mn_status mn_session_join_group(const char *fn, mn_session *s) {
   if (!s->training)
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: options.group is set but an inference session has nothing to reduce", fn);
+  /* Lifting this on CUDA needs more than the flag's all-reduce: the unscale kernel must also
+   * wait for the overlapped buckets' all-reduces (cuda/capture.c runs it before they join). */
   if (o->precision == MN_PRECISION_F16 && s->backend != &mn_cpu_backend)
     return mn_fail(MN_ERR_UNSUPPORTED,
                    "%s: data-parallel CUDA training in F16 (a loss scale every rank must agree "
