@@ -58,14 +58,20 @@ static bool is_input(const mn_node_rec *n, mn_node x) {
   return false;
 }
 
+/* How a command uses an argument: known to be written (a product's result, a memset's or a
+ * copy's target), or judged from the node (a kernel argument: read when it is one of the
+ * node's inputs that the node does not overwrite, written otherwise). */
+typedef enum use { USE_JUDGED, USE_WRITTEN } use;
+
 static void add_arg(access *a, const cuda_state *st, const mn_session *s, mn_node owner,
-                    mn_cu_arg arg) {
+                    mn_cu_arg arg, use how) {
   const mn_plan *p = s->plan;
   switch (arg.kind) {
   case MN_CU_ARG_NODE: {
     uint32_t b = p->node_buffer[arg.node];
     uintptr_t lo = buffer_base(st, s, arg.node);
-    bool read = is_input(&p->graph->nodes[owner], arg.node) && !writes_buffer(p, owner, b);
+    bool read = how == USE_JUDGED && is_input(&p->graph->nodes[owner], arg.node) &&
+                !writes_buffer(p, owner, b);
     add(a, lo, lo + p->buffers[b].bytes, !read);
     break;
   }
@@ -93,19 +99,23 @@ static void accesses(const cuda_state *st, const mn_session *s, size_t i, access
   switch (c->kind) {
   case MN_CU_CMD_LAUNCH:
     for (int k = 0; k < c->num_args; k++)
-      add_arg(a, st, s, c->node, c->args[k]);
+      add_arg(a, st, s, c->node, c->args[k], USE_JUDGED);
     break;
   case MN_CU_CMD_MATMUL: {
     const mn_cu_matmul_desc *d = &c->mm;
-    const mn_cu_arg args[] = {d->a, d->b, d->c, d->bias, d->aux, d->c_fallback};
-    for (size_t k = 0; k < sizeof args / sizeof args[0]; k++)
-      add_arg(a, st, s, c->node, args[k]);
+    bool bias_out = d->epilogue == MN_CU_EPI_BGRAD_A || d->epilogue == MN_CU_EPI_BGRAD_B;
+    add_arg(a, st, s, c->node, d->a, USE_JUDGED);
+    add_arg(a, st, s, c->node, d->b, USE_JUDGED);
+    add_arg(a, st, s, c->node, d->aux, USE_JUDGED);
+    add_arg(a, st, s, c->node, d->bias, bias_out ? USE_WRITTEN : USE_JUDGED);
+    add_arg(a, st, s, c->node, d->c, USE_WRITTEN);
+    add_arg(a, st, s, c->node, d->c_fallback, USE_WRITTEN);
     break;
   }
   case MN_CU_CMD_MEMSET:
   case MN_CU_CMD_COPY:
-    add_arg(a, st, s, c->node, c->args[0]);
-    if (c->kind == MN_CU_CMD_COPY) add_arg(a, st, s, c->node, c->args[1]);
+    add_arg(a, st, s, c->node, c->args[0], USE_WRITTEN);
+    if (c->kind == MN_CU_CMD_COPY) add_arg(a, st, s, c->node, c->args[1], USE_JUDGED);
     break;
   }
 }
