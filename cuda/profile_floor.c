@@ -18,101 +18,116 @@ static mn_status lt(cublasStatus_t s, const char *what) {
   return mn_fail(MN_ERR_DEVICE, "profile: cuBLASLt %s: %s", what, cublasLtGetStatusString(s));
 }
 
-/* The median of `reps` timings of one 8192-cubed bf16 product (FP32 accumulation, what the
- * sessions' bf16 products use), in TFLOP/s. */
+/* The median of 7 timings (after one untimed run) of what `enqueue` puts on the stream. */
+typedef mn_status (*timed_work)(cuda_state *st, void *ctx);
+
+static mn_status median_ms(cuda_state *st, cudaEvent_t ev[2], timed_work enqueue, void *ctx,
+                           double *median) {
+  enum { REPS = 7 };
+  double ms[REPS];
+  mn_status rc = MN_OK;
+  for (int r = -1; rc == MN_OK && r < REPS; r++) {
+    rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
+    if (rc == MN_OK) rc = enqueue(st, ctx);
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "profile: measuring the card");
+    float t = 0;
+    if (rc == MN_OK) rc = mn_cu_check(cudaEventElapsedTime(&t, ev[0], ev[1]), "event");
+    if (rc == MN_OK && r >= 0) ms[r] = t;
+  }
+  if (rc != MN_OK) return rc;
+  for (int i = 1; i < REPS; i++)
+    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+      double x = ms[j];
+      ms[j] = ms[j - 1];
+      ms[j - 1] = x;
+    }
+  *median = ms[REPS / 2];
+  return MN_OK;
+}
+
+typedef struct gemm_work {
+  cublasLtHandle_t handle;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t layout;
+  cublasLtMatmulAlgo_t algo;
+  void *a, *b, *c;
+} gemm_work;
+
+static mn_status enqueue_gemm(cuda_state *st, void *ctx) {
+  const gemm_work *g = ctx;
+  float alpha = 1.0f, beta = 0.0f;
+  return lt(cublasLtMatmul(g->handle, g->desc, &alpha, g->a, g->layout, g->b, g->layout, &beta,
+                           g->c, g->layout, g->c, g->layout, &g->algo, st->workspace,
+                           st->workspace ? st->workspace_bytes : 0, st->stream),
+            "matmul");
+}
+
+/* One 8192-cubed bf16 product (FP32 accumulation, what the sessions' bf16 products use), in
+ * TFLOP/s. */
 static mn_status gemm_rate(cuda_state *st, cudaEvent_t ev[2], double *tflops) {
-  const int n = 8192, reps = 7;
+  const int n = 8192;
   size_t bytes = (size_t)n * n * 2;
-  void *a = NULL, *b = NULL, *c = NULL;
-  cublasLtHandle_t handle = NULL;
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL;
+  gemm_work g = {0};
   cublasLtMatmulPreference_t pref = NULL;
-  mn_status rc = mn_cu_check(cudaMalloc(&a, bytes), "profile: GEMM operand");
-  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&b, bytes), "profile: GEMM operand");
-  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&c, bytes), "profile: GEMM result");
+  mn_status rc = mn_cu_check(cudaMalloc(&g.a, bytes), "profile: GEMM operand");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&g.b, bytes), "profile: GEMM operand");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&g.c, bytes), "profile: GEMM result");
   /* Small random-looking values: all-zero operands run faster than real data. */
-  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(a, 0x3c, bytes, st->stream), "GEMM fill");
-  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(b, 0x3b, bytes, st->stream), "GEMM fill");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(g.a, 0x3c, bytes, st->stream), "GEMM fill");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMemsetAsync(g.b, 0x3b, bytes, st->stream), "GEMM fill");
   /* A handle of its own: a session without matrix products has none. */
-  if (rc == MN_OK) rc = lt(cublasLtCreate(&handle), "handle");
-  if (rc == MN_OK) rc = lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-  if (rc == MN_OK) rc = lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n), "layout");
+  if (rc == MN_OK) rc = lt(cublasLtCreate(&g.handle), "handle");
+  if (rc == MN_OK)
+    rc = lt(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  if (rc == MN_OK) rc = lt(cublasLtMatrixLayoutCreate(&g.layout, CUDA_R_16BF, n, n, n), "layout");
   if (rc == MN_OK) rc = lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  cublasLtMatmulHeuristicResult_t h;
-  int found = 0;
   if (rc == MN_OK) {
     size_t ws = st->workspace ? st->workspace_bytes : 0;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof ws);
-    rc = lt(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, la, la, la, pref, 1, &h, &found),
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    rc = lt(cublasLtMatmulAlgoGetHeuristic(g.handle, g.desc, g.layout, g.layout, g.layout, g.layout,
+                                           pref, 1, &h, &found),
             "heuristic");
     if (rc == MN_OK && !found) rc = mn_fail(MN_ERR_DEVICE, "profile: no bf16 GEMM algorithm");
+    if (rc == MN_OK) g.algo = h.algo;
   }
-  float alpha = 1.0f, beta = 0.0f;
-  double *ms = malloc(reps * sizeof *ms);
-  if (rc == MN_OK && !ms) rc = mn_fail(MN_ERR_OUT_OF_MEMORY, "profile");
-  for (int r = -1; rc == MN_OK && r < reps; r++) {
-    rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
-    if (rc == MN_OK)
-      rc = lt(cublasLtMatmul(handle, desc, &alpha, a, la, b, la, &beta, c, la, c, la, &h.algo,
-                             st->workspace, st->workspace ? st->workspace_bytes : 0, st->stream),
-              "matmul");
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "GEMM");
-    float t = 0;
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventElapsedTime(&t, ev[0], ev[1]), "event");
-    if (rc == MN_OK && r >= 0) ms[r] = t;
-  }
-  if (rc == MN_OK) {
-    for (int i = 1; i < reps; i++)
-      for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-        double x = ms[j];
-        ms[j] = ms[j - 1];
-        ms[j - 1] = x;
-      }
-    *tflops = 2.0 * n * (double)n * n / (ms[reps / 2] * 1e-3) / 1e12;
-  }
-  free(ms);
+  double ms = 0;
+  if (rc == MN_OK) rc = median_ms(st, ev, enqueue_gemm, &g, &ms);
+  if (rc == MN_OK) *tflops = 2.0 * n * (double)n * n / (ms * 1e-3) / 1e12;
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  if (handle) cublasLtDestroy(handle);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
+  if (g.layout) cublasLtMatrixLayoutDestroy(g.layout);
+  if (g.desc) cublasLtMatmulDescDestroy(g.desc);
+  if (g.handle) cublasLtDestroy(g.handle);
+  cudaFree(g.a);
+  cudaFree(g.b);
+  cudaFree(g.c);
   return rc;
 }
 
-/* A 1 GiB device-to-device copy, median of 7: bytes read plus bytes written per second. */
+typedef struct copy_work {
+  void *src, *dst;
+  size_t bytes;
+} copy_work;
+
+static mn_status enqueue_copy(cuda_state *st, void *ctx) {
+  const copy_work *c = ctx;
+  return mn_cu_check(
+      cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, st->stream), "copy");
+}
+
+/* A 1 GiB device-to-device copy: bytes read plus bytes written per second. */
 static mn_status copy_rate(cuda_state *st, cudaEvent_t ev[2], double *tbps) {
-  const size_t bytes = (size_t)1 << 30;
-  const int reps = 7;
-  void *a = NULL, *b = NULL;
-  double ms[7];
-  mn_status rc = mn_cu_check(cudaMalloc(&a, bytes), "profile: copy source");
-  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&b, bytes), "profile: copy target");
-  for (int r = -1; rc == MN_OK && r < reps; r++) {
-    rc = mn_cu_check(cudaEventRecord(ev[0], st->stream), "event");
-    if (rc == MN_OK)
-      rc = mn_cu_check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st->stream), "copy");
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventRecord(ev[1], st->stream), "event");
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventSynchronize(ev[1]), "copy");
-    float t = 0;
-    if (rc == MN_OK) rc = mn_cu_check(cudaEventElapsedTime(&t, ev[0], ev[1]), "event");
-    if (rc == MN_OK && r >= 0) ms[r] = t;
-  }
-  if (rc == MN_OK) {
-    for (int i = 1; i < reps; i++)
-      for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-        double x = ms[j];
-        ms[j] = ms[j - 1];
-        ms[j - 1] = x;
-      }
-    *tbps = 2.0 * (double)bytes / (ms[reps / 2] * 1e-3) / 1e12;
-  }
-  cudaFree(a);
-  cudaFree(b);
+  copy_work c = {.bytes = (size_t)1 << 30};
+  mn_status rc = mn_cu_check(cudaMalloc(&c.src, c.bytes), "profile: copy source");
+  if (rc == MN_OK) rc = mn_cu_check(cudaMalloc(&c.dst, c.bytes), "profile: copy target");
+  double ms = 0;
+  if (rc == MN_OK) rc = median_ms(st, ev, enqueue_copy, &c, &ms);
+  if (rc == MN_OK) *tbps = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e12;
+  cudaFree(c.src);
+  cudaFree(c.dst);
   return rc;
 }
 

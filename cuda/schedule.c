@@ -147,6 +147,13 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
     free(acc);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory (the stream schedule)");
   }
+  /* One stream (the default) is program order: nothing to compare. */
+  if (streams == 1) {
+    for (size_t i = 0; i < n; i++)
+      ln->lane[i] = mn_cu_cmd_skipped(st, i) ? -1 : 0;
+    free(acc);
+    return MN_OK;
+  }
   /* tail[l]: the last command given to stream l (+1; 0: none yet). */
   size_t tail[MN_CU_MAX_STREAMS] = {0};
   for (size_t i = 0; i < n; i++) {
@@ -202,6 +209,7 @@ mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
     if (rc == MN_OK && !ln->workspace[l] && st->workspace_bytes)
       rc = mn_cu_check(cudaMalloc(&ln->workspace[l], st->workspace_bytes), "a cuBLASLt workspace");
   }
+  if (rc != MN_OK || streams == 1) return rc;
   for (int l = 0; rc == MN_OK && l < streams; l++)
     if (!ln->join[l])
       rc = mn_cu_check(cudaEventCreateWithFlags(&ln->join[l], cudaEventDisableTiming),

@@ -335,6 +335,17 @@ static setup small(optim opt, bool zero1, bool clip, int accum) {
                  .precision = MN_PRECISION_F32};
 }
 
+/* Two 16 MiB weights: more than one 25 MiB bucket, so buckets are reduced while the backward
+ * pass still runs. */
+static setup large(optim opt) {
+  setup u = small(opt, false, true, 1);
+  u.in = 512;
+  u.hid = 8192;
+  u.out = 512;
+  u.rounds = 8;
+  return u;
+}
+
 /* ------------------------------------------------------------------ tests */
 
 Test(cuda_data_parallel, one_rank_through_nccl_is_bitwise_the_plain_session) {
@@ -389,36 +400,15 @@ Test(cuda_data_parallel, accumulation_reduces_on_the_applying_step_only) {
   check_two_ranks(small(ADAMW, true, true, 2));
 }
 
-/* 2 x 16 MiB of weights: more than one 25 MiB bucket, reduced while the backward pass runs. */
 Test(cuda_data_parallel, several_buckets_overlap_the_backward_pass) {
   require_ranks(2);
-  setup u = small(SGD, false, true, 1);
-  u.in = 512;
-  u.hid = 8192;
-  u.out = 512;
-  u.rounds = 8;
+  setup u = large(SGD);
   check_two_ranks(u);
   u.opt = ADAMW;
   u.normwise = true;
   check_two_ranks(u);
   u.zero1 = true;
   check_two_ranks(u);
-}
-
-/* The same model on one rank of batch 4, the work each of two ranks does: what a step costs
- * without the collectives. */
-Test(cuda_data_parallel, the_step_time_of_one_rank_of_half_the_batch) {
-  require_ranks(1);
-  setup u = small(ADAMW, false, true, 1);
-  u.in = 512;
-  u.hid = 8192;
-  u.out = 512;
-  u.rounds = 8;
-  run half;
-  run_plain(&u, TOTAL / 2, 1, &half);
-  fprintf(stderr, "DP one rank of batch %d: %.3f ms a step\n", TOTAL / 2,
-          1e3 * half.step_seconds / (u.rounds - 2));
-  free_runs(&half, 1);
 }
 
 Test(cuda_data_parallel, bf16_ranks_refresh_their_weights_copies) {
