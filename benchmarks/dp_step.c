@@ -12,9 +12,11 @@
  * the whole group; the speed-up over one GPU; and the exposed communication, the step time
  * at N ranks minus at one (what NCCL adds that the backward pass does not hide), beside the
  * all-reduce of the whole gradient block alone through the same group (median over as many
- * calls), so the share of the communication the backward pass hides is the difference. A table
- * of the same comes last. Needs NCCL (libnccl.so.2 or MN_NCCL_LIBRARY); set NCCL_NVLS_ENABLE=0
- * where NVLink multicast is not available. */
+ * calls). Each size of 2 or more ranks is then run again with MN_DP_OVERLAP=0 (every bucket
+ * reduced after the backward pass, on the compute stream): hidden_ms, that step minus the
+ * overlapped one, is what the overlap hides. A table of the same comes last. Needs NCCL
+ * (libnccl.so.2 or MN_NCCL_LIBRARY); set NCCL_NVLS_ENABLE=0 where NVLink multicast is not
+ * available. */
 #include <pthread.h>
 
 #include "benchmarks/bench_util.h"
@@ -262,7 +264,7 @@ int main(int argc, char **argv) {
       mn_model_config_parse(strcmp(b.model, "gpt2") == 0 ? MN_BENCH_GPT2 : MN_BENCH_SMOLLM2, &cfg),
       "config");
   int devices = mn_cuda_usable_devices();
-  double ms[MAX_WORLDS], comm[MAX_WORLDS] = {0};
+  double ms[MAX_WORLDS], comm[MAX_WORLDS] = {0}, serial[MAX_WORLDS] = {0};
   int failed = 0;
   for (int w = 0; w < n_worlds; w++) {
     ms[w] = -1;
@@ -278,20 +280,30 @@ int main(int argc, char **argv) {
       failed = 1;
       continue;
     }
+    if (worlds[w] > 1 && !b.zero1) { /* ZeRO-1 never overlaps: nothing to compare */
+      float serial_loss = 0;
+      double unused = 0;
+      setenv("MN_DP_OVERLAP", "0", 1);
+      serial[w] = run_world(&b, &cfg, worlds[w], &serial_loss, &unused);
+      unsetenv("MN_DP_OVERLAP");
+      if (serial[w] < 0) serial[w] = 0;
+    }
     double tps = (double)worlds[w] * (double)(b.batch * b.seq) / (ms[w] * 1e-3);
     double one = ms[0] > 0 ? (double)(b.batch * b.seq) / (ms[0] * 1e-3) : 0;
     double exposed = ms[0] > 0 ? ms[w] - ms[0] : 0.0;
     printf("BENCH dp_%s_%s%s ranks=%d batch=%ld seq=%ld step_ms=%.3f tokens_per_s=%.0f "
-           "scaling=%.3f exposed_comm_ms=%.3f allreduce_alone_ms=%.3f hidden_ms=%.3f loss=%.4f\n",
+           "scaling=%.3f exposed_comm_ms=%.3f allreduce_alone_ms=%.3f serial_step_ms=%.3f "
+           "hidden_ms=%.3f loss=%.4f\n",
            b.model, b.precision_name, b.zero1 ? "_zero1" : "", worlds[w], b.batch, b.seq, ms[w],
-           tps, one > 0 ? tps / one : 0.0, exposed, comm[w],
-           comm[w] > exposed ? comm[w] - exposed : 0.0, loss);
+           tps, one > 0 ? tps / one : 0.0, exposed, comm[w], serial[w],
+           serial[w] > 0 ? serial[w] - ms[w] : 0.0, loss);
     fflush(stdout);
   }
   printf("\n%s %s%s, per-GPU batch %ld x %ld, median of %ld steps after %ld\n", b.model,
          b.precision_name, b.zero1 ? " ZeRO-1" : "", b.batch, b.seq, b.steps, b.warmup);
-  printf("%6s %10s %12s %10s %11s %18s %16s %10s\n", "ranks", "step ms", "tokens/s", "x one GPU",
-         "efficiency", "exposed comm ms", "all-reduce ms", "hidden");
+  printf("%6s %10s %12s %10s %11s %16s %14s %14s %10s\n", "ranks", "step ms", "tokens/s",
+         "x one GPU", "efficiency", "exposed comm ms", "all-reduce ms", "serial step ms",
+         "hidden ms");
   for (int w = 0; w < n_worlds; w++) {
     if (ms[w] < 0) {
       printf("%6d %10s\n", worlds[w], worlds[w] > devices ? "skipped" : "failed");
@@ -300,9 +312,9 @@ int main(int argc, char **argv) {
     double tps = (double)worlds[w] * (double)(b.batch * b.seq) / (ms[w] * 1e-3);
     double x = ms[0] > 0 ? tps / ((double)(b.batch * b.seq) / (ms[0] * 1e-3)) : 0;
     double exposed = ms[0] > 0 ? ms[w] - ms[0] : 0.0;
-    double hidden = comm[w] > exposed ? comm[w] - exposed : 0.0;
-    printf("%6d %10.2f %12.0f %10.2f %10.0f%% %18.2f %16.2f %9.0f%%\n", worlds[w], ms[w], tps, x,
-           100.0 * x / worlds[w], exposed, comm[w], comm[w] > 0 ? 100.0 * hidden / comm[w] : 0.0);
+    printf("%6d %10.2f %12.0f %10.2f %10.0f%% %16.2f %14.2f %14.2f %10.2f\n", worlds[w], ms[w], tps,
+           x, 100.0 * x / worlds[w], exposed, comm[w], serial[w],
+           serial[w] > 0 ? serial[w] - ms[w] : 0.0);
   }
   return failed;
 }

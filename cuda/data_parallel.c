@@ -38,6 +38,7 @@ struct mn_cu_dp {
   size_t *run_first, *run_num;
   size_t *after_cmd; /* per bucket: the program command after which it is final */
   size_t next;       /* while capturing: the next bucket to issue */
+  bool serial;       /* MN_DP_OVERLAP=0: every bucket after the backward pass (a baseline) */
   bool forked;       /* while capturing: the communication stream joined the capture */
   bool joined;       /* ... and the compute stream has waited for it since */
   /* ZeRO-1 */
@@ -87,6 +88,10 @@ mn_status mn_cuda_dp_prepare(mn_session *s, const char *fn) {
   if (!st->dp) return mn_fail(MN_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
   st->dp->group = g;
   st->dp->api = mn_cu_nccl_api(g);
+  /* Only for measuring what the overlap hides (bench_dp_step): the same collectives, in the
+   * same order, with nothing computing beside them. */
+  const char *overlap = getenv("MN_DP_OVERLAP");
+  st->dp->serial = overlap && strcmp(overlap, "0") == 0;
   st->dp->comm = mn_cu_nccl_comm(g);
   mn_cu_nccl_bind(g, st->stream);
   return MN_OK;
@@ -218,7 +223,7 @@ mn_status mn_cu_dp_sync_params(cuda_state *st, mn_session *s) {
 /* ------------------------------------------------------------------ in the step graph */
 
 bool mn_cu_dp_overlaps(const cuda_state *st, const mn_session *s, unsigned key) {
-  return st->dp && (key & MN_CU_KEY_REDUCE) && !(key & 8u) && !s->dp->zero1;
+  return st->dp && !st->dp->serial && (key & MN_CU_KEY_REDUCE) && !(key & 8u) && !s->dp->zero1;
 }
 
 void mn_cu_dp_capture_begin(cuda_state *st) {

@@ -281,7 +281,7 @@ if [ "$bench" = 1 ]; then
   for n in ${list//,/ }; do
     line=$(grep "^BENCH dp_gpt2_bf16 ranks=$n " "$logs/bench_dp_step.log")
     if [ -n "$line" ]; then
-      row "bench_dp_step $n GPU(s)" PASS "$(echo "$line" | grep -oE '(step_ms|tokens_per_s|scaling|exposed_comm_ms|allreduce_alone_ms|hidden_ms)=[^ ]+' | tr '\n' ' ')"
+      row "bench_dp_step $n GPU(s)" PASS "$(echo "$line" | grep -oE '(step_ms|tokens_per_s|scaling|exposed_comm_ms|allreduce_alone_ms|serial_step_ms|hidden_ms)=[^ ]+' | tr '\n' ' ')"
     else
       row "bench_dp_step $n GPU(s)" FAIL "see $logs/bench_dp_step.log"
     fi

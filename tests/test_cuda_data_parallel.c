@@ -411,6 +411,32 @@ Test(cuda_data_parallel, several_buckets_overlap_the_backward_pass) {
   check_two_ranks(u);
 }
 
+/* MN_DP_OVERLAP=0 (bench_dp_step's baseline) issues the same collectives in the same order
+ * after the backward pass: the same bits as the overlapped step. */
+Test(cuda_data_parallel, buckets_after_the_backward_pass_give_the_overlapped_bits) {
+  require_ranks(2);
+  setup u = large(ADAMW);
+  run overlapped[2], serial[2];
+  for (int i = 0; i < 2; i++)
+    init_run(&overlapped[i], &u, 2, i, TOTAL / 2, 1);
+  run_threads(overlapped, 2, true);
+  setenv("MN_DP_OVERLAP", "0", 1);
+  for (int i = 0; i < 2; i++)
+    init_run(&serial[i], &u, 2, i, TOTAL / 2, 1);
+  run_threads(serial, 2, true);
+  unsetenv("MN_DP_OVERLAP");
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(overlapped[i].status, MN_OK, "overlapped rank %d: %s", i, overlapped[i].error);
+    cr_assert_eq(serial[i].status, MN_OK, "serial rank %d: %s", i, serial[i].error);
+    cr_expect(memcmp(overlapped[i].params, serial[i].params, num_params(&u) * sizeof(float)) == 0,
+              "rank %d: buckets after the backward pass differ from the overlapped step (max "
+              "relative %.3g)",
+              i, max_rel_error(overlapped[i].params, serial[i].params, num_params(&u)));
+  }
+  free_runs(overlapped, 2);
+  free_runs(serial, 2);
+}
+
 Test(cuda_data_parallel, bf16_ranks_refresh_their_weights_copies) {
   require_ranks(2);
   setup u = small(ADAMW, false, true, 1);
