@@ -100,7 +100,34 @@ static cublasLtEpilogue_t lt_epilogue(mn_cu_epilogue e) {
  * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
  * BGRADA only with A not transposed, BGRADB only with B transposed (its A is our B, its B
  * our A). Epilogues here are never batched. NULL when none applies. */
+/* MN_CUDA_EPILOGUES_OFF=NAME[,NAME...] (bias, bias_relu, bias_gelu, dgelu, bgrad, or all):
+ * those epilogues run as their fallback commands, so that one can be timed against the other
+ * in the same build (docs/performance.md). Read at each session build. */
+static bool switched_off(mn_cu_epilogue e) {
+  const char *list = getenv("MN_CUDA_EPILOGUES_OFF");
+  if (!list || !*list) return false;
+  const char *name = NULL;
+  switch (e) {
+  case MN_CU_EPI_BIAS: name = "bias"; break;
+  case MN_CU_EPI_BIAS_RELU: name = "bias_relu"; break;
+  case MN_CU_EPI_BIAS_GELU: name = "bias_gelu"; break;
+  case MN_CU_EPI_DGELU: name = "dgelu"; break;
+  case MN_CU_EPI_BGRAD_A:
+  case MN_CU_EPI_BGRAD_B: name = "bgrad"; break;
+  case MN_CU_EPI_NONE: return false;
+  }
+  for (const char *p = list; *p;) {
+    size_t len = strcspn(p, ",");
+    if ((len == 3 && strncmp(p, "all", 3) == 0) ||
+        (len == strlen(name) && strncmp(p, name, len) == 0))
+      return true;
+    p += len + (p[len] == ',');
+  }
+  return false;
+}
+
 static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias, uintptr_t aux) {
+  if (switched_off(d->epilogue)) return "switched off by MN_CUDA_EPILOGUES_OFF";
   if (d->batch > 1) return "a batched product";
   if (bias % 16) return "a bias vector not 16-byte aligned";
   switch (d->epilogue) {

@@ -422,6 +422,25 @@ Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
+/* MN_CUDA_EPILOGUES_OFF=all (for timing an epilogue against its fallback): every product runs
+ * plain and the fallback commands compute the epilogue, with the same results. */
+Test(cuda_epilogue, every_epilogue_switched_off_runs_its_fallback) {
+  mn_test_require_cuda_build();
+  setenv("MN_CUDA_EPILOGUES_OFF", "all", 1);
+  bias_act_cases(MN_SHAPE(37, 29), 64, false, 800);
+  for (int variant = 0; variant < 2; variant++) {
+    check(dgelu_graph(MN_SHAPE(4, 33, 96), 128, variant), "dgelu, epilogues off",
+          810 + (uint64_t)variant);
+    check(at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), variant),
+          "matmul_at_bgrad, epilogues off", 820 + (uint64_t)variant);
+  }
+  setenv("MN_CUDA_EPILOGUES_OFF", "bias_gelu,bgrad", 1);
+  check(bias_act_graph(MN_SHAPE(2, 64, 256), 1024, 0, MN_ACT_GELU, false), "gelu, listed off", 830);
+  check(at_bgrad_graph(MN_SHAPE(37, 24), MN_SHAPE(37, 40), 1), "bgrad, listed off", 831);
+  unsetenv("MN_CUDA_EPILOGUES_OFF");
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
 /* ------------------------------------------------------------------ group_norm + silu */
 
 Test(cuda_epilogue, group_norm_silu) {
