@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Times variants of one training step against each other in one build, interleaved
+# Times variants of one training step (environment switches) against each other in one build
+# (scripts/ab-steps.sh compares two revisions instead), interleaved
 # (A B C A B C ...) so that a card warming up or a neighbour's load falls on every variant
 # alike, and prints each variant's median step time and its ratio to the first.
 #
-# usage: scripts/ab_step.sh [--build-dir DIR] [--rounds R] -- BENCH_ARGS -- VARIANT...
+# usage: scripts/ab-env.sh [--build-dir DIR] [--rounds R] -- BENCH_ARGS -- VARIANT...
 #   BENCH_ARGS  passed to bench_lm_step (e.g. gpt2 --precision bf16)
 #   VARIANT     environment assignments for one variant, space-separated, or "base" for none
 #               (e.g. base MN_CUDA_EPILOGUES_OFF=bgrad "MN_CUDA_STREAMS=4")
 #   --rounds R  runs of each variant (default 3); each run is bench_lm_step's median of 10
 #               steps after 3
-# example: scripts/ab_step.sh -- gpt2 --precision bf16 -- base MN_CUDA_EPILOGUES_OFF=bgrad
+# example: scripts/ab-env.sh -- gpt2 --precision bf16 -- base MN_CUDA_EPILOGUES_OFF=bgrad
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +20,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    *) echo "ab_step.sh: unknown option $1" >&2; exit 2 ;;
+    *) echo "ab-env.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [ $# -gt 0 ] && shift
@@ -28,10 +29,10 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do bench_args+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 variants=("$@")
 if [ ${#bench_args[@]} -eq 0 ] || [ ${#variants[@]} -eq 0 ]; then
-  sed -n '5,12p' "$0" >&2
+  sed -n '6,13p' "$0" >&2
   exit 2
 fi
-[ -x "$build/bench_lm_step" ] || { echo "ab_step.sh: $build/bench_lm_step not built" >&2; exit 1; }
+[ -x "$build/bench_lm_step" ] || { echo "ab-env.sh: $build/bench_lm_step not built" >&2; exit 1; }
 
 declare -A times
 for ((r = 0; r < rounds; r++)); do
