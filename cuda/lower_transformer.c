@@ -23,8 +23,8 @@
 /* Launch shapes of the warp-per-row weight gradient (norm_grad_w.cuh), by row width; wider
  * rows take a block per row. A lane keeps its share of a row, at most 24 floats of x and of dy
  * and 24 double column sums for rows up to 768 floats: at most 128 registers a thread (ptxas of
- * CUDA 13.0: 111 to 128 at N = 576 and 768), so two blocks of 8 warps share an SM. Up to 1024
- * floats (32 of each) it takes about 160, so three blocks of 4 warps do. Either way the grid
+ * CUDA 13.0: 106 to 122 at N = 576 and 768), so two blocks of 8 warps share an SM. Up to 1024
+ * floats (32 of each) it takes up to 168, so three blocks of 4 warps do. Either way the grid
  * is one wave on the 132 SMs of an H100 or H200, with no straggling partial wave, and its double
  * partials are small (264 x 768 x 8 bytes = 1.6 MB, against 12.6 MB for 2048 chunks). Constants
  * rather than the device's SM count, so that the plan, and with it the order of the sums and

@@ -33,6 +33,9 @@ __device__ void mn_norm_grad_w_rows(const IO &io) {
   constexpr int VEC = LP && N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;
   constexpr int NV = (int)(N / VEC);
   constexpr int ITEMS = (NV + 31) / 32, E = ITEMS * VEC;
+  // A product and rsqrt rather than a division and sqrt: each is a long sequence in double,
+  // whose latency every row would wait for.
+  constexpr double RN = 1.0 / (double)N;
   __shared__ double sh[WARPS][32 * VEC];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const auto x0 = mn_in<0>(io);
@@ -77,7 +80,7 @@ __device__ void mn_norm_grad_w_rows(const IO &io) {
         s += part[e];
       // mean - pivot, rounded once to float: x - mean is (x - pivot) - shift, two fp32
       // roundings of values the size of the row's spread.
-      const float shift = (float)(mn_warp_sum_d((double)s) / (double)N);
+      const float shift = (float)(mn_warp_sum_d((double)s) * RN);
 #pragma unroll
       for (int k = 0; k < ITEMS; k++)
         if (lane + 32 * k < NV)
@@ -98,7 +101,7 @@ __device__ void mn_norm_grad_w_rows(const IO &io) {
 #pragma unroll
     for (int e = 0; e < VEC; e++)
       q += part[e];
-    const double inv = 1.0 / sqrt(mn_warp_sum_d((double)q) / (double)N + eps);
+    const double inv = rsqrt(mn_warp_sum_d((double)q) * RN + eps);
 #pragma unroll
     for (int k = 0; k < ITEMS; k++)
       if (lane + 32 * k < NV)
