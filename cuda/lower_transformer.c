@@ -20,6 +20,20 @@
  * warp, so 512 chunks left about 4 warps per SM of an H100 waiting on memory (0.11 ms per
  * [16384, 768] norm in bf16); 2048 keep about 16 in flight. */
 #define NORM_MAX_CHUNKS 2048
+/* Launch shapes of the warp-per-row weight gradient (norm_grad_w.cuh), by row width; wider
+ * rows take a block per row. A lane keeps its share of a row, at most 24 floats of x and of dy
+ * and 24 double column sums for rows up to 768 floats: at most 128 registers a thread (ptxas of
+ * CUDA 13.0: 106 to 122 at N = 576 and 768), so two blocks of 8 warps share an SM. Up to 1024
+ * floats (32 of each) it takes up to 168, so three blocks of 4 warps do. Either way the grid
+ * is one wave on the 132 SMs of an H100 or H200, with no straggling partial wave, and its double
+ * partials are small (264 x 768 x 8 bytes = 1.6 MB, against 12.6 MB for 2048 chunks). Constants
+ * rather than the device's SM count, so that the plan, and with it the order of the sums and
+ * the bits of the result, is the same on every card. */
+typedef struct norm_gw_shape {
+  int64_t max_n;
+  int warps, blocks;
+} norm_gw_shape;
+static const norm_gw_shape NORM_GW_SHAPES[] = {{768, 8, 264}, {1024, 4, 396}};
 
 static unsigned float_bits(float f) {
   unsigned u;
@@ -113,22 +127,37 @@ static mn_status lower_norm_grad_x(const mn_cu_op_ctx *c, bool center) {
 
 /* Inputs (x, dy) -> [N]. Deterministic: each block sums a fixed chunk of rows into
  * double partials in the scratch, then one thread per column adds the partials in
- * chunk order. */
+ * chunk order. Rows of up to 1024 floats take a warp each (NORM_GW_SHAPES; a chunk is a
+ * multiple of the warps, so they share it evenly); wider ones a block each. */
 static mn_status lower_norm_grad_w(const mn_cu_op_ctx *c, bool center) {
   norm_cfg k;
   mn_status st = norm_config(c, mn_cu_in_type(c, 0), &k);
   if (st != MN_OK) return st;
-  int64_t chunks = k.rows < NORM_MAX_CHUNKS ? k.rows : NORM_MAX_CHUNKS;
-  int64_t fit = NORM_PARTIAL_BYTES / (k.n * (int64_t)sizeof(double));
-  if (fit < 1) fit = 1;
-  if (chunks > fit) chunks = fit;
-  int64_t chunk = (k.rows + chunks - 1) / chunks;
-  chunks = (k.rows + chunk - 1) / chunk;
+  const norm_gw_shape *gw = NULL;
+  for (size_t i = 0; !gw && i < sizeof NORM_GW_SHAPES / sizeof NORM_GW_SHAPES[0]; i++)
+    if (k.n <= NORM_GW_SHAPES[i].max_n) gw = &NORM_GW_SHAPES[i];
+  int64_t chunk;
+  if (gw) {
+    chunk = (k.rows + gw->blocks - 1) / gw->blocks;
+    chunk = (chunk + gw->warps - 1) / gw->warps * gw->warps;
+    if (chunk < gw->warps) chunk = gw->warps;
+  } else {
+    int64_t chunks = k.rows < NORM_MAX_CHUNKS ? k.rows : NORM_MAX_CHUNKS;
+    int64_t fit = NORM_PARTIAL_BYTES / (k.n * (int64_t)sizeof(double));
+    if (fit < 1) fit = 1;
+    if (chunks > fit) chunks = fit;
+    chunk = (k.rows + chunks - 1) / chunks;
+  }
+  int64_t chunks = (k.rows + chunk - 1) / chunk;
   mn_cu_arg part = mn_cu_scratch(c, (size_t)(chunks * k.n) * sizeof(double));
-  int k1 =
-      mn_cu_kernel(c, k.block, "mn_norm_grad_w_partial<%u, %d, %lld, %d, %s, %s, %uu, %lld, %lld>",
-                   k.block, k.vec, (long long)k.n, k.items, tf(k.cache), tf(center),
-                   float_bits(c->node->attrs.eps), (long long)k.rows, (long long)chunk);
+  unsigned eps = float_bits(c->node->attrs.eps);
+  int k1 = gw ? mn_cu_kernel(c, 32u * (unsigned)gw->warps,
+                             "mn_norm_grad_w_rows<%d, %lld, %s, %uu, %lld, %lld>", gw->warps,
+                             (long long)k.n, tf(center), eps, (long long)k.rows, (long long)chunk)
+              : mn_cu_kernel(c, k.block,
+                             "mn_norm_grad_w_partial<%u, %d, %lld, %d, %s, %s, %uu, %lld, %lld>",
+                             k.block, k.vec, (long long)k.n, k.items, tf(k.cache), tf(center), eps,
+                             (long long)k.rows, (long long)chunk);
   mn_cu_arg a1[3] = {mn_cu_in(c, 0), mn_cu_in(c, 1), part};
   st = mn_cu_launch(c, k1, (unsigned)chunks, 1, 1, 0, 3, a1);
   if (st != MN_OK) return st;

@@ -120,7 +120,8 @@ CUDA_TEST(norms_wide_rows) {
   check_norm(true, MN_SHAPE(2, 20000), 1e-5f, 45);
 }
 
-/* Many rows: the weight gradients sum 16384 rows in 512 chunks. */
+/* Many rows: the weight gradients take a warp a row, 8 warps a block, in chunks of 64 rows
+ * (16384 rows: 256 chunks) or of 8 (1000 rows: 125; 2048 rows: 256). */
 CUDA_TEST(norms_many_rows) {
   check_norm(false, MN_SHAPE(16 * 1024, 64), 1e-5f, 50);
   check_norm(true, MN_SHAPE(16, 1024, 72), 1e-5f, 51);

@@ -210,9 +210,12 @@ template <int BLOCK> __device__ __forceinline__ double mn_block_sum_d(double v, 
   return mn_warp_sum_d(v);
 }
 
-// VEC floats (1, 2 or 4) at an address aligned to VEC floats.
+// VEC floats (1, 2, 4 or 8) at an address aligned to VEC floats (8: to 4 floats).
 template <int VEC> __device__ __forceinline__ void mn_ld_vec(const float *p, float *v) {
-  if constexpr (VEC == 4) {
+  if constexpr (VEC == 8) {
+    mn_ld_vec<4>(p, v);
+    mn_ld_vec<4>(p + 4, v + 4);
+  } else if constexpr (VEC == 4) {
     const float4 t = *reinterpret_cast<const float4 *>(p);
     v[0] = t.x;
     v[1] = t.y;
@@ -236,10 +239,19 @@ template <int VEC> __device__ __forceinline__ void mn_st_vec(float *p, const flo
     *p = v[0];
 }
 
-// The same for low-precision storage: VEC elements of 2 bytes (an aligned 2-, 4- or 8-byte access).
+// The same for low-precision storage: VEC elements of 2 bytes (an aligned 2-, 4-, 8- or 16-byte
+// access).
 template <int VEC, int S, bool C>
 __device__ __forceinline__ void mn_ld_vec(mn_lp_ptr<S, C> p, float *v) {
-  if constexpr (VEC == 4) {
+  if constexpr (VEC == 8) {
+    const uint4 w = *reinterpret_cast<const uint4 *>(p.p);
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[2 * i] = mn_lp_load<S>((unsigned short)(u[i] & 0xffffu));
+      v[2 * i + 1] = mn_lp_load<S>((unsigned short)(u[i] >> 16));
+    }
+  } else if constexpr (VEC == 4) {
     const float4 t = mn_ld4(p, 0);
     v[0] = t.x;
     v[1] = t.y;

@@ -281,7 +281,8 @@ __device__ void mn_norm_grad_x(const IO &io) {
       [&](long long e, const float *o) { mn_st_vec<VEC>(dx + e, o); });
 }
 
-// Weight gradient, pass 1 of 2: dw[i] = sum over rows of dy * x_hat. Block c takes rows
+// Weight gradient, pass 1 of 2, for rows wider than 1024 floats (narrower ones take a warp each:
+// mn_norm_grad_w_rows, norm_grad_w.cuh): dw[i] = sum over rows of dy * x_hat. Block c takes rows
 // [c * CHUNK, (c + 1) * CHUNK) of the ROWS and writes its column sums, in double, to
 // p[2][c * N + i] (scratch). p[0] x, p[1] dy. A fixed split and a fixed order in pass 2
 // make the result deterministic (no atomics).
