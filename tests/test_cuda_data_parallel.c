@@ -75,6 +75,7 @@ static mn_graph *mlp(const setup *u, int64_t batch, int64_t hid) {
 typedef struct run {
   const setup *u;
   const mn_group_id *id; /* NULL: a plain session */
+  mn_group *cpu_group;   /* set: a CPU rank of this in-process group (the CUDA ranks' oracle) */
   int rank, world, device;
   int rows, accum; /* rows per step, steps per update */
   int64_t hid;
@@ -200,11 +201,14 @@ static void *rank_main(void *arg) {
   mn_group *group = NULL;
   mn_session *s = NULL;
   mn_graph *g = mlp(u, r->rows, r->hid);
-  mn_status st =
-      r->id ? mn_group_new_nccl(r->id, r->world, r->rank, r->device, r->timeout_s, &group) : MN_OK;
+  mn_status st = MN_OK;
+  if (r->cpu_group)
+    group = r->cpu_group;
+  else if (r->id)
+    st = mn_group_new_nccl(r->id, r->world, r->rank, r->device, r->timeout_s, &group);
   mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  o.device = r->device;
+  o.backend = r->cpu_group ? MN_BACKEND_CPU : MN_BACKEND_CUDA;
+  o.device = r->cpu_group ? 0 : r->device;
   o.precision = u->precision;
   o.group = group;
   o.rank = r->rank;
@@ -225,7 +229,7 @@ static void *rank_main(void *arg) {
   /* The rank that outlived the failing one leaves its communicator behind at once. */
   if (r->never_steps && group) mn_group_abort(group, "the test is over");
   mn_session_free(s);
-  mn_group_free(group);
+  if (!r->cpu_group) mn_group_free(group);
   mn_graph_free(g);
   return NULL;
 }
@@ -268,6 +272,16 @@ static void run_threads(run *runs, int n, bool grouped) {
   }
   for (int i = 0; i < n; i++)
     pthread_join(threads[i], NULL);
+}
+
+/* runs[0, n) as CPU ranks of one in-process group. */
+static void run_cpu_ranks(run *runs, int n) {
+  mn_group *g = NULL;
+  cr_assert_eq(mn_group_new_local(n, 60, &g), MN_OK, "%s", mn_last_error());
+  for (int i = 0; i < n; i++)
+    runs[i].cpu_group = g;
+  run_threads(runs, n, false);
+  mn_group_free(g);
 }
 
 static void free_runs(run *runs, int n) {
@@ -556,9 +570,31 @@ static void run_blown_up(const setup *u, bool in_flight, run *ranks) {
             "%s: the ranks' parameters differ after an overflow on rank 1", what);
 }
 
+/* The CPU backend's two ranks of u (test_data_parallel's F16 semantics): the same skipped
+ * steps and scale as the CUDA ranks', and parameters within f16's tolerance. */
+static void check_against_cpu_ranks(const setup *u, const run *ranks) {
+  char what[128];
+  describe(u, what, sizeof what);
+  run cpu[2];
+  for (int i = 0; i < 2; i++)
+    init_run(&cpu[i], u, 2, i, TOTAL / 2, u->accum);
+  run_cpu_ranks(cpu, 2);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(cpu[i].status, MN_OK, "%s: CPU rank %d: %s", what, i, cpu[i].error);
+  double e = norm_error(ranks[0].params, cpu[0].params, num_params(u));
+  fprintf(stderr, "DP f16, %s: CUDA ranks against the CPU's: norm-wise %.3g\n", what, e);
+  cr_expect(ranks[0].skipped == cpu[0].skipped && ranks[0].loss_scale == cpu[0].loss_scale,
+            "%s: CUDA ranks skipped %llu (scale %g), the CPU's %llu (scale %g)", what,
+            (unsigned long long)ranks[0].skipped, (double)ranks[0].loss_scale,
+            (unsigned long long)cpu[0].skipped, (double)cpu[0].loss_scale);
+  cr_expect(e <= TOL_F16, "%s: norm-wise %.3g against the CPU's ranks", what, e);
+  free_runs(cpu, 2);
+}
+
 /* F16: rank 1's inputs of one step overflow, rank 0's do not; both skip that step (the
  * overflow flag is all-reduced before the scaler's end kernel reads it), with and without
- * accumulation (whose steps unscale the rank's own gradients) and ZeRO-1. */
+ * accumulation (whose steps unscale the rank's own gradients) and ZeRO-1, as the CPU's ranks
+ * do. */
 Test(cuda_data_parallel, f16_ranks_skip_the_steps_either_rank_overflows) {
   require_ranks(2);
   const setup cases[] = {
@@ -571,6 +607,7 @@ Test(cuda_data_parallel, f16_ranks_skip_the_steps_either_rank_overflows) {
     u.blowup_round = 2;
     run ranks[2];
     run_blown_up(&u, false, ranks);
+    check_against_cpu_ranks(&u, ranks);
     free_runs(ranks, 2);
   }
 }
