@@ -3,9 +3,8 @@
  * B train as one rank of batch 2B to fp32 reduction order, for SGD and AdamW, with and
  * without ZeRO-1, clipping and accumulation, in fp32, bf16 and f16; f16 ranks skip together
  * every step that overflows on either, as the CPU backend's ranks do, also with steps in
- * flight; a group checkpoint of two
- * ranks resumes on one; a rank that never steps makes the other fail within the timeout; a
- * graph that differs between ranks is refused by both. The two-rank cases skip with fewer
+ * flight; a group checkpoint of two ranks resumes on one; a rank that never steps makes the
+ * other fail within the timeout; a graph that differs between ranks is refused by both. The two-rank cases skip with fewer
  * than two devices or without NCCL, saying so. Measured errors are printed ("DP ..." on
  * stderr). */
 #include <math.h>
