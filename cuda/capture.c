@@ -43,8 +43,10 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   return MN_OK;
 }
 
-/* The optimizer kernels of capture key `key` (nothing without an optimizer). */
-static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned key) {
+/* The optimizer kernels of capture key `key` (nothing without an optimizer); `reduced`: the
+ * gradients' all-reduce is in the graph already (an F16 step, mn_cu_enqueue_update). */
+static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned key,
+                                   bool reduced) {
   if (!(key & 1u) || st->opt_update < 0) return MN_OK;
   const mn_plan *p = s->plan;
   float *params = (float *)(st->arena + p->update_params_offset);
@@ -60,7 +62,7 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
   }
   /* Data parallelism: the update reads the mean over ranks (with accumulation, of the
    * round's means, known only now). */
-  if (key & MN_CU_KEY_REDUCE) {
+  if ((key & MN_CU_KEY_REDUCE) && !reduced) {
     if (mn_cu_dp_zero1(st, s)) return mn_cu_dp_zero_update(st, s, key);
     mn_status rc = mn_cu_dp_reduce(st, s, mn_cu_dp_overlaps(st, s, key));
     if (rc != MN_OK) return rc;
@@ -78,11 +80,17 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
 }
 
 /* F16 training: the gradients are unscaled before the optimizer reads them, and the scaler
- * moves after it, also in a session without an optimizer. */
+ * moves after it, also in a session without an optimizer. In a data-parallel session the
+ * unscale of a step that all-reduces the whole gradients waits for them (the buckets'
+ * all-reduces write the gradients it reads), and every rank takes the group's overflow flag
+ * before anything reads it (data_parallel.c, mn_cu_dp_agree_overflow). */
 mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key) {
   bool scaled = mn_cu_scaled(s);
-  mn_status rc = scaled ? mn_cu_scaler_enqueue_unscale(st, s) : MN_OK;
-  if (rc == MN_OK) rc = enqueue_optimizer(st, s, key);
+  bool reduced = scaled && mn_cu_dp_reduces_before_unscale(st, s, key);
+  mn_status rc = reduced ? mn_cu_dp_reduce(st, s, mn_cu_dp_overlaps(st, s, key)) : MN_OK;
+  if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_unscale(st, s);
+  if (rc == MN_OK && scaled) rc = mn_cu_dp_agree_overflow(st);
+  if (rc == MN_OK) rc = enqueue_optimizer(st, s, key, reduced);
   if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_end(st);
   return rc;
 }

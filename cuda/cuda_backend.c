@@ -450,6 +450,8 @@ static mn_status cuda_step(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_dp_usable(st);
   if (rc == MN_OK) rc = ensure_adam(st, s);
   if (rc == MN_OK) rc = ensure_accum(st, s);
+  /* Which graph runs depends on the round; in F16 only the device knows it for certain. */
+  if (rc == MN_OK) rc = mn_cu_dp_settle_round(st, s);
   if (rc != MN_OK) return rc;
   /* The decision to update is a scalar the graph copies in: no capture per accumulation step.
    * A data-parallel session's collectives cannot be skipped that way: its applying steps

@@ -203,9 +203,10 @@ mn_status mn_cu_low_enqueue_block(cuda_state *st, const mn_session *s);
 /* Data parallelism (data_parallel.c). declare: the ZeRO-1 kernels, at build. free: at
  * destroy. sync_params: before the first step, rank 0's parameters broadcast (outside the
  * graph). In the step graph: capture_begin; after_cmd after every program command (buckets
- * overlapped with the backward pass, when mn_cu_dp_overlaps); reduce before the optimizer
- * (overlapped: the remaining buckets and the join; else every bucket on the compute stream);
- * zero_update instead of the optimizer kernels in a ZeRO-1 session; loss after the update.
+ * overlapped with the backward pass, when mn_cu_dp_overlaps); reduce before the optimizer,
+ * or in F16 before the unscale (overlapped: the remaining buckets and the join; else every
+ * bucket on the compute stream); zero_update instead of the optimizer kernels in a ZeRO-1
+ * session; loss after the update.
  * Moments of a ZeRO-1 session: ensure (allocated on first use), read (collective), write
  * (the part in the rank's shard). usable: MN_ERR_STATE once the group was aborted; abort:
  * breaks the group; wait: the watchdog's wait on `event`, or on the session stream (NULL). */
@@ -219,6 +220,15 @@ void mn_cu_dp_capture_begin(cuda_state *st);
 mn_status mn_cu_dp_capture_end(cuda_state *st);
 mn_status mn_cu_dp_after_cmd(cuda_state *st, const mn_session *s, size_t cmd);
 mn_status mn_cu_dp_reduce(cuda_state *st, const mn_session *s, bool overlapped);
+/* F16 in a group. reduces_before_unscale: whether the step of `key` all-reduces the whole
+ * gradients, which its unscale then reads (mn_cu_enqueue_update issues mn_cu_dp_reduce before
+ * it); otherwise the unscale reads the rank's own. agree_overflow: after the unscale, every
+ * rank takes the group's overflow flag (nothing outside a group). settle_round: before an
+ * accumulating session picks its graph, the device's round, which an overflow in flight may
+ * have kept open (waits for the steps in flight). */
+bool mn_cu_dp_reduces_before_unscale(const cuda_state *st, const mn_session *s, unsigned key);
+mn_status mn_cu_dp_agree_overflow(cuda_state *st);
+mn_status mn_cu_dp_settle_round(cuda_state *st, mn_session *s);
 mn_status mn_cu_dp_zero_update(cuda_state *st, const mn_session *s, unsigned key);
 mn_status mn_cu_dp_loss(cuda_state *st, const mn_session *s);
 bool mn_cu_dp_zero1(const cuda_state *st, const mn_session *s);

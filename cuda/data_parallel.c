@@ -16,7 +16,16 @@
  * optimizer kernels compiled for the shard's length with shard-sized moments, and the
  * parameter shards all-gathered in place and copied back (and into the weights'
  * low-precision copy). Every NCCL call of a step is ordered after the previous one by the
- * graph's edges, so all ranks run them in one order. */
+ * graph's edges, so all ranks run them in one order.
+ *
+ * F16 (the device's loss scaler, loss_scale.c): a step that all-reduces the whole gradients
+ * joins its buckets before the unscale, which reads and rewrites them; accumulation's steps and
+ * ZeRO-1 unscale the rank's own gradients before they are reduced, as the CPU backend does.
+ * Either way the unscale's overflow flag is all-reduced (max) before anything reads it, so
+ * every rank skips the same steps and keeps one scale. An overflow keeps the accumulation
+ * round open on the device alone, and the graph (with or without the gradients' collectives)
+ * follows the round, so an accumulating F16 session reads the device's round back before it
+ * picks one. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -278,6 +287,35 @@ mn_status mn_cu_dp_after_cmd(cuda_state *st, const mn_session *s, size_t cmd) {
   mn_status rc = MN_OK;
   while (rc == MN_OK && d->next < d->num_buckets && d->after_cmd[d->next] <= cmd)
     rc = issue_forked(st, s);
+  return rc;
+}
+
+bool mn_cu_dp_reduces_before_unscale(const cuda_state *st, const mn_session *s, unsigned key) {
+  return st->dp && (key & 1u) && st->opt_update >= 0 && (key & MN_CU_KEY_REDUCE) && !(key & 8u) &&
+         !s->dp->zero1;
+}
+
+/* One rule for every graph that runs the scaler: the flag is all-reduced right after the
+ * unscale. Where the unscale read the all-reduced gradients the ranks' flags agree already (an
+ * inf or NaN on any rank makes the mean non-finite, and every rank receives the same bits);
+ * where it read the rank's own (accumulation's steps, ZeRO-1's before the reduce-scatter) they
+ * need not. Telling the two apart would save one 4-byte collective a step and give F16 steps
+ * two shapes of graph to keep right. */
+mn_status mn_cu_dp_agree_overflow(cuda_state *st) {
+  if (!st->dp) return MN_OK;
+  unsigned *flag = &st->misc->error.nonfinite;
+  return nccl(
+      st,
+      st->dp->api->all_reduce(flag, flag, 1, MN_NCCL_UINT32, MN_NCCL_MAX, st->dp->comm, st->stream),
+      "ncclAllReduce of the overflow flag");
+}
+
+mn_status mn_cu_dp_settle_round(cuda_state *st, mn_session *s) {
+  if (!st->dp || !mn_cu_scaled(s) || s->optim.kind == MN_OPTIM_NONE || s->grad_accum <= 1 ||
+      st->scaler_idle)
+    return MN_OK;
+  mn_status rc = mn_cu_sync(st, "waiting for the steps in flight");
+  if (rc == MN_OK) mn_cu_scaler_absorb(st, s);
   return rc;
 }
 

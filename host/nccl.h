@@ -16,7 +16,7 @@ typedef struct mn_nccl_unique_id {
 } mn_nccl_unique_id;        /* ncclUniqueId */
 typedef int mn_nccl_result; /* ncclResult_t: 0 is ncclSuccess */
 /* ncclDataType_t and ncclRedOp_t values used here. */
-enum { MN_NCCL_FLOAT32 = 7, MN_NCCL_FLOAT64 = 8, MN_NCCL_UINT8 = 1 };
+enum { MN_NCCL_FLOAT32 = 7, MN_NCCL_FLOAT64 = 8, MN_NCCL_UINT8 = 1, MN_NCCL_UINT32 = 3 };
 /* ncclResult_t's ncclInProgress: an operation of a communicator is still running. */
 enum { MN_NCCL_IN_PROGRESS = 7 };
 enum { MN_NCCL_SUM = 0, MN_NCCL_MAX = 2, MN_NCCL_AVG = 4 };

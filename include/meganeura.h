@@ -300,8 +300,8 @@ typedef struct mn_session_options {
    * every rank. After an update mn_session_read_grad gives the mean over ranks (with zero1,
    * in the rank's shard only). A CPU session joins an in-process group (mn_group_new_local), a
    * CUDA session an NCCL group (mn_group_new_nccl) on its device; any other pairing is
-   * MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing), and so is F16 on CUDA (on
-   * the CPU, F16 ranks skip together every step whose gradients overflow on any rank). NULL
+   * MN_ERR_UNSUPPORTED (naming libnccl.so.2 when NCCL is missing). In F16 the ranks skip
+   * together every step whose gradients overflow on any rank, so they keep one loss scale. NULL
    * group: a plain session (rank, world_size, zero1 unused). */
   struct mn_group *group;
   int rank, world_size;

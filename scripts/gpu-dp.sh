@@ -2,7 +2,8 @@
 # Data-parallel training on a machine of 2 or more GPUs, in one command: builds (through
 # scripts/gpu-test.sh), then checks
 #   (a) one rank through NCCL (RANK=0 WORLD_SIZE=1 --launcher env) against the plain run:
-#       the same weights, bit for bit;
+#       the same weights, bit for bit, in f32 and in f16 (the loss scaler's overflow flag
+#       all-reduced in the step graph);
 #   (b) `meganeura train --gpus N` (N = 2, and 4 when there are 4 devices) with --batch B
 #       against one process with --batch N*B: final weights within --tol (relative to the
 #       model's largest weight, at least 1), rank 0 alone reporting, the collective
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --tol) tol=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
-    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     *) echo "gpu-dp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -170,6 +171,11 @@ train plain2 --batch 2 || row "plain run --batch 2" FAIL "see $logs/plain2.log"
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 train nccl1 --batch 2 --launcher env --group-id-file "$work/id1" ||
   row "one rank through NCCL" FAIL "$(tail -n 3 "$logs/nccl1.log" | tr '\n' ' ')"
 [ -f "$work/nccl1/model.safetensors" ] && check "one rank through NCCL = plain" plain2 nccl1 0
+train plain2f16 --batch 2 --precision f16 || row "plain run --precision f16" FAIL "see $logs/plain2f16.log"
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 train nccl1f16 --batch 2 --precision f16 --launcher env \
+  --group-id-file "$work/id1f16" ||
+  row "f16: one rank through NCCL" FAIL "$(tail -n 3 "$logs/nccl1f16.log" | tr '\n' ' ')"
+[ -f "$work/nccl1f16/model.safetensors" ] && check "f16: one rank through NCCL = plain" plain2f16 nccl1f16 0
 
 for n in "${worlds[@]}"; do
   step "(b) --gpus $n --batch 2 against --batch $((2 * n))"

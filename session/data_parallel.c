@@ -1,6 +1,7 @@
 /* A session joining its data-parallel group (mn_session_options.group) when it is built:
  * CPU sessions through an in-process group, CUDA sessions through an NCCL group whose
- * collectives the CUDA backend captures into its step graph (cuda/data_parallel.c). */
+ * collectives the CUDA backend captures into its step graph (cuda/data_parallel.c), in every
+ * precision (F16's ranks agree on each overflow: host/reference/cpu_backend.c, cuda/capture.c). */
 #ifdef MN_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -35,13 +36,6 @@ mn_status mn_session_join_group(const char *fn, mn_session *s) {
   if (!s->training)
     return mn_fail(MN_ERR_INVALID_ARGUMENT,
                    "%s: options.group is set but an inference session has nothing to reduce", fn);
-  /* Lifting this on CUDA needs more than the flag's all-reduce: the unscale kernel must also
-   * wait for the overlapped buckets' all-reduces (cuda/capture.c runs it before they join). */
-  if (o->precision == MN_PRECISION_F16 && s->backend != &mn_cpu_backend)
-    return mn_fail(MN_ERR_UNSUPPORTED,
-                   "%s: data-parallel CUDA training in F16 (a loss scale every rank must agree "
-                   "on) is not supported; use BF16 or F32",
-                   fn);
   mn_status st = check_backend(fn, s);
   if (st != MN_OK) return st;
   if ((st = mn_group_join(o->group, o->rank, o->world_size, mn_dp_plan_hash(s->plan, o->zero1),

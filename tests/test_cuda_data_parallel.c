@@ -1,9 +1,10 @@
 /* Data-parallel training on CUDA through NCCL (docs/distributed.md): one rank through NCCL
  * steps bit for bit as the plain session; two ranks (two threads, devices 0 and 1) of batch
  * B train as one rank of batch 2B to fp32 reduction order, for SGD and AdamW, with and
- * without ZeRO-1, clipping and accumulation, in fp32 and bf16; a group checkpoint of two
- * ranks resumes on one; a rank that never steps makes the other fail within the timeout; a
- * graph that differs between ranks is refused by both. The two-rank cases skip with fewer
+ * without ZeRO-1, clipping and accumulation, in fp32, bf16 and f16; f16 ranks skip together
+ * every step that overflows on either, as the CPU backend's ranks do, also with steps in
+ * flight; a group checkpoint of two ranks resumes on one; a rank that never steps makes the
+ * other fail within the timeout; a graph that differs between ranks is refused by both. The two-rank cases skip with fewer
  * than two devices or without NCCL, saying so. Measured errors are printed ("DP ..." on
  * stderr). */
 #include <math.h>
@@ -36,6 +37,7 @@ typedef struct setup {
    * its sign, so on millions of weights a few of those move apart by a rounding's flip. */
   bool normwise;
   mn_precision precision;
+  int blowup_round; /* > 0: rank 1's inputs of that round's first step overflow f16 */
   const char *load, *save;
 } setup;
 
@@ -73,10 +75,12 @@ static mn_graph *mlp(const setup *u, int64_t batch, int64_t hid) {
 typedef struct run {
   const setup *u;
   const mn_group_id *id; /* NULL: a plain session */
+  mn_group *cpu_group;   /* set: a CPU rank of this in-process group (the CUDA ranks' oracle) */
   int rank, world, device;
   int rows, accum; /* rows per step, steps per update */
   int64_t hid;
   bool never_steps; /* builds, then waits for `released` without stepping */
+  bool in_flight;   /* steps without waiting, reading nothing until the last */
   double timeout_s;
   mn_status status;
   char error[600];
@@ -84,6 +88,8 @@ typedef struct run {
   double step_seconds; /* every step's */
   float *params;
   float loss[MAX_ROUNDS];
+  float loss_scale; /* f16: the scaler after the run */
+  uint64_t skipped; /* f16: the steps it skipped */
   pthread_mutex_t *mu;
   pthread_cond_t *cv;
   bool *released;
@@ -132,6 +138,18 @@ static mn_status feed(mn_session *s, const setup *u, int round, int first, int n
   return st;
 }
 
+/* Inputs far beyond f16's range: every gradient of the step is infinite or NaN. */
+static mn_status blow_up(mn_session *s, const setup *u, int rows) {
+  size_t n = (size_t)rows * (size_t)u->in;
+  float *x = malloc(n * sizeof *x);
+  if (!x) return MN_ERR_OUT_OF_MEMORY;
+  for (size_t i = 0; i < n; i++)
+    x[i] = 3.0e38f;
+  mn_status st = mn_session_set_input(s, "x", x, n);
+  free(x);
+  return st;
+}
+
 static double since(const struct timespec *t0) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -151,15 +169,24 @@ static mn_status train(run *r, mn_session *s) {
   for (int round = u->first_round; st == MN_OK && round < u->first_round + u->rounds; round++)
     for (int m = 0; st == MN_OK && m < r->accum; m++) {
       st = feed(s, u, round, (m * r->world + r->rank) * r->rows, r->rows);
+      if (st == MN_OK && r->rank == 1 && m == 0 && round + 1 == u->blowup_round)
+        st = blow_up(s, u, r->rows);
       struct timespec t0;
       clock_gettime(CLOCK_MONOTONIC, &t0);
       if (st == MN_OK) st = mn_session_step(s);
-      if (st == MN_OK) st = mn_session_wait(s);
+      if (st == MN_OK && !r->in_flight) st = mn_session_wait(s);
       r->seconds = since(&t0);
       /* The first steps capture the graphs. */
       if (round > u->first_round + 1) r->step_seconds += r->seconds;
-      if (st == MN_OK) r->loss[round - u->first_round] = mn_session_read_loss(s);
+      if (st == MN_OK && !r->in_flight) r->loss[round - u->first_round] = mn_session_read_loss(s);
     }
+  if (st == MN_OK && r->in_flight) st = mn_session_wait(s);
+  mn_session_stats stats;
+  if (st == MN_OK) st = mn_session_get_stats(s, &stats);
+  if (st == MN_OK) {
+    r->loss_scale = stats.loss_scale;
+    r->skipped = stats.skipped_steps;
+  }
   size_t n[4];
   sizes_of(u, r->hid, n);
   float *at = r->params;
@@ -174,11 +201,14 @@ static void *rank_main(void *arg) {
   mn_group *group = NULL;
   mn_session *s = NULL;
   mn_graph *g = mlp(u, r->rows, r->hid);
-  mn_status st =
-      r->id ? mn_group_new_nccl(r->id, r->world, r->rank, r->device, r->timeout_s, &group) : MN_OK;
+  mn_status st = MN_OK;
+  if (r->cpu_group)
+    group = r->cpu_group;
+  else if (r->id)
+    st = mn_group_new_nccl(r->id, r->world, r->rank, r->device, r->timeout_s, &group);
   mn_session_options o = mn_session_options_default();
-  o.backend = MN_BACKEND_CUDA;
-  o.device = r->device;
+  o.backend = r->cpu_group ? MN_BACKEND_CPU : MN_BACKEND_CUDA;
+  o.device = r->cpu_group ? 0 : r->device;
   o.precision = u->precision;
   o.group = group;
   o.rank = r->rank;
@@ -199,7 +229,7 @@ static void *rank_main(void *arg) {
   /* The rank that outlived the failing one leaves its communicator behind at once. */
   if (r->never_steps && group) mn_group_abort(group, "the test is over");
   mn_session_free(s);
-  mn_group_free(group);
+  if (!r->cpu_group) mn_group_free(group);
   mn_graph_free(g);
   return NULL;
 }
@@ -244,6 +274,16 @@ static void run_threads(run *runs, int n, bool grouped) {
     pthread_join(threads[i], NULL);
 }
 
+/* runs[0, n) as CPU ranks of one in-process group. */
+static void run_cpu_ranks(run *runs, int n) {
+  mn_group *g = NULL;
+  cr_assert_eq(mn_group_new_local(n, 60, &g), MN_OK, "%s", mn_last_error());
+  for (int i = 0; i < n; i++)
+    runs[i].cpu_group = g;
+  run_threads(runs, n, false);
+  mn_group_free(g);
+}
+
 static void free_runs(run *runs, int n) {
   for (int i = 0; i < n; i++)
     free(runs[i].params);
@@ -252,7 +292,10 @@ static void free_runs(run *runs, int n) {
 static const char *describe(const setup *u, char *buf, size_t size) {
   snprintf(buf, size, "%s%s%s%s, accum %d, hid %lld", u->opt == SGD ? "SGD" : "AdamW",
            u->zero1 ? ", ZeRO-1" : "", u->clip ? ", clipped" : "",
-           u->precision == MN_PRECISION_BF16 ? ", bf16" : "", u->accum, (long long)u->hid);
+           u->precision == MN_PRECISION_BF16  ? ", bf16"
+           : u->precision == MN_PRECISION_F16 ? ", f16"
+                                              : "",
+           u->accum, (long long)u->hid);
   return buf;
 }
 
@@ -275,9 +318,12 @@ static double norm_error(const float *a, const float *b, size_t n) {
 }
 
 /* fp32: the ranks' mean of means against one mean (and cuBLASLt's sums over other batch
- * sizes); bf16: a weight whose rounded copy went the other way moves what follows. */
+ * sizes); bf16 and f16: a weight whose rounded copy went the other way moves what follows. On
+ * the CPU, f16 against f32 differs by at most 5.2e-5 norm-wise on the small runs and 7.8e-4 on
+ * large(ADAMW), two f16 ranks against one by 2.0e-5. */
 #define TOL_F32  1e-4
 #define TOL_BF16 0x1p-7
+#define TOL_F16  0x1p-8
 
 /* The reference: a plain session of `rows` rows per step and `accum` steps per update. */
 static void run_plain(const setup *u, int rows, int accum, run *out) {
@@ -300,20 +346,28 @@ static void check_two_ranks(setup copy) {
   size_t n = num_params(u);
   cr_expect(memcmp(ranks[0].params, ranks[1].params, n * sizeof(float)) == 0,
             "%s: rank 1's parameters differ from rank 0's", what);
-  bool bf16 = u->precision == MN_PRECISION_BF16;
+  bool low = u->precision != MN_PRECISION_F32;
+  double tol = u->precision == MN_PRECISION_BF16  ? TOL_BF16
+               : u->precision == MN_PRECISION_F16 ? TOL_F16
+                                                  : TOL_F32;
   double rel = max_rel_error(ranks[0].params, one.params, n);
   double norm = norm_error(ranks[0].params, one.params, n);
-  double e = bf16 || u->normwise ? norm : rel;
+  double e = low || u->normwise ? norm : rel;
   int timed = u->rounds - 2 > 0 ? u->rounds - 2 : 1;
   fprintf(stderr,
           "DP 2 ranks against one, %s: max relative error %.3g, norm-wise %.3g; %.3f ms a step "
           "on 2 ranks (batch %d each), %.3f ms on one (batch %d)\n",
           what, rel, norm, 1e3 * ranks[0].step_seconds / (timed * u->accum), TOTAL / 2,
           1e3 * one.step_seconds / timed, u->accum * TOTAL);
-  cr_expect(e <= (bf16 ? TOL_BF16 : TOL_F32),
-            "%s: %s error %.3g against one rank of the whole batch", what,
-            bf16 || u->normwise ? "norm-wise" : "max relative", e);
-  for (int i = 0; i < 2 && u->accum == 1 && !bf16; i++)
+  cr_expect(e <= tol, "%s: %s error %.3g against one rank of the whole batch", what,
+            low || u->normwise ? "norm-wise" : "max relative", e);
+  /* The steps compared must be the same updates: no scale differs. */
+  for (int i = 0; i < 2; i++)
+    cr_expect(ranks[i].loss_scale == one.loss_scale && ranks[i].skipped == one.skipped,
+              "%s: rank %d: loss scale %g, %llu skipped; one rank: %g, %llu skipped", what, i,
+              (double)ranks[i].loss_scale, (unsigned long long)ranks[i].skipped,
+              (double)one.loss_scale, (unsigned long long)one.skipped);
+  for (int i = 0; i < 2 && u->accum == 1 && !low; i++)
     for (int r = 0; r < u->rounds; r++)
       cr_expect(fabsf(ranks[i].loss[r] - one.loss[r]) <= 1e-5f * fabsf(one.loss[r]),
                 "%s: rank %d, step %d: loss %.9g, one rank %.9g", what, i, r,
@@ -346,13 +400,21 @@ static setup large(optim opt) {
   return u;
 }
 
+static setup f16(setup u) {
+  u.precision = MN_PRECISION_F16;
+  return u;
+}
+
 /* ------------------------------------------------------------------ tests */
 
 Test(cuda_data_parallel, one_rank_through_nccl_is_bitwise_the_plain_session) {
   require_ranks(1);
   const setup cases[] = {
-      small(SGD, false, false, 1), small(ADAMW, false, true, 1), small(ADAMW, true, true, 1),
-      small(SGD, true, false, 2),  small(ADAMW, false, true, 2),
+      small(SGD, false, false, 1),       small(ADAMW, false, true, 1),
+      small(ADAMW, true, true, 1),       small(SGD, true, false, 2),
+      small(ADAMW, false, true, 2),      f16(small(SGD, false, false, 1)),
+      f16(small(ADAMW, false, true, 1)), f16(small(ADAMW, true, true, 1)),
+      f16(small(SGD, true, false, 2)),   f16(small(ADAMW, false, true, 2)),
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     setup u = cases[c];
@@ -371,6 +433,10 @@ Test(cuda_data_parallel, one_rank_through_nccl_is_bitwise_the_plain_session) {
       cr_expect(memcmp(&rank.loss[r], &one.loss[r], sizeof(float)) == 0,
                 "%s: step %d: loss %.9g, plain %.9g", what, r, (double)rank.loss[r],
                 (double)one.loss[r]);
+    cr_expect(rank.loss_scale == one.loss_scale && rank.skipped == one.skipped,
+              "%s: loss scale %g, %llu skipped; plain %g, %llu skipped", what,
+              (double)rank.loss_scale, (unsigned long long)rank.skipped, (double)one.loss_scale,
+              (unsigned long long)one.skipped);
     free_runs(&rank, 1);
     free_runs(&one, 1);
   }
@@ -445,6 +511,131 @@ Test(cuda_data_parallel, bf16_ranks_refresh_their_weights_copies) {
   check_two_ranks(u);
   u.zero1 = true;
   check_two_ranks(u);
+}
+
+/* F16: the buckets overlap the backward pass as in bf16, and the unscale reads their mean. */
+Test(cuda_data_parallel, f16_ranks_train_as_one_rank_of_the_whole_batch) {
+  mn_test_require_cuda_build();
+  setup u = small(SGD, false, false, 1);
+  mn_graph *g = mlp(&u, TOTAL / 2, u.hid);
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_F16);
+  mn_graph_free(g);
+  require_ranks(2);
+  check_two_ranks(f16(small(SGD, false, false, 1)));
+  setup apart = f16(small(ADAMW, false, true, 1));
+  apart.apart = true;
+  check_two_ranks(apart);
+  check_two_ranks(f16(small(ADAMW, true, true, 1)));
+  check_two_ranks(f16(small(SGD, false, false, 2)));
+  check_two_ranks(f16(small(ADAMW, false, true, 2)));
+  check_two_ranks(f16(small(ADAMW, true, true, 2)));
+  setup big = f16(large(ADAMW));
+  big.normwise = true;
+  check_two_ranks(big);
+}
+
+static bool all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return false;
+  return true;
+}
+
+/* Two f16 ranks of u (rank 1 overflowing in u.blowup_round), stepping without waiting when
+ * `in_flight`: both must succeed, skip the same steps, at least one, and end with one scale
+ * and one model. */
+static void run_blown_up(const setup *u, bool in_flight, run *ranks) {
+  char what[128];
+  describe(u, what, sizeof what);
+  for (int i = 0; i < 2; i++) {
+    init_run(&ranks[i], u, 2, i, TOTAL / 2, u->accum);
+    ranks[i].in_flight = in_flight;
+  }
+  run_threads(ranks, 2, true);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(ranks[i].status, MN_OK, "%s: rank %d: %s", what, i, ranks[i].error);
+  fprintf(stderr,
+          "DP f16, %s%s: rank 1 overflowed in round %d; skipped %llu and %llu, scales %g "
+          "and %g\n",
+          what, in_flight ? ", steps in flight" : "", u->blowup_round,
+          (unsigned long long)ranks[0].skipped, (unsigned long long)ranks[1].skipped,
+          (double)ranks[0].loss_scale, (double)ranks[1].loss_scale);
+  cr_expect_gt(ranks[0].skipped, 0u, "%s: rank 1's overflow skipped nothing on rank 0", what);
+  cr_expect_eq(ranks[0].skipped, ranks[1].skipped, "%s: skipped steps %llu and %llu", what,
+               (unsigned long long)ranks[0].skipped, (unsigned long long)ranks[1].skipped);
+  cr_expect_eq(ranks[0].loss_scale, ranks[1].loss_scale, "%s: loss scales %g and %g", what,
+               (double)ranks[0].loss_scale, (double)ranks[1].loss_scale);
+  size_t n = num_params(u);
+  cr_expect(all_finite(ranks[0].params, n), "%s: the overflow reached the parameters", what);
+  cr_expect(memcmp(ranks[0].params, ranks[1].params, n * sizeof(float)) == 0,
+            "%s: the ranks' parameters differ after an overflow on rank 1", what);
+}
+
+/* The CPU backend's two ranks of u (test_data_parallel's F16 semantics): the same skipped
+ * steps and scale as the CUDA ranks', and parameters within f16's tolerance. */
+static void check_against_cpu_ranks(const setup *u, const run *ranks) {
+  char what[128];
+  describe(u, what, sizeof what);
+  run cpu[2];
+  for (int i = 0; i < 2; i++)
+    init_run(&cpu[i], u, 2, i, TOTAL / 2, u->accum);
+  run_cpu_ranks(cpu, 2);
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(cpu[i].status, MN_OK, "%s: CPU rank %d: %s", what, i, cpu[i].error);
+  double e = norm_error(ranks[0].params, cpu[0].params, num_params(u));
+  fprintf(stderr, "DP f16, %s: CUDA ranks against the CPU's: norm-wise %.3g\n", what, e);
+  cr_expect(ranks[0].skipped == cpu[0].skipped && ranks[0].loss_scale == cpu[0].loss_scale,
+            "%s: CUDA ranks skipped %llu (scale %g), the CPU's %llu (scale %g)", what,
+            (unsigned long long)ranks[0].skipped, (double)ranks[0].loss_scale,
+            (unsigned long long)cpu[0].skipped, (double)cpu[0].loss_scale);
+  cr_expect(e <= TOL_F16, "%s: norm-wise %.3g against the CPU's ranks", what, e);
+  free_runs(cpu, 2);
+}
+
+/* F16: rank 1's inputs of one step overflow, rank 0's do not; both skip that step (the
+ * overflow flag is all-reduced before the scaler's end kernel reads it), with and without
+ * accumulation (whose steps unscale the rank's own gradients) and ZeRO-1, as the CPU's ranks
+ * do. */
+Test(cuda_data_parallel, f16_ranks_skip_the_steps_either_rank_overflows) {
+  require_ranks(2);
+  const setup cases[] = {
+      f16(small(SGD, false, false, 1)),  f16(small(ADAMW, false, true, 1)),
+      f16(small(ADAMW, true, true, 1)),  f16(small(SGD, false, false, 2)),
+      f16(small(ADAMW, true, false, 2)),
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    setup u = cases[c];
+    u.blowup_round = 2;
+    run ranks[2];
+    run_blown_up(&u, false, ranks);
+    check_against_cpu_ranks(&u, ranks);
+    free_runs(ranks, 2);
+  }
+}
+
+/* F16 with accumulation, steps submitted without waiting: the overflow keeps the device's
+ * round open, so the updates come one step later than the host guessed; each rank still picks
+ * the graph with the gradients' all-reduce for the step that applies, and the run gives the
+ * bits of one that waits after every step. */
+Test(cuda_data_parallel, f16_steps_in_flight_reduce_on_the_devices_applying_step) {
+  require_ranks(2);
+  for (int zero1 = 0; zero1 < 2; zero1++) {
+    setup u = f16(small(ADAMW, zero1, true, 2));
+    u.blowup_round = 2;
+    char what[128];
+    describe(&u, what, sizeof what);
+    run waited[2], flying[2];
+    run_blown_up(&u, false, waited);
+    run_blown_up(&u, true, flying);
+    for (int i = 0; i < 2; i++) {
+      cr_expect_eq(flying[i].skipped, waited[i].skipped, "%s: rank %d", what, i);
+      cr_expect_eq(flying[i].loss_scale, waited[i].loss_scale, "%s: rank %d", what, i);
+      cr_expect(memcmp(flying[i].params, waited[i].params, num_params(&u) * sizeof(float)) == 0,
+                "%s: rank %d: steps in flight differ from steps waited for (max relative %.3g)",
+                what, i, max_rel_error(flying[i].params, waited[i].params, num_params(&u)));
+    }
+    free_runs(waited, 2);
+    free_runs(flying, 2);
+  }
 }
 
 Test(cuda_data_parallel, a_checkpoint_of_two_ranks_resumes_on_one) {
