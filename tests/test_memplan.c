@@ -186,8 +186,8 @@ static void train_alike(mn_session *planned, mn_session *flat) {
   cr_assert(memcmp(wa, wb, sizeof wa) == 0, "the tied embedding differs after 3 AdamW steps");
 }
 
-/* When the loss is the only output, the logits are an activation that the cross-entropy
- * gradient reads last, and it writes the gradient over them (MN_OPF_MAY_OVERWRITE): one
+/* When the loss is the only output, the logits are an activation that the fused cross-entropy
+ * loss and gradient reads last, and it writes the gradient over them: one
  * buffer's memory for both, and the same training as with a buffer per node, bit for bit. As an
  * output the logits keep their own memory. */
 Test(memplan, logits_gradient_overwrites_the_logits) {
@@ -196,9 +196,13 @@ Test(memplan, logits_gradient_overwrites_the_logits) {
     mn_session *planned = session_with_layout(g, MN_LAYOUT_PLANNED);
     mn_session *flat = session_with_layout(g, MN_LAYOUT_ONE_PER_BUFFER);
     const mn_plan *p = mn_session_plan(planned);
-    mn_node grad = only_node(p, MN_OP_SPARSE_CROSS_ENTROPY_GRAD);
+    /* The loss and its gradient are one node (optimizer/loss_grad.c); the gradient is its
+     * second value. */
+    mn_node pair = only_node(p, MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD);
+    mn_node grad = mn_plan_extra_output(p, pair, 1);
+    cr_assert_neq(grad, MN_NO_NODE, "the fused loss has no gradient value");
     const mn_buffer_desc *gb = mn_plan_buffer_of(p, grad);
-    const mn_buffer_desc *lb = mn_plan_buffer_of(p, p->graph->nodes[grad].inputs[0]);
+    const mn_buffer_desc *lb = mn_plan_buffer_of(p, p->graph->nodes[pair].inputs[0]);
     cr_assert_eq(gb->offset == lb->offset, !with_logits, "logits output %d: offsets %zu and %zu",
                  with_logits, gb->offset, lb->offset);
     train_alike(planned, flat);
