@@ -95,6 +95,20 @@ mn_status mn_cu_enqueue_update(cuda_state *st, const mn_session *s, unsigned key
   return rc;
 }
 
+/* The copy just captured is the stream's one dependency: its node, for mn_cu_inputs_copied.
+ * A data-parallel session copies every input every step (it keeps two graphs). */
+static mn_status note_copy_node(cuda_state *st, mn_cu_staged *sg) {
+  if (st->dp) return MN_OK;
+  enum cudaStreamCaptureStatus status;
+  const cudaGraphNode_t *deps = NULL;
+  size_t n = 0;
+  mn_status rc =
+      mn_cu_check(cudaStreamGetCaptureInfo(st->stream, &status, NULL, NULL, &deps, NULL, &n),
+                  "finding an input copy's node");
+  if (rc == MN_OK && status == cudaStreamCaptureStatusActive && n == 1) sg->copy = deps[0];
+  return rc;
+}
+
 static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
   mn_status rc =
       mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
@@ -106,11 +120,12 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
                                      sizeof *st->host_scaler, cudaMemcpyHostToDevice, st->stream),
                      "copying the loss scaler");
   for (size_t i = 0; rc == MN_OK && i < st->num_staged; i++) {
-    const mn_cu_staged *sg = &st->staged[i];
+    mn_cu_staged *sg = &st->staged[i];
     rc = mn_cu_check(cudaMemcpyAsync(st->arena + s->plan->buffers[sg->buffer].offset,
                                      st->host_staging + sg->host_offset, sg->bytes,
                                      cudaMemcpyHostToDevice, st->stream),
                      "copying an input");
+    if (rc == MN_OK) rc = note_copy_node(st, sg);
   }
   if (rc == MN_OK)
     rc = mn_cu_check(
@@ -141,13 +156,16 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
   return rc != MN_OK ? rc : joined;
 }
 
+/* A copy's node is only as good as the graph that holds it. */
+static void forget_copies_unless_kept(cuda_state *st) {
+  for (size_t i = 0; !st->graph && i < st->num_staged; i++)
+    st->staged[i].copy = NULL;
+}
+
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
   mn_status rc = mn_cu_sync(st, "waiting before capture");
   if (rc != MN_OK) return rc;
-  if (st->exec) {
-    cudaGraphExecDestroy(st->exec);
-    st->exec = NULL;
-  }
+  mn_cu_graph_release(st);
   st->captured = false;
   rc = mn_cu_lanes_prepare(st, s);
   if (rc != MN_OK) return rc;
@@ -155,6 +173,7 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
                    "starting the capture");
   if (rc != MN_OK) return rc;
   rc = enqueue_step(st, s, key);
+  if (rc != MN_OK) forget_copies_unless_kept(st);
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", mn_last_error());
   cudaGraph_t graph = NULL;
@@ -165,16 +184,52 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
     mn_set_last_error(msg);
     return rc;
   }
-  if (end != MN_OK) return end;
+  if (end != MN_OK) {
+    forget_copies_unless_kept(st);
+    return end;
+  }
   size_t nodes = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
   st->graph_width = mn_cu_graph_width(graph);
   rc = mn_cu_check(cudaGraphInstantiate(&st->exec, graph, 0), "instantiating the step graph");
-  cudaGraphDestroy(graph);
+  /* Nodes are enabled as instantiated; the graph stays while its copies' nodes are used. */
+  bool kept = false;
+  for (size_t i = 0; i < st->num_staged; i++) {
+    st->staged[i].copy_on = true;
+    kept = kept || st->staged[i].copy;
+  }
+  if (rc == MN_OK && kept)
+    st->graph = graph;
+  else
+    cudaGraphDestroy(graph);
+  forget_copies_unless_kept(st);
   if (rc != MN_OK) return rc;
   if (rc == MN_OK) rc = mn_cu_check(cudaGraphUpload(st->exec, st->stream), "uploading the graph");
   st->graph_nodes = nodes;
   st->captured_key = key;
   st->captured = rc == MN_OK;
+  return rc;
+}
+
+void mn_cu_graph_release(cuda_state *st) {
+  if (st->exec) cudaGraphExecDestroy(st->exec);
+  st->exec = NULL;
+  if (st->graph) cudaGraphDestroy(st->graph);
+  st->graph = NULL;
+  for (size_t i = 0; i < st->num_staged; i++)
+    st->staged[i].copy = NULL;
+}
+
+mn_status mn_cu_inputs_copied(cuda_state *st) {
+  mn_status rc = MN_OK;
+  for (size_t i = 0; i < st->num_staged && rc == MN_OK; i++) {
+    mn_cu_staged *sg = &st->staged[i];
+    if (!sg->copy || sg->copy_on == sg->written) continue;
+    rc = mn_cu_check(cudaGraphNodeSetEnabled(st->exec, sg->copy, sg->written ? 1u : 0u),
+                     "switching an input copy");
+    if (rc == MN_OK) sg->copy_on = sg->written;
+  }
+  for (size_t i = 0; i < st->num_staged && rc == MN_OK; i++)
+    st->staged[i].written = false;
   return rc;
 }

@@ -67,8 +67,8 @@ static mn_status plan_staging(cuda_state *st, const mn_plan *p) {
     if (p->buffers[b].role != MN_BUF_INPUT || mn_plan_input_persists(p, (uint32_t)b)) continue;
     /* F16's #loss_scale: the step's first kernel writes it from the device's scaler. */
     if (p->loss_scale != MN_NO_NODE && b == p->node_buffer[p->loss_scale]) continue;
-    st->staged[st->num_staged++] =
-        (mn_cu_staged){.buffer = (uint32_t)b, .host_offset = total, .bytes = p->buffers[b].bytes};
+    st->staged[st->num_staged++] = (mn_cu_staged){
+        .buffer = (uint32_t)b, .host_offset = total, .bytes = p->buffers[b].bytes, .written = true};
     total += (p->buffers[b].bytes + 255) / 256 * 256;
   }
   mn_status rc = mn_cu_check(cudaMallocHost((void **)&st->host_staging, total ? total : 256),
@@ -77,7 +77,7 @@ static mn_status plan_staging(cuda_state *st, const mn_plan *p) {
   return rc;
 }
 
-static const mn_cu_staged *staged_of(const cuda_state *st, uint32_t buffer) {
+static mn_cu_staged *staged_of(const cuda_state *st, uint32_t buffer) {
   for (size_t i = 0; i < st->num_staged; i++)
     if (st->staged[i].buffer == buffer) return &st->staged[i];
   return NULL;
@@ -210,7 +210,7 @@ static void cuda_destroy(mn_session *s) {
   }
   if (st->stream) cudaStreamSynchronize(st->stream);
   mn_cu_dp_free(st);
-  if (st->exec) cudaGraphExecDestroy(st->exec);
+  mn_cu_graph_release(st);
   if (st->other_exec) cudaGraphExecDestroy(st->other_exec);
   mn_cu_matmuls_destroy(st);
   mn_cu_lanes_free(st);
@@ -313,11 +313,12 @@ static mn_status cuda_write(mn_session *s, uint32_t buffer, const void *src, siz
   cuda_state *st = s->backend_state;
   mn_status dev = use_device(st);
   if (dev != MN_OK) return dev;
-  const mn_cu_staged *sg = staged_of(st, buffer);
+  mn_cu_staged *sg = staged_of(st, buffer);
   if (sg) {
     mn_status rc = wait_inputs_consumed(st);
     if (rc != MN_OK) return rc;
     memcpy(st->host_staging + sg->host_offset, src, bytes);
+    sg->written = true;
     return MN_OK;
   }
   /* Parameters and caches: ordered after any step in flight on the session's stream. */
@@ -471,7 +472,8 @@ static mn_status cuda_step(mn_session *s) {
   if (rc == MN_OK) {
     fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
     mn_cu_scaler_stage(st, s);
-    rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
+    rc = mn_cu_inputs_copied(st);
+    if (rc == MN_OK) rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
   }
   mn_nvtx_pop();
   if (rc != MN_OK) return rc;

@@ -16,10 +16,16 @@ typedef struct mn_cu_readback {
   mn_dev_scaler scaler; /* F16 training: the device's loss scaler after the step */
 } mn_cu_readback;
 
-/* An input copied from pinned staging memory by the graph's first nodes. */
+/* An input copied from pinned staging memory by the graph's first nodes. Outside a
+ * data-parallel group the copy is a node of the kept graph that a step leaves disabled when
+ * nothing wrote the input since the previous step: the input's device memory (never shared,
+ * host/memplan.c) still holds it. */
 typedef struct mn_cu_staged {
   uint32_t buffer;
   size_t host_offset, bytes;
+  cudaGraphNode_t copy; /* the copy's node in cuda_state.graph, NULL when not kept */
+  bool written;         /* the staging was written since the last step's launch */
+  bool copy_on;         /* the copy's node is enabled in cuda_state.exec */
 } mn_cu_staged;
 
 typedef struct mn_cu_matmul_plan {
@@ -110,6 +116,7 @@ typedef struct cuda_state {
   mn_cu_lanes lanes;
   size_t graph_width; /* the most nodes of the captured graph at one depth (1: a chain) */
   cudaGraphExec_t exec;
+  cudaGraph_t graph;     /* what exec was made from, kept for its input copies' nodes */
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;
   /* The graph captured before it, kept while valid: a data-parallel session that accumulates
@@ -243,5 +250,10 @@ mn_status mn_cu_dp_wait(cuda_state *st, cudaEvent_t event, const char *what);
 
 /* Records the whole step into a CUDA graph and instantiates it. */
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
+/* Destroys the captured graph (exec and the graph kept for its input copies). */
+void mn_cu_graph_release(cuda_state *st);
+/* Before a launch: each input copy enabled when its staging was written since the last
+ * launch, disabled when not (its device memory holds it still); the marks are cleared. */
+mn_status mn_cu_inputs_copied(cuda_state *st);
 
 #endif

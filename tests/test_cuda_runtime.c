@@ -174,6 +174,51 @@ Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture
   mn_graph_free(g);
 }
 
+/* A step copies in only the inputs written since the previous step (the others' copies are
+ * disabled in the graph, their device memory unchanged): a CUDA session fed x and t, then t
+ * alone, then nothing, then x alone, trains as the CPU session fed the same, loss by loss. */
+Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
+  mn_test_require_cuda_device();
+  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  mn_session *gpu = mn_test_session(g, MN_BACKEND_CUDA, true);
+  mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
+  mn_rng r1 = mn_rng_new(11), r2 = mn_rng_new(11);
+  feed_mlp(gpu, &r1);
+  feed_mlp(cpu, &r2);
+  mn_session *both[2] = {gpu, cpu};
+  float x[32], t[12];
+  /* Which inputs each step writes first: 1 x, 2 t. */
+  static const int writes[] = {0, 0, 2, 0, 0, 1, 0, 3, 0};
+  mn_rng data = mn_rng_new(12);
+  for (size_t i = 0; i < sizeof writes / sizeof writes[0]; i++) {
+    mn_rng_fill(&data, x, 32, -1, 1);
+    mn_rng_fill(&data, t, 12, -1, 1);
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+      mn_session *s = both[k];
+      cr_assert_eq(mn_session_set_learning_rate(s, 0.05f), MN_OK);
+      if (writes[i] & 1) cr_assert_eq(mn_session_set_input(s, "x", x, 32), MN_OK);
+      if (writes[i] & 2) cr_assert_eq(mn_session_set_input(s, "t", t, 12), MN_OK);
+      cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+      cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+      loss[k] = mn_session_read_loss(s);
+    }
+    cr_assert_float_eq(loss[0], loss[1], 1e-5f * (1.0f + fabsf(loss[1])),
+                       "step %zu (writes %d): CUDA loss %.9g, CPU %.9g", i, writes[i],
+                       (double)loss[0], (double)loss[1]);
+  }
+  /* And the weights they trained agree. */
+  float wg[128], wc[128];
+  cr_assert_eq(mn_session_read_param(gpu, "w1", wg, 128), MN_OK);
+  cr_assert_eq(mn_session_read_param(cpu, "w1", wc, 128), MN_OK);
+  for (int i = 0; i < 128; i++)
+    cr_assert_float_eq(wg[i], wc[i], 1e-5f, "w1[%d]: CUDA %.9g, CPU %.9g", i, (double)wg[i],
+                       (double)wc[i]);
+  mn_session_free(gpu);
+  mn_session_free(cpu);
+  mn_graph_free(g);
+}
+
 /* mn_cuda_profile_step: a CUDA session that has stepped, at least one repetition. */
 Test(cuda_runtime, profile_step_rejects_what_it_cannot_profile) {
   mn_test_require_cuda_build();
