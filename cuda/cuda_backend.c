@@ -2,11 +2,11 @@
  * cache) when the session is built, matmul algorithms chosen then too, and the whole
  * step captured into one CUDA graph, so that mn_session_step is one cudaGraphLaunch.
  *
- * Inputs are staged in pinned host memory and copied in by the graph's first nodes;
- * optimizer scalars likewise. A staging area is rewritten only after the previous
- * step's copies have run (the inputs_consumed event), so set_input during a step is
- * safe and the host never waits for a whole step. F16 training keeps its loss scaler on the
- * device (loss_scale.c). */
+ * Inputs are staged in pinned host memory and copied in by the graph's first nodes, each
+ * only when it was written since the previous step (capture.c); optimizer scalars every step. A
+ * staging area is rewritten only after the previous step's copies have run (the inputs_consumed
+ * event), so set_input during a step is safe and the host never waits for a whole step. F16
+ * training keeps its loss scaler on the device (loss_scale.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -477,6 +477,7 @@ static mn_status cuda_step(mn_session *s) {
   }
   mn_nvtx_pop();
   if (rc != MN_OK) return rc;
+  mn_cu_inputs_launched(st);
   st->launches++;
   st->submissions++;
   st->in_flight = true;
@@ -610,6 +611,11 @@ static mn_status cuda_write_optim_state(mn_session *s, size_t slot, int which, c
 void *mn_cuda_session_stream(const mn_session *s) {
   if (!s || s->backend != &mn_cuda_backend) return NULL;
   return ((cuda_state *)s->backend_state)->stream;
+}
+
+uint64_t mn_cuda_input_copies_skipped(const mn_session *s) {
+  if (!s || s->backend != &mn_cuda_backend) return 0;
+  return ((cuda_state *)s->backend_state)->copies_skipped;
 }
 
 /* All-ones bytes are a NaN in f32 and the largest value in u32. Gradients are included

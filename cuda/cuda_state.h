@@ -128,9 +128,10 @@ typedef struct cuda_state {
   int zero_sumsq, zero_update; /* ZeRO-1: the optimizer kernels over one shard, -1 without */
   cudaEvent_t inputs_consumed;
   bool in_flight;
-  uint64_t launches;    /* cudaGraphLaunch calls */
-  uint64_t captures;    /* graph (re-)captures */
-  uint64_t submissions; /* every stream submission made by step (launches included) */
+  uint64_t launches;       /* cudaGraphLaunch calls */
+  uint64_t copies_skipped; /* input copies left disabled in a launch (mn_cu_inputs_copied) */
+  uint64_t captures;       /* graph (re-)captures */
+  uint64_t submissions;    /* every stream submission made by step (launches included) */
   size_t graph_nodes;
   /* session build, in milliseconds */
   double lower_ms, compile_ms, load_ms, matmul_ms, build_ms;
@@ -253,7 +254,9 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
 /* Destroys the captured graph (exec and the graph kept for its input copies). */
 void mn_cu_graph_release(cuda_state *st);
 /* Before a launch: each input copy enabled when its staging was written since the last
- * launch, disabled when not (its device memory holds it still); the marks are cleared. */
+ * launch, disabled when not (its device memory holds it still). After the launch succeeded:
+ * the marks cleared (a failed launch keeps them, so a retry copies), skipped copies counted. */
 mn_status mn_cu_inputs_copied(cuda_state *st);
+void mn_cu_inputs_launched(cuda_state *st);
 
 #endif

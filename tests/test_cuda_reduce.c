@@ -105,9 +105,9 @@ Test(cuda_reduce, sparse_cross_entropy) {
 }
 
 /* Labels of which about a third are MN_IGNORE_LABEL: the loss of the forward alone, and in
- * training the loss and the logits' gradient, fp32 (the loss and gradient kernels) at 1e-5 and
- * bf16 (the one-pass loss gradient of optimizer/loss_grad.h) at MN_TEST_BF16_TOL. Every shape
- * has enough rows that some count. */
+ * training the loss and the logits' gradient (the one-pass loss gradient of
+ * optimizer/loss_grad.h in every precision), fp32 at 1e-5 and bf16 at MN_TEST_BF16_TOL. Every
+ * shape has enough rows that some count. */
 static void check_sparse_ignoring(const int64_t *shape, int rank, uint64_t seed) {
   mn_graph *g = mn_graph_new();
   mn_node logits = mn_parameter(g, "logits", shape, rank);
