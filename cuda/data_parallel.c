@@ -25,7 +25,9 @@
  * every rank skips the same steps and keeps one scale. An overflow keeps the accumulation
  * round open on the device alone, and the graph (with or without the gradients' collectives)
  * follows the round, so an accumulating F16 session reads the device's round back before it
- * picks one. */
+ * picks one. On a skipped step the gradients are still reduced (the collectives are in the
+ * graph), so mn_session_read_grad then shows the group's mean where the CPU backend, which
+ * returns before reducing, shows the rank's own; parameters, moments and scale agree. */
 #include <stdlib.h>
 #include <string.h>
 
