@@ -61,9 +61,13 @@ say "train on $backend: $steps steps of batch $batch x 64 bytes"
   --val-fraction 0.05 --eval-every $((steps >= 10 ? steps / 10 : 1)) --checkpoint-every "$steps" --keep-last 1 \
   --out "$out" --metrics "$out/metrics.csv" --plot "$out/loss.svg"
 
+# A GPT-2 has n_positions learned positions (64 here): without --tokens, generate fills what
+# the prompt leaves of them. A Llama's RoPE has no such table: 300 bytes.
+tokens=(--tokens 300)
+grep -q '"model_type": *"gpt2"' "$out/config.json" && tokens=()
 say "sample (temperature 0.8, top-k 40)"
 "$mn" generate --weights "$out/model.safetensors" --config "$out/config.json" \
-  --prompt "/* The session " --tokens 300 --temperature 0.8 --top-k 40 --seed 3
+  --prompt "/* The session " "${tokens[@]}" --temperature 0.8 --top-k 40 --seed 3
 echo
 
 say "done in $(($(date +%s) - start)) s"
