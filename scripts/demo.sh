@@ -8,7 +8,8 @@
 #
 # Environment: MN_DEMO_BUILD_DIR (default build-demo), MN_DEMO_STEPS (default: 3000 on a
 # GPU, 500 on the CPU), MN_DEMO_CONFIG (default configs/tiny-gpt2.json), MN_BACKEND
-# (auto|cpu|cuda), MN_JOBS (default: nproc).
+# (auto|cpu|cuda), MN_JOBS (default: nproc), MN_DEMO_CLI (a meganeura command already built:
+# no configure or build; the test suite's smoke run uses it).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,22 +21,26 @@ start=$(date +%s)
 say() { printf '\n== %s\n' "$*"; }
 trap 'echo "scripts/demo.sh: FAILED at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-# shellcheck source=scripts/lib/deps.sh
-source "$root/scripts/lib/deps.sh"
-if [[ ${1:-} == --offline ]]; then
-  # An air-gapped machine: cJSON from the Debian packages in $2 (see README, GPU machines).
-  mn_use_debs "$(cd "$2" && pwd)"
-  mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc
+if [[ -n ${MN_DEMO_CLI:-} ]]; then
+  mn=$MN_DEMO_CLI
 else
-  mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc -- libcjson-dev
-fi
+  # shellcheck source=scripts/lib/deps.sh
+  source "$root/scripts/lib/deps.sh"
+  if [[ ${1:-} == --offline ]]; then
+    # An air-gapped machine: cJSON from the Debian packages in $2 (see README, GPU machines).
+    mn_use_debs "$(cd "$2" && pwd)"
+    mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc
+  else
+    mn_install_missing cmake=cmake ninja=ninja-build gcc=gcc -- libcjson-dev
+  fi
 
-# Warnings stay warnings here: GCC -O3 flags a false stringop-overflow in io/graph_hash.c.
-say "configure and build $build (Release)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMN_BUILD_TESTS=OFF \
-  -DMN_BUILD_EXAMPLES=OFF -DMN_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build" -j "$jobs" --target meganeura_cli
-mn=$build/meganeura
+  # Warnings stay warnings here: GCC -O3 flags a false stringop-overflow in io/graph_hash.c.
+  say "configure and build $build (Release)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMN_BUILD_TESTS=OFF \
+    -DMN_BUILD_EXAMPLES=OFF -DMN_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build "$build" -j "$jobs" --target meganeura_cli
+  mn=$build/meganeura
+fi
 
 mkdir -p "$out"
 corpus=$out/corpus.txt
@@ -61,9 +66,13 @@ say "train on $backend: $steps steps of batch $batch x 64 bytes"
   --val-fraction 0.05 --eval-every $((steps >= 10 ? steps / 10 : 1)) --checkpoint-every "$steps" --keep-last 1 \
   --out "$out" --metrics "$out/metrics.csv" --plot "$out/loss.svg"
 
+# A GPT-2 has n_positions learned positions (64 here): without --tokens, generate fills what
+# the prompt leaves of them. A Llama's RoPE has no such table: 300 bytes.
+tokens=(--tokens 300)
+grep -q '"model_type": *"gpt2"' "$out/config.json" && tokens=()
 say "sample (temperature 0.8, top-k 40)"
 "$mn" generate --weights "$out/model.safetensors" --config "$out/config.json" \
-  --prompt "/* The session " --tokens 300 --temperature 0.8 --top-k 40 --seed 3
+  --prompt "/* The session " "${tokens[@]}" --temperature 0.8 --top-k 40 --seed 3
 echo
 
 say "done in $(($(date +%s) - start)) s"
