@@ -286,7 +286,11 @@ int main(int argc, char **argv) {
       setenv("MN_DP_OVERLAP", "0", 1);
       serial[w] = run_world(&b, &cfg, worlds[w], &serial_loss, &unused);
       unsetenv("MN_DP_OVERLAP");
-      if (serial[w] < 0) serial[w] = 0;
+      if (serial[w] < 0) {
+        printf("BENCH-FAILED dp_%s ranks=%d with MN_DP_OVERLAP=0\n", b.model, worlds[w]);
+        failed = 1;
+        serial[w] = 0;
+      }
     }
     double tps = (double)worlds[w] * (double)(b.batch * b.seq) / (ms[w] * 1e-3);
     double one = ms[0] > 0 ? (double)(b.batch * b.seq) / (ms[0] * 1e-3) : 0;

@@ -95,11 +95,6 @@ static cublasLtEpilogue_t lt_epilogue(mn_cu_epilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-/* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
- * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
- * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
- * BGRADA only with A not transposed, BGRADB only with B transposed (its A is our B, its B
- * our A). Epilogues here are never batched. NULL when none applies. */
 /* MN_CUDA_EPILOGUES_OFF=NAME[,NAME...] (bias, bias_relu, bias_gelu, dgelu, bgrad, or all):
  * those epilogues run as their fallback commands, so that one can be timed against the other
  * in the same build (docs/performance.md). Read at each session build. */
@@ -126,6 +121,11 @@ static bool switched_off(mn_cu_epilogue e) {
   return false;
 }
 
+/* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
+ * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
+ * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
+ * BGRADA only with A not transposed, BGRADB only with B transposed (its A is our B, its B
+ * our A). Epilogues here are never batched. Also those switched off; NULL when none applies. */
 static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias, uintptr_t aux) {
   if (switched_off(d->epilogue)) return "switched off by MN_CUDA_EPILOGUES_OFF";
   if (d->batch > 1) return "a batched product";

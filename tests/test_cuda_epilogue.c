@@ -14,6 +14,7 @@
 #include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
 #ifdef MN_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/emit.h"
@@ -422,8 +423,29 @@ Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
+#ifdef MN_WITH_CUDA
+/* The nodes of g's CUDA step graph under MN_CUDA_EPILOGUES_OFF=`off` (NULL: unset). */
+static size_t graph_nodes_with(const mn_graph *g, const char *off) {
+  if (off)
+    setenv("MN_CUDA_EPILOGUES_OFF", off, 1);
+  else
+    unsetenv("MN_CUDA_EPILOGUES_OFF");
+  mn_session *s = build(g, MN_BACKEND_CUDA, false);
+  mn_rng rng = mn_rng_new(1);
+  mn_test_init_uniform(g, s, &rng, -1.0f, 1.0f, true);
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  mn_session_stats st;
+  cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
+  mn_session_free(s);
+  unsetenv("MN_CUDA_EPILOGUES_OFF");
+  return st.graph_nodes;
+}
+#endif
+
 /* MN_CUDA_EPILOGUES_OFF=all (for timing an epilogue against its fallback): every product runs
- * plain and the fallback commands compute the epilogue, with the same results. */
+ * plain and the fallback commands compute the epilogue, with the same results; and the switch
+ * takes: the step graph gains the fallback's nodes. */
 Test(cuda_epilogue, every_epilogue_switched_off_runs_its_fallback) {
   mn_test_require_cuda_build();
   setenv("MN_CUDA_EPILOGUES_OFF", "all", 1);
@@ -439,6 +461,15 @@ Test(cuda_epilogue, every_epilogue_switched_off_runs_its_fallback) {
   check(at_bgrad_graph(MN_SHAPE(37, 24), MN_SHAPE(37, 40), 1), "bgrad, listed off", 831);
   unsetenv("MN_CUDA_EPILOGUES_OFF");
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+#ifdef MN_WITH_CUDA
+  mn_graph *g = at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), 1);
+  size_t fused = graph_nodes_with(g, NULL), other = graph_nodes_with(g, "dgelu"),
+         off = graph_nodes_with(g, "bgrad");
+  cr_expect_eq(other, fused, "switching off another epilogue changed the graph: %zu -> %zu nodes",
+               fused, other);
+  cr_expect_gt(off, fused, "bgrad switched off: %zu nodes, fused %zu", off, fused);
+  mn_graph_free(g);
+#endif
 }
 
 /* ------------------------------------------------------------------ group_norm + silu */
