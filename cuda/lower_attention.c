@@ -149,12 +149,12 @@ static size_t pipe_rows(void) { return 16 * PIPE_WARPS; }
 
 /* The pipelined forward: q [rows], then two stages of k and v [PIPE_COLS] each. */
 static mn_status launch_pipe_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
-                                     int mode, const mn_cu_arg *args, int nargs) {
+                                     int mode, bool qkv, const mn_cu_arg *args, int nargs) {
   int blocks = d->head_dim <= 64 ? PIPE_FWD_BLOCKS : 1;
   int k = mn_cu_kernel(c, 32 * PIPE_WARPS,
-                       "mn_attn_pipe_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %d, %d>",
+                       "mn_attn_pipe_fwd<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %d, %d, %d>",
                        tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                       d->kv_heads, d->mask, mode, PIPE_WARPS, blocks);
+                       d->kv_heads, d->mask, mode, PIPE_WARPS, blocks, qkv ? 1 : 0);
   size_t rows = pipe_rows() * (size_t)blocks;
   size_t smem = (rows + 4 * PIPE_COLS) * tc->row_bytes;
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)rows), (unsigned)d->heads,
@@ -163,11 +163,11 @@ static mn_status launch_pipe_forward(const mn_cu_op_ctx *c, const attn_dims *d, 
 
 /* The pipelined dQ: q and dy [rows], then two stages of k and v [PIPE_COLS] each. */
 static mn_status launch_pipe_dq(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
-                                const mn_cu_arg *args, int nargs) {
-  int k =
-      mn_cu_kernel(c, 32 * PIPE_WARPS, "mn_attn_pipe_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d>",
-                   tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                   d->kv_heads, d->mask, PIPE_WARPS);
+                                bool qkv, const mn_cu_arg *args, int nargs) {
+  int k = mn_cu_kernel(c, 32 * PIPE_WARPS,
+                       "mn_attn_pipe_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %d>", tc->first,
+                       d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads, d->kv_heads,
+                       d->mask, PIPE_WARPS, qkv ? 1 : 0);
   size_t smem = (2 * pipe_rows() + 4 * PIPE_COLS) * tc->row_bytes;
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)pipe_rows()), (unsigned)d->heads,
                       (unsigned)d->batches, smem, nargs, args);
@@ -176,11 +176,11 @@ static mn_status launch_pipe_dq(const mn_cu_op_ctx *c, const attn_dims *d, const
 /* The pipelined dK / dV: k and v [rows], then two stages of q and dy [PIPE_COLS] and their
  * statistics (3 floats a row). out: an mn_attn_kv_out. */
 static mn_status launch_pipe_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
-                                 int out, bool packed, const mn_cu_arg *args, int nargs) {
-  int k = mn_cu_kernel(c, 32 * PIPE_WARPS,
-                       "mn_attn_pipe_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s, %d>",
-                       tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads,
-                       d->kv_heads, d->mask, out, packed ? "true" : "false", PIPE_WARPS);
+                                 int out, bool packed, bool qkv, const mn_cu_arg *args, int nargs) {
+  int k = mn_cu_kernel(
+      c, 32 * PIPE_WARPS, "mn_attn_pipe_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s, %d, %d>",
+      tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads, d->kv_heads,
+      d->mask, out, packed ? "true" : "false", PIPE_WARPS, qkv ? 1 : 0);
   size_t smem =
       2 * pipe_rows() * tc->row_bytes + 2 * (2 * PIPE_COLS * tc->row_bytes + 12 * PIPE_COLS);
   return mn_cu_launch(c, k, mn_cu_blocks(d->s_len, (unsigned)pipe_rows()), (unsigned)d->kv_heads,
@@ -195,7 +195,7 @@ static size_t mma_smem(const attn_tc *tc, int tiles, size_t extra) {
 static mn_status launch_mma_forward(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
                                     int mode, const mn_cu_arg *args, int nargs) {
   if (tc->pipe && (mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS))
-    return launch_pipe_forward(c, d, tc, mode, args, nargs);
+    return launch_pipe_forward(c, d, tc, mode, false, args, nargs);
   int tiles = mode == MN_ATTN_OUTPUT || mode == MN_ATTN_OUTPUT_STATS ? 3
               : mode == MN_ATTN_STATS_DELTA                          ? 4
                                                                      : 2;
@@ -282,7 +282,7 @@ static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool
 /* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
 static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
                                 int out, bool packed, const mn_cu_arg *args, int nargs) {
-  if (tc->pipe) return launch_pipe_dkv(c, d, tc, out, packed, args, nargs);
+  if (tc->pipe) return launch_pipe_dkv(c, d, tc, out, packed, false, args, nargs);
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s>",
                        tc->name, tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len,
                        d->heads, d->kv_heads, d->mask, out, packed ? "true" : "false");
@@ -295,15 +295,16 @@ static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const
  * two passes. */
 #define MMA_KV_ONE_PASS_MAX_HD 64
 
-/* delta = dy . y per (b, h, t) into args[6], from the forward's output (input 4). */
-static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, const mn_cu_arg *args) {
+/* delta = dy . y per (b, h, t) into `delta`. */
+static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg y, mn_cu_arg dy,
+                              mn_cu_arg delta) {
   long long rows = (long long)(d->batches * d->t_len) * d->heads;
   unsigned warps = MN_ATTN_BLOCK / 32;
   long long blocks = (rows + warps - 1) / warps;
   if (blocks > 0x7fffffffLL) return unsupported(c, "too many attention rows for one grid", rows);
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_delta<%d, %lldLL, %d, %lldLL>", d->head_dim,
                        (long long)d->t_len, d->heads, rows);
-  mn_cu_arg delta_args[3] = {mn_cu_in(c, 4), mn_cu_in(c, 3), args[6]};
+  mn_cu_arg delta_args[3] = {y, dy, delta};
   return mn_cu_launch(c, k, (unsigned)blocks, 1, 1, 0, 3, delta_args);
 }
 
@@ -343,12 +344,12 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved
   int pre_nargs = nargs == 8 ? 7 : nargs;
   attn_tc tc = tensor_core(c, &d);
   if (saved) {
-    st = launch_delta(c, &d, args);
+    st = launch_delta(c, &d, mn_cu_in(c, 4), mn_cu_in(c, 3), args[6]);
     if (st != MN_OK) return st;
   }
   if (tc.on) {
     if (!saved && (st = launch_mma_forward(c, &d, &tc, mode, args, pre_nargs)) != MN_OK) return st;
-    if (which == GRAD_Q && tc.pipe) return launch_pipe_dq(c, &d, &tc, args, nargs);
+    if (which == GRAD_Q && tc.pipe) return launch_pipe_dq(c, &d, &tc, false, args, nargs);
     if (which == GRAD_Q) {
       int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dq<%d, %d, %lldLL, %lldLL, %d, %d, %d>", tc.name,
                            tc.first, d.head_dim, (long long)d.t_len, (long long)d.s_len, d.heads,
@@ -478,4 +479,68 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   k = mn_cu_kernel(c, block, "mn_attn_decode_combine<%d, %d, %lldLL, %uu, %u>", hd, heads,
                    (long long)max_seq, (unsigned)c->id, block);
   return mn_cu_launch(c, k, (unsigned)heads, (unsigned)batch, 1, 0, 6, combine_args);
+}
+
+/* qkv_causal_attention and its gradient (optimizer/attention_qkv.c): the pipelined kernels with
+ * q, k and v the column blocks of input 0's rows, the same arguments as the separate tensors'
+ * launches with offsets into one buffer. Only those kernels read wider rows, so the ops need
+ * what they need: 16-bit storage, a head dim a multiple of 16 up to 128, int positions. */
+static mn_status qkv_setup(const mn_cu_op_ctx *c, attn_dims *d, attn_tc *tc, mn_cu_arg qkv[3]) {
+  mn_status st = dims_of(c, MN_ATTN_MASK_CAUSAL, d);
+  if (st != MN_OK) return st;
+  d->s_len = d->t_len;
+  int hd = d->head_dim;
+  if (mn_cu_arg_storage(c->plan, mn_cu_in(c, 0)) == MN_DEV_F32 || hd % 16 || hd > 128 ||
+      d->t_len >= INT32_MAX / 2)
+    return unsupported(c, "needs 16-bit q, k and v, a head dim a multiple of 16 up to 128", hd);
+  *tc = (attn_tc){true, "mn_attn_lp", mn_cu_low_storage(c->plan), 2 * (size_t)(hd + 8), true};
+  size_t q_width = (size_t)d->heads * (size_t)hd, kv_width = (size_t)d->kv_heads * (size_t)hd;
+  for (int i = 0; i < 3; i++)
+    qkv[i] = mn_cu_in(c, 0);
+  qkv[1].offset += q_width * sizeof(float);
+  qkv[2].offset += (q_width + kv_width) * sizeof(float);
+  return MN_OK;
+}
+
+mn_status mn_cu_lower_QKV_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) {
+  attn_dims d;
+  attn_tc tc;
+  mn_cu_arg args[MN_CU_MAX_ARGS];
+  mn_status st = qkv_setup(c, &d, &tc, args);
+  if (st != MN_OK) return st;
+  args[3] = mn_cu_out(c);
+  int mode = MN_ATTN_OUTPUT, nargs = 4;
+  if (c->node->attrs.variant == 1) {
+    mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
+    if (stats == MN_NO_NODE)
+      return mn_fail(MN_ERR_STATE,
+                     "cuda backend: node %u (%s) has no extra_output for its statistics", c->id,
+                     mn_op_name(c->node->op));
+    stats_args(&d, mn_cu_node_arg(stats), &args[4], &args[5]);
+    mode = MN_ATTN_OUTPUT_STATS;
+    nargs = 6;
+  }
+  return launch_pipe_forward(c, &d, &tc, mode, true, args, nargs);
+}
+
+/* (qkv, dy, y, stats): delta = dy . y, then dQ into the q block of the output's rows and dK | dV
+ * into the k and v blocks. */
+mn_status mn_cu_lower_QKV_ATTENTION_GRAD_SAVED(const mn_cu_op_ctx *c) {
+  attn_dims d;
+  attn_tc tc;
+  mn_cu_arg args[MN_CU_MAX_ARGS];
+  mn_status st = qkv_setup(c, &d, &tc, args);
+  if (st != MN_OK) return st;
+  size_t stat_bytes = align256((size_t)(d.batches * d.heads * d.t_len) * sizeof(float));
+  args[3] = mn_cu_in(c, 1);
+  stats_args(&d, mn_cu_in(c, 3), &args[4], &args[5]);
+  args[6] = mn_cu_scratch(c, stat_bytes);
+  args[7] = mn_cu_out(c);
+  if ((st = launch_delta(c, &d, mn_cu_in(c, 2), mn_cu_in(c, 1), args[6])) != MN_OK) return st;
+  if ((st = launch_pipe_dq(c, &d, &tc, true, args, 8)) != MN_OK) return st;
+  args[7].offset += (size_t)d.heads * (size_t)d.head_dim * sizeof(float);
+  if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
+    return launch_pipe_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, true, args, 8);
+  st = launch_pipe_dkv(c, &d, &tc, MN_ATTN_DK, true, true, args, 8);
+  return st != MN_OK ? st : launch_pipe_dkv(c, &d, &tc, MN_ATTN_DV, true, true, args, 8);
 }

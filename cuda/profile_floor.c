@@ -159,7 +159,9 @@ static int attention_products(mn_op op) {
   case MN_OP_CAUSAL_ATTENTION:
   case MN_OP_FULL_ATTENTION:
   case MN_OP_CROSS_ATTENTION:
-  case MN_OP_CAUSAL_ATTENTION_PACKED: return 2;
+  case MN_OP_CAUSAL_ATTENTION_PACKED:
+  case MN_OP_QKV_CAUSAL_ATTENTION: return 2;
+  case MN_OP_QKV_ATTENTION_GRAD_SAVED: return 7; /* dQ's 3 and dK | dV's 4 */
   case MN_OP_ATTENTION_GRAD_KV:
   case MN_OP_ATTENTION_GRAD_KV_SAVED:
   case MN_OP_PACKED_ATTENTION_GRAD_KV:
@@ -176,17 +178,20 @@ static int attention_products(mn_op op) {
   }
 }
 
-/* The FLOPs of an attention node: q [.., Tq, H*d], k [.., Tk, KVH*d]; causal masks skip
- * half of each product (the variant of a backward op says whether its forward was causal). */
+/* The FLOPs of an attention node: q [.., Tq, H*d], k [.., Tk, KVH*d] (the qkv ops: their
+ * input 0 holds both); causal masks skip half of each product (the variant of a backward op
+ * says whether its forward was causal). */
 static double attention_flops(const mn_graph *g, const mn_node_rec *n) {
   int units = attention_products(n->op);
-  if (!units || n->num_inputs < 2) return 0;
-  const mn_tensor_type *q = &g->nodes[n->inputs[0]].type, *k = &g->nodes[n->inputs[1]].type;
+  bool qkv = n->op == MN_OP_QKV_CAUSAL_ATTENTION || n->op == MN_OP_QKV_ATTENTION_GRAD_SAVED;
+  if (!units || (n->num_inputs < 2 && !qkv)) return 0;
+  const mn_tensor_type *q = &g->nodes[n->inputs[0]].type;
+  const mn_tensor_type *k = qkv ? q : &g->nodes[n->inputs[1]].type;
   int heads = n->attrs.num_heads, d = n->attrs.head_dim;
   if (heads <= 0 || d <= 0 || q->rank < 2 || k->rank < 2) return 0;
-  double rows = (double)mn_tensor_type_numel(q) / ((double)heads * d); /* batch * Tq */
+  double rows = (double)mn_tensor_type_numel(q) / (double)q->shape[q->rank - 1]; /* batch * Tq */
   double tk = (double)k->shape[k->rank - 2];
-  bool causal = n->op == MN_OP_CAUSAL_ATTENTION || n->op == MN_OP_CAUSAL_ATTENTION_PACKED ||
+  bool causal = n->op == MN_OP_CAUSAL_ATTENTION || n->op == MN_OP_CAUSAL_ATTENTION_PACKED || qkv ||
                 mn_op_is_packed_attention_grad(n->op) ||
                 ((mn_op_flags(n->op) & MN_OPF_BACKWARD) && n->attrs.variant == 1);
   return units * 2.0 * rows * heads * tk * d * (causal ? 0.5 : 1.0);

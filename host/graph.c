@@ -417,7 +417,8 @@ int mn_node_num_extra_outputs(const mn_node_rec *n) {
   case MN_OP_CAUSAL_ATTENTION:
   case MN_OP_FULL_ATTENTION:
   case MN_OP_CROSS_ATTENTION:
-  case MN_OP_CAUSAL_ATTENTION_PACKED: return n->attrs.variant == 1; /* its row statistics */
+  case MN_OP_CAUSAL_ATTENTION_PACKED:
+  case MN_OP_QKV_CAUSAL_ATTENTION: return n->attrs.variant == 1; /* its row statistics */
   case MN_OP_FUSED: return n->fused ? mn_fused_prog_num_extra(n->fused) : 0;
   default: return 0;
   }

@@ -85,6 +85,11 @@ static inline bool mn_op_is_attention(mn_op op) {
          op == MN_OP_CROSS_ATTENTION || op == MN_OP_CAUSAL_ATTENTION_PACKED;
 }
 
+/* Attention ops whose variant 1 writes row statistics as extra value 1 (ops.h). */
+static inline bool mn_op_writes_attention_stats(mn_op op) {
+  return mn_op_is_attention(op) || op == MN_OP_QKV_CAUSAL_ATTENTION;
+}
+
 /* The gradients of causal_attention_packed, whose last input is the positions. */
 static inline bool mn_op_is_packed_attention_grad(mn_op op) {
   switch (op) {

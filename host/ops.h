@@ -84,6 +84,9 @@ enum {
   /* (q, k, v, positions U32 [B, T] or [T]): causal within the packed examples that positions */   \
   /* delimit (meganeura.h); variant 1 as above                                                 */  \
   X(CAUSAL_ATTENTION_PACKED, "causal_attention_packed", 4, MN_OPF_DIFF)                            \
+  /* (qkv): causal_attention of the column blocks q | k | v of each row of qkv               */    \
+  /* [.., T, (H + 2 KVH) hd]; made by optimizer/attention_qkv.c, variant 1 as above          */    \
+  X(QKV_CAUSAL_ATTENTION, "qkv_causal_attention", 1, 0)                                            \
   X(EMBEDDING, "embedding", 2, MN_OPF_DIFF)                                                        \
   X(SCATTER_ADD, "scatter_add", 2, MN_OPF_DIFF)                                                    \
   X(CONV2D, "conv2d", 2, MN_OPF_DIFF)                                                              \
@@ -170,6 +173,8 @@ enum {
   X(PACKED_ATTENTION_GRAD_KV, "packed_attention_grad_kv", 5, MN_BWD)                               \
   X(PACKED_ATTENTION_GRAD_Q_SAVED, "packed_attention_grad_q_saved", 7, MN_BWD)                     \
   X(PACKED_ATTENTION_GRAD_KV_SAVED, "packed_attention_grad_kv_saved", 7, MN_BWD)                   \
+  /* (qkv, dy, y, stats) of a qkv_causal_attention: dQ | dK | dV in qkv's layout             */    \
+  X(QKV_ATTENTION_GRAD_SAVED, "qkv_attention_grad_saved", 4, MN_BWD)                               \
   /* vision */                                                                                     \
   X(CONV2D_GRAD_INPUT, "conv2d_grad_input", 2, MN_BWD)   /* (dy, kernel) -> [N,Ci,H,W] */          \
   X(CONV2D_GRAD_KERNEL, "conv2d_grad_kernel", 2, MN_BWD) /* (x, dy) -> [Co,Ci,kh,kw] */            \

@@ -50,6 +50,33 @@ static bool saved_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
          mn_type_same_shape(&y->type, &g->nodes[r->inputs[3]].type);
 }
 
+/* qkv_causal_attention (qkv): qkv's rows are the blocks q | k | v of the attrs' heads, the
+ * output's rows q's width. */
+static bool qkv_attention_ok(const mn_graph *g, const mn_node_rec *r) {
+  const mn_tensor_type *x = &g->nodes[r->inputs[0]].type;
+  int64_t hd = r->attrs.head_dim, h = r->attrs.num_heads, kvh = r->attrs.num_kv_heads;
+  if (hd < 1 || h < 1 || kvh < 1 || h % kvh || x->rank < 2 || x->rank != r->type.rank ||
+      last_dim(x) != (h + 2 * kvh) * hd || last_dim(&r->type) != h * hd)
+    return false;
+  for (int i = 0; i + 1 < x->rank; i++)
+    if (x->shape[i] != r->type.shape[i]) return false;
+  return r->attrs.variant == 0 || r->attrs.variant == 1;
+}
+
+/* qkv_attention_grad_saved (qkv, dy, y, stats): y is a qkv_causal_attention of the same qkv and
+ * heads that writes its statistics, stats that extra value, dy typed like y, and the gradient
+ * typed like qkv. */
+static bool qkv_attention_grad_ok(const mn_graph *g, const mn_node_rec *r) {
+  const mn_node_rec *y = &g->nodes[r->inputs[2]], *stats = &g->nodes[r->inputs[3]];
+  return y->op == MN_OP_QKV_CAUSAL_ATTENTION && y->attrs.variant == 1 &&
+         y->inputs[0] == r->inputs[0] && stats->op == MN_OP_EXTRA_OUTPUT &&
+         stats->inputs[0] == r->inputs[2] && stats->attrs.variant == 1 &&
+         y->attrs.num_heads == r->attrs.num_heads &&
+         y->attrs.num_kv_heads == r->attrs.num_kv_heads && y->attrs.head_dim == r->attrs.head_dim &&
+         mn_type_same_shape(&y->type, &g->nodes[r->inputs[1]].type) &&
+         mn_type_same_shape(&r->type, &g->nodes[r->inputs[0]].type);
+}
+
 static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
   int64_t n = 0;
   switch (r->op) {
@@ -75,6 +102,8 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
   case MN_OP_ATTENTION_GRAD_KV_SAVED:
   case MN_OP_PACKED_ATTENTION_GRAD_Q_SAVED:
   case MN_OP_PACKED_ATTENTION_GRAD_KV_SAVED: return saved_attention_grad_ok(g, r);
+  case MN_OP_QKV_CAUSAL_ATTENTION: return qkv_attention_ok(g, r);
+  case MN_OP_QKV_ATTENTION_GRAD_SAVED: return qkv_attention_grad_ok(g, r);
   default: return true;
   }
 }
@@ -96,6 +125,7 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
   case MN_OP_FULL_ATTENTION:
   case MN_OP_CROSS_ATTENTION:
   case MN_OP_CAUSAL_ATTENTION_PACKED:
+  case MN_OP_QKV_CAUSAL_ATTENTION:
     return mn_tensor_type_numel(&extra->type) == mn_attention_stats_numel(g, producer);
   case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD:
     return mn_type_same_shape(&extra->type, &g->nodes[producer->inputs[0]].type);

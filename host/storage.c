@@ -133,7 +133,7 @@ static mn_status mark_weight_gradients(const mn_plan *p, bool *weight_grad) {
 
 /* An attention's row statistics (its extra value, ops.h): maxima and 1 / sums of a softmax. */
 static bool is_attention_stats(const mn_graph *g, const mn_node_rec *n) {
-  return n->op == MN_OP_EXTRA_OUTPUT && mn_op_is_attention(g->nodes[n->inputs[0]].op);
+  return n->op == MN_OP_EXTRA_OUTPUT && mn_op_writes_attention_stats(g->nodes[n->inputs[0]].op);
 }
 
 static bool stays_f32(const mn_plan *p, mn_node id, const bool *weight_grad) {

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "host/error.h"
+#include "optimizer/attention_qkv.h"
 #include "optimizer/attention_stats.h"
 #include "optimizer/bgrad.h"
 #include "optimizer/cost.h"
@@ -182,6 +183,8 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
     st = mn_fuse_bias_gradients(&out, &sr->multi_output_fusions);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32)
     st = mn_attention_save_stats(&out, &sr->saved_attention_stats);
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32)
+    st = mn_attention_read_qkv_in_place(&out, &sr->qkv_attentions);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fuse_loss_gradients(&out, &sr->loss_gradients);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32)

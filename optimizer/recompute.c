@@ -45,9 +45,10 @@ static bool cheap_activation(const mn_node_rec *n) {
   return (mn_op_flags(n->op) & MN_OPF_POINTWISE) && n->op != MN_OP_FUSED && n->num_inputs <= 2;
 }
 
-/* A saved attention gradient names the very q, k and v its forward read (host/plan_check.c):
- * a value it reads in those slots stays the forward's. */
+/* A saved attention gradient names the very q, k and v (or qkv) its forward read
+ * (host/plan_check.c): a value it reads in those slots stays the forward's. */
 static bool reads_as_attention_operand(const mn_node_rec *reader, mn_node value) {
+  if (reader->op == MN_OP_QKV_ATTENTION_GRAD_SAVED) return reader->inputs[0] == value;
   if (!mn_op_is_saved_attention_grad(reader->op)) return false;
   for (int k = 0; k < 3; k++)
     if (reader->inputs[k] == value) return true;

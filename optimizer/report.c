@@ -68,6 +68,8 @@ static void put_stage(writer *w, const char *what, const mn_optimize_stage_repor
   put(w, "  multi-output fusions: %zu\n", s->multi_output_fusions);
   if (s->saved_attention_stats)
     put(w, "  attention gradients reading saved statistics: %zu\n", s->saved_attention_stats);
+  if (s->qkv_attentions)
+    put(w, "  attentions reading q, k and v in place: %zu\n", s->qkv_attentions);
   if (s->loss_gradients)
     put(w, "  losses computed with their gradient in one pass: %zu\n", s->loss_gradients);
   if (s->recomputed) put(w, "  activations recomputed for the backward: %zu\n", s->recomputed);

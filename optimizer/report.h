@@ -22,6 +22,8 @@ typedef struct mn_optimize_stage_report {
   size_t multi_output_fusions;  /* matmul_at + sum_rows pairs made one (bgrad.h; full stage) */
   size_t saved_attention_stats; /* attention gradients reading the forward's statistics
                                    (attention_stats.h; full stage, low precision) */
+  size_t qkv_attentions;        /* attentions reading their fused projection in place
+                                   (attention_qkv.h; full stage, low precision) */
   size_t loss_gradients;        /* losses computed with their gradient in one pass (loss_grad.h;
                                    full stage, low precision) */
   size_t recomputed;     /* activations computed again for the backward (recompute.h; full stage,

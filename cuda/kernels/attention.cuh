@@ -164,16 +164,19 @@ template <long long T, int H> __device__ __forceinline__ long long mn_attn_sb(lo
 }
 
 // A block over the query tile q0 .. q0 + BR - 1 of head h of batch b (grid (ceil(T / BR), H, B)):
-// qoff, where the head's rows start in q, dy and the output, and its kv head's K and V (row 0 of
-// each; PK, PV: the pointer types of arguments 1 and 2, mn_in).
+// qoff, where the head's rows start in q (rows QS apart), yoff in dy and the output (rows H * HD
+// apart), and its kv head's K and V (row 0 of each, rows KS apart; PK, PV: the pointer types of
+// arguments 1 and 2, mn_in). QS and KS are wider than a head row set when q, k and v are column
+// blocks of one tensor (attention_pipe.cuh, QKV).
 template <class PK, class PV> struct mn_attn_qtile {
   long long q0, b;
   int h;
-  long long qoff;
+  long long qoff, yoff;
   PK kb;
   PV vb;
 };
-template <int BR, int HD, long long T, long long S, int H, int KVH, int MASK, class IO>
+template <int BR, int HD, long long T, long long S, int H, int KVH, int MASK,
+          long long QS = (long long)H *HD, long long KS = (long long)KVH *HD, class IO>
 __device__ __forceinline__ auto mn_attn_qtile_of(const IO &io) {
   mn_attn_qtile<decltype(mn_in<1>(io)), decltype(mn_in<2>(io))> q;
   const long long num_tiles = (T + BR - 1) / BR;
@@ -183,9 +186,10 @@ __device__ __forceinline__ auto mn_attn_qtile_of(const IO &io) {
   q.b = blockIdx.z;
   q.h = blockIdx.y;
   const int kvh = q.h / (H / KVH);
-  q.qoff = q.b * T * H * HD + q.h * HD;
-  q.kb = mn_in<1>(io) + q.b * S * KVH * HD + kvh * HD;
-  q.vb = mn_in<2>(io) + q.b * S * KVH * HD + kvh * HD;
+  q.qoff = q.b * T * QS + q.h * HD;
+  q.yoff = q.b * T * H * HD + q.h * HD;
+  q.kb = mn_in<1>(io) + q.b * S * KS + kvh * HD;
+  q.vb = mn_in<2>(io) + q.b * S * KS + kvh * HD;
   return q;
 }
 

@@ -45,6 +45,17 @@ template <int N> __device__ __forceinline__ void mn_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Row strides of q and of k and v. QKV: the three are column blocks q | k | v of one tensor's
+// rows, (H + 2 KVH) * HD values wide (optimizer/attention_qkv.c), each argument pointing at its
+// block's first column; dQ and dK | dV go to the same blocks of the gradient. Otherwise each is
+// a tensor of its own heads.
+template <int QKV, int HD, int H, int KVH> __device__ constexpr long long mn_attn_q_stride() {
+  return QKV ? (long long)(H + 2 * KVH) * HD : (long long)H * HD;
+}
+template <int QKV, int HD, int H, int KVH> __device__ constexpr long long mn_attn_kv_stride() {
+  return QKV ? (long long)(H + 2 * KVH) * HD : (long long)KVH * HD;
+}
+
 // Four 8 x 8 matrices of 16-bit values (ldmatrix, not transposed): lanes 8i .. 8i + 7 give the
 // addresses of rows 0 .. 7 of matrix i, and r[i] gets (row g, columns 2t, 2t + 1).
 __device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const unsigned short *row) {
@@ -167,15 +178,17 @@ template <int MASK> __device__ __forceinline__ bool mn_pipe_sees(int r, int c, i
 // reads. MODE MN_ATTN_OUTPUT (io = q, k, v, out) or MN_ATTN_OUTPUT_STATS (also m and inv_l, as
 // the mma forward writes them). MASK: MN_ATTN_MASK_NONE or MN_ATTN_MASK_CAUSAL.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
-          int RW, class IO>
+          int RW, int QKV, class IO>
 __device__ void mn_attn_pipe_fwd(const IO &io) {
   constexpr int BR = 16 * RW * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
+  constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
+                      KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
   static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
   extern __shared__ __align__(16) float mn_attn_smem[];
   unsigned short *qs = reinterpret_cast<unsigned short *>(mn_attn_smem); // [BR][LD]
   unsigned short *kv = qs + BR * LD; // per stage: K [BC][LD], then V [BC][LD]
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK, QS, KS>(io);
   const int q0 = (int)qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int rw = q0 + 16 * RW * warp; // the warp's first row
@@ -184,11 +197,11 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
   const int tiles = (kend + BC - 1) / BC;
   auto load_kv = [&](int j) {
     unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
-    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, (long long)KVH * HD, (long long)j * BC, S);
-    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, (long long)KVH * HD, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, KS, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, KS, (long long)j * BC, S);
   };
 
-  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0, T);
   mn_cp_commit();
   load_kv(0);
   mn_cp_commit();
@@ -265,7 +278,7 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
     // Each lane summed its own columns of the rows: the row sums are over the 4 lanes of a quad.
     const float l0 = mn_quad_sum(l[r][0]), l1 = mn_quad_sum(l[r][1]);
     const int row = rw + 16 * r;
-    mn_mma_store<HD>(mn_out<3>(io) + qt.qoff, (long long)H * HD, row, T, acc[r], 1.0f / l0,
+    mn_mma_store<HD>(mn_out<3>(io) + qt.yoff, (long long)H * HD, row, T, acc[r], 1.0f / l0,
                      1.0f / l1, g, t);
     if constexpr (MODE == MN_ATTN_OUTPUT_STATS) {
       if (t == 0) {
@@ -279,16 +292,19 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
 
 // dQ over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads; io = q,
 // k, v, dy, m, inv_l, delta, dq. dS = P (dy . v - delta), dq = scale * sum dS k.
-template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, class IO>
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
+          class IO>
 __device__ void mn_attn_pipe_dq(const IO &io) {
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
+  constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
+                      KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
   static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
   extern __shared__ __align__(16) float mn_attn_smem[];
   unsigned short *qs = reinterpret_cast<unsigned short *>(mn_attn_smem); // [BR][LD]
   unsigned short *dys = qs + BR * LD;                                    // [BR][LD]
   unsigned short *kv = dys + BR * LD; // per stage: K [BC][LD], then V [BC][LD]
 
-  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK>(io);
+  const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK, QS, KS>(io);
   const int q0 = (int)qt.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int rw = q0 + 16 * warp;
@@ -297,12 +313,12 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
   const int tiles = (kend + BC - 1) / BC;
   auto load_kv = [&](int j) {
     unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
-    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, (long long)KVH * HD, (long long)j * BC, S);
-    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, (long long)KVH * HD, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, KS, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, KS, (long long)j * BC, S);
   };
 
-  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
-  mn_pipe_load<LP, HD, BR, NTH>(dys, mn_in<3>(io) + qt.qoff, (long long)H * HD, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH>(dys, mn_in<3>(io) + qt.yoff, (long long)H * HD, qt.q0, T);
   mn_cp_commit();
   load_kv(0);
   mn_cp_commit();
@@ -344,7 +360,8 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
     }
     __syncthreads();
   }
-  mn_mma_store<HD>(mn_out<7>(io) + qt.qoff, (long long)H * HD, rw, T, acc, scale, scale, g, t);
+  // dQ has q's layout: in a QKV launch, the q block of the gradient's wider rows.
+  mn_mma_store<HD>(mn_out<7>(io) + qt.qoff, QS, rw, T, acc, scale, scale, g, t);
 }
 
 // dV (OUT MN_ATTN_DV), dK (MN_ATTN_DK) or both (MN_ATTN_DK_DV) over one (key block, kv head,
@@ -353,11 +370,15 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
 // each of its kv head's query heads (causal: from the tile holding query c0) through two stages
 // of q, dy and their statistics, so every element is summed by one thread in a fixed order.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
-          int WARPS, class IO>
+          int WARPS, int QKV, class IO>
 __device__ void mn_attn_pipe_dkv(const IO &io) {
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16, G = H / KVH;
   constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
-  constexpr long long OS = (PACKED ? 2 : 1) * KVH * HD; // output row stride
+  constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
+                      KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
+  // Output row stride: a QKV launch writes dK | dV into the k and v blocks of the wider rows.
+  constexpr long long OS = QKV ? QS : (PACKED ? 2 : 1) * KVH * HD;
+  static_assert(!QKV || PACKED, "a QKV launch writes dK and dV side by side");
   // A stage: q [BC][LD], dy [BC][LD] (16-bit), then m, inv_l, delta [3][BC] (floats).
   constexpr int STAGE = 2 * BC * LD + 3 * BC * 2;
   static_assert(MASK == MN_ATTN_MASK_NONE || MASK == MN_ATTN_MASK_CAUSAL, "no segments here");
@@ -379,7 +400,7 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
     const int h = kt.kvh * G + i / per_head;
     const long long r0 = r_start + (long long)(i % per_head) * BC;
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
-    mn_pipe_load<LP, HD, BC, NTH>(qs, mn_in<0>(io) + qh.qoff, (long long)H * HD, r0, T);
+    mn_pipe_load<LP, HD, BC, NTH>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0, T);
     mn_pipe_load<LP, HD, BC, NTH>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0, T);
     float *st = reinterpret_cast<float *>(qs + 2 * BC * LD);
     for (int x = threadIdx.x; x < (WANT_K ? 3 : 2) * BC; x += NTH) {
@@ -390,8 +411,9 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
     }
   };
 
-  mn_pipe_load<LP, HD, BR, NTH>(ks, mn_in<1>(io) + kt.kvoff, (long long)KVH * HD, kt.c0, S);
-  mn_pipe_load<LP, HD, BR, NTH>(vs, mn_in<2>(io) + kt.kvoff, (long long)KVH * HD, kt.c0, S);
+  const long long kvoff = kt.b * S * KS + kt.kvh * HD;
+  mn_pipe_load<LP, HD, BR, NTH>(ks, mn_in<1>(io) + kvoff, KS, kt.c0, S);
+  mn_pipe_load<LP, HD, BR, NTH>(vs, mn_in<2>(io) + kvoff, KS, kt.c0, S);
   mn_cp_commit();
   if (tiles > 0) load_q(0);
   mn_cp_commit();

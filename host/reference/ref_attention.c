@@ -93,6 +93,41 @@ mn_status mn_ref_CAUSAL_ATTENTION_PACKED(const mn_ref_ctx *c) {
   return attention(c, true, mn_ref_in_u32(c, 3));
 }
 
+/* Copies column block [start, start + width) of every row of x (rows of `pitch` floats) into
+ * dst, densely. */
+static void copy_block(const float *x, size_t rows, size_t pitch, size_t start, size_t width,
+                       float *dst) {
+  for (size_t r = 0; r < rows; r++)
+    memcpy(dst + r * width, x + r * pitch + start, width * sizeof *dst);
+}
+
+/* qkv [.., T, (H + 2 KVH) hd]: the blocks q | k | v of each row, copied apart, then the causal
+ * attention of causal_attention. */
+mn_status mn_ref_QKV_CAUSAL_ATTENTION(const mn_ref_ctx *c) {
+  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
+  const mn_op_attrs *a = &c->node->attrs;
+  attn_shape sh = {.t_len = (size_t)tx->shape[tx->rank - 2],
+                   .heads = (size_t)a->num_heads,
+                   .kv_heads = (size_t)a->num_kv_heads,
+                   .head_dim = (size_t)a->head_dim,
+                   .causal = true};
+  sh.s_len = sh.t_len;
+  size_t batches = tx->rank == 3 ? (size_t)tx->shape[0] : 1, rows = batches * sh.t_len;
+  size_t qw = sh.heads * sh.head_dim, kw = sh.kv_heads * sh.head_dim, pitch = qw + 2 * kw;
+  size_t n = rows * pitch;
+  float *q = malloc((n ? n : 1) * sizeof *q);
+  if (!q) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for q, k and v (%zu rows)", rows);
+  float *k = q + rows * qw, *v = k + rows * kw;
+  const float *x = mn_ref_in_f32(c, 0);
+  copy_block(x, rows, pitch, 0, qw, q);
+  copy_block(x, rows, pitch, qw, kw, k);
+  copy_block(x, rows, pitch, qw + kw, kw, v);
+  mn_status st = attend_batches(c, &sh, batches, q, k, v, mn_ref_out_f32(c),
+                                a->variant == 1 ? c->extra_out[0] : NULL);
+  free(q);
+  return st;
+}
+
 /* The sequences of a cache ([S, D]: one; [B, S, D]: B) and the rows of each. */
 static size_t cache_batch(const mn_tensor_type *t) {
   return t->rank == 3 ? (size_t)t->shape[0] : 1;

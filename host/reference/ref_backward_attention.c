@@ -11,6 +11,7 @@
  * for the others (the statistics only spare the CUDA kernels a pass). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "host/reference/ref_shared.h"
 
@@ -99,19 +100,29 @@ static void backward_batch(const attn_dims *sh, grad_of which, const uint32_t *p
   }
 }
 
+/* What a gradient reads: q [B, T, H hd], k and v [B, S, KVH hd], dy and (saved forms, else
+ * NULL) the forward's output y like q. */
+typedef struct attn_operands {
+  const float *q, *k, *v, *dy, *y;
+} attn_operands;
+
+static attn_operands operands_of(const mn_ref_ctx *c) {
+  return (attn_operands){mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2),
+                         mn_ref_in_f32(c, 3),
+                         mn_op_is_saved_attention_grad(c->node->op) ? mn_ref_in_f32(c, 4) : NULL};
+}
+
 /* One gradient into acc (laid out like its input), summed in double. */
-static void gradient_of(const mn_ref_ctx *c, const attn_dims *sh, grad_of which, double *acc,
+static void gradient_of(const attn_operands *o, const attn_dims *sh, grad_of which, double *acc,
                         double *p, double *dp) {
   size_t q_batch = sh->t_len * sh->heads * sh->head_dim;
   size_t kv_batch = sh->s_len * sh->kv_heads * sh->head_dim;
   size_t out_batch = which == GRAD_Q ? q_batch : kv_batch;
-  const float *q = mn_ref_in_f32(c, 0), *k = mn_ref_in_f32(c, 1), *v = mn_ref_in_f32(c, 2);
-  const float *dy = mn_ref_in_f32(c, 3);
-  const float *y = mn_op_is_saved_attention_grad(c->node->op) ? mn_ref_in_f32(c, 4) : NULL;
   for (size_t b = 0; b < sh->batches; b++)
-    backward_batch(sh, which, sh->positions ? sh->positions + b * sh->t_len : NULL, q + b * q_batch,
-                   k + b * kv_batch, v + b * kv_batch, dy + b * q_batch, y ? y + b * q_batch : NULL,
-                   acc + b * out_batch, p, dp);
+    backward_batch(sh, which, sh->positions ? sh->positions + b * sh->t_len : NULL,
+                   o->q + b * q_batch, o->k + b * kv_batch, o->v + b * kv_batch,
+                   o->dy + b * q_batch, o->y ? o->y + b * q_batch : NULL, acc + b * out_batch, p,
+                   dp);
 }
 
 static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
@@ -123,7 +134,8 @@ static mn_status attention_backward(const mn_ref_ctx *c, grad_of which) {
   if (!acc)
     return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n_out);
   double *p = acc + n_out, *dp = p + sh.s_len;
-  gradient_of(c, &sh, which, acc, p, dp);
+  attn_operands ops = operands_of(c);
+  gradient_of(&ops, &sh, which, acc, p, dp);
   float *o = mn_ref_out_f32(c);
   for (size_t i = 0; i < n_out; i++)
     o[i] = (float)acc[i];
@@ -147,8 +159,9 @@ static mn_status attention_backward_kv(const mn_ref_ctx *c) {
   if (!acc)
     return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n_out);
   double *dk = acc, *dv = acc + half, *p = acc + n_out, *dp = p + sh.s_len;
-  gradient_of(c, &sh, GRAD_K, dk, p, dp);
-  gradient_of(c, &sh, GRAD_V, dv, p, dp);
+  attn_operands ops = operands_of(c);
+  gradient_of(&ops, &sh, GRAD_K, dk, p, dp);
+  gradient_of(&ops, &sh, GRAD_V, dv, p, dp);
   float *o = mn_ref_out_f32(c);
   for (size_t r = 0; r < half / width; r++)
     for (size_t j = 0; j < width; j++) {
@@ -177,4 +190,51 @@ mn_status mn_ref_PACKED_ATTENTION_GRAD_Q_SAVED(const mn_ref_ctx *c) {
 }
 mn_status mn_ref_PACKED_ATTENTION_GRAD_KV_SAVED(const mn_ref_ctx *c) {
   return attention_backward_kv(c);
+}
+
+/* qkv_attention_grad_saved (qkv, dy, y, stats): the blocks q | k | v of qkv's rows copied apart,
+ * then dQ, dK and dV as for the saved forms, written into the same blocks of the output. */
+mn_status mn_ref_QKV_ATTENTION_GRAD_SAVED(const mn_ref_ctx *c) {
+  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
+  const mn_op_attrs *a = &c->node->attrs;
+  attn_dims sh = {.batches = tx->rank == 3 ? (size_t)tx->shape[0] : 1,
+                  .t_len = (size_t)tx->shape[tx->rank - 2],
+                  .heads = (size_t)a->num_heads,
+                  .kv_heads = (size_t)a->num_kv_heads,
+                  .head_dim = (size_t)a->head_dim,
+                  .causal = true};
+  sh.s_len = sh.t_len;
+  size_t rows = sh.batches * sh.t_len, qw = sh.heads * sh.head_dim;
+  size_t kw = sh.kv_heads * sh.head_dim, pitch = qw + 2 * kw, n = rows * pitch;
+  float *qkv = malloc((n ? n : 1) * sizeof *qkv);
+  double *acc = calloc(n + 2 * sh.s_len, sizeof *acc);
+  if (!qkv || !acc) {
+    free(qkv);
+    free(acc);
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n);
+  }
+  const float *x = mn_ref_in_f32(c, 0);
+  float *q = qkv, *k = q + rows * qw, *v = k + rows * kw;
+  for (size_t r = 0; r < rows; r++) {
+    memcpy(q + r * qw, x + r * pitch, qw * sizeof *q);
+    memcpy(k + r * kw, x + r * pitch + qw, kw * sizeof *k);
+    memcpy(v + r * kw, x + r * pitch + qw + kw, kw * sizeof *v);
+  }
+  attn_operands o = {q, k, v, mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2)};
+  double *dq = acc, *dk = dq + rows * qw, *dv = dk + rows * kw, *p = acc + n, *dp = p + sh.s_len;
+  gradient_of(&o, &sh, GRAD_Q, dq, p, dp);
+  gradient_of(&o, &sh, GRAD_K, dk, p, dp);
+  gradient_of(&o, &sh, GRAD_V, dv, p, dp);
+  float *out = mn_ref_out_f32(c);
+  for (size_t r = 0; r < rows; r++) {
+    for (size_t j = 0; j < qw; j++)
+      out[r * pitch + j] = (float)dq[r * qw + j];
+    for (size_t j = 0; j < kw; j++) {
+      out[r * pitch + qw + j] = (float)dk[r * kw + j];
+      out[r * pitch + qw + kw + j] = (float)dv[r * kw + j];
+    }
+  }
+  free(qkv);
+  free(acc);
+  return MN_OK;
 }
