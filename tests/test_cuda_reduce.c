@@ -140,6 +140,37 @@ Test(cuda_reduce, sparse_cross_entropy_with_ignored_labels) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
+/* Logits made by a product, so that a bf16 plan stores them in bf16 and the loss gradient,
+ * written over them, takes the row held in registers (kernels/reduce_loss.cuh): vocabularies
+ * of GPT-2 (50257, a row of 7 chunks a lane, the last cut by the end of the row), one chunk
+ * (768), and one not a multiple of 8 wide (1003), a third of the labels ignored; against the
+ * CPU in bf16 at MN_TEST_BF16_TOL. */
+static void check_sparse_of_product(int64_t classes, uint64_t seed) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(2, 48, 32));
+  mn_node logits = mn_matmul(g, x, mn_parameter(g, "w", MN_SHAPE(32, classes)));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(2, 48));
+  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
+  mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
+  if (mn_test_cuda_device_present()) {
+    const mn_test_range r[] = {
+        {"x", -1, 1}, {"w", -0.5, 0.5}, {"labels", 0, (double)classes}, {NULL, 0, 0}};
+    double e = mn_test_compare_cuda_ignoring(g, true, MN_PRECISION_BF16, MN_TEST_BF16_TOL, r,
+                                             "labels", 0.35, seed);
+    cr_log_info("%lld classes from a product, bf16 training: largest relative error %.3g",
+                (long long)classes, e);
+  }
+  mn_graph_free(g);
+}
+
+Test(cuda_reduce, sparse_cross_entropy_of_bf16_logits_from_a_product) {
+  mn_test_require_cuda_build();
+  check_sparse_of_product(50257, 51);
+  check_sparse_of_product(768, 52);
+  check_sparse_of_product(1003, 53);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
 /* A classifier: matmul, bias, softmax cross-entropy on soft targets and sparse
  * cross-entropy on labels, trained together. */
 Test(cuda_reduce, classifier_training_graph) {

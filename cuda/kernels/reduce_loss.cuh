@@ -130,6 +130,77 @@ __device__ void mn_loss_ce_grad(const IO &io) {
 // ignored row's logits are not read. Every lane reads the label's logit before the
 // group's row statistics, whose reductions no lane leaves before all arrive, so a gradient
 // written over the logits (host/memplan.c) never changes what the loss reads.
+// 16-byte chunks of a padded 16-bit row of XP values that each of G lanes holds.
+template <int G, long long XP> __device__ constexpr int mn_loss_row_chunks() {
+  return (int)((XP + 8LL * G - 1) / (8LL * G));
+}
+
+// The gradient of one counted row of 16-bit logits, their gradient written in place or into
+// rows of the same pitch: the row is read once, 8 values a load, into registers, which the
+// statistics and then the gradient read (the generic path reads it from memory twice, and a
+// GPT-2 row, 100 KB, is gone from L2 by the second pass). Values at N and past are the pad:
+// left out of the statistics, written as zeros. x and o: the row's first element.
+template <bool LOSS, int S, int G, long long N, long long XP, class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_cached(const IO &io, const unsigned short *x,
+                                                         unsigned short *o, int lane, float *sh,
+                                                         long long row, unsigned label, float k) {
+  constexpr int CH = mn_loss_row_chunks<G, XP>();
+  const float ninf = -__int_as_float(0x7f800000);
+  uint4 v[CH];
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const long long i = ((long long)c * G + lane) * 8;
+    v[c] = i < XP ? *reinterpret_cast<const uint4 *>(x + i) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const float at_label = LOSS ? mn_lp_load<S>(x[label]) : 0.0f;
+  float m = ninf, s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const long long i = ((long long)c * G + lane) * 8;
+    const unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const float4 q = make_float4(mn_lp_load<S>((unsigned short)(w[2 * h] & 0xffffu)),
+                                   mn_lp_load<S>((unsigned short)(w[2 * h] >> 16)),
+                                   mn_lp_load<S>((unsigned short)(w[2 * h + 1] & 0xffffu)),
+                                   mn_lp_load<S>((unsigned short)(w[2 * h + 1] >> 16)));
+      const long long at = i + 4 * h;
+      if (at + 4 <= N) {
+        mn_red_online(q, 4, m, s);
+      } else {
+        const float e[4] = {q.x, q.y, q.z, q.w};
+        for (int j = 0; j < 4; j++)
+          if (at + j < N) mn_red_online(make_float4(e[j], 0.0f, 0.0f, 0.0f), 1, m, s);
+      }
+    }
+  }
+  const float mx = mn_red_gmax<G>(m, sh);
+  s = m == ninf ? 0.0f : s * expf(m - mx);
+  const float ls = logf(mn_red_gsum<G>(s, sh));
+  if constexpr (LOSS)
+    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - mx) - ls);
+  // Every lane read its whole row before the reductions above, which no lane leaves before
+  // all arrive: the stores below may overwrite the logits.
+  const long long l = label;
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const long long i = ((long long)c * G + lane) * 8;
+    if (i >= XP) continue;
+    const unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+    unsigned r[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const long long a = i + 2 * j;
+      const float lo = mn_lp_load<S>((unsigned short)(w[j] & 0xffffu)),
+                  hi = mn_lp_load<S>((unsigned short)(w[j] >> 16));
+      const float glo = a < N ? k * (expf((lo - mx) - ls) - (a == l ? 1.0f : 0.0f)) : 0.0f;
+      const float ghi = a + 1 < N ? k * (expf((hi - mx) - ls) - (a + 1 == l ? 1.0f : 0.0f)) : 0.0f;
+      r[j] = mn_lp_round2<S>(glo, ghi);
+    }
+    *reinterpret_cast<uint4 *>(o + i) = make_uint4(r[0], r[1], r[2], r[3]);
+  }
+}
+
 template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
           long long OP, class IO>
 __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
@@ -160,6 +231,15 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   }
   const auto x = mn_in<1>(io) + row * XP;
   const float k = (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
+  constexpr int SX = mn_io_storage<IO, 1>::value, SO = mn_io_storage<IO, 0>::value;
+  if constexpr (SX == SO && SX != MN_DEV_F32 && XP == OP && XP % 8 == 0 &&
+                mn_loss_row_chunks<G, XP>() <= 8) {
+    if ((reinterpret_cast<unsigned long long>(x.p) & 15ull) == 0 &&
+        (reinterpret_cast<unsigned long long>(o.p) & 15ull) == 0) {
+      mn_loss_sparse_ce_cached<LOSS, SX, G, N, XP>(io, x.p, o.p, lane, sh, row, label, k);
+      return;
+    }
+  }
   const float at_label = LOSS ? (float)x[label] : 0.0f;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
