@@ -92,18 +92,58 @@ __device__ void mn_opt_update(const IO &io) {
   const double beta1 = sc->beta1, beta2 = sc->beta2, eps = sc->eps;
   const double decay = kind == MN_DEV_OPTIM_ADAMW ? 1.0 - lr * (double)sc->weight_decay : 1.0;
   const double step_size = lr / sc->bias_correction1, bc2_sqrt = sqrt(sc->bias_correction2);
+  // One element's update: its gradient (clipped), moments and weight in place.
+  auto adam = [&](float &gi, float &mi, float &vi, float &wi) {
+    if (clip) gi = (float)(gi * coef);
+    double mk = beta1 * mi + (1.0 - beta1) * gi;
+    double vk = beta2 * vi + (1.0 - beta2) * (double)gi * gi;
+    mi = (float)mk;
+    vi = (float)vk;
+    double denom = sqrt((double)vi) / bc2_sqrt + eps;
+    wi = (float)(wi * decay - step_size * mi / denom);
+  };
+  // Four elements a thread at a time, 16-byte loads and stores (the update block's vectors are
+  // laid out 256-byte aligned; a misaligned shadow falls back): more loads in flight a thread,
+  // a quarter of the loop's instructions; the same arithmetic per element, so the same bits.
+  if constexpr (N % 4 == 0) {
+    bool aligned =
+        ((reinterpret_cast<unsigned long long>(w) | reinterpret_cast<unsigned long long>(g) |
+          reinterpret_cast<unsigned long long>(m) | reinterpret_cast<unsigned long long>(v)) &
+         15ull) == 0;
+    if constexpr (LOW)
+      aligned = aligned && (reinterpret_cast<unsigned long long>(lw.p) & 7ull) == 0;
+    if (aligned) {
+      for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < N / 4;
+           q += (long long)gridDim.x * blockDim.x) {
+        float4 g4 = reinterpret_cast<const float4 *>(g)[q];
+        float4 m4 = reinterpret_cast<const float4 *>(m)[q];
+        float4 v4 = reinterpret_cast<const float4 *>(v)[q];
+        float4 w4 = reinterpret_cast<const float4 *>(w)[q];
+        adam(g4.x, m4.x, v4.x, w4.x);
+        adam(g4.y, m4.y, v4.y, w4.y);
+        adam(g4.z, m4.z, v4.z, w4.z);
+        adam(g4.w, m4.w, v4.w, w4.w);
+        if (clip) reinterpret_cast<float4 *>(g)[q] = g4;
+        reinterpret_cast<float4 *>(m)[q] = m4;
+        reinterpret_cast<float4 *>(v)[q] = v4;
+        reinterpret_cast<float4 *>(w)[q] = w4;
+        if constexpr (LOW) {
+          constexpr int S = mn_io_storage<IO, 7>::value;
+          reinterpret_cast<uint2 *>(lw.p)[q] =
+              make_uint2(mn_lp_round2<S>(w4.x, w4.y), mn_lp_round2<S>(w4.z, w4.w));
+        }
+      }
+      return;
+    }
+  }
   MN_FOR_EACH(i, N) {
-    float gi = clip ? (float)(g[i] * coef) : g[i];
+    float gi = g[i], mi = m[i], vi = v[i], wi = w[i];
+    adam(gi, mi, vi, wi);
     if (clip) g[i] = gi;
-    double mk = beta1 * m[i] + (1.0 - beta1) * gi;
-    double vk = beta2 * v[i] + (1.0 - beta2) * (double)gi * gi;
-    float mf = (float)mk, vf = (float)vk;
-    m[i] = mf;
-    v[i] = vf;
-    double denom = sqrt((double)vf) / bc2_sqrt + eps;
-    const float nw = (float)(w[i] * decay - step_size * mf / denom);
-    w[i] = nw;
-    if constexpr (LOW) lw[i] = nw;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi;
+    if constexpr (LOW) lw[i] = wi;
   }
 }
 
