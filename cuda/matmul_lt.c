@@ -1,8 +1,8 @@
 /* Matmuls through cuBLASLt. The plan describes row-major products; cuBLASLt is
  * column-major, so C[m,n] = A.B is computed as C^T[n,m] = B^T.A^T: the operands swap
  * and each row-major matrix is read as its column-major transpose. Algorithms are chosen
- * once, here, at session build (the heuristic's first choice: timing its candidates was
- * tried and bought about 1%, docs/performance.md); capture only enqueues.
+ * once, here, at session build (the heuristic's first choice; MN_MATMUL_TUNE=1 times its
+ * candidates instead, matmul_tune.h); capture only enqueues.
  *
  * Epilogues (emit.h) are asked for first; when cuBLASLt has no algorithm for one, or its
  * documented restrictions rule it out, the product runs plain and the fallback commands
@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cuda/cuda_state.h"
+#include "cuda/matmul_tune.h"
 #include "cuda/storage_layout.h"
 #include "host/error.h"
 
@@ -224,6 +225,47 @@ static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_c
                  (long long)d->k);
 }
 
+/* One run of a product with a given algorithm: the launch of mn_cu_matmul_enqueue. */
+typedef struct tune_ctx {
+  cuda_state *st;
+  const mn_session *s;
+  const mn_cu_matmul_desc *d;
+  mn_cu_matmul_plan *mp;
+} tune_ctx;
+
+static cublasStatus_t tune_run(void *ctx, const cublasLtMatmulAlgo_t *algo) {
+  const tune_ctx *t = ctx;
+  const mn_cu_matmul_desc *d = t->d;
+  void *c = mn_cu_resolve(t->st, t->s, t->mp->plain_to_fallback ? d->c_fallback : d->c);
+  return cublasLtMatmul(t->st->lt, t->mp->desc, &d->alpha, mn_cu_resolve(t->st, t->s, d->b),
+                        t->mp->b, mn_cu_resolve(t->st, t->s, d->a), t->mp->a, &d->beta, c, t->mp->c,
+                        c, t->mp->c, algo, t->st->workspace, t->st->workspace_bytes, t->st->stream);
+}
+
+/* MN_MATMUL_TUNE=1: the fastest candidate of a large, unbatched product (matmul_tune.h). */
+static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_desc *d,
+                      mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref,
+                      const uint32_t align[3]) {
+  if (!mn_cu_tune_on() || d->batch > 1 ||
+      2.0 * (double)d->m * (double)d->n * (double)d->k < MN_TUNE_MIN_FLOPS)
+    return MN_OK;
+  cublasLtMatmulHeuristicResult_t cand[MN_TUNE_CANDIDATES];
+  int found = 0;
+  cublasStatus_t r = cublasLtMatmulAlgoGetHeuristic(st->lt, mp->desc, mp->b, mp->a, mp->c, mp->c,
+                                                    pref, MN_TUNE_CANDIDATES, cand, &found);
+  if (r != CUBLAS_STATUS_SUCCESS || found < 2) return MN_OK;
+  mn_cu_arg c = mp->plain_to_fallback ? d->c_fallback : d->c;
+  char key[192];
+  snprintf(key, sizeof key, "%d|%lld %lld %lld|%d%d|%d %d %d|%d|%lld %lld %lld|%u %u %u|%g %g|%d",
+           st->device, (long long)d->m, (long long)d->n, (long long)d->k, d->trans_a, d->trans_b,
+           (int)data_type(s, d->a), (int)data_type(s, d->b), (int)data_type(s, c),
+           mp->fused ? (int)d->epilogue : 0, (long long)d->lda, (long long)d->ldb,
+           (long long)d->ldc, align[0], align[1], align[2], (double)d->alpha, (double)d->beta,
+           (int)s->options.allow_tf32);
+  tune_ctx ctx = {st, s, d, mp};
+  return mn_cu_tune_pick(st, key, cand, found, tune_run, &ctx, &mp->algo);
+}
+
 static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,
                              mn_cu_matmul_plan *mp) {
   const mn_cu_matmul_desc *d = &cmd->mm;
@@ -272,6 +314,8 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
   }
   if (rc == MN_OK && !mp->fused)
     rc = lt_check(first_algo(st, mp, pref, &found), "algorithm search");
+  if (rc == MN_OK && (mp->fused || found > 0))
+    rc = tune(st, s, d, mp, pref, (const uint32_t[3]){align_a, align_b, align_c});
   cublasLtMatmulPreferenceDestroy(pref);
   if (rc != MN_OK || mp->fused) return rc;
   if (found < 1)

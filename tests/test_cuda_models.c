@@ -297,3 +297,43 @@ Test(cuda_models, checkpoint_resume_is_bitwise_exact_on_the_gpu) {
   mn_session_free(b);
   mn_graph_free(g);
 }
+
+/* MN_MATMUL_TUNE=1 (cuda/matmul_tune.h): products of a few GFLOP in bf16 run the fastest of
+ * cuBLASLt's candidates. Two tuned sessions of one graph in one process run the same
+ * algorithms, so they train bit for bit alike; against the heuristic's first choices (maybe
+ * other algorithms, other summation orders) the weights stay within bf16's level. */
+Test(cuda_models, tuned_products_agree_with_each_other_and_with_the_default) {
+  mn_test_require_cuda_device();
+  enum { ROWS = 4096, IN = 512, HID = 1024 };
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(ROWS, IN)), t = mn_input(g, "t", MN_SHAPE(ROWS, IN));
+  mn_node h = mn_gelu(g, mn_matmul(g, x, mn_parameter(g, "w1", MN_SHAPE(IN, HID))));
+  mn_node y = mn_matmul(g, h, mn_parameter(g, "w2", MN_SHAPE(HID, IN)));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  mn_session *s[3];
+  for (int i = 0; i < 3; i++) {
+    if (i > 0) setenv("MN_MATMUL_TUNE", "1", 1);
+    s[i] = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+    unsetenv("MN_MATMUL_TUNE");
+    cr_assert_eq(mn_session_set_adamw(s[i], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK, "%s",
+                 mn_last_error());
+  }
+  init_params(g, s, 3);
+  mn_rng r = mn_rng_new(5);
+  float *xt = malloc(2 * (size_t)ROWS * IN * sizeof *xt);
+  cr_assert(xt);
+  mn_rng_fill(&r, xt, 2 * (size_t)ROWS * IN, -1.0f, 1.0f);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mn_session_set_input(s[i], "x", xt, (size_t)ROWS * IN), MN_OK);
+    cr_assert_eq(mn_session_set_input(s[i], "t", xt + (size_t)ROWS * IN, (size_t)ROWS * IN), MN_OK);
+    for (int step = 0; step < 3; step++)
+      mn_test_step_loss(s[i]);
+  }
+  mn_test_assert_same_params(g, s[1], s[2], 0.0, "two tuned sessions, 3 steps");
+  mn_test_assert_same_params(g, s[1], s[0], 0x1p-7, "tuned against the default, 3 steps");
+  for (int i = 0; i < 3; i++)
+    mn_session_free(s[i]);
+  free(xt);
+  mn_graph_free(g);
+}
