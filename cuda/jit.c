@@ -58,8 +58,7 @@ static int mkdir_p(const char *path) {
   return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* The cache folder, or false when caching is off or no folder can be named. */
-static bool cache_folder(const char *cache_dir, char *out, size_t size) {
+bool mn_cu_cache_folder(const char *cache_dir, char *out, size_t size) {
   if (cache_dir && !*cache_dir) return false;
   const char *env = getenv("MN_CACHE_DIR");
   const char *home = getenv("HOME");
@@ -171,7 +170,7 @@ mn_status mn_cu_compile(const char *source, const char *arch, const char *cache_
            (unsigned long long)h.b);
 
   char folder[4096], path[4200];
-  bool cached = cache_folder(cache_dir, folder, sizeof folder);
+  bool cached = mn_cu_cache_folder(cache_dir, folder, sizeof folder);
   if (cached) {
     snprintf(path, sizeof path, "%s/kernels-%s-%s.cubin", folder, arch, out->key);
     if (read_cached(path, out)) {

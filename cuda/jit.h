@@ -23,4 +23,8 @@ mn_status mn_cu_compile(const char *source, const char *arch, const char *cache_
                         mn_cu_binary *out);
 void mn_cu_binary_free(mn_cu_binary *b);
 
+/* The cache folder (created when missing) as mn_cu_compile names it from cache_dir, or false
+ * when caching is off or no folder can be made. */
+bool mn_cu_cache_folder(const char *cache_dir, char *out, size_t size);
+
 #endif

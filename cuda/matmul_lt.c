@@ -242,7 +242,23 @@ static cublasStatus_t tune_run(void *ctx, const cublasLtMatmulAlgo_t *algo) {
                         c, t->mp->c, algo, t->st->workspace, t->st->workspace_bytes, t->st->stream);
 }
 
-/* MN_MATMUL_TUNE=1: the fastest candidate of a large, unbatched product (matmul_tune.h). */
+static bool tune_applies(void *ctx, const cublasLtMatmulAlgo_t *algo) {
+  const tune_ctx *t = ctx;
+  cublasLtMatmulHeuristicResult_t r;
+  return cublasLtMatmulAlgoCheck(t->st->lt, t->mp->desc, t->mp->b, t->mp->a, t->mp->c, t->mp->c,
+                                 algo, &r) == CUBLAS_STATUS_SUCCESS &&
+         r.workspaceSize <= t->st->workspace_bytes;
+}
+
+/* Bytes of a stored row-major matrix of `rows` rows of `cols` (row pitch ld, 0: dense). */
+static size_t stored_bytes(const mn_session *s, mn_cu_arg a, int64_t rows, int64_t cols,
+                           int64_t ld) {
+  return (size_t)rows * (size_t)(ld ? ld : cols) * (size_t)elem_size(s, a);
+}
+
+/* The measured choice for a large, unbatched product (matmul_tune.h). Timing runs write the
+ * product's output (and a bias gradient) before any step: they are zeroed after, so that a
+ * session reads as it would without them (gradients zero before the first step). */
 static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_desc *d,
                       mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref,
                       const uint32_t align[3]) {
@@ -255,15 +271,31 @@ static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_de
                                                     pref, MN_TUNE_CANDIDATES, cand, &found);
   if (r != CUBLAS_STATUS_SUCCESS || found < 2) return MN_OK;
   mn_cu_arg c = mp->plain_to_fallback ? d->c_fallback : d->c;
-  char key[192];
-  snprintf(key, sizeof key, "%d|%lld %lld %lld|%d%d|%d %d %d|%d|%lld %lld %lld|%u %u %u|%g %g|%d",
-           st->device, (long long)d->m, (long long)d->n, (long long)d->k, d->trans_a, d->trans_b,
+  char card[160], key[320];
+  mn_cu_tune_card(st->device, card, sizeof card);
+  snprintf(key, sizeof key, "%s|%lld %lld %lld|%d%d|%d %d %d|%d|%lld %lld %lld|%u %u %u|%g %g|%d",
+           card, (long long)d->m, (long long)d->n, (long long)d->k, d->trans_a, d->trans_b,
            (int)data_type(s, d->a), (int)data_type(s, d->b), (int)data_type(s, c),
            mp->fused ? (int)d->epilogue : 0, (long long)d->lda, (long long)d->ldb,
            (long long)d->ldc, align[0], align[1], align[2], (double)d->alpha, (double)d->beta,
            (int)s->options.allow_tf32);
   tune_ctx ctx = {st, s, d, mp};
-  return mn_cu_tune_pick(st, key, cand, found, tune_run, &ctx, &mp->algo);
+  bool timed = false;
+  mn_status rc =
+      mn_cu_tune_pick(st, key, cand, found, tune_run, tune_applies, &ctx, &mp->algo, &timed);
+  if (rc != MN_OK || !timed) return rc;
+  rc = mn_cu_check(cudaMemsetAsync(mn_cu_resolve(st, s, c), 0,
+                                   stored_bytes(s, c, d->m, d->n, d->ldc), st->stream),
+                   "clearing a timed product's output");
+  bool bgrad = d->epilogue == MN_CU_EPI_BGRAD_A || d->epilogue == MN_CU_EPI_BGRAD_B;
+  if (rc == MN_OK && mp->fused && bgrad)
+    rc =
+        mn_cu_check(cudaMemsetAsync(mn_cu_resolve(st, s, d->bias), 0,
+                                    stored_bytes(s, d->bias, 1,
+                                                 d->epilogue == MN_CU_EPI_BGRAD_A ? d->m : d->n, 0),
+                                    st->stream),
+                    "clearing a timed product's bias gradient");
+  return rc;
 }
 
 static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cmd *cmd,

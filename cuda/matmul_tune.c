@@ -1,14 +1,17 @@
 #include "cuda/matmul_tune.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/jit.h"
 #include "host/error.h"
 
-#define TUNE_KEY     192
-#define TUNE_ENTRIES 512
+#define TUNE_KEY     320
+#define TUNE_ENTRIES 1024
 #define TUNE_RUNS    5
+#define TUNE_FILE    "matmul-tune-v1.txt"
 
 typedef struct tune_entry {
   char key[TUNE_KEY];
@@ -17,16 +20,91 @@ typedef struct tune_entry {
 
 static tune_entry entries[TUNE_ENTRIES];
 static size_t num_entries;
+static bool file_read;
+static size_t timings;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool mn_cu_tune_on(void) {
   const char *v = getenv("MN_MATMUL_TUNE");
-  return v && strcmp(v, "1") == 0;
+  return !(v && strcmp(v, "0") == 0);
+}
+
+void mn_cu_tune_card(int device, char *out, size_t size) {
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(out, size, "device%d/?/%zu", device, cublasLtGetVersion());
+    return;
+  }
+  snprintf(out, size, "%s/%d/%zu", prop.name, prop.multiProcessorCount, cublasLtGetVersion());
+}
+
+static bool cache_path(char *out, size_t size) {
+  char folder[4096];
+  if (!mn_cu_cache_folder(NULL, folder, sizeof folder)) return false;
+  int n = snprintf(out, size, "%s/%s", folder, TUNE_FILE);
+  return n > 0 && (size_t)n < size;
+}
+
+/* The algorithm's bytes as hex, and back. */
+static void to_hex(const cublasLtMatmulAlgo_t *algo, char *out) {
+  const unsigned char *b = (const unsigned char *)algo;
+  for (size_t i = 0; i < sizeof *algo; i++)
+    snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+static bool from_hex(const char *s, cublasLtMatmulAlgo_t *algo) {
+  unsigned char *b = (unsigned char *)algo;
+  for (size_t i = 0; i < sizeof *algo; i++) {
+    unsigned v;
+    if (sscanf(s + 2 * i, "%2x", &v) != 1) return false;
+    b[i] = (unsigned char)v;
+  }
+  return s[2 * sizeof *algo] == '\0' || s[2 * sizeof *algo] == '\n';
+}
+
+/* Under the lock. A full table keeps what it has: later products are timed again. */
+static void add(const char *key, const cublasLtMatmulAlgo_t *algo) {
+  for (size_t i = 0; i < num_entries; i++)
+    if (strcmp(entries[i].key, key) == 0) return;
+  if (num_entries == TUNE_ENTRIES) return;
+  snprintf(entries[num_entries].key, TUNE_KEY, "%s", key);
+  entries[num_entries++].algo = *algo;
+}
+
+/* Under the lock: the file's lines "key<TAB>hex", the first line of a key winning (two processes
+ * that timed one product at once both append theirs; every later reader takes the first). */
+static void read_file(void) {
+  file_read = true;
+  char path[4200];
+  if (!cache_path(path, sizeof path)) return;
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  char line[TUNE_KEY + 2 * sizeof(cublasLtMatmulAlgo_t) + 8];
+  while (fgets(line, sizeof line, f)) {
+    char *tab = strchr(line, '\t');
+    cublasLtMatmulAlgo_t algo;
+    if (!tab || (size_t)(tab - line) >= TUNE_KEY) continue;
+    *tab = '\0';
+    if (from_hex(tab + 1, &algo)) add(line, &algo);
+  }
+  fclose(f);
+}
+
+/* Best effort: a choice not written is timed again by the next process. */
+static void append_file(const char *key, const cublasLtMatmulAlgo_t *algo) {
+  char path[4200], hex[2 * sizeof *algo + 1];
+  if (!cache_path(path, sizeof path)) return;
+  to_hex(algo, hex);
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "%s\t%s\n", key, hex);
+  fclose(f);
 }
 
 static bool recall(const char *key, cublasLtMatmulAlgo_t *algo) {
   bool found = false;
   pthread_mutex_lock(&lock);
+  if (!file_read) read_file();
   for (size_t i = 0; i < num_entries && !found; i++)
     if (strcmp(entries[i].key, key) == 0) {
       *algo = entries[i].algo;
@@ -36,17 +114,30 @@ static bool recall(const char *key, cublasLtMatmulAlgo_t *algo) {
   return found;
 }
 
-/* A full table keeps what it has: later products are timed again, not forgotten. */
 static void remember(const char *key, const cublasLtMatmulAlgo_t *algo) {
   pthread_mutex_lock(&lock);
-  if (num_entries < TUNE_ENTRIES) {
-    snprintf(entries[num_entries].key, TUNE_KEY, "%s", key);
-    entries[num_entries++].algo = *algo;
-  }
+  for (size_t i = 0; i < num_entries; i++)
+    if (strcmp(entries[i].key, key) == 0) entries[i].algo = *algo;
+  add(key, algo);
+  append_file(key, algo);
   pthread_mutex_unlock(&lock);
 }
 
-/* Mean milliseconds of TUNE_RUNS runs after one untimed; a negative value when it fails. */
+size_t mn_cu_tune_timings(void) {
+  pthread_mutex_lock(&lock);
+  size_t n = timings;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+void mn_cu_tune_forget(void) {
+  pthread_mutex_lock(&lock);
+  num_entries = 0;
+  file_read = false;
+  pthread_mutex_unlock(&lock);
+}
+
+/* Mean milliseconds of TUNE_RUNS runs after one untimed; negative when a run fails. */
 static float time_candidate(cuda_state *st, mn_cu_tune_run run, void *ctx,
                             const cublasLtMatmulAlgo_t *algo, cudaEvent_t t0, cudaEvent_t t1) {
   if (run(ctx, algo) != CUBLAS_STATUS_SUCCESS) return -1.0f;
@@ -62,8 +153,14 @@ static float time_candidate(cuda_state *st, mn_cu_tune_run run, void *ctx,
 
 mn_status mn_cu_tune_pick(cuda_state *st, const char *key,
                           const cublasLtMatmulHeuristicResult_t *cand, int n, mn_cu_tune_run run,
-                          void *ctx, cublasLtMatmulAlgo_t *algo) {
-  if (recall(key, algo)) return MN_OK;
+                          mn_cu_tune_applies applies, void *ctx, cublasLtMatmulAlgo_t *algo,
+                          bool *timed) {
+  *timed = false;
+  cublasLtMatmulAlgo_t known;
+  if (recall(key, &known) && applies(ctx, &known)) {
+    *algo = known;
+    return MN_OK;
+  }
   cudaEvent_t t0 = NULL, t1 = NULL;
   if (cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess) {
     if (t0) cudaEventDestroy(t0);
@@ -84,6 +181,10 @@ mn_status mn_cu_tune_pick(cuda_state *st, const char *key,
   cudaEventDestroy(t1);
   /* A candidate that failed to run may leave an error behind; the chosen one ran. */
   cudaGetLastError();
+  *timed = true;
+  pthread_mutex_lock(&lock);
+  timings++;
+  pthread_mutex_unlock(&lock);
   if (best >= 0.0f) remember(key, algo);
   return MN_OK;
 }

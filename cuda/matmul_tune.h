@@ -1,12 +1,14 @@
-/* Timing cuBLASLt's candidates for a product (MN_MATMUL_TUNE=1; off by default). The heuristic's
- * first choice is what a session runs; with the switch, each product of at least
- * MN_TUNE_MIN_FLOPS (one not batched) runs every candidate the heuristic offers (up to
- * MN_TUNE_CANDIDATES) a few times at session build and keeps the fastest. The choice is kept
- * per process, by the product's shape, layouts, types, epilogue and alignments, so every session
- * of a process runs the same algorithm for the same product (two sessions of one graph give the
- * same bits). Timing runs write garbage into the product's output buffer at build, before any
- * step: an activation or gradient that every step writes again. docs/performance.md has what it
- * measured. */
+/* Measured algorithm choice for cuBLASLt products. Each unbatched product of at least
+ * MN_TUNE_MIN_FLOPS runs every candidate cuBLASLt's heuristic offers for it (up to
+ * MN_TUNE_CANDIDATES) a few times at session build and keeps the fastest; smaller products keep
+ * the heuristic's first choice. A choice is remembered by the card (name, SM count), the cuBLASLt
+ * version and the product (shape, layouts, types, epilogue, alignments, alpha and beta): per
+ * process, and in matmul-tune-v1.txt of the kernel cache folder (jit.h), so a later build of the
+ * same products on the same kind of card times nothing, and every session and process that
+ * finds a choice there runs the same algorithm (the same bits). A remembered algorithm is
+ * checked against the product before it is used (cublasLtMatmulAlgoCheck) and timed again when
+ * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices.
+ * docs/performance.md has what it measured. */
 #ifndef MN_CUDA_MATMUL_TUNE_H
 #define MN_CUDA_MATMUL_TUNE_H
 
@@ -17,16 +19,30 @@
 #define MN_TUNE_CANDIDATES 8
 #define MN_TUNE_MIN_FLOPS  (1e9)
 
-/* Whether MN_MATMUL_TUNE=1 (read at each call). */
+/* Whether products are timed (MN_MATMUL_TUNE is not "0"; read at each call). */
 bool mn_cu_tune_on(void);
 
 /* One run of the product with `algo` on the session stream. */
 typedef cublasStatus_t (*mn_cu_tune_run)(void *ctx, const cublasLtMatmulAlgo_t *algo);
+/* Whether `algo` applies to the product (cublasLtMatmulAlgoCheck). */
+typedef bool (*mn_cu_tune_applies)(void *ctx, const cublasLtMatmulAlgo_t *algo);
 
-/* The fastest of the n candidates into *algo (kept there when none runs), or the one chosen
- * before for the same key in this process. */
+/* The algorithm for the product described by `key` into *algo: the one remembered for the key
+ * (when it applies), else the fastest of the n candidates (*timed set; *algo kept when none
+ * runs), which is then remembered. */
 mn_status mn_cu_tune_pick(cuda_state *st, const char *key,
                           const cublasLtMatmulHeuristicResult_t *cand, int n, mn_cu_tune_run run,
-                          void *ctx, cublasLtMatmulAlgo_t *algo);
+                          mn_cu_tune_applies applies, void *ctx, cublasLtMatmulAlgo_t *algo,
+                          bool *timed);
+
+/* The card and library part of every key: "<card name>/<SMs>/<cuBLASLt version>". */
+void mn_cu_tune_card(int device, char *out, size_t size);
+
+/* Products timed in this process so far. */
+size_t mn_cu_tune_timings(void);
+
+/* Forgets what this process remembered, and reads the cache file again on the next pick (for
+ * tests of the file). */
+void mn_cu_tune_forget(void);
 
 #endif

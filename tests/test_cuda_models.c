@@ -6,6 +6,9 @@
 #include <string.h>
 
 #include "host/plan.h"
+#ifdef MN_WITH_CUDA
+#include "cuda/matmul_tune.h"
+#endif
 #include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
@@ -298,42 +301,92 @@ Test(cuda_models, checkpoint_resume_is_bitwise_exact_on_the_gpu) {
   mn_graph_free(g);
 }
 
-/* MN_MATMUL_TUNE=1 (cuda/matmul_tune.h): products of a few GFLOP in bf16 run the fastest of
- * cuBLASLt's candidates. Two tuned sessions of one graph in one process run the same
- * algorithms, so they train bit for bit alike; against the heuristic's first choices (maybe
- * other algorithms, other summation orders) the weights stay within bf16's level. */
-Test(cuda_models, tuned_products_agree_with_each_other_and_with_the_default) {
-  mn_test_require_cuda_device();
-  enum { ROWS = 4096, IN = 512, HID = 1024 };
+/* A bf16 MLP of products of a few GFLOP (cuda/matmul_tune.h times them at build). */
+enum { TUNE_ROWS = 4096, TUNE_IN = 512, TUNE_HID = 1024 };
+
+static mn_graph *tune_mlp(void) {
   mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(ROWS, IN)), t = mn_input(g, "t", MN_SHAPE(ROWS, IN));
-  mn_node h = mn_gelu(g, mn_matmul(g, x, mn_parameter(g, "w1", MN_SHAPE(IN, HID))));
-  mn_node y = mn_matmul(g, h, mn_parameter(g, "w2", MN_SHAPE(HID, IN)));
+  mn_node x = mn_input(g, "x", MN_SHAPE(TUNE_ROWS, TUNE_IN));
+  mn_node t = mn_input(g, "t", MN_SHAPE(TUNE_ROWS, TUNE_IN));
+  mn_node h = mn_gelu(g, mn_matmul(g, x, mn_parameter(g, "w1", MN_SHAPE(TUNE_IN, TUNE_HID))));
+  mn_node y = mn_matmul(g, h, mn_parameter(g, "w2", MN_SHAPE(TUNE_HID, TUNE_IN)));
   mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
-  mn_session *s[3];
-  for (int i = 0; i < 3; i++) {
-    if (i > 0) setenv("MN_MATMUL_TUNE", "1", 1);
-    s[i] = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
-    unsetenv("MN_MATMUL_TUNE");
-    cr_assert_eq(mn_session_set_adamw(s[i], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK, "%s",
-                 mn_last_error());
-  }
-  init_params(g, s, 3);
+  return g;
+}
+
+/* A bf16 session of g, MN_MATMUL_TUNE set to `tune` while it is built (NULL: unset). */
+static mn_session *tune_session(const mn_graph *g, const char *tune) {
+  if (tune) setenv("MN_MATMUL_TUNE", tune, 1);
+  mn_session *s = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+  unsetenv("MN_MATMUL_TUNE");
+  cr_assert_eq(mn_session_set_adamw(s, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK, "%s",
+               mn_last_error());
+  return s;
+}
+
+/* The same weights and data into every session, then three steps each. */
+static void tune_train(const mn_graph *g, mn_session **s, int n) {
+  init_params(g, s, (size_t)n);
   mn_rng r = mn_rng_new(5);
-  float *xt = malloc(2 * (size_t)ROWS * IN * sizeof *xt);
+  size_t count = (size_t)TUNE_ROWS * TUNE_IN;
+  float *xt = malloc(2 * count * sizeof *xt);
   cr_assert(xt);
-  mn_rng_fill(&r, xt, 2 * (size_t)ROWS * IN, -1.0f, 1.0f);
-  for (int i = 0; i < 3; i++) {
-    cr_assert_eq(mn_session_set_input(s[i], "x", xt, (size_t)ROWS * IN), MN_OK);
-    cr_assert_eq(mn_session_set_input(s[i], "t", xt + (size_t)ROWS * IN, (size_t)ROWS * IN), MN_OK);
+  mn_rng_fill(&r, xt, 2 * count, -1.0f, 1.0f);
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(mn_session_set_input(s[i], "x", xt, count), MN_OK);
+    cr_assert_eq(mn_session_set_input(s[i], "t", xt + count, count), MN_OK);
     for (int step = 0; step < 3; step++)
       mn_test_step_loss(s[i]);
   }
-  mn_test_assert_same_params(g, s[1], s[2], 0.0, "two tuned sessions, 3 steps");
-  mn_test_assert_same_params(g, s[1], s[0], 0x1p-7, "tuned against the default, 3 steps");
+  free(xt);
+}
+
+/* Two sessions of one graph in one process run the same measured algorithms, so they train bit
+ * for bit alike; against the heuristic's first choices (MN_MATMUL_TUNE=0: maybe other
+ * algorithms, other summation orders) the weights stay within bf16's level. */
+Test(cuda_models, timed_products_agree_with_each_other_and_with_the_heuristic) {
+  mn_test_require_cuda_device();
+  mn_graph *g = tune_mlp();
+  mn_session *s[3] = {tune_session(g, "0"), tune_session(g, NULL), tune_session(g, NULL)};
+  tune_train(g, s, 3);
+  mn_test_assert_same_params(g, s[1], s[2], 0.0, "two timed sessions, 3 steps");
+  mn_test_assert_same_params(g, s[1], s[0], 0x1p-7, "timed against the heuristic, 3 steps");
   for (int i = 0; i < 3; i++)
     mn_session_free(s[i]);
-  free(xt);
   mn_graph_free(g);
 }
+
+#ifdef MN_WITH_CUDA
+/* The choices go to the cache folder's file: a process that has forgotten them reads them back
+ * and times nothing, and trains as the session that timed them, bit for bit. Gradients read as
+ * zeros before the first step although the timing runs wrote them. */
+Test(cuda_models, timed_choices_are_read_back_from_the_cache_file) {
+  mn_test_require_cuda_device();
+  mn_tmp_dir dir = mn_tmp_dir_make("mn_tune_cache");
+  setenv("MN_CACHE_DIR", dir.path, 1);
+  mn_cu_tune_forget();
+  mn_graph *g = tune_mlp();
+  size_t before = mn_cu_tune_timings();
+  mn_session *s[2] = {tune_session(g, NULL), NULL};
+  cr_assert_gt(mn_cu_tune_timings(), before, "nothing was timed");
+  float *grad = malloc((size_t)TUNE_IN * TUNE_HID * sizeof *grad);
+  cr_assert(grad);
+  cr_assert_eq(mn_session_read_grad(s[0], "w1", grad, (size_t)TUNE_IN * TUNE_HID), MN_OK, "%s",
+               mn_last_error());
+  for (size_t i = 0; i < (size_t)TUNE_IN * TUNE_HID; i++)
+    cr_assert_eq(grad[i], 0.0f, "w1's gradient before the first step: %g at %zu", grad[i], i);
+  free(grad);
+  mn_cu_tune_forget();
+  before = mn_cu_tune_timings();
+  s[1] = tune_session(g, NULL);
+  cr_assert_eq(mn_cu_tune_timings(), before, "the second build timed again");
+  tune_train(g, s, 2);
+  mn_test_assert_same_params(g, s[0], s[1], 0.0, "a timed session and one read from the file");
+  for (int i = 0; i < 2; i++)
+    mn_session_free(s[i]);
+  mn_graph_free(g);
+  unsetenv("MN_CACHE_DIR");
+  mn_tmp_dir_remove(&dir);
+}
+#endif
