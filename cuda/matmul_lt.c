@@ -1,8 +1,9 @@
 /* Matmuls through cuBLASLt. The plan describes row-major products; cuBLASLt is
  * column-major, so C[m,n] = A.B is computed as C^T[n,m] = B^T.A^T: the operands swap
  * and each row-major matrix is read as its column-major transpose. Algorithms are chosen
- * once, here, at session build (the heuristic's first choice; MN_MATMUL_TUNE=1 times its
- * candidates instead, matmul_tune.h); capture only enqueues.
+ * once, here, at session build: for large products the fastest of the heuristic's candidates,
+ * measured (matmul_tune.h; MN_MATMUL_TUNE=0: the heuristic's first choice), for the others its
+ * first choice; capture only enqueues.
  *
  * Epilogues (emit.h) are asked for first; when cuBLASLt has no algorithm for one, or its
  * documented restrictions rule it out, the product runs plain and the fallback commands
