@@ -4,47 +4,11 @@
 #include <string.h>
 
 #include "host/error.h"
-
-/* Readers of node i: readers[start[i] .. start[i + 1]), a node once per input slot. */
-typedef struct readers {
-  size_t *start;
-  mn_node *list;
-} readers;
-
-static bool readers_init(readers *r, const mn_graph *g) {
-  size_t n = g->num_nodes, edges = 0;
-  r->start = calloc(n + 1, sizeof *r->start);
-  for (size_t i = 0; i < n; i++)
-    edges += (size_t)g->nodes[i].num_inputs;
-  r->list = malloc((edges ? edges : 1) * sizeof *r->list);
-  size_t *fill = calloc(n ? n : 1, sizeof *fill);
-  bool ok = r->start && r->list && fill;
-  if (ok) {
-    for (size_t i = 0; i < n; i++)
-      for (int k = 0; k < g->nodes[i].num_inputs; k++)
-        r->start[g->nodes[i].inputs[k] + 1]++;
-    for (size_t i = 0; i < n; i++)
-      r->start[i + 1] += r->start[i];
-    for (size_t i = 0; i < n; i++)
-      for (int k = 0; k < g->nodes[i].num_inputs; k++) {
-        mn_node in = g->nodes[i].inputs[k];
-        r->list[r->start[in] + fill[in]++] = (mn_node)i;
-      }
-  }
-  free(fill);
-  return ok;
-}
-
-static void readers_free(readers *r) {
-  free(r->start);
-  free(r->list);
-}
-
-static size_t num_readers(const readers *r, mn_node i) { return r->start[i + 1] - r->start[i]; }
+#include "optimizer/readers.h"
 
 /* The one reader of i (read in one slot), or MN_NO_NODE. */
-static mn_node only_reader(const readers *r, mn_node i) {
-  return num_readers(r, i) == 1 ? r->list[r->start[i]] : MN_NO_NODE;
+static mn_node only_reader(const mn_readers *r, mn_node i) {
+  return mn_readers_count(r, i) == 1 ? r->readers[r->start[i]] : MN_NO_NODE;
 }
 
 static bool is_output(const mn_graph *g, mn_node id) {
@@ -73,7 +37,8 @@ static bool is_slice_grad(const mn_graph *g, mn_node s, mn_node dy, int64_t star
 /* The node that sums exactly parts[0..2], each read once by it: a fused node of two adds over
  * them, or add(add(a, b), c) in any order (the inner add read only by the outer); else
  * MN_NO_NODE. *inner gets the inner add (MN_NO_NODE for a fused sum). */
-static mn_node sum_of(const mn_graph *g, const readers *r, const mn_node parts[3], mn_node *inner) {
+static mn_node sum_of(const mn_graph *g, const mn_readers *r, const mn_node parts[3],
+                      mn_node *inner) {
   *inner = MN_NO_NODE;
   mn_node first[3];
   for (int i = 0; i < 3; i++)
@@ -110,11 +75,12 @@ typedef struct qkv_match {
 
 /* The saved gradient of f of kind op among the readers of q (MN_NO_NODE when none, or when
  * there are two). */
-static mn_node saved_grad(const mn_graph *g, const readers *r, mn_node f, mn_node stats, mn_op op) {
+static mn_node saved_grad(const mn_graph *g, const mn_readers *r, mn_node f, mn_node stats,
+                          mn_op op) {
   const mn_node_rec *fr = &g->nodes[f];
   mn_node found = MN_NO_NODE;
   for (size_t k = r->start[fr->inputs[0]]; k < r->start[fr->inputs[0] + 1]; k++) {
-    mn_node b = r->list[k];
+    mn_node b = r->readers[k];
     const mn_node_rec *n = &g->nodes[b];
     if (n->op != op) continue;
     bool same = n->inputs[4] == f && n->inputs[5] == stats && n->attrs.variant == 1 &&
@@ -130,18 +96,18 @@ static mn_node saved_grad(const mn_graph *g, const readers *r, mn_node f, mn_nod
 }
 
 /* f's statistics: its one extra_output of value 1. */
-static mn_node stats_of(const mn_graph *g, const readers *r, mn_node f) {
+static mn_node stats_of(const mn_graph *g, const mn_readers *r, mn_node f) {
   mn_node found = MN_NO_NODE;
   for (size_t k = r->start[f]; k < r->start[f + 1]; k++) {
-    const mn_node_rec *n = &g->nodes[r->list[k]];
+    const mn_node_rec *n = &g->nodes[r->readers[k]];
     if (n->op != MN_OP_EXTRA_OUTPUT || n->attrs.variant != 1) continue;
     if (found != MN_NO_NODE) return MN_NO_NODE;
-    found = r->list[k];
+    found = r->readers[k];
   }
   return found;
 }
 
-static bool match(const mn_graph *g, const readers *r, mn_node f, qkv_match *m) {
+static bool match(const mn_graph *g, const mn_readers *r, mn_node f, qkv_match *m) {
   const mn_node_rec *fr = &g->nodes[f];
   if (fr->op != MN_OP_CAUSAL_ATTENTION || fr->attrs.variant != 1) return false;
   int64_t hd = fr->attrs.head_dim, h = fr->attrs.num_heads, kvh = fr->attrs.num_kv_heads;
@@ -166,13 +132,13 @@ static bool match(const mn_graph *g, const readers *r, mn_node f, qkv_match *m) 
   for (int i = 0; i < 3; i++) {
     if (is_output(g, qkv[i])) return false;
     for (size_t j = r->start[qkv[i]]; j < r->start[qkv[i] + 1]; j++) {
-      mn_node u = r->list[j];
+      mn_node u = r->readers[j];
       if (u != f && u != m->dq && u != m->dkv) return false;
     }
   }
   /* dK | dV taken apart into dK and dV, each placed at its block of X. */
-  if (num_readers(r, m->dkv) != 2 || is_output(g, m->dkv) || is_output(g, m->dq)) return false;
-  mn_node a = r->list[r->start[m->dkv]], b = r->list[r->start[m->dkv] + 1];
+  if (mn_readers_count(r, m->dkv) != 2 || is_output(g, m->dkv) || is_output(g, m->dq)) return false;
+  mn_node a = r->readers[r->start[m->dkv]], b = r->readers[r->start[m->dkv] + 1];
   mn_node dk = is_slice(g, a, m->dkv, 0, kvh * hd) ? a : b, dv = dk == a ? b : a;
   if (!is_slice(g, dk, m->dkv, 0, kvh * hd) || !is_slice(g, dv, m->dkv, kvh * hd, kvh * hd) ||
       is_output(g, dk) || is_output(g, dv))
@@ -200,7 +166,7 @@ static bool turned_off(void) {
   return false;
 }
 
-static void rewrite(mn_graph *w, const readers *r, const qkv_match *m) {
+static void rewrite(mn_graph *w, const mn_readers *r, const qkv_match *m) {
   mn_node_rec *f = &w->nodes[m->f];
   f->op = MN_OP_QKV_CAUSAL_ATTENTION;
   f->inputs[0] = m->x;
@@ -218,7 +184,7 @@ static void rewrite(mn_graph *w, const readers *r, const qkv_match *m) {
   d->num_inputs = 4;
   d->type = w->nodes[m->sum].type;
   for (size_t k = r->start[m->sum]; k < r->start[m->sum + 1]; k++) {
-    mn_node_rec *u = &w->nodes[r->list[k]];
+    mn_node_rec *u = &w->nodes[r->readers[k]];
     for (int i = 0; i < u->num_inputs; i++)
       if (u->inputs[i] == m->sum) u->inputs[i] = m->dq;
   }
@@ -230,9 +196,9 @@ mn_status mn_attention_read_qkv_in_place(mn_graph **g, size_t *made) {
   *made = 0;
   if (turned_off()) return MN_OK;
   const mn_graph *in = *g;
-  readers r = {0};
+  mn_readers r = {0};
   mn_graph *work = NULL;
-  if (!readers_init(&r, in)) goto oom;
+  if (!mn_readers_init(&r, in)) goto oom;
   for (size_t i = 0; i < in->num_nodes; i++) {
     qkv_match m;
     if (!match(in, &r, (mn_node)i, &m)) continue;
@@ -240,11 +206,11 @@ mn_status mn_attention_read_qkv_in_place(mn_graph **g, size_t *made) {
     rewrite(work, &r, &m);
     (*made)++;
   }
-  readers_free(&r);
+  mn_readers_free(&r);
   /* The slices, dK | dV and the sum are read by nothing now: sorting drops them. */
   return work ? mn_graph_replace_sorted(g, work) : MN_OK;
 oom:
-  readers_free(&r);
+  mn_readers_free(&r);
   mn_graph_free(work);
   *made = 0;
   return mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory reading q, k and v in place");

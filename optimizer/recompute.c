@@ -3,43 +3,7 @@
 #include <stdlib.h>
 
 #include "host/error.h"
-
-/* Readers of node i: readers[start[i] .. start[i + 1]), in increasing order. */
-typedef struct users {
-  size_t *start;
-  mn_node *readers;
-} users;
-
-static bool users_init(users *u, const mn_graph *g) {
-  size_t n = g->num_nodes, edges = 0;
-  for (size_t i = 0; i < n; i++)
-    edges += (size_t)g->nodes[i].num_inputs;
-  u->start = calloc(n + 1, sizeof *u->start);
-  u->readers = malloc((edges ? edges : 1) * sizeof *u->readers);
-  size_t *fill = calloc(n ? n : 1, sizeof *fill);
-  bool ok = u->start && u->readers && fill;
-  if (ok) {
-    for (size_t i = 0; i < n; i++)
-      for (int k = 0; k < g->nodes[i].num_inputs; k++)
-        u->start[g->nodes[i].inputs[k] + 1]++;
-    for (size_t i = 0; i < n; i++)
-      u->start[i + 1] += u->start[i];
-    /* Readers are visited in node order, so each list comes out sorted; a node reading a value
-     * twice appears twice. */
-    for (size_t i = 0; i < n; i++)
-      for (int k = 0; k < g->nodes[i].num_inputs; k++) {
-        mn_node in = g->nodes[i].inputs[k];
-        u->readers[u->start[in] + fill[in]++] = (mn_node)i;
-      }
-  }
-  free(fill);
-  return ok;
-}
-
-static void users_free(users *u) {
-  free(u->start);
-  free(u->readers);
-}
+#include "optimizer/readers.h"
 
 static bool cheap_activation(const mn_node_rec *n) {
   return (mn_op_flags(n->op) & MN_OPF_POINTWISE) && n->op != MN_OP_FUSED && n->num_inputs <= 2;
@@ -65,7 +29,7 @@ static bool is_output(const mn_graph *g, mn_node id) {
  * MN_RECOMPUTE_MIN_GAP nodes after the reader before it (or after i), provided every input of
  * i is read again at or after it, so that recomputing there keeps no input alive longer, and no
  * late reader is a saved attention gradient taking i as q, k or v. */
-static mn_node first_late_reader(const mn_graph *g, const users *u, mn_node i) {
+static mn_node first_late_reader(const mn_graph *g, const mn_readers *u, mn_node i) {
   mn_node prev = i, late = MN_NO_NODE;
   for (size_t r = u->start[i]; r < u->start[i + 1]; r++) {
     mn_node reader = u->readers[r];
@@ -93,9 +57,9 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
   *made = 0;
   const mn_graph *in = *g;
   size_t n = in->num_nodes;
-  users u;
-  if (!users_init(&u, in)) {
-    users_free(&u);
+  mn_readers u;
+  if (!mn_readers_init(&u, in)) {
+    mn_readers_free(&u);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory recomputing activations");
   }
   mn_graph *work = NULL;
@@ -129,7 +93,7 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
     }
     (*made)++;
   }
-  users_free(&u);
+  mn_readers_free(&u);
   if (st != MN_OK || !work) {
     mn_graph_free(work);
     if (st != MN_OK) *made = 0;
