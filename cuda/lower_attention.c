@@ -41,8 +41,9 @@ static mn_status unsupported(const mn_cu_op_ctx *c, const char *why, long long v
                  mn_op_name(c->node->op), why, value);
 }
 
-static mn_status dims_of(const mn_cu_op_ctx *c, int mask, attn_dims *d) {
-  const mn_tensor_type *tq = mn_cu_in_type(c, 0), *tk = mn_cu_in_type(c, 1);
+/* tq: q's type (the queries' count), tk: k's (the keys'). */
+static mn_status dims_from(const mn_cu_op_ctx *c, int mask, const mn_tensor_type *tq,
+                           const mn_tensor_type *tk, attn_dims *d) {
   const mn_op_attrs *a = &c->node->attrs;
   *d = (attn_dims){.batches = tq->rank == 3 ? tq->shape[0] : 1,
                    .t_len = tq->shape[tq->rank - 2],
@@ -60,6 +61,10 @@ static mn_status dims_of(const mn_cu_op_ctx *c, int mask, attn_dims *d) {
   if (mask == MN_ATTN_MASK_SEGMENTS && d->t_len > INT32_MAX)
     return unsupported(c, "packed sequences longer than 2^31 - 1 tokens", d->t_len);
   return MN_OK;
+}
+
+static mn_status dims_of(const mn_cu_op_ctx *c, int mask, attn_dims *d) {
+  return dims_from(c, mask, mn_cu_in_type(c, 0), mn_cu_in_type(c, 1), d);
 }
 
 /* Short sequences get smaller row tiles so that fewer rows are padding. */
@@ -486,9 +491,9 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
  * launches with offsets into one buffer. Only those kernels read wider rows, so the ops need
  * what they need: 16-bit storage, a head dim a multiple of 16 up to 128, int positions. */
 static mn_status qkv_setup(const mn_cu_op_ctx *c, attn_dims *d, attn_tc *tc, mn_cu_arg qkv[3]) {
-  mn_status st = dims_of(c, MN_ATTN_MASK_CAUSAL, d);
+  /* Input 0 holds the keys as well as the queries. */
+  mn_status st = dims_from(c, MN_ATTN_MASK_CAUSAL, mn_cu_in_type(c, 0), mn_cu_in_type(c, 0), d);
   if (st != MN_OK) return st;
-  d->s_len = d->t_len;
   int hd = d->head_dim;
   if (mn_cu_arg_storage(c->plan, mn_cu_in(c, 0)) == MN_DEV_F32 || hd % 16 || hd > 128 ||
       d->t_len >= INT32_MAX / 2)

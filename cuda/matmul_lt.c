@@ -263,7 +263,9 @@ static size_t stored_bytes(const mn_session *s, mn_cu_arg a, int64_t rows, int64
 static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_desc *d,
                       mn_cu_matmul_plan *mp, cublasLtMatmulPreference_t pref,
                       const uint32_t align[3]) {
-  if (!mn_cu_tune_on() || d->batch > 1 ||
+  /* A product whose plain result goes to scratch is not timed: scratch is sized after the
+   * algorithms are chosen (fit_scratch in cuda_backend.c). */
+  if (!mn_cu_tune_on() || d->batch > 1 || mp->plain_to_fallback ||
       2.0 * (double)d->m * (double)d->n * (double)d->k < MN_TUNE_MIN_FLOPS)
     return MN_OK;
   cublasLtMatmulHeuristicResult_t cand[MN_TUNE_CANDIDATES];
@@ -271,7 +273,7 @@ static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_de
   cublasStatus_t r = cublasLtMatmulAlgoGetHeuristic(st->lt, mp->desc, mp->b, mp->a, mp->c, mp->c,
                                                     pref, MN_TUNE_CANDIDATES, cand, &found);
   if (r != CUBLAS_STATUS_SUCCESS || found < 2) return MN_OK;
-  mn_cu_arg c = mp->plain_to_fallback ? d->c_fallback : d->c;
+  mn_cu_arg c = d->c;
   char card[160], key[320];
   mn_cu_tune_card(st->device, card, sizeof card);
   snprintf(key, sizeof key, "%s|%lld %lld %lld|%d%d|%d %d %d|%d|%lld %lld %lld|%u %u %u|%g %g|%d",

@@ -53,26 +53,40 @@ static void to_hex(const cublasLtMatmulAlgo_t *algo, char *out) {
     snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 static bool from_hex(const char *s, cublasLtMatmulAlgo_t *algo) {
+  const size_t digits = 2 * sizeof *algo;
+  if (strspn(s, "0123456789abcdef") != digits || (s[digits] != '\0' && s[digits] != '\n'))
+    return false;
   unsigned char *b = (unsigned char *)algo;
   for (size_t i = 0; i < sizeof *algo; i++) {
     unsigned v;
     if (sscanf(s + 2 * i, "%2x", &v) != 1) return false;
     b[i] = (unsigned char)v;
   }
-  return s[2 * sizeof *algo] == '\0' || s[2 * sizeof *algo] == '\n';
+  return true;
 }
 
-/* Under the lock. A full table keeps what it has: later products are timed again. */
-static void add(const char *key, const cublasLtMatmulAlgo_t *algo) {
+/* Under the lock: key's entry, or NULL. */
+static tune_entry *find(const char *key) {
   for (size_t i = 0; i < num_entries; i++)
-    if (strcmp(entries[i].key, key) == 0) return;
+    if (strcmp(entries[i].key, key) == 0) return &entries[i];
+  return NULL;
+}
+
+/* Under the lock: sets key's algorithm. A full table keeps what it has: later products are
+ * timed again. */
+static void set(const char *key, const cublasLtMatmulAlgo_t *algo) {
+  tune_entry *e = find(key);
+  if (e) {
+    e->algo = *algo;
+    return;
+  }
   if (num_entries == TUNE_ENTRIES) return;
   snprintf(entries[num_entries].key, TUNE_KEY, "%s", key);
   entries[num_entries++].algo = *algo;
 }
 
-/* Under the lock: the file's lines "key<TAB>hex", the first line of a key winning (two processes
- * that timed one product at once both append theirs; every later reader takes the first). */
+/* Under the lock: the file's lines "key<TAB>hex", the last line of a key winning (a choice timed
+ * again because the one before no longer applied is appended after it). */
 static void read_file(void) {
   file_read = true;
   char path[4200];
@@ -85,7 +99,7 @@ static void read_file(void) {
     cublasLtMatmulAlgo_t algo;
     if (!tab || (size_t)(tab - line) >= TUNE_KEY) continue;
     *tab = '\0';
-    if (from_hex(tab + 1, &algo)) add(line, &algo);
+    if (from_hex(tab + 1, &algo)) set(line, &algo);
   }
   fclose(f);
 }
@@ -102,24 +116,26 @@ static void append_file(const char *key, const cublasLtMatmulAlgo_t *algo) {
 }
 
 static bool recall(const char *key, cublasLtMatmulAlgo_t *algo) {
-  bool found = false;
   pthread_mutex_lock(&lock);
   if (!file_read) read_file();
-  for (size_t i = 0; i < num_entries && !found; i++)
-    if (strcmp(entries[i].key, key) == 0) {
-      *algo = entries[i].algo;
-      found = true;
-    }
+  const tune_entry *e = find(key);
+  if (e) *algo = e->algo;
   pthread_mutex_unlock(&lock);
-  return found;
+  return e != NULL;
 }
 
-static void remember(const char *key, const cublasLtMatmulAlgo_t *algo) {
+/* The timed choice for key. Another session of this process that timed the same product at the
+ * same time and got there first wins, so that all of them run one algorithm (*algo becomes its
+ * choice); a choice that replaces a stale one (`stale`) is kept and written. */
+static void remember(const char *key, cublasLtMatmulAlgo_t *algo, bool stale) {
   pthread_mutex_lock(&lock);
-  for (size_t i = 0; i < num_entries; i++)
-    if (strcmp(entries[i].key, key) == 0) entries[i].algo = *algo;
-  add(key, algo);
-  append_file(key, algo);
+  tune_entry *e = find(key);
+  if (e && !stale) {
+    *algo = e->algo;
+  } else {
+    set(key, algo);
+    append_file(key, algo);
+  }
   pthread_mutex_unlock(&lock);
 }
 
@@ -157,7 +173,8 @@ mn_status mn_cu_tune_pick(cuda_state *st, const char *key,
                           bool *timed) {
   *timed = false;
   cublasLtMatmulAlgo_t known;
-  if (recall(key, &known) && applies(ctx, &known)) {
+  bool stale = recall(key, &known);
+  if (stale && applies(ctx, &known)) {
     *algo = known;
     return MN_OK;
   }
@@ -185,6 +202,6 @@ mn_status mn_cu_tune_pick(cuda_state *st, const char *key,
   pthread_mutex_lock(&lock);
   timings++;
   pthread_mutex_unlock(&lock);
-  if (best >= 0.0f) remember(key, algo);
+  if (best >= 0.0f) remember(key, algo, stale);
   return MN_OK;
 }

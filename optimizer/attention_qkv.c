@@ -1,5 +1,6 @@
 #include "optimizer/attention_qkv.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,8 +49,13 @@ static mn_node sum_of(const mn_graph *g, const mn_readers *r, const mn_node part
     if (s->op != MN_OP_FUSED || s->num_inputs != 3 || !s->fused || s->fused->num_instrs != 2 ||
         mn_node_num_extra_outputs(s) != 0)
       return MN_NO_NODE;
-    for (int i = 0; i < 2; i++)
-      if (s->fused->instrs[i].op != MN_OP_ADD) return MN_NO_NODE;
+    /* add(a, b) of two inputs, then add of that and the third (operand 3: result 0). */
+    const mn_fused_instr *i0 = &s->fused->instrs[0], *i1 = &s->fused->instrs[1];
+    if (i0->op != MN_OP_ADD || i1->op != MN_OP_ADD || i0->out || i1->out) return MN_NO_NODE;
+    int a = i0->args[0], b = i0->args[1], x = i1->args[0] == 3 ? i1->args[1] : i1->args[0];
+    if ((i1->args[0] != 3 && i1->args[1] != 3) || a > 2 || b > 2 || x > 2 || a == b || a == x ||
+        b == x)
+      return MN_NO_NODE;
     return first[0];
   }
   /* Two parts meet in the inner add, the third in the outer one that reads it. */
@@ -117,8 +123,11 @@ static bool match(const mn_graph *g, const mn_readers *r, mn_node f, qkv_match *
   const mn_tensor_type *xt = &g->nodes[x].type;
   if (!is_slice(g, q, x, 0, h * hd) || !is_slice(g, k, x, h * hd, kvh * hd) ||
       !is_slice(g, v, x, (h + kvh) * hd, kvh * hd) || last_dim(xt) != (h + 2 * kvh) * hd ||
-      xt->rank < 2 || xt->shape[xt->rank - 2] >= (1LL << 30))
+      xt->rank < 2 || xt->shape[xt->rank - 2] >= INT32_MAX / 2)
     return false;
+  /* A leaf (a parameter, an input) keeps fp32 storage, which the wide-row kernels do not read;
+   * and the bitwise agreement holds where X is stored as the slices were. */
+  if (mn_op_flags(g->nodes[x].op) & MN_OPF_LEAF) return false;
   m->f = f;
   m->x = x;
   if ((m->stats = stats_of(g, r, f)) == MN_NO_NODE) return false;

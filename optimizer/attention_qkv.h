@@ -9,7 +9,8 @@
  *
  * It runs after the statistics pass (attention_stats.h: the _saved gradients only) on graphs the
  * pointwise fusion has seen, and matches when, for one causal attention with statistics:
- * - its q, k and v are exactly those three slices of one X, read by nothing but the attention,
+ * - its q, k and v are exactly those three slices of one computed X (not a parameter or input,
+ *   which keep fp32 storage), read by nothing but the attention,
  *   its dQ (attention_grad_q_saved) and its dK | dV (attention_grad_kv_saved);
  * - dK | dV is read only by the two slices that take dK and dV apart, and dQ, dK and dV each
  *   only by the slice_last_grad that places it at its block of X;

@@ -25,20 +25,23 @@ static const block_shape tiny = {.b = 2, .t = 37, .d = 32, .heads = 4, .kv_heads
 
 /* x -> qkv = x W + bias (one projection, q | k | v per row) -> the three slices -> causal
  * attention -> an output projection, trained to t by MSE. With q_out, q is also a graph
- * output (then it must stay a tensor of its own). */
-static mn_graph *qkv_block(const block_shape *s, bool q_out) {
+ * output (then it must stay a tensor of its own); with leaf, qkv is a parameter of its own
+ * (stored in fp32, which the wide-row kernels do not read). */
+static mn_graph *qkv_block_of(const block_shape *s, bool q_out, bool leaf) {
   mn_graph *g = mn_graph_new();
   int64_t qw = s->heads * s->hd, kw = s->kv_heads * s->hd, width = qw + 2 * kw;
   mn_node x = mn_input(g, "x", MN_SHAPE(s->b, s->t, s->d));
   mn_node t = mn_input(g, "t", MN_SHAPE(s->b, s->t, s->d));
   mn_node qkv =
-      mn_bias_add(g, mn_matmul(g, x, mn_parameter(g, "c_attn.weight", MN_SHAPE(s->d, width))),
-                  mn_parameter(g, "c_attn.bias", MN_SHAPE(width)));
+      leaf
+          ? mn_parameter(g, "qkv", MN_SHAPE(s->b, s->t, width))
+          : mn_bias_add(g, mn_matmul(g, x, mn_parameter(g, "c_attn.weight", MN_SHAPE(s->d, width))),
+                        mn_parameter(g, "c_attn.bias", MN_SHAPE(width)));
   mn_node q = mn_slice_last(g, qkv, 0, qw), k = mn_slice_last(g, qkv, qw, kw);
   mn_node v = mn_slice_last(g, qkv, qw + kw, kw);
   mn_node a = mn_causal_attention(g, q, k, v, (int)s->heads, (int)s->kv_heads, (int)s->hd);
   mn_node y = mn_matmul(g, a, mn_parameter(g, "c_proj.weight", MN_SHAPE(qw, s->d)));
-  mn_node outs[2] = {mn_mse_loss(g, y, t), q};
+  mn_node outs[2] = {mn_mse_loss(g, leaf ? mn_add(g, y, x) : y, t), q};
   mn_set_outputs(g, outs, q_out ? 2 : 1);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
@@ -47,6 +50,10 @@ static mn_graph *qkv_block(const block_shape *s, bool q_out) {
 static void adamw(mn_session *s) {
   cr_assert_eq(mn_session_set_adamw(s, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK, "%s",
                mn_last_error());
+}
+
+static mn_graph *qkv_block(const block_shape *s, bool q_out) {
+  return qkv_block_of(s, q_out, false);
 }
 
 /* MN_OPTIMIZE_OFF=attention_qkv while the session is built, when `off`. */
@@ -123,20 +130,21 @@ Test(attention_qkv, low_precision_plans_read_the_projection_in_place) {
 }
 
 /* fp32 plans (no saved statistics), the pass turned off, head dims the wide-row kernels do not
- * take, and a slice read outside the attention keep the slices. */
+ * take, a slice read outside the attention, and slices of a parameter keep the slices. */
 Test(attention_qkv, the_pass_stays_away_where_it_must) {
   block_shape odd = tiny;
   odd.hd = 8;
   struct {
     block_shape shape;
-    bool q_out, off;
+    bool q_out, off, leaf;
     mn_precision prec;
-  } cases[] = {{tiny, false, false, MN_PRECISION_F32},
-               {tiny, false, true, MN_PRECISION_BF16},
-               {odd, false, false, MN_PRECISION_BF16},
-               {tiny, true, false, MN_PRECISION_BF16}};
+  } cases[] = {{tiny, false, false, false, MN_PRECISION_F32},
+               {tiny, false, true, false, MN_PRECISION_BF16},
+               {odd, false, false, false, MN_PRECISION_BF16},
+               {tiny, true, false, false, MN_PRECISION_BF16},
+               {tiny, false, false, true, MN_PRECISION_BF16}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    mn_graph *g = qkv_block(&cases[i].shape, cases[i].q_out);
+    mn_graph *g = qkv_block_of(&cases[i].shape, cases[i].q_out, cases[i].leaf);
     mn_session *s = build(g, MN_BACKEND_CPU, cases[i].prec, cases[i].off, NULL);
     cr_assert_eq(qkv_ops(s->plan), 0, "case %zu", i);
     cr_assert_geq(count_op(s->plan, MN_OP_SLICE_LAST), 3, "case %zu", i);

@@ -347,6 +347,8 @@ static void tune_train(const mn_graph *g, mn_session **s, int n) {
  * algorithms, other summation orders) the weights stay within bf16's level. */
 Test(cuda_models, timed_products_agree_with_each_other_and_with_the_heuristic) {
   mn_test_require_cuda_device();
+  mn_tmp_dir dir = mn_tmp_dir_make("mn_tune_agree");
+  setenv("MN_CACHE_DIR", dir.path, 1);
   mn_graph *g = tune_mlp();
   mn_session *s[3] = {tune_session(g, "0"), tune_session(g, NULL), tune_session(g, NULL)};
   tune_train(g, s, 3);
@@ -355,6 +357,8 @@ Test(cuda_models, timed_products_agree_with_each_other_and_with_the_heuristic) {
   for (int i = 0; i < 3; i++)
     mn_session_free(s[i]);
   mn_graph_free(g);
+  unsetenv("MN_CACHE_DIR");
+  mn_tmp_dir_remove(&dir);
 }
 
 #ifdef MN_WITH_CUDA

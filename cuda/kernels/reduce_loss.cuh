@@ -177,10 +177,12 @@ __device__ __forceinline__ void mn_loss_sparse_ce_cached(const IO &io, const uns
   const float mx = mn_red_gmax<G>(m, sh);
   s = m == ninf ? 0.0f : s * expf(m - mx);
   const float ls = logf(mn_red_gsum<G>(s, sh));
-  if constexpr (LOSS)
+  if constexpr (LOSS) {
     if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - mx) - ls);
-  // Every lane read its whole row before the reductions above, which no lane leaves before
-  // all arrive: the stores below may overwrite the logits.
+    // The label's logit was read from memory, and a warp's shuffles order no memory: every
+    // lane's read comes before any lane's store over it (wider groups met at a block barrier).
+    __syncwarp();
+  }
   const long long l = label;
 #pragma unroll
   for (int c = 0; c < CH; c++) {
