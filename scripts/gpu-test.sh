@@ -40,7 +40,8 @@
 #                      dQ and dK / dV ops at the GPT-2 and SmolLM2 shapes, bf16, per-op ms and
 #                      TFLOP/s) beside benchmarks/torch_attention.py (PyTorch's flash
 #                      attention, forward and forward + backward), then a small table
-#   --sanitize         also run every GPU suite (build/tests/test_cuda_*) under NVIDIA
+#   --sanitize         also run every GPU suite (build/tests/test_cuda_*, and the GPU tests of
+#                      test_attention_qkv) under NVIDIA
 #                      compute-sanitizer, memcheck then racecheck, after the other parts; a
 #                      finding fails the script. Slow suites run a representative subset of
 #                      small-shape tests (a Criterion --filter each, listed in sanitize_filter
@@ -359,8 +360,11 @@ sanitize_filter() {
     test_cuda_norm_grad_w) # both launch shapes (8 and 4 warps a block) on two small shapes
       echo 'cuda_norm_grad_w/rows_far_from_zero' ;;
     test_cuda_optimize) echo 'cuda_optimize/*' ;;
-    test_cuda_reduce) # not the GPT-2 batch row sums; the label range error path included
-      echo 'cuda_reduce/@(sum_all_mean_all|softmax|log_softmax|softmax_large_logits|cross_entropy|sparse_cross_entropy|classifier_training_graph|sum_rows_shapes|label_out_of_range_training)' ;;
+    test_cuda_reduce) # not the GPT-2 batch row sums; the label range error path and the
+      # register-held loss gradient of bf16 logits included
+      echo 'cuda_reduce/@(sum_all_mean_all|softmax|log_softmax|softmax_large_logits|cross_entropy|sparse_cross_entropy|sparse_cross_entropy_of_bf16_logits_from_a_product|classifier_training_graph|sum_rows_shapes|label_out_of_range_training)' ;;
+    test_attention_qkv) # a CPU suite with GPU tests: the wide-row attention kernels
+      echo 'attention_qkv/cuda_*' ;;
     test_cuda_runtime) # the stepping and profiling tests (the others compile only, or
       # assert on device-wide free memory)
       echo 'cuda_runtime/@(every_step_is_one_graph_launch_*|profile_step_times_*)' ;;
@@ -441,7 +445,8 @@ if [ "$sanitize" = 1 ]; then
   step "compute-sanitizer: memcheck and racecheck over the GPU suites ($("$sanitizer" --version | grep -i version | head -n1))"
   export MN_CACHE_DIR=${MN_CACHE_DIR:-$build/kernel-cache}
   exes=()
-  for exe in "$build"/tests/test_cuda_*; do
+  # The GPU suites, and the CPU suites whose GPU tests reach kernels no GPU suite does.
+  for exe in "$build"/tests/test_cuda_* "$build"/tests/test_attention_qkv; do
     [ -x "$exe" ] || continue
     if [ -n "$suites" ] && ! basename "$exe" | grep -qE -- "$suites"; then continue; fi
     exes+=("$exe")
