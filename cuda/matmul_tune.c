@@ -29,7 +29,20 @@ bool mn_cu_tune_on(void) {
   return !(v && strcmp(v, "0") == 0);
 }
 
+/* Per device ordinal, its card string once known (cudaGetDeviceProperties is slow to ask for
+ * every product). */
+#define TUNE_DEVICES 64
+static char cards[TUNE_DEVICES][160];
+
 void mn_cu_tune_card(int device, char *out, size_t size) {
+  bool cached = device >= 0 && device < TUNE_DEVICES;
+  pthread_mutex_lock(&lock);
+  if (cached && cards[device][0]) {
+    snprintf(out, size, "%s", cards[device]);
+    pthread_mutex_unlock(&lock);
+    return;
+  }
+  pthread_mutex_unlock(&lock);
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
     cudaGetLastError();
@@ -37,6 +50,10 @@ void mn_cu_tune_card(int device, char *out, size_t size) {
     return;
   }
   snprintf(out, size, "%s/%d/%zu", prop.name, prop.multiProcessorCount, cublasLtGetVersion());
+  if (!cached) return;
+  pthread_mutex_lock(&lock);
+  snprintf(cards[device], sizeof cards[device], "%s", out);
+  pthread_mutex_unlock(&lock);
 }
 
 static bool cache_path(char *out, size_t size) {
