@@ -13,6 +13,7 @@
 #include "optimizer/report.h"
 #include "session/session.h"
 #include "tests/support/cuda_check.h"
+#include "tests/support/graph_check.h"
 #include "tests/support/mn_test.h"
 #include "tests/support/session_util.h"
 #include "tests/support/tmp_dir.h"
@@ -72,12 +73,7 @@ static mn_session *build(const mn_graph *g, mn_backend backend, mn_precision pre
   return s;
 }
 
-static size_t count_op(const mn_plan *p, mn_op op) {
-  size_t n = 0;
-  for (size_t i = 0; i < p->graph->num_nodes; i++)
-    n += p->graph->nodes[i].op == op;
-  return n;
-}
+static size_t count_op(const mn_plan *p, mn_op op) { return mn_test_count_op(p->graph, op); }
 
 static size_t qkv_ops(const mn_plan *p) {
   return count_op(p, MN_OP_QKV_CAUSAL_ATTENTION) + count_op(p, MN_OP_QKV_ATTENTION_GRAD_SAVED);
