@@ -225,23 +225,31 @@ static void positions_arg(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg *
   *nargs = MN_ATTN_POSITIONS_ARG + 1;
 }
 
+/* A forward's output (args[3], set) and, for variant 1, its statistics (args[4], args[5]): the
+ * mode and argument count of its launch. */
+static mn_status output_args(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg *args, int *mode,
+                             int *nargs) {
+  *mode = MN_ATTN_OUTPUT;
+  *nargs = 4;
+  if (c->node->attrs.variant != 1) return MN_OK;
+  mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
+  if (stats == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE,
+                   "cuda backend: node %u (%s) has no extra_output for its statistics", c->id,
+                   mn_op_name(c->node->op));
+  stats_args(d, mn_cu_node_arg(stats), &args[4], &args[5]);
+  *mode = MN_ATTN_OUTPUT_STATS;
+  *nargs = 6;
+  return MN_OK;
+}
+
 static mn_status lower_forward(const mn_cu_op_ctx *c, int mask) {
   attn_dims d;
   mn_status st = dims_of(c, mask, &d);
   if (st != MN_OK) return st;
   mn_cu_arg args[MN_CU_MAX_ARGS] = {mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c)};
-  int mode = MN_ATTN_OUTPUT, nargs = 4;
-  if (c->node->attrs.variant == 1) {
-    mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
-    if (stats == MN_NO_NODE)
-      return mn_fail(MN_ERR_STATE,
-                     "cuda backend: node %u (%s) has no extra_output for its "
-                     "statistics",
-                     c->id, mn_op_name(c->node->op));
-    stats_args(&d, mn_cu_node_arg(stats), &args[4], &args[5]);
-    mode = MN_ATTN_OUTPUT_STATS;
-    nargs = 6;
-  }
+  int mode, nargs;
+  if ((st = output_args(c, &d, args, &mode, &nargs)) != MN_OK) return st;
   positions_arg(c, &d, args, &nargs);
   attn_tc tc = tensor_core(c, &d);
   if (tc.on) return launch_mma_forward(c, &d, &tc, mode, args, nargs);
@@ -514,17 +522,8 @@ mn_status mn_cu_lower_QKV_CAUSAL_ATTENTION(const mn_cu_op_ctx *c) {
   mn_status st = qkv_setup(c, &d, &tc, args);
   if (st != MN_OK) return st;
   args[3] = mn_cu_out(c);
-  int mode = MN_ATTN_OUTPUT, nargs = 4;
-  if (c->node->attrs.variant == 1) {
-    mn_node stats = mn_plan_extra_output(c->plan, c->id, 1);
-    if (stats == MN_NO_NODE)
-      return mn_fail(MN_ERR_STATE,
-                     "cuda backend: node %u (%s) has no extra_output for its statistics", c->id,
-                     mn_op_name(c->node->op));
-    stats_args(&d, mn_cu_node_arg(stats), &args[4], &args[5]);
-    mode = MN_ATTN_OUTPUT_STATS;
-    nargs = 6;
-  }
+  int mode, nargs;
+  if ((st = output_args(c, &d, args, &mode, &nargs)) != MN_OK) return st;
   return launch_pipe_forward(c, &d, &tc, mode, true, args, nargs);
 }
 
