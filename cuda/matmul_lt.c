@@ -226,7 +226,7 @@ static mn_status try_epilogue(cuda_state *st, const mn_session *s, const mn_cu_c
                  (long long)d->k);
 }
 
-/* One run of a product with a given algorithm: the launch of mn_cu_matmul_enqueue. */
+/* What a timing run of one product needs. */
 typedef struct tune_ctx {
   cuda_state *st;
   const mn_session *s;
@@ -234,13 +234,18 @@ typedef struct tune_ctx {
   mn_cu_matmul_plan *mp;
 } tune_ctx;
 
+/* The product on the session stream with `algo`: what a step runs, and each timing run. */
+static cublasStatus_t run_product(cuda_state *st, const mn_session *s, const mn_cu_matmul_desc *d,
+                                  const mn_cu_matmul_plan *mp, const cublasLtMatmulAlgo_t *algo) {
+  void *c = mn_cu_resolve(st, s, mp->plain_to_fallback ? d->c_fallback : d->c);
+  return cublasLtMatmul(st->lt, mp->desc, &d->alpha, mn_cu_resolve(st, s, d->b), mp->b,
+                        mn_cu_resolve(st, s, d->a), mp->a, &d->beta, c, mp->c, c, mp->c, algo,
+                        st->workspace, st->workspace_bytes, st->stream);
+}
+
 static cublasStatus_t tune_run(void *ctx, const cublasLtMatmulAlgo_t *algo) {
   const tune_ctx *t = ctx;
-  const mn_cu_matmul_desc *d = t->d;
-  void *c = mn_cu_resolve(t->st, t->s, t->mp->plain_to_fallback ? d->c_fallback : d->c);
-  return cublasLtMatmul(t->st->lt, t->mp->desc, &d->alpha, mn_cu_resolve(t->st, t->s, d->b),
-                        t->mp->b, mn_cu_resolve(t->st, t->s, d->a), t->mp->a, &d->beta, c, t->mp->c,
-                        c, t->mp->c, algo, t->st->workspace, t->st->workspace_bytes, t->st->stream);
+  return run_product(t->st, t->s, t->d, t->mp, algo);
 }
 
 static bool tune_applies(void *ctx, const cublasLtMatmulAlgo_t *algo) {
@@ -413,11 +418,6 @@ void mn_cu_matmuls_destroy(cuda_state *st) {
 }
 
 mn_status mn_cu_matmul_enqueue(cuda_state *st, const mn_session *s, size_t cmd) {
-  const mn_cu_matmul_desc *d = &st->prog.cmds[cmd].mm;
-  mn_cu_matmul_plan *mp = &st->matmuls[cmd];
-  void *c = mn_cu_resolve(st, s, mp->plain_to_fallback ? d->c_fallback : d->c);
-  return lt_check(cublasLtMatmul(st->lt, mp->desc, &d->alpha, mn_cu_resolve(st, s, d->b), mp->b,
-                                 mn_cu_resolve(st, s, d->a), mp->a, &d->beta, c, mp->c, c, mp->c,
-                                 &mp->algo, st->workspace, st->workspace_bytes, st->stream),
-                  "matmul");
+  const mn_cu_matmul_plan *mp = &st->matmuls[cmd];
+  return lt_check(run_product(st, s, &st->prog.cmds[cmd].mm, mp, &mp->algo), "matmul");
 }

@@ -4,8 +4,9 @@
  * gradients and their sum. On the CPU: where the pass fires and where it must not, that the
  * step is bit for bit the sliced one (the same values, read and written through wider rows),
  * and that a cached plan keeps the rewrite. On CUDA (skipped without a device): the pipelined
- * kernels with wide rows give the sliced plan's weights bit for bit, for head dims 64 (dK and
- * dV in one pass) and 128 (two), grouped heads, and a sequence that ends inside a tile. */
+ * kernels with wide rows give the sliced plan's weights bit for bit and match the CPU at bf16's
+ * level, for head dims 64 (dK and dV in one pass) and 128 (two), grouped heads, and a sequence
+ * that ends inside a tile. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -215,4 +216,21 @@ Test(attention_qkv, cuda_hd64_is_bitwise_the_sliced_step) {
 Test(attention_qkv, cuda_hd128_gqa_is_bitwise_the_sliced_step) {
   mn_test_require_cuda_device();
   same_steps(&(block_shape){2, 70, 64, 4, 2, 128}, MN_BACKEND_CUDA);
+}
+
+/* The qkv ops on CUDA against the CPU's, every gradient of one bf16 step at MN_TEST_BF16_TOL
+ * (both plans read the projection in place). */
+Test(attention_qkv, cuda_qkv_ops_match_the_cpu) {
+  mn_test_require_cuda_device();
+  const block_shape shapes[] = {{2, 150, 64, 4, 4, 64}, {2, 70, 64, 4, 2, 128}};
+  for (size_t i = 0; i < 2; i++) {
+    mn_graph *g = qkv_block(&shapes[i], false);
+    mn_session *s = build(g, MN_BACKEND_CPU, MN_PRECISION_BF16, false, NULL);
+    cr_assert_eq(qkv_ops(s->plan), 2, "shape %zu: the plan reads the projection in place", i);
+    mn_session_free(s);
+    double e =
+        mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, MN_TEST_BF16_TOL, NULL, 61 + i);
+    cr_log_info("shape %zu: largest relative error against the CPU %.3g", i, e);
+    mn_graph_free(g);
+  }
 }

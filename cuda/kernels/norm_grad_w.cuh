@@ -24,6 +24,37 @@
 // Vectors: 8 low-precision elements (one 16-byte access) when both x and dy are bf16 / fp16
 // and N allows, else 4, 2 or 1 floats, as N allows (node buffers start 256-byte aligned).
 // p[0] x, p[1] dy, p[2] partials (scratch, double). A block of 32 * WARPS threads.
+// The lane's vectors j = lane + 32 k of one row (row: its first element) into v.
+template <int VEC, int ITEMS, int NV, class P>
+__device__ __forceinline__ void mn_ngw_load_row(P row, int lane, float *v) {
+#pragma unroll
+  for (int k = 0; k < ITEMS; k++) {
+    const int j = lane + 32 * k;
+    if (j < NV) mn_ld_vec<VEC>(row + j * VEC, v + k * VEC);
+  }
+}
+
+// The lane's sum over its elements of the row, part = f(part, v) on one fp32 chain per vector
+// element (short chains), the chains added last in element order.
+template <int VEC, int ITEMS, int NV, class F>
+__device__ __forceinline__ float mn_ngw_lane_sum(const float *a, int lane, F f) {
+  float part[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; e++)
+    part[e] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ITEMS; k++)
+    if (lane + 32 * k < NV)
+#pragma unroll
+      for (int e = 0; e < VEC; e++)
+        part[e] = f(part[e], a[k * VEC + e]);
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < VEC; e++)
+    s += part[e];
+  return s;
+}
+
 template <int WARPS, long long N, bool CENTER, unsigned EPS_BITS, long long ROWS, long long CHUNK,
           class IO>
 __device__ void mn_norm_grad_w_rows(const IO &io) {
@@ -51,33 +82,12 @@ __device__ void mn_norm_grad_w_rows(const IO &io) {
     // Every load of the row is issued before any is used; x first, as the statistics need it
     // alone.
     float a[E], d[E];
-#pragma unroll
-    for (int k = 0; k < ITEMS; k++) {
-      const int j = lane + 32 * k;
-      if (j < NV) mn_ld_vec<VEC>(x0 + r * N + j * VEC, a + k * VEC);
-    }
-#pragma unroll
-    for (int k = 0; k < ITEMS; k++) {
-      const int j = lane + 32 * k;
-      if (j < NV) mn_ld_vec<VEC>(dy0 + r * N + j * VEC, d + k * VEC);
-    }
-    // One partial sum per vector element keeps the fp32 chains short.
-    float part[VEC];
+    mn_ngw_load_row<VEC, ITEMS, NV>(x0 + r * N, lane, a);
+    mn_ngw_load_row<VEC, ITEMS, NV>(dy0 + r * N, lane, d);
     if constexpr (CENTER) {
       const float pivot = __shfl_sync(0xffffffffu, a[0], 0);
-#pragma unroll
-      for (int e = 0; e < VEC; e++)
-        part[e] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < ITEMS; k++)
-        if (lane + 32 * k < NV)
-#pragma unroll
-          for (int e = 0; e < VEC; e++)
-            part[e] += a[k * VEC + e] - pivot;
-      float s = 0.0f;
-#pragma unroll
-      for (int e = 0; e < VEC; e++)
-        s += part[e];
+      const float s = mn_ngw_lane_sum<VEC, ITEMS, NV>(
+          a, lane, [&](float part, float v) { return part + (v - pivot); });
       // mean - pivot, rounded once to float: x - mean is (x - pivot) - shift, two fp32
       // roundings of values the size of the row's spread.
       const float shift = (float)(mn_warp_sum_d((double)s) * RN);
@@ -88,19 +98,8 @@ __device__ void mn_norm_grad_w_rows(const IO &io) {
           for (int e = 0; e < VEC; e++)
             a[k * VEC + e] = (a[k * VEC + e] - pivot) - shift;
     }
-#pragma unroll
-    for (int e = 0; e < VEC; e++)
-      part[e] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < ITEMS; k++)
-      if (lane + 32 * k < NV)
-#pragma unroll
-        for (int e = 0; e < VEC; e++)
-          part[e] = fmaf(a[k * VEC + e], a[k * VEC + e], part[e]);
-    float q = 0.0f;
-#pragma unroll
-    for (int e = 0; e < VEC; e++)
-      q += part[e];
+    const float q = mn_ngw_lane_sum<VEC, ITEMS, NV>(
+        a, lane, [](float part, float v) { return fmaf(v, v, part); });
     const double inv = rsqrt(mn_warp_sum_d((double)q) * RN + eps);
 #pragma unroll
     for (int k = 0; k < ITEMS; k++)

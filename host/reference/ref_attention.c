@@ -93,14 +93,6 @@ mn_status mn_ref_CAUSAL_ATTENTION_PACKED(const mn_ref_ctx *c) {
   return attention(c, true, mn_ref_in_u32(c, 3));
 }
 
-/* Copies column block [start, start + width) of every row of x (rows of `pitch` floats) into
- * dst, densely. */
-static void copy_block(const float *x, size_t rows, size_t pitch, size_t start, size_t width,
-                       float *dst) {
-  for (size_t r = 0; r < rows; r++)
-    memcpy(dst + r * width, x + r * pitch + start, width * sizeof *dst);
-}
-
 /* qkv [.., T, (H + 2 KVH) hd]: the blocks q | k | v of each row, copied apart, then the causal
  * attention of causal_attention. */
 mn_status mn_ref_QKV_CAUSAL_ATTENTION(const mn_ref_ctx *c) {
@@ -118,10 +110,7 @@ mn_status mn_ref_QKV_CAUSAL_ATTENTION(const mn_ref_ctx *c) {
   float *q = malloc((n ? n : 1) * sizeof *q);
   if (!q) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for q, k and v (%zu rows)", rows);
   float *k = q + rows * qw, *v = k + rows * kw;
-  const float *x = mn_ref_in_f32(c, 0);
-  copy_block(x, rows, pitch, 0, qw, q);
-  copy_block(x, rows, pitch, qw, kw, k);
-  copy_block(x, rows, pitch, qw + kw, kw, v);
+  mn_ref_split_qkv(mn_ref_in_f32(c, 0), rows, qw, kw, q, k, v);
   mn_status st = attend_batches(c, &sh, batches, q, k, v, mn_ref_out_f32(c),
                                 a->variant == 1 ? c->extra_out[0] : NULL);
   free(q);

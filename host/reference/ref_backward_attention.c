@@ -11,7 +11,6 @@
  * for the others (the statistics only spare the CUDA kernels a pass). */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "host/reference/ref_shared.h"
 
@@ -213,13 +212,8 @@ mn_status mn_ref_QKV_ATTENTION_GRAD_SAVED(const mn_ref_ctx *c) {
     free(acc);
     return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "no memory for %zu attention gradients", n);
   }
-  const float *x = mn_ref_in_f32(c, 0);
   float *q = qkv, *k = q + rows * qw, *v = k + rows * kw;
-  for (size_t r = 0; r < rows; r++) {
-    memcpy(q + r * qw, x + r * pitch, qw * sizeof *q);
-    memcpy(k + r * kw, x + r * pitch + qw, kw * sizeof *k);
-    memcpy(v + r * kw, x + r * pitch + qw + kw, kw * sizeof *v);
-  }
+  mn_ref_split_qkv(mn_ref_in_f32(c, 0), rows, qw, kw, q, k, v);
   attn_operands o = {q, k, v, mn_ref_in_f32(c, 1), mn_ref_in_f32(c, 2)};
   double *dq = acc, *dk = dq + rows * qw, *dv = dk + rows * kw, *p = acc + n, *dp = p + sh.s_len;
   gradient_of(&o, &sh, GRAD_Q, dq, p, dp);

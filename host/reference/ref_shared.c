@@ -1,6 +1,7 @@
 #include "host/reference/ref_shared.h"
 
 #include <math.h>
+#include <string.h>
 
 mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n) {
   double m = x[0];
@@ -76,4 +77,14 @@ mn_status mn_ref_all_labels_ignored(const mn_ref_ctx *c) {
                      "every label of labels node %u %s is the ignore label MN_IGNORE_LABEL (%u): "
                      "the mean cross-entropy over no counted rows is undefined",
                      c->node->inputs[1], mn_shape_str(ty, ys, sizeof ys), MN_IGNORE_LABEL);
+}
+
+void mn_ref_split_qkv(const float *x, size_t rows, size_t q_width, size_t kv_width, float *q,
+                      float *k, float *v) {
+  size_t pitch = q_width + 2 * kv_width;
+  for (size_t r = 0; r < rows; r++) {
+    memcpy(q + r * q_width, x + r * pitch, q_width * sizeof *q);
+    memcpy(k + r * kv_width, x + r * pitch + q_width, kv_width * sizeof *k);
+    memcpy(v + r * kv_width, x + r * pitch + q_width + kv_width, kv_width * sizeof *v);
+  }
 }

@@ -66,4 +66,10 @@ static inline size_t mn_ref_segment_start(size_t t, uint32_t pos) {
 void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
                             size_t head_dim, double scale, double *p, float stats[2]);
 
+/* The blocks q | k | v of each of `rows` rows of x (q_width, kv_width, kv_width floats a row)
+ * copied apart into dense q [rows, q_width], k and v [rows, kv_width] (qkv_causal_attention
+ * and its gradient). */
+void mn_ref_split_qkv(const float *x, size_t rows, size_t q_width, size_t kv_width, float *q,
+                      float *k, float *v);
+
 #endif
