@@ -294,8 +294,8 @@ static mn_status launch_simt_dkv(const mn_cu_op_ctx *c, const attn_dims *d, bool
 
 /* out: an mn_attn_kv_out; packed: rows of [dK | dV]. */
 static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
-                                int out, bool packed, const mn_cu_arg *args, int nargs) {
-  if (tc->pipe) return launch_pipe_dkv(c, d, tc, out, packed, false, args, nargs);
+                                int out, bool packed, bool qkv, const mn_cu_arg *args, int nargs) {
+  if (tc->pipe) return launch_pipe_dkv(c, d, tc, out, packed, qkv, args, nargs);
   int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "%s_dkv<%d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %s>",
                        tc->name, tc->first, d->head_dim, (long long)d->t_len, (long long)d->s_len,
                        d->heads, d->kv_heads, d->mask, out, packed ? "true" : "false");
@@ -307,6 +307,16 @@ static mn_status launch_mma_dkv(const mn_cu_op_ctx *c, const attn_dims *d, const
 /* Head dims up to 64 keep dK and dV accumulators in registers together; larger ones make
  * two passes. */
 #define MMA_KV_ONE_PASS_MAX_HD 64
+
+/* dK | dV side by side in each output row (qkv: in the k and v blocks of qkv's rows), one pass
+ * for head dims up to MMA_KV_ONE_PASS_MAX_HD, else dK then dV. */
+static mn_status launch_dk_dv(const mn_cu_op_ctx *c, const attn_dims *d, const attn_tc *tc,
+                              bool qkv, const mn_cu_arg *args, int nargs) {
+  if (d->head_dim <= MMA_KV_ONE_PASS_MAX_HD)
+    return launch_mma_dkv(c, d, tc, MN_ATTN_DK_DV, true, qkv, args, nargs);
+  mn_status st = launch_mma_dkv(c, d, tc, MN_ATTN_DK, true, qkv, args, nargs);
+  return st != MN_OK ? st : launch_mma_dkv(c, d, tc, MN_ATTN_DV, true, qkv, args, nargs);
+}
 
 /* delta = dy . y per (b, h, t) into `delta`. */
 static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg y, mn_cu_arg dy,
@@ -371,12 +381,9 @@ static mn_status lower_backward(const mn_cu_op_ctx *c, grad_of which, bool saved
                           (unsigned)d.batches, mma_smem(&tc, 4, 0), nargs, args);
     }
     if (!packed)
-      return launch_mma_dkv(c, &d, &tc, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, args,
-                            nargs);
-    if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
-      return launch_mma_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, args, nargs);
-    st = launch_mma_dkv(c, &d, &tc, MN_ATTN_DK, true, args, nargs);
-    return st != MN_OK ? st : launch_mma_dkv(c, &d, &tc, MN_ATTN_DV, true, args, nargs);
+      return launch_mma_dkv(c, &d, &tc, which == GRAD_K ? MN_ATTN_DK : MN_ATTN_DV, false, false,
+                            args, nargs);
+    return launch_dk_dv(c, &d, &tc, false, args, nargs);
   }
   if (!saved && (st = launch_forward(c, &d, mode, args, pre_nargs)) != MN_OK) return st;
   if (which == GRAD_Q) {
@@ -543,8 +550,5 @@ mn_status mn_cu_lower_QKV_ATTENTION_GRAD_SAVED(const mn_cu_op_ctx *c) {
   if ((st = launch_delta(c, &d, mn_cu_in(c, 2), mn_cu_in(c, 1), args[6])) != MN_OK) return st;
   if ((st = launch_pipe_dq(c, &d, &tc, true, args, 8)) != MN_OK) return st;
   args[7].offset += (size_t)d.heads * (size_t)d.head_dim * sizeof(float);
-  if (d.head_dim <= MMA_KV_ONE_PASS_MAX_HD)
-    return launch_pipe_dkv(c, &d, &tc, MN_ATTN_DK_DV, true, true, args, 8);
-  st = launch_pipe_dkv(c, &d, &tc, MN_ATTN_DK, true, true, args, 8);
-  return st != MN_OK ? st : launch_pipe_dkv(c, &d, &tc, MN_ATTN_DV, true, true, args, 8);
+  return launch_dk_dv(c, &d, &tc, true, args, 8);
 }
