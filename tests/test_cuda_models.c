@@ -362,13 +362,23 @@ Test(cuda_models, timed_products_agree_with_each_other_and_with_the_heuristic) {
 }
 
 #ifdef MN_WITH_CUDA
-/* The choices go to the cache folder's file: a process that has forgotten them reads them back
- * and times nothing, and trains as the session that timed them, bit for bit. Gradients read as
+/* The choices go to the cache folder's file (after malformed lines, which are passed over): a
+ * process that has forgotten them reads them back and times nothing, and trains as the session
+ * that timed them, bit for bit. Gradients read as
  * zeros before the first step although the timing runs wrote them. */
 Test(cuda_models, timed_choices_are_read_back_from_the_cache_file) {
   mn_test_require_cuda_device();
   mn_tmp_dir dir = mn_tmp_dir_make("mn_tune_cache");
   setenv("MN_CACHE_DIR", dir.path, 1);
+  /* Lines the reader must pass over: no tab, short and odd-length hex, not hex at all. */
+  char junk[128];
+  snprintf(junk, sizeof junk, "%s/matmul-tune-v1.txt", dir.path);
+  FILE *f = fopen(junk, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "no tab here\nkey\tabc\nkey\t%0127d\nkey\t%s\n", 0,
+          "zz00000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+          "00000000000000000000000000000000000000000");
+  fclose(f);
   mn_cu_tune_forget();
   mn_graph *g = tune_mlp();
   size_t before = mn_cu_tune_timings();
