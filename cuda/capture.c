@@ -1,8 +1,9 @@
 /* Captures one whole step into a CUDA graph: staging copies in, every command of the
- * program, the optimizer update, and the error record and loss copied out; in a
- * data-parallel session also the gradients' and the loss's collectives (data_parallel.c). An F16
- * training step also copies the host's loss-scaler state in, runs the scaler's kernels around the
- * program and the update (loss_scale.c), and copies the device's scaler out. */
+ * program, the optimizer update, and the error record and loss written out to pinned host
+ * memory by one kernel (kernels/readback.cuh); in a data-parallel session also the gradients'
+ * and the loss's collectives (data_parallel.c). An F16 training step also copies the host's
+ * loss-scaler state in, runs the scaler's kernels around the program and the update
+ * (loss_scale.c), and writes the device's scaler out with the loss. */
 #include <stdio.h>
 #include <string.h>
 
@@ -112,6 +113,17 @@ static mn_status note_copy_node(cuda_state *st, mn_cu_staged *sg) {
   return MN_OK;
 }
 
+/* The error record, the loss and the scaler into the host's readback, by one kernel. */
+static mn_status enqueue_readback(cuda_state *st, const mn_session *s, bool scaled) {
+  const mn_plan *p = s->plan;
+  mn_cu_readback *h = st->dev_readback;
+  mn_ptrs io = {{&st->misc->error,
+                 p->loss != MN_NO_NODE ? st->arena + mn_plan_buffer_of(p, p->loss)->offset : NULL,
+                 scaled ? &st->misc->scaler : NULL, &h->error, &h->loss, &h->scaler}};
+  const unsigned grid[3] = {1, 1, 1};
+  return mn_cu_launch_kernel(st, (uint32_t)st->readback_kernel, grid, MN_CU_READBACK_BLOCK, 0, &io);
+}
+
 static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
   mn_status rc =
       mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
@@ -142,19 +154,7 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
   if (rc == MN_OK && (((key & 1u) && st->opt_update >= 0) || scaled))
     rc = mn_cu_enqueue_update(st, s, key);
   if (rc == MN_OK && st->dp) rc = mn_cu_dp_loss(st, s);
-  if (rc == MN_OK)
-    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->error, &st->misc->error,
-                                     sizeof st->misc->error, cudaMemcpyDeviceToHost, st->stream),
-                     "copying the error record");
-  if (rc == MN_OK && s->plan->loss != MN_NO_NODE)
-    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->loss,
-                                     st->arena + mn_plan_buffer_of(s->plan, s->plan->loss)->offset,
-                                     sizeof(float), cudaMemcpyDeviceToHost, st->stream),
-                     "copying the loss");
-  if (rc == MN_OK && scaled)
-    rc = mn_cu_check(cudaMemcpyAsync(&st->host_readback->scaler, &st->misc->scaler,
-                                     sizeof st->misc->scaler, cudaMemcpyDeviceToHost, st->stream),
-                     "copying the loss scaler");
+  if (rc == MN_OK) rc = enqueue_readback(st, s, scaled);
   mn_status joined = mn_cu_dp_capture_end(st);
   return rc != MN_OK ? rc : joined;
 }

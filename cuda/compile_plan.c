@@ -12,6 +12,8 @@ mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf
   if (st != MN_OK) return st;
   int sumsq, update, accumulate;
   st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate);
+  int readback;
+  if (st == MN_OK) st = mn_cu_program_add_readback(&prog, p, &readback);
   if (st != MN_OK) {
     mn_cu_program_free(&prog);
     return st;

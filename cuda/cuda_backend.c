@@ -151,8 +151,12 @@ static mn_status allocate(cuda_state *st, const mn_session *s) {
     rc = mn_cu_check(cudaMallocHost((void **)&st->host_scalars, sizeof *st->host_scalars),
                      "pinned scalars");
   if (rc == MN_OK)
-    rc = mn_cu_check(cudaMallocHost((void **)&st->host_readback, sizeof *st->host_readback),
-                     "pinned readback");
+    rc = mn_cu_check(
+        cudaHostAlloc((void **)&st->host_readback, sizeof *st->host_readback, cudaHostAllocMapped),
+        "pinned readback");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaHostGetDevicePointer((void **)&st->dev_readback, st->host_readback, 0),
+                     "mapping the readback");
   if (rc != MN_OK) return rc;
   memset(st->host_scalars, 0, sizeof *st->host_scalars);
   memset(st->host_readback, 0, sizeof *st->host_readback);
@@ -259,6 +263,7 @@ static mn_status cuda_create(mn_session *s) {
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
                                      &st->opt_update, &st->opt_accumulate);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
+  if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_dp_declare(st, s);
   mn_nvtx_pop();
@@ -363,6 +368,12 @@ static mn_status cuda_read(mn_session *s, uint32_t buffer, void *dst, size_t byt
   if (d->storage == MN_BF16 || d->storage == MN_F16)
     return mn_cu_low_read(st, d->storage, buffer_addr(st, s, buffer), dst, bytes / sizeof(float),
                           (size_t)t->shape[t->rank - 1], (size_t)d->pitch);
+  size_t cols = (size_t)t->shape[t->rank - 1] * sizeof(float);
+  if (d->pitch)
+    return mn_cu_check(cudaMemcpy2D(dst, cols, buffer_addr(st, s, buffer),
+                                    (size_t)d->pitch * sizeof(float), cols, bytes / cols,
+                                    cudaMemcpyDeviceToHost),
+                       "copying padded rows from the device");
   return mn_cu_check(cudaMemcpy(dst, buffer_addr(st, s, buffer), bytes, cudaMemcpyDeviceToHost),
                      "copying from the device");
 }

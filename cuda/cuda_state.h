@@ -84,6 +84,8 @@ typedef struct cuda_state {
   /* pinned host memory */
   mn_dev_scalars *host_scalars;
   mn_cu_readback *host_readback;
+  mn_cu_readback *dev_readback; /* host_readback as the device addresses it (mapped) */
+  int readback_kernel;          /* mn_step_readback, the step graph's last node */
   unsigned char *host_staging;
   mn_cu_staged *staged;
   size_t num_staged;

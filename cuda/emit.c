@@ -289,6 +289,12 @@ mn_status mn_cu_program_add_loss_scaler(mn_cu_program *prog, const mn_plan *p, b
   return MN_OK;
 }
 
+mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int *kernel) {
+  mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .id = 0, .node = p->graph->nodes};
+  *kernel = mn_cu_kernel(&c, MN_CU_READBACK_BLOCK, "mn_step_readback");
+  return *kernel < 0 ? mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory") : MN_OK;
+}
+
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
                                       int *sumsq, int *update, int *accumulate) {
   *sumsq = *update = *accumulate = -1;

@@ -236,6 +236,10 @@ extern const mn_cu_lower_fn mn_cu_lowerers[MN_OP_COUNT];
 /* Lowers every dispatch of the plan. */
 mn_status mn_cu_program_build(const mn_plan *p, bool allow_tf32, mn_cu_program *out);
 void mn_cu_program_free(mn_cu_program *prog);
+/* Declares the step graph's last kernel, mn_step_readback (kernels/readback.cuh), as *kernel;
+ * it runs with MN_CU_READBACK_BLOCK threads. */
+#define MN_CU_READBACK_BLOCK 32
+mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int *kernel);
 /* Declares the optimizer kernels (kernels/optimizer.cuh) of a training plan that has
  * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,

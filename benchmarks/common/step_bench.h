@@ -13,11 +13,14 @@ typedef struct bench_step {
   bool warm_hit;
   mn_graph *g;
   mn_session *s;
+  bool profile;
 } bench_step;
 
 /* "--tf32" allows TF32 matmuls; "--no-optimize" turns the graph optimizer off, to measure
- * what it buys. Times a cold and a warm build of make()'s graph, then builds the training
- * session that the benchmark feeds and times. */
+ * what it buys; "--profile" prints each op's time after the timing (mn_cuda_profile_step),
+ * whose sum beside the step's time shows what the graph's launches and gaps cost. Times a cold and
+ * a warm build of make()'s graph, then builds the training session that the benchmark feeds and
+ * times. */
 static inline bench_step bench_step_begin(int argc, char **argv, bench_graph_fn make) {
   bench_step b = {.o = mn_session_options_default()};
   for (int i = 1; i < argc; i++) {
@@ -25,8 +28,11 @@ static inline bench_step bench_step_begin(int argc, char **argv, bench_graph_fn 
       b.o.allow_tf32 = true;
     else if (strcmp(argv[i], "--no-optimize") == 0)
       b.o.optimize = false;
+    else if (strcmp(argv[i], "--profile") == 0)
+      b.profile = true;
     else {
-      fprintf(stderr, "%s: unknown argument %s (--tf32, --no-optimize)\n", argv[0], argv[i]);
+      fprintf(stderr, "%s: unknown argument %s (--tf32, --no-optimize, --profile)\n", argv[0],
+              argv[i]);
       exit(2);
     }
   }
@@ -48,6 +54,12 @@ static inline void bench_step_end(bench_step *b, const char *name, double step_m
          mn_plan_num_dispatches(mn_session_plan(b->s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, b->cold_ms, b->warm_ms,
          b->warm_hit ? 1 : 0, st.kernels, st.graph_nodes, mn_session_read_loss(b->s));
+#ifdef MN_WITH_CUDA
+  if (b->profile && mn_cuda_session_stream(b->s))
+    bench_check(mn_cuda_profile_step(b->s, 20, stdout), "profile");
+#else
+  if (b->profile) printf("--profile needs a CUDA build\n");
+#endif
   mn_session_free(b->s);
   mn_graph_free(b->g);
 }

@@ -1,0 +1,20 @@
+// The step graph's last node: what the host reads after a step (the error record, the loss and,
+// in F16 training, the loss scaler) written by one kernel straight into the host's pinned
+// readback, which the device addresses directly. Two copy-engine transfers in its place held a
+// small step up by 10 us (docs/performance.md); one single-block kernel costs about 1.3.
+
+// io = the error record, the loss (fp32, null without one), the scaler (null unless scaled),
+// then where each goes in host memory, in the same order.
+template <class IO> __device__ void mn_step_readback(const IO &io) {
+  const unsigned *err = mn_arg<const unsigned>(io, 0);
+  const float *loss = mn_arg<const float>(io, 1);
+  const unsigned *scaler = mn_arg<const unsigned>(io, 2);
+  unsigned *host_err = mn_arg<unsigned>(io, 3);
+  float *host_loss = mn_arg<float>(io, 4);
+  unsigned *host_scaler = mn_arg<unsigned>(io, 5);
+  constexpr unsigned ERR_WORDS = sizeof(mn_dev_error) / 4, SCALER_WORDS = sizeof(mn_dev_scaler) / 4;
+  const unsigned i = threadIdx.x;
+  if (i < ERR_WORDS) host_err[i] = err[i];
+  if (scaler && i < SCALER_WORDS) host_scaler[i] = scaler[i];
+  if (loss && i == 0) *host_loss = *loss;
+}
