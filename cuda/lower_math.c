@@ -47,15 +47,25 @@ static mn_status copy_rows(const mn_cu_op_ctx *c, const pad_plan *p, mn_cu_arg s
   return mn_cu_launch(c, k, blocks, 1, 1, 0, 2, args);
 }
 
-/* b, stored [rows, cols], as [prows, pcols] with zeros after, in the low-precision staging. */
+/* b, stored [rows, cols], as [prows, pcols] with zeros after: in the low-precision staging, or
+ * in an fp32 session in scratch from byte *scratch_at on (which it moves past the copy). */
 static mn_status padded_copy(const mn_cu_op_ctx *c, mn_cu_arg *b, int64_t rows, int64_t cols,
-                             int64_t prows, int64_t pcols) {
-  mn_cu_arg dst = mn_cu_stage(c, (size_t)(prows * pcols) * 2);
+                             int64_t prows, int64_t pcols, size_t *scratch_at) {
+  bool low = mn_cu_low_storage(c->plan) != MN_DEV_F32;
+  size_t value = low ? 2 : sizeof(float), cells = (size_t)(prows * pcols);
+  mn_cu_arg dst;
+  if (low) {
+    dst = mn_cu_stage(c, cells * value);
+  } else {
+    dst = mn_cu_scratch(c, *scratch_at + cells * value);
+    dst.offset = *scratch_at;
+    *scratch_at += (cells * value + 255) / 256 * 256;
+  }
   pad_plan pp = {rows, cols, pcols};
   mn_status st = copy_rows(c, &pp, *b, dst);
   if (st == MN_OK && prows > rows) {
     mn_cu_arg tail = dst;
-    tail.offset += (size_t)(rows * pcols) * 2;
+    tail.offset += (size_t)(rows * pcols) * value;
     st = mn_cu_memset_zero(c, tail, (size_t)((prows - rows) * pcols) * sizeof(float));
   }
   *b = dst;
@@ -68,17 +78,18 @@ static mn_status padded_copy(const mn_cu_op_ctx *c, mn_cu_arg *b, int64_t rows, 
  * head products at n or k = 50257 ran at a fraction of the aligned rate. */
 static mn_status pad_head_product(const mn_cu_op_ctx *c, mn_cu_matmul_desc *d) {
   mn_status st = MN_OK;
+  size_t scratch_at = 0;
   if (d->ldc > d->n) {
     int64_t p = d->ldc;
-    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, p, d->k)
-                    : padded_copy(c, &d->b, d->k, d->n, d->k, p);
+    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, p, d->k, &scratch_at)
+                    : padded_copy(c, &d->b, d->k, d->n, d->k, p, &scratch_at);
     d->n = p;
     d->ldb = 0;
   }
   if (st == MN_OK && !d->trans_a && d->lda > d->k) {
     int64_t p = d->lda;
-    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, d->n, p)
-                    : padded_copy(c, &d->b, d->k, d->n, p, d->n);
+    st = d->trans_b ? padded_copy(c, &d->b, d->n, d->k, d->n, p, &scratch_at)
+                    : padded_copy(c, &d->b, d->k, d->n, p, d->n, &scratch_at);
     d->k = p;
     d->ldb = 0;
   }

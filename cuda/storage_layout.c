@@ -5,8 +5,8 @@
 #include "cuda/emit.h"
 #include "host/storage.h"
 
-/* Rows of at least this many values whose bf16 / fp16 rows are not 16-byte multiples: cuBLASLt
- * keeps such matrices off its fast kernels (GPT-2's 50257-wide logits). */
+/* Rows of at least this many values whose rows are not 16-byte multiples: cuBLASLt keeps such
+ * matrices off its fast kernels (GPT-2's 50257-wide logits), in bf16 / fp16 and in TF32. */
 #define PITCH_MIN_COLS 1024
 #define PITCH_ALIGN    64 /* values: 128-byte rows */
 
@@ -30,16 +30,16 @@ static mn_op writer_of(const mn_graph *g, const mn_node_rec *n) {
   return n->op == MN_OP_EXTRA_OUTPUT ? g->nodes[n->inputs[0]].op : n->op;
 }
 
-void mn_cu_low_pitch_rows(mn_plan *p) {
+bool mn_cu_pitch_rows(mn_plan *p) {
   const mn_graph *g = p->graph;
-  if (mn_cu_low_storage(p) == MN_DEV_F32) return;
   for (size_t b = 0; b < p->num_buffers; b++) {
     mn_buffer_desc *d = &p->buffers[b];
     const mn_node_rec *n = &g->nodes[d->node];
     int64_t cols = n->type.shape[n->type.rank - 1];
+    int64_t per_16_bytes = d->storage == MN_BF16 || d->storage == MN_F16 ? 8 : 4;
     bool computed = d->role == MN_BUF_ACTIVATION || d->role == MN_BUF_OUTPUT;
-    if (d->storage == MN_F32 || !computed || n->type.rank < 2 || cols < PITCH_MIN_COLS ||
-        cols % 8 == 0 || !pitch_aware(writer_of(g, n), -1))
+    if (!computed || n->type.rank < 2 || cols < PITCH_MIN_COLS || cols % per_16_bytes == 0 ||
+        !pitch_aware(writer_of(g, n), -1))
       continue;
     bool all = true;
     for (size_t u = d->node + 1; u < g->num_nodes && all; u++)
@@ -57,11 +57,15 @@ void mn_cu_low_pitch_rows(mn_plan *p) {
                    *in = &p->buffers[p->node_buffer[g->nodes[i].inputs[0]]];
     if (out->pitch != in->pitch) out->pitch = in->pitch = 0;
   }
+  bool any = false;
+  for (size_t b = 0; b < p->num_buffers; b++)
+    any = any || p->buffers[b].pitch;
+  return any;
 }
 
 mn_status mn_cu_size_plan(mn_plan *p) {
-  if (mn_cu_low_storage(p) == MN_DEV_F32) return MN_OK;
-  mn_cu_low_pitch_rows(p);
+  bool padded = mn_cu_pitch_rows(p);
+  if (mn_cu_low_storage(p) == MN_DEV_F32 && !padded) return MN_OK;
   return mn_plan_store_narrow(p);
 }
 

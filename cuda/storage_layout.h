@@ -14,13 +14,14 @@
 /* The cuBLASLt workspace every session with a product holds (matmul_lt.c). */
 #define MN_LT_WORKSPACE_BYTES (32u << 20)
 
-/* Pads the rows of wide low-precision logits and their gradient (mn_buffer_desc.pitch) when
- * every op that touches them reads the pitch. Before the arena is planned. */
-void mn_cu_low_pitch_rows(mn_plan *p);
+/* Pads the rows of wide logits and their gradient (mn_buffer_desc.pitch) to 16-byte multiples
+ * when every op that touches them reads the pitch. Before the arena is planned. Returns whether
+ * any buffer got a pitch. */
+bool mn_cu_pitch_rows(mn_plan *p);
 
-/* A low-precision plan (mn_plan_set_precision done) as the backend stores it: padded rows,
- * then every low-precision buffer at 2 bytes a value and the arena planned again
- * (mn_plan_store_narrow). An fp32 plan is left as it is. */
+/* A plan (mn_plan_set_precision done) as the backend stores it: padded rows, then every
+ * low-precision buffer at 2 bytes a value and the arena planned again (mn_plan_store_narrow).
+ * An fp32 plan without padded rows is left as it is. */
 mn_status mn_cu_size_plan(mn_plan *p);
 
 /* Whether buffer d lies in the update block (the parameters the optimizer updates). */

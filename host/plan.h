@@ -26,7 +26,7 @@ typedef struct mn_buffer_desc {
    * to. */
   mn_dtype storage;
   /* Values per row as stored, when a backend pads the rows (0: dense). The CUDA backend pads
-   * the wide rows of low-precision logits so that matrix products read aligned rows. */
+   * the wide rows of logits so that matrix products read aligned rows. */
   int64_t pitch;
 } mn_buffer_desc;
 

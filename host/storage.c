@@ -179,7 +179,10 @@ mn_status mn_plan_store_narrow(mn_plan *p) {
     const mn_tensor_type *t = &p->graph->nodes[d->node].type;
     size_t n = (size_t)mn_tensor_type_numel(t);
     if (d->pitch) n = n / (size_t)t->shape[t->rank - 1] * (size_t)d->pitch;
-    if (d->storage == MN_BF16 || d->storage == MN_F16) d->bytes = n * 2;
+    if (d->storage == MN_BF16 || d->storage == MN_F16)
+      d->bytes = n * 2;
+    else if (d->pitch)
+      d->bytes = n * sizeof(float);
   }
   return mn_memplan_layout(p, MN_LAYOUT_PLANNED);
 }

@@ -37,7 +37,7 @@ float mn_storage_value(mn_dtype dt, uint16_t bits);
 mn_status mn_plan_set_precision(mn_plan *p, mn_precision prec);
 
 /* For a backend that stores low-precision values in 2 bytes (CUDA): sizes every such buffer
- * by its storage (and its row pitch, when set) and plans the arena again. */
+ * by its storage, and every buffer by its row pitch when set, and plans the arena again. */
 mn_status mn_plan_store_narrow(mn_plan *p);
 
 /* Whether input k of an op is a matrix-product operand, which a low-precision session reads in
