@@ -7,7 +7,9 @@
  * same products on the same kind of card times nothing, and every session and process that
  * finds a choice there runs the same algorithm (the same bits). A remembered algorithm is
  * checked against the product before it is used (cublasLtMatmulAlgoCheck) and timed again when
- * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices.
+ * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices; MN_MATMUL_TUNE=all
+ * times every unbatched product, small ones too (their choices are remembered under the same
+ * keys, so a later default build keeps them).
  * docs/performance.md has what it measured. */
 #ifndef MN_CUDA_MATMUL_TUNE_H
 #define MN_CUDA_MATMUL_TUNE_H
@@ -21,6 +23,8 @@
 
 /* Whether products are timed (MN_MATMUL_TUNE is not "0"; read at each call). */
 bool mn_cu_tune_on(void);
+/* The smallest product timed: MN_TUNE_MIN_FLOPS, 0 with MN_MATMUL_TUNE=all. */
+double mn_cu_tune_min_flops(void);
 
 /* One run of the product with `algo` on the session stream. */
 typedef cublasStatus_t (*mn_cu_tune_run)(void *ctx, const cublasLtMatmulAlgo_t *algo);
