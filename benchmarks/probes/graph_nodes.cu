@@ -4,18 +4,8 @@
 // record around them, each launched 100 times a sample, median of 21 samples. Not part of the CMake
 // build (CUDA C++):
 //   nvcc -arch=sm_90 -O2 -o /tmp/graph_nodes benchmarks/probes/graph_nodes.cu && /tmp/graph_nodes
-#include <algorithm>
-#include <cstdio>
-#include <cuda_runtime.h>
-#include <vector>
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      printf("%s: %s\n", #x, cudaGetErrorString(e));                                               \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
+#include "graph_timing.cuh"
+
 __global__ void tiny(float *p) { p[threadIdx.x] += 1.0f; }
 __global__ void copy_words(const unsigned *src, unsigned *dst, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -37,14 +27,11 @@ int main() {
   CK(cudaMallocHost(&hl, 64));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t a, b, ext;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  cudaEvent_t ext;
   CK(cudaEventCreateWithFlags(&ext, cudaEventDisableTiming));
   for (int variant = 0; variant < 8; variant++) {
     for (int nk : {1, 12}) {
       cudaGraph_t g;
-      cudaGraphExec_t ge;
       CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
       if (variant == 1 || variant == 5 || variant == 6)
         CK(cudaMemcpyAsync(dw, hw, 256, cudaMemcpyHostToDevice, s));
@@ -58,21 +45,8 @@ int main() {
       }
       if (variant == 4 || variant == 6) copy_out<<<1, 32, 0, s>>>(dw, hr, 16, d, hl);
       CK(cudaStreamEndCapture(s, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      for (int w = 0; w < 50; w++)
-        CK(cudaGraphLaunch(ge, s));
-      std::vector<float> t;
-      for (int r = 0; r < 21; r++) {
-        CK(cudaEventRecord(a, s));
-        for (int i = 0; i < 100; i++)
-          CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 10.0f);
-      }
-      std::sort(t.begin(), t.end());
+      float us;
+      if (graph_us_per_launch(g, s, &us)) return 1;
       const char *names[] = {"kernels only",
                              "+H2D memcpy node first",
                              "+copy-in kernel (mapped host)",
@@ -81,9 +55,7 @@ int main() {
                              "H2D + event + 2 D2H (the step before)",
                              "H2D + event + copy-out kernel (now)",
                              "+event record node only"};
-      printf("NODES %-40s kernels=%2d us_per_graph=%.2f\n", names[variant], nk, t[10]);
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
+      printf("NODES %-40s kernels=%2d us_per_graph=%.2f\n", names[variant], nk, us);
     }
   }
   return 0;
