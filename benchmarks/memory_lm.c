@@ -249,8 +249,8 @@ static void report_backend(const mn_plan *p, size_t arena_with_adam, size_t shad
   if (widest != MN_NO_NODE)
     printf(" (the fp32 product of node %u, %s)", widest, mn_op_name(p->graph->nodes[widest].op));
   printf("; %zu of %zu products offer an epilogue\n", epilogues, products);
-  printf("  %-34s %9.1f  rounded product operands, padded head weight\n", "staging",
-         MIB(prog.stage_bytes));
+  printf("  %-34s %9.1f  rounded product operands, padded head weight (fp32: in scratch)\n",
+         "staging", MIB(prog.stage_bytes));
   printf("  %-34s %9.1f\n", "cuBLASLt workspace", MIB(MN_LT_WORKSPACE_BYTES));
   size_t total = arena_with_adam + shadow + all_fuse + prog.stage_bytes + MN_LT_WORKSPACE_BYTES;
   printf("  %-34s %9.1f  (every epilogue fused; without the CUDA context, kernels and "

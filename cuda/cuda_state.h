@@ -9,7 +9,7 @@
 #include "cuda/device_abi.h"
 #include "cuda/emit.h"
 
-/* What the graph's last nodes copy back to pinned host memory. */
+/* What the step graph's last node (kernels/readback.cuh) writes into pinned host memory. */
 typedef struct mn_cu_readback {
   mn_dev_error error;
   float loss;

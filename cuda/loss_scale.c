@@ -7,9 +7,9 @@
  * takes it when told to and writes the scale into the #loss_scale input, the program runs,
  * mn_scaler_unscale multiplies the gradients by 1 / scale and flags an inf or NaN in the error
  * record (the optimizer kernels then change nothing), mn_scaler_end moves the scale, and the
- * graph copies the device's scaler out. In a data-parallel group the flag is all-reduced
- * between the unscale and the kernels that read it, so that every rank skips the same steps
- * (cuda/data_parallel.c).
+ * step's readback kernel writes the device's scaler out. In a data-parallel group the flag is
+ * all-reduced between the unscale and the kernels that read it, so that every rank skips the same
+ * steps (cuda/data_parallel.c).
  *
  * The session's fields (s->scaler, s->step_count, s->accum_index) follow the device: once the
  * stream is idle (mn_session_wait, reads and writes of buffers or optimizer state), absorb

@@ -74,7 +74,7 @@ static mn_status padded_copy(const mn_cu_op_ctx *c, mn_cu_arg *b, int64_t rows, 
   return st;
 }
 
-/* Padded logits (mn_cu_low_pitch_rows): the product that makes them computes the pad columns
+/* Padded logits (mn_cu_pitch_rows): the product that makes them computes the pad columns
  * as well, zeros from a zero-padded copy of b, and the product that reads their gradient
  * along k sums over the pad (zeros there too), so cuBLASLt multiplies aligned shapes; GPT-2's
  * head products at n or k = 50257 ran at a fraction of the aligned rate. */
@@ -112,7 +112,7 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
                          /* a scale folded in by the optimizer (scale_fold.h) */
                          .alpha = c->node->attrs.scale != 0.0f ? c->node->attrs.scale : 1.0f,
                          .beta = 0.0f};
-  /* Padded rows (mn_cu_low_pitch_rows) are read and written at their pitch. */
+  /* Padded rows (mn_cu_pitch_rows) are read and written at their pitch. */
   if (mn_plan_buffer_of(c->plan, c->node->inputs[0])->pitch)
     d.lda = mn_cu_row_pitch(c->plan, c->node->inputs[0]);
   if (mn_plan_buffer_of(c->plan, c->node->inputs[1])->pitch)

@@ -10,6 +10,7 @@
 #include "tests/support/mn_test.h"
 #ifdef MN_WITH_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/storage_layout.h"
 #endif
 
 void mn_test_require_cuda_build(void) {
@@ -34,6 +35,10 @@ void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_prec
       training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
   cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
   st = mn_plan_set_precision(plan, precision);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  /* Stored as the backend stores it (padded rows, 2-byte values), so the kernels compiled here
+   * are the instances a session runs. */
+  st = mn_cu_size_plan(plan);
   cr_assert_eq(st, MN_OK, "%s", mn_last_error());
   mn_cu_binary bin;
   st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
