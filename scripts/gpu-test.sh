@@ -45,7 +45,8 @@
 #                      compute-sanitizer, memcheck then racecheck, after the other parts; a
 #                      finding fails the script. Slow suites run a representative subset of
 #                      small-shape tests (a Criterion --filter each, listed in sanitize_filter
-#                      below); about 8 minutes on an H100. compute-sanitizer is looked for on
+#                      below); over 15 minutes on an H100 for every suite (2026-11-27), so --tests
+#                      narrows it. compute-sanitizer is looked for on
 #                      PATH, then in $CUDA_HOME/bin and /usr/local/cuda/bin. Logs:
 #                      LOG_DIR/sanitize-SUITE-TOOL.log; a table (suite, tool, tests, errors)
 #                      comes last. For the sanitizer alone: --sanitize --no-bench --no-ctest.
