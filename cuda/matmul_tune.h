@@ -21,9 +21,8 @@
 #define MN_TUNE_CANDIDATES 8
 #define MN_TUNE_MIN_FLOPS  (1e9)
 
-/* Whether products are timed (MN_MATMUL_TUNE is not "0"; read at each call). */
-bool mn_cu_tune_on(void);
-/* The smallest product timed: MN_TUNE_MIN_FLOPS, 0 with MN_MATMUL_TUNE=all. */
+/* The FLOPs of the smallest product timed, from MN_MATMUL_TUNE (read at each call):
+ * MN_TUNE_MIN_FLOPS, 0 with "all", INFINITY (none) with "0". */
 double mn_cu_tune_min_flops(void);
 
 /* One run of the product with `algo` on the session stream. */

@@ -1,6 +1,7 @@
 /* Whole models trained on CUDA and on the reference backend from the same weights and
  * data: the loss trajectories over 20 steps and the final weights must agree. Also the
  * planned step against inputs that change every step (staging through pinned memory). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,24 @@ static void tune_train(const mn_graph *g, mn_session **s, int n) {
 /* Two sessions of one graph in one process run the same measured algorithms, so they train bit
  * for bit alike; against the heuristic's first choices (MN_MATMUL_TUNE=0: maybe other
  * algorithms, other summation orders) the weights stay within bf16's level. */
+/* MN_MATMUL_TUNE picks which products are timed: 1 GFLOP and more by default, none with 0,
+ * every one with all; other values keep the default. */
+Test(cuda_models, the_tuning_switch_sets_the_smallest_timed_product) {
+#ifdef MN_WITH_CUDA
+  unsetenv("MN_MATMUL_TUNE");
+  cr_assert_eq(mn_cu_tune_min_flops(), MN_TUNE_MIN_FLOPS);
+  setenv("MN_MATMUL_TUNE", "0", 1);
+  cr_assert(isinf(mn_cu_tune_min_flops()), "MN_MATMUL_TUNE=0 times nothing");
+  setenv("MN_MATMUL_TUNE", "all", 1);
+  cr_assert_eq(mn_cu_tune_min_flops(), 0.0);
+  setenv("MN_MATMUL_TUNE", "1", 1);
+  cr_assert_eq(mn_cu_tune_min_flops(), MN_TUNE_MIN_FLOPS);
+  unsetenv("MN_MATMUL_TUNE");
+#else
+  cr_skip_test("built without the CUDA backend");
+#endif
+}
+
 Test(cuda_models, timed_products_agree_with_each_other_and_with_the_heuristic) {
   mn_test_require_cuda_device();
   mn_tmp_dir dir = mn_tmp_dir_make("mn_tune_agree");
