@@ -6,7 +6,7 @@
  *
  * usage: bench_decode [smollm2|gpt2|CONFIG.json] [--weights FILE.safetensors] [--prompt 128]
  *        [--new 256] [--batch 1,8] [--precision f32,bf16] [--quant none,...] [--repeats 3]
- *        [--bandwidth GB/s] [--json FILE]
+ *        [--bandwidth GB/s] [--json FILE] [--profile]
  *
  * Per configuration: one warm-up call, then --repeats calls of mn_generator_generate from an
  * empty cache; prefill ms and ms per token are the medians of mn_generator_get_stats over the
@@ -17,13 +17,15 @@
  * is that times tokens/s over the bandwidth. The bandwidth is measured here with a
  * device-to-device copy (read plus written bytes over time) unless --bandwidth gives it; the
  * line says which. A quant the generator refuses prints a BENCH-DECODE-UNSUPPORTED line with
- * the library's message and the run goes on. */
+ * the library's message and the run goes on. --profile (CUDA) then prints the time of every op of
+ * one decode launch (mn_cuda_profile_step), to see which kernels a token spends its time in. */
 #include <stdint.h>
 #include <unistd.h>
 
 #include "benchmarks/bench_util.h"
 #include "benchmarks/driver_util.h"
 #include "benchmarks/lm_configs.h"
+#include "models/model_internal.h"
 
 #define MAX_LIST 8
 
@@ -36,13 +38,14 @@ typedef struct args {
   const char *model, *weights, *json;
   long prompt, n_new, repeats;
   double bandwidth;
+  bool profile;
   list batches, precisions, quants;
 } args;
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_decode [smollm2|gpt2|CONFIG.json] [--weights FILE] [--prompt N] "
                   "[--new N] [--batch 1,8] [--precision f32,bf16] [--quant none,q8_0,q4_0,int8,"
-                  "int4] [--repeats N] [--bandwidth GB/s] [--json FILE]\n");
+                  "int4] [--repeats N] [--bandwidth GB/s] [--json FILE] [--profile]\n");
   exit(2);
 }
 
@@ -66,6 +69,11 @@ static args parse(int argc, char **argv) {
   int i = 1;
   if (i < argc && argv[i][0] != '-') a.model = argv[i++];
   for (; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--profile")) {
+      a.profile = true;
+      i--;
+      continue;
+    }
     if (i + 1 >= argc) usage();
     const char *k = argv[i];
     char *v = argv[i + 1];
@@ -250,6 +258,16 @@ static bool run_one(const args *a, const mn_model_config *c, const char *weights
   double kv = 2.0 * (double)c->num_layers * (double)batch * mean_len * (double)kv_heads *
               (double)c->head_dim * (double)elem;
   r->bytes_per_token = weights_read + kv;
+#ifdef MN_WITH_CUDA
+  mn_session *ds = mn_generator_decode_session(gen);
+  if (a->profile && mn_cuda_session_stream(ds)) {
+    /* From the prompt's end: the profile's launches advance the cache past it. */
+    bench_check(mn_generator_reset(gen), "reset");
+    bench_check(mn_generator_generate(gen, prompt, (size_t)a->prompt, NULL, out, 1), "generate");
+    printf("BENCH-DECODE-PROFILE %s\n", tag);
+    bench_check(mn_cuda_profile_step(ds, 20, stdout), "profile");
+  }
+#endif
   mn_generator_free(gen);
   free(prompt);
   free(out);

@@ -242,6 +242,8 @@ mn_status mn_generator_get_stats(const mn_generator *g, mn_generator_stats *out)
   return MN_OK;
 }
 
+mn_session *mn_generator_decode_session(mn_generator *g) { return g ? g->s : NULL; }
+
 static mn_status check_sampling(const char *fn, const mn_sampling *s) {
   if (!(s->temperature >= 0) || !isfinite(s->temperature))
     return mn_fail(MN_ERR_INVALID_ARGUMENT, "%s: temperature %g must be a finite number >= 0", fn,

@@ -137,4 +137,7 @@ mn_status mn_lora_path(const char *fn, const char *dir, const char *file, char *
 mn_status mn_lora_write_config(const char *fn, const char *path, const mn_lora_config *l,
                                bool fan_in_fan_out);
 
+/* The session of g's decode graph, for benchmarks that profile one token's kernels. */
+mn_session *mn_generator_decode_session(mn_generator *g);
+
 #endif
