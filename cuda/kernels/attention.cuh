@@ -693,31 +693,94 @@ __device__ void mn_attn_decode_part(const IO &io) {
       }
     }
   }
+  // Warp maxima and sums for all GB heads at once: two block barriers, not two per head.
+  constexpr int WARPS = MN_ATTN_BLOCK / 32;
+  __shared__ float wred[2][WARPS][GB];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf((float)HD);
-  const auto pm = mn_out<4>(io);
-  const auto pl = mn_out<5>(io);
 #pragma unroll
   for (int i = 0; i < GB; i++) {
-    const float si = valid ? s[i] * scale : mn_attn_neg_inf();
-    const float mx = mn_block_max<MN_ATTN_BLOCK>(si, red); // thread 0's key is valid
-    const float p = expf(si - mx);
-    const float sum = mn_block_sum<MN_ATTN_BLOCK>(p, red);
+    s[i] = valid ? s[i] * scale : mn_attn_neg_inf();
+    const float m = mn_warp_max(s[i]);
+    if (lane == 0) wred[0][warp][i] = m;
+  }
+  __syncthreads();
+  float mx[GB];
+#pragma unroll
+  for (int i = 0; i < GB; i++) {
+    mx[i] = wred[0][0][i]; // finite: thread 0's key is valid
+#pragma unroll
+    for (int w = 1; w < WARPS; w++)
+      mx[i] = fmaxf(mx[i], wred[0][w][i]);
+    const float p = valid ? expf(s[i] - mx[i]) : 0.0f;
     ps[i * MN_ATTN_BLOCK + threadIdx.x] = p;
-    if (threadIdx.x == 0 && i < ng) {
-      pm[slot * H + h0 + i] = mx;
+    const float sum = mn_warp_sum(p);
+    if (lane == 0) wred[1][warp][i] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const auto pm = mn_out<4>(io);
+    const auto pl = mn_out<5>(io);
+    for (int i = 0; i < ng; i++) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; w++)
+        sum += wred[1][w][i];
+      pm[slot * H + h0 + i] = mx[i];
       pl[slot * H + h0 + i] = sum;
     }
   }
-  __syncthreads();
   const int nk = kv_len - c0 < MN_ATTN_BLOCK ? (int)(kv_len - c0) : MN_ATTN_BLOCK;
   const auto vb = mn_in<2>(io) + (seq * MAXS + c0) * KVD + kvh * HD;
   const auto po = mn_out<6>(io);
-  for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
-    const int i = idx / HD, d = idx - i * HD;
-    float a = 0.0f;
-    for (int k = 0; k < nk; k++)
-      a = fmaf(ps[i * MN_ATTN_BLOCK + k], vb[k * KVD + d], a);
-    po[(slot * H + h0 + i) * HD + d] = a;
+  if constexpr (HD % 32 == 0) {
+    // Each warp reads whole V rows (lane l: dims l * DPL ..), the warps taking every WARPS-th
+    // key, so the loads of a row are one coalesced transaction and the keys' loads are
+    // independent; the warps' sums meet in shared memory.
+    constexpr int DPL = HD / 32;
+    __shared__ float vred[WARPS][GB * HD];
+    float acc[GB][DPL];
+#pragma unroll
+    for (int i = 0; i < GB; i++)
+#pragma unroll
+      for (int j = 0; j < DPL; j++)
+        acc[i][j] = 0.0f;
+#pragma unroll 4
+    for (int k = warp; k < nk; k += WARPS) {
+      const auto vr = vb + k * KVD + lane * DPL;
+      float v[DPL];
+#pragma unroll
+      for (int j = 0; j < DPL; j++)
+        v[j] = vr[j];
+#pragma unroll
+      for (int i = 0; i < GB; i++) {
+        const float p = ps[i * MN_ATTN_BLOCK + k];
+#pragma unroll
+        for (int j = 0; j < DPL; j++)
+          acc[i][j] = fmaf(p, v[j], acc[i][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < GB; i++)
+#pragma unroll
+      for (int j = 0; j < DPL; j++)
+        vred[warp][i * HD + lane * DPL + j] = acc[i][j];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
+      float a = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; w++)
+        a += vred[w][idx];
+      po[(slot * H + h0) * HD + idx] = a;
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
+      const int i = idx / HD, d = idx - i * HD;
+      float a = 0.0f;
+      for (int k = 0; k < nk; k++)
+        a = fmaf(ps[i * MN_ATTN_BLOCK + k], vb[k * KVD + d], a);
+      po[(slot * H + h0 + i) * HD + d] = a;
+    }
   }
 }
 
