@@ -18,9 +18,9 @@
 #endif
 
 /* The only kernel parameter, passed by value: the pointers of one launch, in the order
- * the kernel reads them (io.p[i]). Nine: the packed attention gradients read eight values and
- * the positions. */
-#define MN_DEV_MAX_ARGS 9
+ * the kernel reads them (io.p[i]). Ten: the first kernel of a Llama decode layer reads the row,
+ * its norm, three weights, two caches and the position, and writes q and the error record. */
+#define MN_DEV_MAX_ARGS 10
 typedef struct mn_ptrs {
   void *p[MN_DEV_MAX_ARGS];
 } mn_ptrs;

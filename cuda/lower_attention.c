@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cuda/emit.h"
+#include "cuda/lower_attention.h"
 #include "host/error.h"
 
 #define ATTN_MAX_HEAD_DIM 256
@@ -465,39 +466,60 @@ static mn_status lower_cached_rows(const mn_cu_op_ctx *c) {
  * kvd] B sequences); kv_len (input 3) is read on the device, so the splits cover the whole
  * cache and those past kv_len do nothing. q [B, P, H*hd] with P > 1 is a prefill
  * (lower_cached_rows). */
+mn_status mn_cu_decode_attention_scratch(const mn_cu_op_ctx *c, int64_t batch, int64_t max_seq,
+                                         size_t at, mn_cu_arg parts[3]) {
+  const mn_op_attrs *a = &c->node->attrs;
+  int hd = a->head_dim, heads = a->num_heads;
+  if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
+  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
+  if (batch > GRID_YZ_MAX) return unsupported(c, "too many sequences for one grid", batch);
+  size_t n = (size_t)batch * (size_t)splits * (size_t)heads;
+  size_t stat_bytes = align256(n * sizeof(float));
+  parts[0] = mn_cu_scratch(c, at + 2 * stat_bytes + n * (size_t)hd * sizeof(float));
+  parts[0].offset = at;
+  parts[1] = parts[2] = parts[0];
+  parts[1].offset += stat_bytes;
+  parts[2].offset += 2 * stat_bytes;
+  return MN_OK;
+}
+
+mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu_arg k_cache,
+                                       mn_cu_arg v_cache, mn_cu_arg kv_len, int64_t batch,
+                                       int64_t max_seq, const mn_cu_arg parts[3]) {
+  const mn_op_attrs *a = &c->node->attrs;
+  int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
+  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  int group = heads / kv_heads;
+  int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
+  unsigned slices = (unsigned)((group + gb - 1) / gb);
+  mn_cu_arg args[7] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
+  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
+                       kv_heads, (long long)max_seq, gb);
+  if (k < 0) return mn_cu_oom(c);
+  return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0, 7,
+                      args);
+}
+
 mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   const mn_tensor_type *tq = mn_cu_in_type(c, 0);
   if (tq->rank == 3 && tq->shape[1] > 1) return lower_cached_rows(c);
   const mn_op_attrs *a = &c->node->attrs;
-  int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
+  int hd = a->head_dim, heads = a->num_heads;
   const mn_tensor_type *tk = mn_cu_in_type(c, 1);
   int64_t max_seq = tk->shape[tk->rank - 2], batch = tk->rank == 3 ? tk->shape[0] : 1;
-  if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
-  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
-  if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
-  int group = heads / kv_heads;
-  int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
-  unsigned slices = (unsigned)((group + gb - 1) / gb);
-
-  if (batch > GRID_YZ_MAX) return unsupported(c, "too many sequences for one grid", batch);
-  size_t parts = (size_t)batch * (size_t)splits * (size_t)heads;
-  size_t stat_bytes = align256(parts * sizeof(float));
-  mn_cu_arg pm = mn_cu_scratch(c, 2 * stat_bytes + parts * (size_t)hd * sizeof(float));
-  mn_cu_arg pl = pm, po = pm;
-  pl.offset = stat_bytes;
-  po.offset = 2 * stat_bytes;
-  mn_cu_arg part_args[7] = {
-      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_in(c, 3), pm, pl, po};
-  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
-                       kv_heads, (long long)max_seq, gb);
-  mn_status st = mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch,
-                              0, 7, part_args);
+  mn_cu_arg parts[3];
+  mn_status st = mn_cu_decode_attention_scratch(c, batch, max_seq, 0, parts);
+  if (st == MN_OK)
+    st = mn_cu_decode_attention_parts(c, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
+                                      mn_cu_in(c, 3), batch, max_seq, parts);
   if (st != MN_OK) return st;
-
   unsigned block = hd <= 32 ? 32u : hd <= 64 ? 64u : hd <= 128 ? 128u : 256u;
-  mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), pm, pl, po, mn_cu_out(c), mn_cu_error_arg()};
-  k = mn_cu_kernel(c, block, "mn_attn_decode_combine<%d, %d, %lldLL, %uu, %u>", hd, heads,
-                   (long long)max_seq, (unsigned)c->id, block);
+  mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), parts[0],     parts[1],
+                               parts[2],       mn_cu_out(c), mn_cu_error_arg()};
+  int k = mn_cu_kernel(c, block, "mn_attn_decode_combine<%d, %d, %lldLL, %uu, %u>", hd, heads,
+                       (long long)max_seq, (unsigned)c->id, block);
+  if (k < 0) return mn_cu_oom(c);
   return mn_cu_launch(c, k, (unsigned)heads, (unsigned)batch, 1, 0, 6, combine_args);
 }
 

@@ -5,9 +5,8 @@
 #include "host/ops.h"
 #include "meganeura.h"
 
-/* Inputs of one node: the packed attention gradients that read the forward's output and
- * statistics take seven (ops.h). */
-#define MN_MAX_INPUTS 7
+/* Inputs of one node: a Llama decode layer takes fourteen (ops.h). */
+#define MN_MAX_INPUTS 14
 /* Values one fused node reads (optimizer/fusion.c groups no more, and the kernels it generates
  * take no more). */
 #define MN_FUSED_MAX_INPUTS 4

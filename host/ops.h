@@ -196,7 +196,16 @@ enum {
   /* read by nothing but the order                                                              */ \
   X(INCREMENT_U32, "increment_u32", 2, MN_OPF_INPLACE)
 
-#define MN_OP_LIST(X) MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X) MN_STATE_OP_LIST(X)
+/* Whole layers at decode time, one op each, so that a backend can run a layer in a few fused
+ * kernels instead of a dozen small ones (host/decode_layer.h). Inference only: no VJP rule. */
+#define MN_DECODE_OP_LIST(X)                                                                       \
+  /* (x, input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down, k_cache,      */   \
+  /*  v_cache, pos, kv_len): a Llama decoder layer for one token a sequence, writing row pos */    \
+  /*  of both caches and attending rows 0 .. kv_len - 1                                       */   \
+  X(LLAMA_DECODE_LAYER, "llama_decode_layer", 14, 0)
+
+#define MN_OP_LIST(X)                                                                              \
+  MN_FORWARD_OP_LIST(X) MN_BACKWARD_OP_LIST(X) MN_STATE_OP_LIST(X) MN_DECODE_OP_LIST(X)
 
 typedef enum mn_op {
 #define MN_OP_ENUM(e, name, arity, flags) MN_OP_##e,

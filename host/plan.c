@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "host/decode_layer.h"
 #include "host/error.h"
 #include "host/memplan.h"
 #include "host/plan_check.h"
@@ -169,6 +170,8 @@ bool mn_plan_input_persists(const mn_plan *p, uint32_t b) {
     const mn_node_rec *n = &g->nodes[i];
     if ((mn_op_flags(n->op) & MN_OPF_INPLACE) && p->node_buffer[i] == b) return true;
     if (n->op == MN_OP_MATMUL_QUANT && p->node_buffer[n->inputs[1]] == b) return true;
+    for (int k = 0; k < n->num_inputs; k++)
+      if (mn_decode_layer_writes(n, k) && p->node_buffer[n->inputs[k]] == b) return true;
   }
   return false;
 }

@@ -90,7 +90,7 @@ mn_status mn_plan_build(mn_graph *g, size_t num_user_outputs, const int32_t *gra
 void mn_plan_free(mn_plan *p);
 
 /* Whether input buffer b keeps its contents from one step to the next with no copy from the
- * host: an in-place op updates it (KV caches, the decode state), or it holds a quantized
+ * host: an in-place op or a decode layer updates it (KV caches, the decode state), or it holds a quantized
  * weight's packed rows, set once and read by every step. Backends that stage inputs leave these
  * out, and only these can be shared between sessions. */
 bool mn_plan_input_persists(const mn_plan *p, uint32_t b);

@@ -14,8 +14,25 @@
  * never transpose. RoPE is transformers' rotate-half form with positions 0..T-1 in each row,
  * which mn_rope computes, so Llama needs no position input. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "host/decode_layer.h"
 #include "models/model_internal.h"
+
+/* The decode graph's layers as one llama_decode_layer op each (host/decode_layer.h): plain
+ * weights (no quantization, no adapter), a batch and widths that the op serves, and not
+ * switched off with MN_DECODE_FUSED=0 (which benchmarks use to time the unfused layers). */
+static bool decodes_fused(const mn_model_ctx *m) {
+  const mn_model_config *c = m->c;
+  if (!m->max_seq || m->no_head || m->quant != MN_QUANT_NONE || m->lora) return false;
+  const char *env = getenv("MN_DECODE_FUSED");
+  if (env && strcmp(env, "0") == 0) return false;
+  int64_t widest = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
+  if (c->num_heads * c->head_dim > widest) widest = c->num_heads * c->head_dim;
+  return m->batch <= MN_DECODE_LAYER_MAX_BATCH && m->batch * widest <= MN_DECODE_LAYER_MAX_FLOATS &&
+         c->head_dim % 2 == 0;
+}
 
 static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_graph *g = m->g;
@@ -35,6 +52,17 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
   mn_node ln1 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.input_layernorm.weight", i);
   mn_node ln2 = mn_model_param(g, p, MN_SHAPE(d), "layers.%d.post_attention_layernorm.weight", i);
 
+  if (decodes_fused(m)) {
+    char name[32];
+    snprintf(name, sizeof name, "k_cache.%d", i);
+    mn_node kc = mn_input(g, name, MN_SHAPE(m->batch, m->max_seq, kv_dim));
+    snprintf(name, sizeof name, "v_cache.%d", i);
+    mn_node vc = mn_input(g, name, MN_SHAPE(m->batch, m->max_seq, kv_dim));
+    mn_node w[9] = {ln1, wq, wk, wv, wo, ln2, wgate, wup, wdown};
+    return mn_llama_decode_layer(g, h, w, kc, vc, m->pos, m->kv_len, (int)c->num_heads,
+                                 (int)c->num_kv_heads, (int)c->head_dim, c->norm_eps,
+                                 c->rope_theta);
+  }
   char mod[7][64];
   const char *what[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",

@@ -6,6 +6,7 @@
 
 #include "host/backend.h"
 #include "host/data_parallel.h"
+#include "host/decode_layer.h"
 #include "host/error.h"
 #include "host/reference/ref_kernels.h"
 #include "host/reference/ref_update.h"
@@ -18,8 +19,9 @@ typedef struct cpu_state {
   unsigned char *arena;
   /* Low-precision sessions: the rounded copies of fp32 product operands (parameters, inputs)
    * that the products read, as the CUDA backend reads the weights' low-precision copy. */
-  float *operand[3]; /* rounded copies of fp32 product operands (a, b, a bias) */
-  size_t operand_cap[3];
+  /* rounded copies of fp32 product operands (a, b, a bias; a decode layer's weights) */
+  float *operand[MN_MAX_INPUTS];
+  size_t operand_cap[MN_MAX_INPUTS];
   float *accum;             /* gradient accumulation: the running sum, update_bytes */
   float **adam_m, **adam_v; /* per plan parameter slot, allocated on the first Adam step */
   mn_ref_zero zero;         /* ZeRO-1 sessions: the shard's moments instead of adam_m/adam_v */
@@ -111,9 +113,8 @@ static void cpu_destroy(mn_session *s) {
   free_adam_state(s->plan, st);
   mn_ref_zero_free(&st->zero);
   free(st->accum);
-  free(st->operand[0]);
-  free(st->operand[1]);
-  free(st->operand[2]);
+  for (int k = 0; k < MN_MAX_INPUTS; k++)
+    free(st->operand[k]);
   free(st->arena);
   free(st);
   s->backend_state = NULL;
@@ -165,6 +166,13 @@ static void store_low_precision(mn_session *s, mn_node id, const mn_node_rec *no
     mn_storage_round_n(mn_plan_buffer_of(p, e)->storage, (float *)buffer_ptr(s, p->node_buffer[e]),
                        (size_t)mn_tensor_type_numel(&p->graph->nodes[e].type));
   }
+  for (int k = 0; k < node->num_inputs; k++)
+    if (mn_decode_layer_writes(node, k)) {
+      mn_node e = node->inputs[k];
+      mn_storage_round_n(mn_plan_buffer_of(p, e)->storage,
+                         (float *)buffer_ptr(s, p->node_buffer[e]),
+                         (size_t)mn_tensor_type_numel(&p->graph->nodes[e].type));
+    }
 }
 
 /* F16: divides every parameter gradient by the loss scale the step was seeded with and
@@ -239,7 +247,7 @@ static mn_status cpu_step(mn_session *s) {
     mn_status rc = MN_OK;
     for (int k = 0; k < node->num_inputs; k++) {
       c.in[k] = buffer_ptr(s, p->node_buffer[node->inputs[k]]);
-      if (k < 3 && rc == MN_OK) rc = low_precision_operand(s, node, k, &c.in[k]);
+      if (rc == MN_OK) rc = low_precision_operand(s, node, k, &c.in[k]);
     }
     if (rc != MN_OK) return rc;
     for (int k = 1; k <= mn_node_num_extra_outputs(node); k++)

@@ -1,0 +1,275 @@
+// A Llama decoder layer for one token a sequence (llama_decode_layer, host/decode_layer.h) in
+// five kernels, launched by cuda/lower_decode_layer.c:
+//   1. mn_dl_qkv: rms_norm, the q, k and v products, RoPE; k and v into row pos of the caches
+//   2. mn_attn_decode_part (attention.cuh): the cached attention, split along the cache
+//   3. mn_dl_attn_out: the splits merged, the o product, the residual
+//   4. mn_dl_mlp_up: rms_norm, the gate and up products, SwiGLU
+//   5. mn_dl_mlp_down: the down product, the residual
+// At batch 1-8 every product is a matrix-vector product bound by reading the weights once:
+// one warp computes one output feature (two in the first kernel: a RoPE pair) for all B rows,
+// each lane reading 16-byte chunks of the weight row, with the B normalized input rows in
+// shared memory. Intermediates stay in fp32 (scratch); what the unfused layer rounds to the
+// session's precision between its ops, this one does not.
+
+#define MN_DL_WARPS 8
+
+// 8 consecutive weights from element `at` (a multiple of 8) of w stored as S, as floats.
+template <int S>
+__device__ __forceinline__ void mn_dl_load8(const void *w, long long at, float f[8]) {
+  if constexpr (S == MN_DEV_F32) {
+    const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(w) + at);
+    const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(w) + at + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const unsigned short *>(w) + at);
+    const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      f[2 * j] = mn_lp_load<S>((unsigned short)(words[j] & 0xffffu));
+      f[2 * j + 1] = mn_lp_load<S>((unsigned short)(words[j] >> 16));
+    }
+  }
+}
+
+template <int S> __device__ __forceinline__ float mn_dl_load1(const void *w, long long at) {
+  if constexpr (S == MN_DEV_F32)
+    return static_cast<const float *>(w)[at];
+  else
+    return mn_lp_load<S>(static_cast<const unsigned short *>(w)[at]);
+}
+
+// acc[b] += this lane's share of w[row, :] . a[b, :] for the B rows of a ([B][K] floats, 16-byte
+// aligned); the caller sums the warp.
+template <int K, int B, int S>
+__device__ __forceinline__ void mn_dl_dot(const void *w, long long row, const float *a,
+                                          float acc[B]) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (K % 8 == 0) {
+    constexpr int CH = K / 8;
+#pragma unroll
+    for (int c0 = 0; c0 < CH; c0 += 32) {
+      const int c = c0 + lane;
+      if (CH % 32 == 0 || c < CH) {
+        float f[8];
+        mn_dl_load8<S>(w, row * K + (long long)c * 8, f);
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + c * 8);
+          const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + c * 8 + 4);
+          float t = acc[b];
+          t = fmaf(f[0], x0.x, t);
+          t = fmaf(f[1], x0.y, t);
+          t = fmaf(f[2], x0.z, t);
+          t = fmaf(f[3], x0.w, t);
+          t = fmaf(f[4], x1.x, t);
+          t = fmaf(f[5], x1.y, t);
+          t = fmaf(f[6], x1.z, t);
+          acc[b] = fmaf(f[7], x1.w, t);
+        }
+      }
+    }
+  } else {
+    for (int i = lane; i < K; i += 32) {
+      const float wv = mn_dl_load1<S>(w, row * K + i);
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        acc[b] = fmaf(wv, a[b * K + i], acc[b]);
+    }
+  }
+}
+
+template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    acc[b] = mn_warp_sum(acc[b]);
+}
+
+// a[b, :] = rms_norm(x[b, :]) * w for the B rows of x [B][C]: warp b normalizes row b. The
+// caller synchronizes the block before reading a.
+template <int C, int B, class XP, class WP>
+__device__ __forceinline__ void mn_dl_rms_rows(XP x, WP w, float eps, float *a) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int b = warp; b < B; b += MN_DL_WARPS) {
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+      const float v = x[(long long)b * C + i];
+      a[b * C + i] = v;
+      ss = fmaf(v, v, ss);
+    }
+    const float inv = rsqrtf(mn_warp_sum(ss) / (float)C + eps);
+    __syncwarp();
+    for (int i = lane; i < C; i += 32)
+      a[b * C + i] = a[b * C + i] * inv * w[i];
+  }
+}
+
+// 1. io = x [B, C], input_layernorm [C], wq [Q, C], wk [KV, C], wv [KV, C], k_cache, v_cache
+// [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error. Warp p of the grid computes rows i and
+// i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for every sequence.
+template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
+          unsigned THETA_BITS, class IO>
+__device__ void mn_dl_qkv(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  float *a = reinterpret_cast<float *>(mn_dl_smem);
+  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
+  __syncthreads();
+  constexpr int HALF = HD / 2, QP = Q / 2, KP = KV / 2, NP = QP + 2 * KP;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int p = blockIdx.x * MN_DL_WARPS + warp;
+  const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
+  if (p >= NP) return;
+  if (pos >= (unsigned long long)MAXS) {
+    if (p == 0 && lane == 0)
+      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
+    return;
+  }
+  const int sec = p < QP ? 0 : p < QP + KP ? 1 : 2;
+  const int pp = sec == 0 ? p : sec == 1 ? p - QP : p - QP - KP;
+  const int head = pp / HALF, i = pp % HALF;
+  const long long r0 = (long long)head * HD + i, r1 = r0 + HALF;
+  float y0[B], y1[B];
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    y0[b] = y1[b] = 0.0f;
+  if (sec == 0) {
+    mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r0, a, y0);
+    mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r1, a, y1);
+  } else {
+    const int wi = sec == 1 ? 3 : 4;
+    static_assert(mn_io_storage<IO, 3>::value == mn_io_storage<IO, 4>::value, "k and v alike");
+    mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, wi), r0, a, y0);
+    mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, wi), r1, a, y1);
+  }
+  mn_dl_warp_sums<B>(y0);
+  mn_dl_warp_sums<B>(y1);
+  double cs = 1.0, sn = 0.0;
+  if (sec < 2) {
+    const double angle =
+        (double)pos * pow((double)__int_as_float((int)THETA_BITS), -2.0 * (double)i / (double)HD);
+    cs = cos(angle);
+    sn = sin(angle);
+  }
+#pragma unroll
+  for (int b = 0; b < B; b++) {
+    if (lane != b) continue;
+    const double u0 = y0[b], u1 = y1[b];
+    const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
+    if (sec == 0) {
+      const auto q = mn_out<8>(io) + (long long)b * Q;
+      q[r0] = o0;
+      q[r1] = o1;
+    } else {
+      const auto cache =
+          (sec == 1 ? mn_out<5>(io) : mn_out<6>(io)) + ((long long)b * MAXS + pos) * KV;
+      cache[r0] = o0;
+      cache[r1] = o1;
+    }
+  }
+}
+
+// 3. io = kv_len U32, pm, pl, po (mn_attn_decode_part's partial results), wo [C, Q], x [B, C],
+// x1 [B, C] (fp32 scratch), error. Every block merges the splits of every head into shared
+// memory (a few KB from L2), then its warps compute x1 = x + att wo^T, a row each.
+template <int C, int Q, int HD, int H, long long MAXS, int B, unsigned NODE, class IO>
+__device__ void mn_dl_attn_out(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  float *att = reinterpret_cast<float *>(mn_dl_smem);
+  __shared__ float mxs[B * H], invs[B * H];
+  constexpr long long NSPLIT = (MAXS + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  const auto x1 = mn_out<6>(io);
+  if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      mn_report(mn_arg<mn_dev_error>(io, 7), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
+    if (r < C && lane < B) x1[(long long)lane * C + r] = mn_nan();
+    return;
+  }
+  const auto pm = mn_in<1>(io);
+  const auto pl = mn_in<2>(io);
+  const auto po = mn_in<3>(io);
+  const int splits = (int)((kv_len + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK);
+  for (int j = threadIdx.x; j < B * H; j += MN_DL_WARPS * 32) {
+    const long long base = (long long)(j / H) * NSPLIT * H + j % H;
+    float mx = mn_attn_neg_inf();
+    for (int sp = 0; sp < splits; sp++)
+      mx = fmaxf(mx, pm[base + (long long)sp * H]);
+    float sum = 0.0f;
+    for (int sp = 0; sp < splits; sp++)
+      sum = fmaf(pl[base + (long long)sp * H], expf(pm[base + (long long)sp * H] - mx), sum);
+    mxs[j] = mx;
+    invs[j] = 1.0f / sum;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < B * Q; j += MN_DL_WARPS * 32) {
+    const int b = j / Q, e = j % Q, h = e / HD, d = e % HD;
+    const long long base = (long long)b * NSPLIT * H + h;
+    float acc = 0.0f;
+    for (int sp = 0; sp < splits; sp++)
+      acc = fmaf(po[(base + (long long)sp * H) * HD + d],
+                 expf(pm[base + (long long)sp * H] - mxs[b * H + h]), acc);
+    att[j] = acc * invs[b * H + h];
+  }
+  __syncthreads();
+  if (r >= C) return;
+  float y[B];
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    y[b] = 0.0f;
+  mn_dl_dot<Q, B, mn_io_storage<IO, 4>::value>(mn_arg<const void>(io, 4), r, att, y);
+  mn_dl_warp_sums<B>(y);
+  const auto x = mn_in<5>(io);
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    if (lane == b) x1[(long long)b * C + r] = x[(long long)b * C + r] + y[b];
+}
+
+// 4. io = x1 [B, C], post_attention_layernorm [C], wgate [F, C], wup [F, C], h [B, F] (fp32
+// scratch): h = silu(a wgate^T) * (a wup^T), a = rms_norm(x1).
+template <int C, int F, int B, unsigned EPS_BITS, class IO>
+__device__ void mn_dl_mlp_up(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  float *a = reinterpret_cast<float *>(mn_dl_smem);
+  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  if (r >= F) return;
+  float g[B], u[B];
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    g[b] = u[b] = 0.0f;
+  mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r, a, g);
+  mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, 3), r, a, u);
+  mn_dl_warp_sums<B>(g);
+  mn_dl_warp_sums<B>(u);
+  const auto h = mn_out<4>(io);
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    if (lane == b) h[(long long)b * F + r] = g[b] / (1.0f + expf(-g[b])) * u[b];
+}
+
+// 5. io = x1 [B, C], h [B, F], wdown [C, F], out [B, C]: out = x1 + h wdown^T.
+template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  float *hs = reinterpret_cast<float *>(mn_dl_smem);
+  const auto h = mn_in<1>(io);
+  for (int j = threadIdx.x; j < B * F; j += MN_DL_WARPS * 32)
+    hs[j] = h[j];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  if (r >= C) return;
+  float y[B];
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    y[b] = 0.0f;
+  mn_dl_dot<F, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r, hs, y);
+  mn_dl_warp_sums<B>(y);
+  const auto x1 = mn_in<0>(io);
+  const auto out = mn_out<3>(io);
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    if (lane == b) out[(long long)b * C + r] = x1[(long long)b * C + r] + y[b];
+}

@@ -1,0 +1,98 @@
+/* The builder of llama_decode_layer (host/decode_layer.h): every shape is checked against
+ * x's width C, the heads and the caches, so a mismatched weight fails here and not in a
+ * kernel. */
+#include <stdio.h>
+
+#include "host/build_util.h"
+#include "host/decode_layer.h"
+
+/* Node id has exactly the shape dims[0..rank-1]. */
+static bool require_shape(mn_graph *g, const char *fn, const char *what, mn_node id, int rank,
+                          const int64_t *dims) {
+  const mn_tensor_type *t = mn_type_of(g, id);
+  bool ok = t->dtype == MN_F32 && t->rank == rank;
+  for (int i = 0; ok && i < rank; i++)
+    ok = t->shape[i] == dims[i];
+  if (ok) return true;
+  char d[128], want[96];
+  int w = 0;
+  for (int i = 0; i < rank; i++)
+    w += snprintf(want + w, sizeof want - (size_t)w, i ? ",%lld" : "%lld", (long long)dims[i]);
+  mn_graph_fail(g, MN_ERR_SHAPE, "%s: %s is %s, expected f32 [%s]", fn, what, MN_DESC(g, id, d),
+                want);
+  return false;
+}
+
+static bool require_u32_scalar(mn_graph *g, const char *fn, const char *what, mn_node id) {
+  const mn_tensor_type *t = mn_type_of(g, id);
+  if (t->dtype == MN_U32 && t->rank == 1 && t->shape[0] == 1) return true;
+  char d[128];
+  mn_graph_fail(g, MN_ERR_SHAPE, "%s: %s is %s, expected u32 [1]", fn, what, MN_DESC(g, id, d));
+  return false;
+}
+
+mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_node k_cache,
+                              mn_node v_cache, mn_node pos_u32, mn_node kv_len_u32, int num_heads,
+                              int num_kv_heads, int head_dim, float eps, float theta) {
+  const char *fn = "mn_llama_decode_layer";
+  mn_node ins[MN_DL_NUM_INPUTS] = {x,    w[0], w[1], w[2],    w[3],    w[4],    w[5],
+                                   w[6], w[7], w[8], k_cache, v_cache, pos_u32, kv_len_u32};
+  if (!mn_graph_check_inputs(g, fn, ins, MN_DL_NUM_INPUTS)) return MN_NO_NODE;
+  if (!mn_require_positive(g, fn, "num_heads", num_heads) ||
+      !mn_require_positive(g, fn, "num_kv_heads", num_kv_heads) ||
+      !mn_require_positive(g, fn, "head_dim", head_dim))
+    return MN_NO_NODE;
+  if (num_heads % num_kv_heads != 0 || head_dim % 2 != 0)
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: num_heads %d must be a multiple of num_kv_heads %d and head_dim %d "
+                         "even",
+                         fn, num_heads, num_kv_heads, head_dim);
+  if (!(eps > 0) || !(theta > 0))
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: eps %g and theta %g must be positive", fn,
+                         (double)eps, (double)theta);
+  if (!mn_require_dtype(g, fn, "x", x, MN_F32) || !mn_require_rank(g, fn, "x", x, 2, 3))
+    return MN_NO_NODE;
+  const mn_tensor_type *tx = mn_type_of(g, x);
+  char d[128];
+  if (tx->rank == 3 && tx->shape[1] != 1)
+    return mn_graph_fail(g, MN_ERR_SHAPE, "%s: x is %s, expected one row per sequence", fn,
+                         MN_DESC(g, x, d));
+  int64_t b = tx->shape[0], c = tx->shape[tx->rank - 1];
+  if (b > MN_DECODE_LAYER_MAX_BATCH)
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT, "%s: batch %lld is above %d", fn, (long long)b,
+                         MN_DECODE_LAYER_MAX_BATCH);
+  if (!require_shape(g, fn, "k_cache", k_cache, 3, mn_type_of(g, k_cache)->shape))
+    return MN_NO_NODE;
+  const mn_tensor_type *tk = mn_type_of(g, k_cache);
+  int64_t q_dim = (int64_t)num_heads * head_dim, kv_dim = (int64_t)num_kv_heads * head_dim;
+  int64_t ff = mn_type_of(g, w[6])->shape[0];
+  int64_t cache[3] = {b, tk->shape[1], kv_dim};
+  int64_t vec[1] = {c}, wq[2] = {q_dim, c}, wkv[2] = {kv_dim, c}, wo[2] = {c, q_dim},
+          wup[2] = {ff, c}, wdown[2] = {c, ff};
+  if (!require_shape(g, fn, "input_layernorm", w[0], 1, vec) ||
+      !require_shape(g, fn, "q_proj", w[1], 2, wq) ||
+      !require_shape(g, fn, "k_proj", w[2], 2, wkv) ||
+      !require_shape(g, fn, "v_proj", w[3], 2, wkv) ||
+      !require_shape(g, fn, "o_proj", w[4], 2, wo) ||
+      !require_shape(g, fn, "post_attention_layernorm", w[5], 1, vec) ||
+      !require_shape(g, fn, "gate_proj", w[6], 2, wup) ||
+      !require_shape(g, fn, "up_proj", w[7], 2, wup) ||
+      !require_shape(g, fn, "down_proj", w[8], 2, wdown) ||
+      !require_shape(g, fn, "k_cache", k_cache, 3, cache) ||
+      !require_shape(g, fn, "v_cache", v_cache, 3, cache) ||
+      !require_u32_scalar(g, fn, "pos", pos_u32) ||
+      !require_u32_scalar(g, fn, "kv_len", kv_len_u32))
+    return MN_NO_NODE;
+  int64_t widest = c > ff ? c : ff;
+  if (q_dim > widest) widest = q_dim;
+  if (b * widest > MN_DECODE_LAYER_MAX_FLOATS)
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: batch %lld x width %lld is above %d floats", fn, (long long)b,
+                         (long long)widest, MN_DECODE_LAYER_MAX_FLOATS);
+  mn_op_attrs attrs = {.num_heads = num_heads,
+                       .num_kv_heads = num_kv_heads,
+                       .head_dim = head_dim,
+                       .eps = eps,
+                       .theta = theta};
+  return mn_graph_append(g, MN_OP_LLAMA_DECODE_LAYER, ins, MN_DL_NUM_INPUTS, tx, &attrs, NULL);
+}

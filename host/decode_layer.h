@@ -1,0 +1,50 @@
+/* Whole decoder layers at decode time (MN_DECODE_OP_LIST in ops.h): one op for what the
+ * family builders otherwise spell as a dozen (norm, three products, RoPE, two cache writes,
+ * cached attention, product, residual, norm, two products, SwiGLU, product, residual), for
+ * one new token per sequence, so that the CUDA backend runs the layer in five kernels
+ * (cuda/lower_decode_layer.c) instead of fifteen. The reference backend computes the same
+ * layer with every intermediate in fp32 (host/reference/ref_decode_layer.c). */
+#ifndef MN_HOST_DECODE_LAYER_H
+#define MN_HOST_DECODE_LAYER_H
+
+#include "host/graph.h"
+
+/* The inputs of llama_decode_layer, in order. */
+enum {
+  MN_DL_X,       /* [B, C] or [B, 1, C]: the residual stream of the new token */
+  MN_DL_NORM1,   /* [C] input_layernorm */
+  MN_DL_WQ,      /* [H hd, C] */
+  MN_DL_WK,      /* [KVH hd, C] */
+  MN_DL_WV,      /* [KVH hd, C] */
+  MN_DL_WO,      /* [C, H hd] */
+  MN_DL_NORM2,   /* [C] post_attention_layernorm */
+  MN_DL_WGATE,   /* [F, C] */
+  MN_DL_WUP,     /* [F, C] */
+  MN_DL_WDOWN,   /* [C, F] */
+  MN_DL_K_CACHE, /* [B, S, KVH hd], row pos written in place */
+  MN_DL_V_CACHE, /* [B, S, KVH hd], row pos written in place */
+  MN_DL_POS,     /* U32 [1]: the row the new token's k and v go to, and its RoPE position */
+  MN_DL_KV_LEN,  /* U32 [1]: rows attended, the new one included */
+  MN_DL_NUM_INPUTS
+};
+
+/* The most sequences a decode layer serves: past it a batch is a prefill-sized product, which
+ * the unfused layer's GEMMs do better. */
+#define MN_DECODE_LAYER_MAX_BATCH 8
+/* The most floats of batch x the widest of (hidden, q, intermediate) width: the CUDA kernels keep
+ * the B rows they multiply in shared memory (160 KB). */
+#define MN_DECODE_LAYER_MAX_FLOATS (40 * 1024)
+
+/* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights (the
+ * Linear ones [out, in]); attrs: num_heads, num_kv_heads, head_dim, eps (both norms) and
+ * theta (RoPE). The value is x after the layer; the caches are written in place. */
+mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_node k_cache,
+                              mn_node v_cache, mn_node pos_u32, mn_node kv_len_u32, int num_heads,
+                              int num_kv_heads, int head_dim, float eps, float theta);
+
+/* Whether input i of node n is a cache that n writes in place. */
+static inline bool mn_decode_layer_writes(const mn_node_rec *n, int i) {
+  return n->op == MN_OP_LLAMA_DECODE_LAYER && (i == MN_DL_K_CACHE || i == MN_DL_V_CACHE);
+}
+
+#endif

@@ -1,0 +1,101 @@
+#include "tests/support/decode_layer_case.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "host/decode_layer.h"
+#include "tests/support/mn_test.h"
+
+#define EPS   1e-5f
+#define THETA 10000.0f
+
+mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused) {
+  mn_graph *g = mn_graph_new();
+  int64_t q_dim = c->heads * c->head_dim, kv_dim = c->kv_heads * c->head_dim;
+  int hd = (int)c->head_dim;
+  mn_node x = mn_input(g, "x", MN_SHAPE(c->batch, 1, c->dim));
+  mn_node ln1 = mn_parameter(g, "ln1", MN_SHAPE(c->dim));
+  mn_node wq = mn_parameter(g, "wq", MN_SHAPE(q_dim, c->dim));
+  mn_node wk = mn_parameter(g, "wk", MN_SHAPE(kv_dim, c->dim));
+  mn_node wv = mn_parameter(g, "wv", MN_SHAPE(kv_dim, c->dim));
+  mn_node wo = mn_parameter(g, "wo", MN_SHAPE(c->dim, q_dim));
+  mn_node ln2 = mn_parameter(g, "ln2", MN_SHAPE(c->dim));
+  mn_node wg = mn_parameter(g, "wgate", MN_SHAPE(c->ff, c->dim));
+  mn_node wu = mn_parameter(g, "wup", MN_SHAPE(c->ff, c->dim));
+  mn_node wd = mn_parameter(g, "wdown", MN_SHAPE(c->dim, c->ff));
+  mn_node kc = mn_input(g, "k_cache", MN_SHAPE(c->batch, c->max_seq, kv_dim));
+  mn_node vc = mn_input(g, "v_cache", MN_SHAPE(c->batch, c->max_seq, kv_dim));
+  mn_node pos = mn_input_u32(g, "pos", MN_SHAPE(1));
+  mn_node len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
+  mn_node y;
+  if (fused) {
+    mn_node w[9] = {ln1, wq, wk, wv, wo, ln2, wg, wu, wd};
+    y = mn_llama_decode_layer(g, x, w, kc, vc, pos, len, (int)c->heads, (int)c->kv_heads, hd, EPS,
+                              THETA);
+  } else {
+    mn_node a = mn_rms_norm(g, x, ln1, EPS);
+    mn_node q = mn_rope_dynamic_offset(g, mn_matmul_bt(g, a, wq), THETA, pos, hd);
+    mn_node k = mn_rope_dynamic_offset(g, mn_matmul_bt(g, a, wk), THETA, pos, hd);
+    mn_node v = mn_matmul_bt(g, a, wv);
+    kc = mn_cache_write(g, k, kc, pos);
+    vc = mn_cache_write(g, v, vc, pos);
+    mn_node att = mn_cached_attention(g, q, kc, vc, len, (int)c->heads, (int)c->kv_heads, hd);
+    mn_node h = mn_add(g, x, mn_matmul_bt(g, att, wo));
+    mn_node m = mn_rms_norm(g, h, ln2, EPS);
+    mn_node f = mn_swiglu(g, mn_matmul_bt(g, m, wg), mn_matmul_bt(g, m, wu));
+    y = mn_add(g, h, mn_matmul_bt(g, f, wd));
+  }
+  mn_set_outputs(g, &y, 1);
+  return g;
+}
+
+static void set_param(mn_session *s, mn_rng *r, const char *name, size_t n, float lo, float hi) {
+  float *v = malloc(n * sizeof *v);
+  cr_assert(v);
+  mn_rng_fill(r, v, n, lo, hi);
+  cr_assert_eq(mn_session_set_parameter(s, name, v, n), MN_OK, "%s: %s", name, mn_last_error());
+  free(v);
+}
+
+void mn_test_dl_run(const mn_test_dl_case *c, const mn_graph *g, const mn_session_options *o,
+                    int steps, uint64_t seed, float *out) {
+  cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_inference_session(g, o, &s), MN_OK, "%s", mn_last_error());
+  mn_rng r = mn_rng_new(seed);
+  size_t d = (size_t)c->dim, q_dim = (size_t)(c->heads * c->head_dim),
+         kv_dim = (size_t)(c->kv_heads * c->head_dim), ff = (size_t)c->ff;
+  /* Weights scaled by 1 / sqrt(fan-in), so that the values stay of order one. */
+  float sd = 1.7f / sqrtf((float)d), sq = 1.7f / sqrtf((float)q_dim), sf = 1.7f / sqrtf((float)ff);
+  set_param(s, &r, "ln1", d, 0.5f, 1.5f);
+  set_param(s, &r, "wq", q_dim * d, -sd, sd);
+  set_param(s, &r, "wk", kv_dim * d, -sd, sd);
+  set_param(s, &r, "wv", kv_dim * d, -sd, sd);
+  set_param(s, &r, "wo", d * q_dim, -sq, sq);
+  set_param(s, &r, "ln2", d, 0.5f, 1.5f);
+  set_param(s, &r, "wgate", ff * d, -sd, sd);
+  set_param(s, &r, "wup", ff * d, -sd, sd);
+  set_param(s, &r, "wdown", d * ff, -sf, sf);
+  size_t cache_n = (size_t)(c->batch * c->max_seq) * kv_dim, xn = (size_t)c->batch * d;
+  float *cache = malloc(cache_n * sizeof *cache), *x = malloc(xn * sizeof *x);
+  cr_assert(cache && x);
+  for (int kv = 0; kv < 2; kv++) {
+    mn_rng_fill(&r, cache, cache_n, -1.5f, 1.5f);
+    cr_assert_eq(mn_session_set_input(s, kv ? "v_cache" : "k_cache", cache, cache_n), MN_OK, "%s",
+                 mn_last_error());
+  }
+  for (int step = 0; step < steps; step++) {
+    uint32_t pos = (uint32_t)(c->pos + step), len = pos + 1;
+    mn_rng_fill(&r, x, xn, -2.0f, 2.0f);
+    cr_assert_eq(mn_session_set_input(s, "x", x, xn), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_set_input_u32(s, "pos", &pos, 1), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_set_input_u32(s, "kv_len", &len, 1), MN_OK, "%s", mn_last_error());
+    cr_assert_eq(mn_session_step(s), MN_OK, "step %d: %s", step, mn_last_error());
+    cr_assert_eq(mn_session_wait(s), MN_OK, "step %d: %s", step, mn_last_error());
+    cr_assert_eq(mn_session_read_output_by_index(s, 0, out + (size_t)step * xn, xn), MN_OK, "%s",
+                 mn_last_error());
+  }
+  free(cache);
+  free(x);
+  mn_session_free(s);
+}

@@ -1,0 +1,99 @@
+/* llama_decode_layer on CUDA (cuda/lower_decode_layer.c, kernels/decode_layer.cuh) against the
+ * CPU's op: fp32 and bf16, batch 1 to 8, GQA and MHA, widths that the 16-byte weight loads serve
+ * and widths they do not, caches of one split and of several; each case runs three steps, so
+ * the later steps read the cache rows that the earlier ones wrote. The kernels compile without
+ * a device. */
+#include <stdlib.h>
+
+#include "tests/support/cuda_check.h"
+#include "tests/support/decode_layer_case.h"
+#include "tests/support/mn_test.h"
+
+static const mn_test_dl_case CASES[] = {
+    /* a SmolLM2 layer's widths, two sequences, a cache of two splits */
+    {.batch = 2,
+     .dim = 576,
+     .heads = 9,
+     .kv_heads = 3,
+     .head_dim = 64,
+     .ff = 1536,
+     .max_seq = 200,
+     .pos = 150},
+    /* one sequence, one split */
+    {.batch = 1,
+     .dim = 64,
+     .heads = 4,
+     .kv_heads = 2,
+     .head_dim = 16,
+     .ff = 96,
+     .max_seq = 40,
+     .pos = 30},
+    /* the most sequences, widths not a multiple of 8 (scalar loads), MHA, head_dim 12 */
+    {.batch = 8,
+     .dim = 36,
+     .heads = 3,
+     .kv_heads = 3,
+     .head_dim = 12,
+     .ff = 20,
+     .max_seq = 300,
+     .pos = 255},
+    /* three sequences, one kv head for six query heads */
+    {.batch = 3,
+     .dim = 96,
+     .heads = 6,
+     .kv_heads = 1,
+     .head_dim = 16,
+     .ff = 64,
+     .max_seq = 130,
+     .pos = 127},
+};
+
+static double cuda_vs_cpu(const mn_test_dl_case *c, mn_precision prec) {
+  const int steps = 3;
+  size_t n = (size_t)(steps * c->batch * c->dim);
+  float *y[2];
+  mn_graph *g = mn_test_dl_graph(c, true);
+  for (int i = 0; i < 2; i++) {
+    y[i] = malloc(n * sizeof(float));
+    cr_assert(y[i]);
+    mn_session_options o = mn_session_options_default();
+    o.backend = i ? MN_BACKEND_CUDA : MN_BACKEND_CPU;
+    o.precision = prec;
+    mn_test_dl_run(c, g, &o, steps, 91, y[i]);
+  }
+  for (size_t i = 0; i < n; i++)
+    cr_assert(isfinite(y[1][i]), "output %zu is %g", i, (double)y[1][i]);
+  double err = mn_test_rel_err(y[1], y[0], n);
+  free(y[0]);
+  free(y[1]);
+  mn_graph_free(g);
+  return err;
+}
+
+Test(cuda_decode_layer, kernels_compile) {
+  mn_test_require_cuda_build();
+  for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+    mn_graph *g = mn_test_dl_graph(&CASES[i], true);
+    mn_test_assert_compiles(g, false);
+    mn_graph_free(g);
+  }
+}
+
+Test(cuda_decode_layer, matches_the_cpu_in_fp32) {
+  mn_test_require_cuda_device();
+  for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+    double err = cuda_vs_cpu(&CASES[i], MN_PRECISION_F32);
+    cr_log_info("case %zu fp32: relative error %.3g", i, err);
+    cr_assert_leq(err, 1e-5, "case %zu: relative error %g", i, err);
+  }
+}
+
+/* Both backends read bf16 weights and keep the intermediates in fp32; the output rounds once. */
+Test(cuda_decode_layer, matches_the_cpu_in_bf16) {
+  mn_test_require_cuda_device();
+  for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+    double err = cuda_vs_cpu(&CASES[i], MN_PRECISION_BF16);
+    cr_log_info("case %zu bf16: relative error %.3g", i, err);
+    cr_assert_leq(err, MN_TEST_BF16_TOL, "case %zu: relative error %g", i, err);
+  }
+}
