@@ -180,11 +180,6 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   return mn_cu_launch(c, k, r.grid, 1, 1, 0, 6, args);
 }
 
-/* Batches of at most this many logits take the loss and its gradient in one block
- * (mn_loss_sparse_ce_small): three launches are three waits in a small step, and one SM reads
- * 128 KB of fp32 logits in about as long as a launch takes. */
-#define SMALL_LOSS_CELLS 32768
-
 /* The loss (the mean of the row partials over the counted rows) and, as extra value 1, its
  * gradient, from one pass over the logits (optimizer/loss_grad.h); the gradient may be written over
  * them. */
@@ -194,17 +189,6 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   if (grad == MN_NO_NODE)
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its gradient",
                    c->id, mn_op_name(c->node->op));
-  bool dense =
-      mn_cu_row_pitch(c->plan, c->node->inputs[0]) == r.n && mn_cu_row_pitch(c->plan, grad) == r.n;
-  if (r.g == 32 && dense && r.rows * r.n <= SMALL_LOSS_CELLS) {
-    int block = 32 * (int)(r.rows < 32 ? r.rows : 32);
-    int k = mn_cu_kernel(
-        c, (unsigned)block, "mn_loss_sparse_ce_small<%d, %lldLL, %lldLL, %uu, %uu>", block,
-        (long long)r.rows, (long long)r.n, (unsigned)c->id, (unsigned)c->node->inputs[1]);
-    mn_cu_arg args[6] = {mn_cu_node_arg(grad), mn_cu_in(c, 0),    mn_cu_in(c, 1),
-                         mn_cu_in(c, 2),       mn_cu_error_arg(), mn_cu_out(c)};
-    return mn_cu_launch(c, k, 1, 1, 1, 0, 6, args);
-  }
   mn_cu_arg scratch = sparse_scratch(c, r.rows);
   mn_status st = count_labels(c, scratch, r.rows);
   if (st != MN_OK) return st;

@@ -139,12 +139,11 @@ template <int G, long long XP> __device__ constexpr int mn_loss_row_chunks() {
 // rows of the same pitch: the row is read once, 8 values a load, into registers, which the
 // statistics and then the gradient read (the generic path reads it from memory twice, and a
 // GPT-2 row, 100 KB, is gone from L2 by the second pass). Values at N and past are the pad:
-// left out of the statistics, written as zeros. x and o: the row's first element. Returns the
-// row's loss partial with LOSS (every lane the same).
-template <bool LOSS, int S, int G, long long N, long long XP>
-__device__ __forceinline__ double mn_loss_sparse_ce_cached(const unsigned short *x,
-                                                           unsigned short *o, int lane, float *sh,
-                                                           unsigned label, float k) {
+// left out of the statistics, written as zeros. x and o: the row's first element.
+template <bool LOSS, int S, int G, long long N, long long XP, class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_cached(const IO &io, const unsigned short *x,
+                                                         unsigned short *o, int lane, float *sh,
+                                                         long long row, unsigned label, float k) {
   constexpr int CH = mn_loss_row_chunks<G, XP>();
   const float ninf = -__int_as_float(0x7f800000);
   uint4 v[CH];
@@ -179,6 +178,7 @@ __device__ __forceinline__ double mn_loss_sparse_ce_cached(const unsigned short 
   s = m == ninf ? 0.0f : s * expf(m - mx);
   const float ls = logf(mn_red_gsum<G>(s, sh));
   if constexpr (LOSS) {
+    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - mx) - ls);
     // The label's logit was read from memory, and a warp's shuffles order no memory: every
     // lane's read comes before any lane's store over it (wider groups met at a block barrier).
     __syncwarp();
@@ -201,46 +201,56 @@ __device__ __forceinline__ double mn_loss_sparse_ce_cached(const unsigned short 
     }
     *reinterpret_cast<uint4 *>(o + i) = make_uint4(r[0], r[1], r[2], r[3]);
   }
-  return LOSS ? -(double)((at_label - mx) - ls) : 0.0;
 }
 
-// One row's gradient, written by the G lanes of its group, k = dy / count; with LOSS its loss
-// partial, which every lane returns (zero for an ignored label, NaN for one out of range, which
-// is reported). p[0] out (rows OP apart), p[1] logits (rows XP apart), p[2] labels, p[4] the
-// error record.
-template <bool LOSS, int G, long long N, unsigned NODE, long long XP, long long OP, class IO>
-__device__ __forceinline__ double mn_loss_sparse_ce_row(const IO &io, long long row, int lane,
-                                                        float *sh, float k) {
+template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
+          long long OP, class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
+  __shared__ float sh[32];
+  const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  if (row >= ROWS) return;
   const unsigned label = mn_arg<const unsigned>(io, 2)[row];
   const auto o = mn_out<0>(io) + row * OP;
   // Padded rows: the pad is zero, which the product reading it along k sums.
   for (long long i = N + lane; i < OP; i += G)
     o[i] = 0.0f;
   if (label == MN_DEV_IGNORE_LABEL) {
+    if constexpr (LOSS)
+      if (lane == 0) mn_arg<double>(io, 6)[row] = 0.0;
     for (long long i = lane; i < N; i += G)
       o[i] = 0.0f;
-    return 0.0;
+    return;
   }
   if (label >= N) {
-    if (lane == 0) mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
+    if (lane == 0) {
+      mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_LABEL, NODE, label, row, N);
+      if constexpr (LOSS) mn_arg<double>(io, 6)[row] = (double)mn_nan();
+    }
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
-    return (double)mn_nan();
+    return;
   }
   const auto x = mn_in<1>(io) + row * XP;
+  const float k = (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
   constexpr int SX = mn_io_storage<IO, 1>::value, SO = mn_io_storage<IO, 0>::value;
   if constexpr (SX == SO && SX != MN_DEV_F32 && XP == OP && XP % 8 == 0 &&
                 mn_loss_row_chunks<G, XP>() <= 8) {
     if ((reinterpret_cast<unsigned long long>(x.p) & 15ull) == 0 &&
-        (reinterpret_cast<unsigned long long>(o.p) & 15ull) == 0)
-      return mn_loss_sparse_ce_cached<LOSS, SX, G, N, XP>(x.p, o.p, lane, sh, label, k);
+        (reinterpret_cast<unsigned long long>(o.p) & 15ull) == 0) {
+      mn_loss_sparse_ce_cached<LOSS, SX, G, N, XP>(io, x.p, o.p, lane, sh, row, label, k);
+      return;
+    }
   }
   const float at_label = LOSS ? (float)x[label] : 0.0f;
   float m, ls;
   mn_red_row_stats<G, N>(x, lane, sh, m, ls);
-  // A warp's shuffles order no memory: every lane's read of the label's logit comes before any
-  // lane's store over it (groups wider than a warp met at a block barrier already).
-  if constexpr (LOSS) __syncwarp();
+  if constexpr (LOSS) {
+    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - m) - ls);
+    // A warp's shuffles order no memory: every lane's read of the label's logit comes before
+    // any lane's store over it (groups wider than a warp met at a block barrier already).
+    __syncwarp();
+  }
   const long long l = label;
   mn_red_row_each<G, N, false>(x, x, lane, [&](long long i, float4 a, float4, int w) {
     mn_red_store(o + i,
@@ -250,50 +260,6 @@ __device__ __forceinline__ double mn_loss_sparse_ce_row(const IO &io, long long 
                              k * (expf((a.w - m) - ls) - (i + 3 == l ? 1.0f : 0.0f))),
                  w);
   });
-  return LOSS ? -(double)((at_label - m) - ls) : 0.0;
-}
-
-// A group of G lanes a row; p[3] dy [1], p[5] the count of counted rows (mn_loss_label_count),
-// with LOSS p[6] the row partials.
-template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
-          long long OP, class IO>
-__device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
-  __shared__ float sh[32];
-  const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
-  if (row >= ROWS) return;
-  const float k = (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
-  const double part = mn_loss_sparse_ce_row<LOSS, G, N, NODE, XP, OP>(io, row, lane, sh, k);
-  if constexpr (LOSS)
-    if (lane == 0) mn_arg<double>(io, 6)[row] = part;
-}
-
-// sparse_cross_entropy_loss_grad of a small batch (rows of at most 1024 values, N apart) in one
-// block of BLOCK threads, a warp a row at a time: the label count, the rows' gradients and loss
-// partials, and their mean, which larger batches spread over mn_loss_label_count,
-// mn_loss_sparse_ce_loss_grad and mn_loss_sparse_ce_mean. A small step waits on each launch
-// (docs/performance.md: the MLP step). The partials are summed per warp in row order, then
-// across warps, so the loss repeats bit for bit. p[0] the gradient, p[1] logits, p[2] labels,
-// p[3] dy [1], p[4] the error record, p[5] the loss [1]; LABELS: the labels node, reported
-// when no row counts (the loss is then NaN and the gradient zero, as in the larger form).
-template <int BLOCK, long long ROWS, long long N, unsigned NODE, unsigned LABELS, class IO>
-__device__ void mn_loss_sparse_ce_small(const IO &io) {
-  __shared__ double shd[32];
-  __shared__ float sh[32];
-  const unsigned *labels = mn_arg<const unsigned>(io, 2);
-  unsigned local = 0;
-  for (long long r = threadIdx.x; r < ROWS; r += BLOCK)
-    local += labels[r] != MN_DEV_IGNORE_LABEL ? 1u : 0u;
-  const double count = mn_block_sum_d<BLOCK>((double)local, shd);
-  if (count == 0.0 && threadIdx.x == 0)
-    mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_ALL_IGNORED, NODE, LABELS, 0, ROWS);
-  const float k = (float)((double)mn_in<3>(io)[0] / count);
-  const int lane = threadIdx.x & 31;
-  double sum = 0.0;
-  for (long long row = threadIdx.x >> 5; row < ROWS; row += BLOCK / 32)
-    sum += mn_loss_sparse_ce_row<true, 32, N, NODE, N, N>(io, row, lane, sh, k);
-  sum = mn_block_sum_d<BLOCK>(lane == 0 ? sum : 0.0, shd);
-  if (threadIdx.x == 0) mn_out<5>(io)[0] = (float)(sum / count);
 }
 
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
