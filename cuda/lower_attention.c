@@ -467,11 +467,11 @@ static mn_status lower_cached_rows(const mn_cu_op_ctx *c) {
  * cache and those past kv_len do nothing. q [B, P, H*hd] with P > 1 is a prefill
  * (lower_cached_rows). */
 mn_status mn_cu_decode_attention_scratch(const mn_cu_op_ctx *c, int64_t batch, int64_t max_seq,
-                                         size_t at, mn_cu_arg parts[3]) {
+                                         int split, size_t at, mn_cu_arg parts[3]) {
   const mn_op_attrs *a = &c->node->attrs;
   int hd = a->head_dim, heads = a->num_heads;
   if (hd > ATTN_MAX_HEAD_DIM) return unsupported(c, "head_dim above 256 has no CUDA kernel", hd);
-  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  int64_t splits = (max_seq + split - 1) / split;
   if (splits > GRID_YZ_MAX) return unsupported(c, "KV cache too long for one grid", max_seq);
   if (batch > GRID_YZ_MAX) return unsupported(c, "too many sequences for one grid", batch);
   size_t n = (size_t)batch * (size_t)splits * (size_t)heads;
@@ -486,16 +486,16 @@ mn_status mn_cu_decode_attention_scratch(const mn_cu_op_ctx *c, int64_t batch, i
 
 mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu_arg k_cache,
                                        mn_cu_arg v_cache, mn_cu_arg kv_len, int64_t batch,
-                                       int64_t max_seq, const mn_cu_arg parts[3]) {
+                                       int64_t max_seq, int split, const mn_cu_arg parts[3]) {
   const mn_op_attrs *a = &c->node->attrs;
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
-  int64_t splits = (max_seq + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  int64_t splits = (max_seq + split - 1) / split;
   int group = heads / kv_heads;
   int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
   unsigned slices = (unsigned)((group + gb - 1) / gb);
   mn_cu_arg args[7] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
-  int k = mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d>", hd, heads,
-                       kv_heads, (long long)max_seq, gb);
+  int k = mn_cu_kernel(c, (unsigned)split, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d>", hd,
+                       heads, kv_heads, (long long)max_seq, gb, split);
   if (k < 0) return mn_cu_oom(c);
   return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0, 7,
                       args);
@@ -509,10 +509,10 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   const mn_tensor_type *tk = mn_cu_in_type(c, 1);
   int64_t max_seq = tk->shape[tk->rank - 2], batch = tk->rank == 3 ? tk->shape[0] : 1;
   mn_cu_arg parts[3];
-  mn_status st = mn_cu_decode_attention_scratch(c, batch, max_seq, 0, parts);
+  mn_status st = mn_cu_decode_attention_scratch(c, batch, max_seq, MN_ATTN_BLOCK, 0, parts);
   if (st == MN_OK)
     st = mn_cu_decode_attention_parts(c, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
-                                      mn_cu_in(c, 3), batch, max_seq, parts);
+                                      mn_cu_in(c, 3), batch, max_seq, MN_ATTN_BLOCK, parts);
   if (st != MN_OK) return st;
   unsigned block = hd <= 32 ? 32u : hd <= 64 ? 64u : hd <= 128 ? 128u : 256u;
   mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), parts[0],     parts[1],

@@ -13,6 +13,9 @@
 /* Warps a block of the decode layer kernels (MN_DL_WARPS in kernels/decode_layer.cuh). */
 #define MN_DL_WARPS_HOST 8
 #define DL_BLOCK         (MN_DL_WARPS_HOST * 32)
+/* Cache rows a block of the split attention kernel takes: 128 decoded faster than 64 and 32
+ * (docs/performance.md, negative results). */
+#define DL_SPLIT 128
 
 static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -59,7 +62,8 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   size_t parts_at = h_at + align256((size_t)(b * ff) * sizeof(float));
   mn_cu_arg parts[3];
   mn_cu_arg q = {.kind = MN_CU_ARG_SCRATCH, .offset = q_at};
-  mn_status st = mn_cu_decode_attention_scratch(c, b, max_seq, parts_at, parts);
+  int split = DL_SPLIT;
+  mn_status st = mn_cu_decode_attention_scratch(c, b, max_seq, split, parts_at, parts);
   if (st != MN_OK) return st;
   mn_cu_arg x1 = {.kind = MN_CU_ARG_SCRATCH, .offset = x1_at};
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
@@ -76,12 +80,12 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                     (size_t)(b * dim) * sizeof(float), 10, qkv_args);
   if (st != MN_OK) return st;
   st = mn_cu_decode_attention_parts(c, q, w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_KV_LEN], b,
-                                    max_seq, parts);
+                                    max_seq, split, parts);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_attn_out<%lld, %lld, %d, %d, %lldLL, %lld, %uu>",
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_attn_out<%lld, %lld, %d, %d, %lldLL, %lld, %d, %uu>",
                    (long long)dim, (long long)q_dim, hd, heads, (long long)max_seq, (long long)b,
-                   node);
+                   split, node);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_arg out_args[8] = {w[MN_DL_KV_LEN], parts[0],   parts[1], parts[2],
                            w[MN_DL_WO],     w[MN_DL_X], x1,       mn_cu_error_arg()};

@@ -639,29 +639,30 @@ __device__ void mn_attn_bwd_dkv(const IO &io) {
 }
 
 // Decoding one query row per sequence against its KV cache, split over the cache: block
-// (group slice, split, sequence b) handles keys split * 128 .. + 127 (one per thread) for GB
-// query heads of one kv head, grid (KVH * ceil(G / GB), ceil(MAXS / 128), B); io = q,
+// (group slice, split, sequence b) of BLK threads (a multiple of 32) handles keys split * BLK ..
+// + BLK - 1 (one per thread) for GB query heads of one kv head, grid (KVH * ceil(G / GB),
+// ceil(MAXS / BLK), B); io = q,
 // k_cache, v_cache, kv_len, pm, pl, po. Partial results per (b, split, head) at
 // (b * splits + split) * H + h: the max score pm, the sum of
 // exp(score - pm) pl, and the unnormalized output po [HD]. Splits at or past kv_len, and
 // every split when kv_len is out of range, write nothing: mn_attn_decode_combine checks
 // kv_len and reads only the splits it covers.
-template <int HD, int H, int KVH, long long MAXS, int GB, class IO>
+template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, class IO>
 __device__ void mn_attn_decode_part(const IO &io) {
   constexpr int G = H / KVH, NGB = (G + GB - 1) / GB;
   constexpr long long KVD = (long long)KVH * HD;
   __shared__ float qs[GB * HD];
-  __shared__ float ps[GB * MN_ATTN_BLOCK];
+  __shared__ float ps[GB * BLK];
   __shared__ float red[32];
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 3);
-  const long long c0 = (long long)blockIdx.y * MN_ATTN_BLOCK;
+  const long long c0 = (long long)blockIdx.y * BLK;
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
-  constexpr long long NSPLIT = (MAXS + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  constexpr long long NSPLIT = (MAXS + BLK - 1) / BLK;
   const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
   const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
   const long long seq = blockIdx.z, slot = seq * NSPLIT + blockIdx.y;
   const auto q = mn_in<0>(io) + seq * H * HD;
-  for (int i = threadIdx.x; i < GB * HD; i += MN_ATTN_BLOCK)
+  for (int i = threadIdx.x; i < GB * HD; i += BLK)
     qs[i] = i < ng * HD ? q[(long long)h0 * HD + i] : 0.0f;
   __syncthreads();
 
@@ -694,7 +695,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
     }
   }
   // Warp maxima and sums for all GB heads at once: two block barriers, not two per head.
-  constexpr int WARPS = MN_ATTN_BLOCK / 32;
+  constexpr int WARPS = BLK / 32;
   __shared__ float wred[2][WARPS][GB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = 1.0f / sqrtf((float)HD);
@@ -713,7 +714,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
     for (int w = 1; w < WARPS; w++)
       mx[i] = fmaxf(mx[i], wred[0][w][i]);
     const float p = valid ? expf(s[i] - mx[i]) : 0.0f;
-    ps[i * MN_ATTN_BLOCK + threadIdx.x] = p;
+    ps[i * BLK + threadIdx.x] = p;
     const float sum = mn_warp_sum(p);
     if (lane == 0) wred[1][warp][i] = sum;
   }
@@ -730,7 +731,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
       pl[slot * H + h0 + i] = sum;
     }
   }
-  const int nk = kv_len - c0 < MN_ATTN_BLOCK ? (int)(kv_len - c0) : MN_ATTN_BLOCK;
+  const int nk = kv_len - c0 < BLK ? (int)(kv_len - c0) : BLK;
   const auto vb = mn_in<2>(io) + (seq * MAXS + c0) * KVD + kvh * HD;
   const auto po = mn_out<6>(io);
   if constexpr (HD % 32 == 0) {
@@ -754,7 +755,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
         v[j] = vr[j];
 #pragma unroll
       for (int i = 0; i < GB; i++) {
-        const float p = ps[i * MN_ATTN_BLOCK + k];
+        const float p = ps[i * BLK + k];
 #pragma unroll
         for (int j = 0; j < DPL; j++)
           acc[i][j] = fmaf(p, v[j], acc[i][j]);
@@ -766,7 +767,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
       for (int j = 0; j < DPL; j++)
         vred[warp][i * HD + lane * DPL + j] = acc[i][j];
     __syncthreads();
-    for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
+    for (int idx = threadIdx.x; idx < ng * HD; idx += BLK) {
       float a = 0.0f;
 #pragma unroll
       for (int w = 0; w < WARPS; w++)
@@ -774,11 +775,11 @@ __device__ void mn_attn_decode_part(const IO &io) {
       po[(slot * H + h0) * HD + idx] = a;
     }
   } else {
-    for (int idx = threadIdx.x; idx < ng * HD; idx += MN_ATTN_BLOCK) {
+    for (int idx = threadIdx.x; idx < ng * HD; idx += BLK) {
       const int i = idx / HD, d = idx - i * HD;
       float a = 0.0f;
       for (int k = 0; k < nk; k++)
-        a = fmaf(ps[i * MN_ATTN_BLOCK + k], vb[k * KVD + d], a);
+        a = fmaf(ps[i * BLK + k], vb[k * KVD + d], a);
       po[(slot * H + h0 + i) * HD + d] = a;
     }
   }

@@ -13,24 +13,6 @@
 
 #define MN_DL_WARPS 8
 
-// 8 consecutive weights from element `at` (a multiple of 8) of w stored as S, as floats.
-template <int S>
-__device__ __forceinline__ void mn_dl_load8(const void *w, long long at, float f[8]) {
-  if constexpr (S == MN_DEV_F32) {
-    const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(w) + at);
-    const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(w) + at + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  } else {
-    const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const unsigned short *>(w) + at);
-    const unsigned words[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      f[2 * j] = mn_lp_load<S>((unsigned short)(words[j] & 0xffffu));
-      f[2 * j + 1] = mn_lp_load<S>((unsigned short)(words[j] >> 16));
-    }
-  }
-}
-
 template <int S> __device__ __forceinline__ float mn_dl_load1(const void *w, long long at) {
   if constexpr (S == MN_DEV_F32)
     return static_cast<const float *>(w)[at];
@@ -38,45 +20,85 @@ template <int S> __device__ __forceinline__ float mn_dl_load1(const void *w, lon
     return mn_lp_load<S>(static_cast<const unsigned short *>(w)[at]);
 }
 
-// acc[b] += this lane's share of w[row, :] . a[b, :] for the B rows of a ([B][K] floats, 16-byte
-// aligned); the caller sums the warp.
-template <int K, int B, int S>
-__device__ __forceinline__ void mn_dl_dot(const void *w, long long row, const float *a,
-                                          float acc[B]) {
-  const int lane = threadIdx.x & 31;
-  if constexpr (K % 8 == 0) {
-    constexpr int CH = K / 8;
+// This lane's share of one weight row of K values stored as S, loaded into registers before its
+// products are needed (the weights do not depend on the layer's input, so their loads overlap
+// the norm or the attention merge that comes first). With K a multiple of 8 a lane holds
+// 16-byte chunks c = lane, lane + 32, ..; else it loads nothing and dot() reads as it goes.
+template <int K, int S> struct mn_dl_wrow {
+  static constexpr bool VEC = K % 8 == 0;
+  static constexpr int CH = K / 8, NIT = VEC ? (CH + 31) / 32 : 1;
+  static constexpr int WORDS = S == MN_DEV_F32 ? 2 : 1; // uint4s a chunk
+  uint4 u[NIT * WORDS];
+  const void *w;
+  long long row;
+
+  __device__ __forceinline__ void load(const void *wp, long long r) {
+    w = wp;
+    row = r;
+    if constexpr (VEC) {
+      const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int c0 = 0; c0 < CH; c0 += 32) {
-      const int c = c0 + lane;
-      if (CH % 32 == 0 || c < CH) {
-        float f[8];
-        mn_dl_load8<S>(w, row * K + (long long)c * 8, f);
+      for (int it = 0; it < NIT; it++) {
+        const int c = it * 32 + lane;
+        if (CH % 32 == 0 || c < CH) {
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-          const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + c * 8);
-          const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + c * 8 + 4);
-          float t = acc[b];
-          t = fmaf(f[0], x0.x, t);
-          t = fmaf(f[1], x0.y, t);
-          t = fmaf(f[2], x0.z, t);
-          t = fmaf(f[3], x0.w, t);
-          t = fmaf(f[4], x1.x, t);
-          t = fmaf(f[5], x1.y, t);
-          t = fmaf(f[6], x1.z, t);
-          acc[b] = fmaf(f[7], x1.w, t);
+          for (int j = 0; j < WORDS; j++)
+            u[it * WORDS + j] = reinterpret_cast<const uint4 *>(
+                static_cast<const char *>(wp) + (row * K + (long long)c * 8) * (WORDS * 2))[j];
         }
       }
     }
-  } else {
-    for (int i = lane; i < K; i += 32) {
-      const float wv = mn_dl_load1<S>(w, row * K + i);
+  }
+
+  // acc[b] += this lane's share of the row . a[b, :] for the B rows of a ([B][K] floats, 16-byte
+  // aligned); the caller sums the warp.
+  template <int B> __device__ __forceinline__ void dot(const float *a, float acc[B]) const {
+    const int lane = threadIdx.x & 31;
+    if constexpr (VEC) {
 #pragma unroll
-      for (int b = 0; b < B; b++)
-        acc[b] = fmaf(wv, a[b * K + i], acc[b]);
+      for (int it = 0; it < NIT; it++) {
+        const int c = it * 32 + lane;
+        if (CH % 32 == 0 || c < CH) {
+          float f[8];
+          if constexpr (S == MN_DEV_F32) {
+            const uint4 p = u[it * WORDS], q = u[it * WORDS + 1];
+            f[0] = __uint_as_float(p.x), f[1] = __uint_as_float(p.y), f[2] = __uint_as_float(p.z);
+            f[3] = __uint_as_float(p.w), f[4] = __uint_as_float(q.x), f[5] = __uint_as_float(q.y);
+            f[6] = __uint_as_float(q.z), f[7] = __uint_as_float(q.w);
+          } else {
+            const unsigned words[4] = {u[it].x, u[it].y, u[it].z, u[it].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+              f[2 * j] = mn_lp_load<S>((unsigned short)(words[j] & 0xffffu));
+              f[2 * j + 1] = mn_lp_load<S>((unsigned short)(words[j] >> 16));
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < B; b++) {
+            const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + c * 8);
+            const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + c * 8 + 4);
+            float t = acc[b];
+            t = fmaf(f[0], x0.x, t);
+            t = fmaf(f[1], x0.y, t);
+            t = fmaf(f[2], x0.z, t);
+            t = fmaf(f[3], x0.w, t);
+            t = fmaf(f[4], x1.x, t);
+            t = fmaf(f[5], x1.y, t);
+            t = fmaf(f[6], x1.z, t);
+            acc[b] = fmaf(f[7], x1.w, t);
+          }
+        }
+      }
+    } else {
+      for (int i = lane; i < K; i += 32) {
+        const float wv = mn_dl_load1<S>(w, row * K + i);
+#pragma unroll
+        for (int b = 0; b < B; b++)
+          acc[b] = fmaf(wv, a[b * K + i], acc[b]);
+      }
     }
   }
-}
+};
 
 template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
 #pragma unroll
@@ -111,11 +133,28 @@ template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, un
 __device__ void mn_dl_qkv(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
-  __syncthreads();
   constexpr int HALF = HD / 2, QP = Q / 2, KP = KV / 2, NP = QP + 2 * KP;
+  constexpr int SQ = mn_io_storage<IO, 2>::value, SKV = mn_io_storage<IO, 3>::value;
+  static_assert(SKV == mn_io_storage<IO, 4>::value, "k and v stored alike");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int p = blockIdx.x * MN_DL_WARPS + warp;
+  const int sec = p < QP ? 0 : p < QP + KP ? 1 : 2;
+  const int pp = sec == 0 ? p : sec == 1 ? p - QP : p - QP - KP;
+  const int head = pp / HALF, i = pp % HALF;
+  const long long r0 = (long long)head * HD + i, r1 = r0 + HALF;
+  mn_dl_wrow<C, SQ> q0, q1;
+  mn_dl_wrow<C, SKV> k0, k1;
+  if (p < NP) {
+    if (sec == 0) {
+      q0.load(mn_arg<const void>(io, 2), r0);
+      q1.load(mn_arg<const void>(io, 2), r1);
+    } else {
+      k0.load(mn_arg<const void>(io, sec == 1 ? 3 : 4), r0);
+      k1.load(mn_arg<const void>(io, sec == 1 ? 3 : 4), r1);
+    }
+  }
+  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
+  __syncthreads();
   const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
   if (p >= NP) return;
   if (pos >= (unsigned long long)MAXS) {
@@ -123,22 +162,16 @@ __device__ void mn_dl_qkv(const IO &io) {
       mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
     return;
   }
-  const int sec = p < QP ? 0 : p < QP + KP ? 1 : 2;
-  const int pp = sec == 0 ? p : sec == 1 ? p - QP : p - QP - KP;
-  const int head = pp / HALF, i = pp % HALF;
-  const long long r0 = (long long)head * HD + i, r1 = r0 + HALF;
   float y0[B], y1[B];
 #pragma unroll
   for (int b = 0; b < B; b++)
     y0[b] = y1[b] = 0.0f;
   if (sec == 0) {
-    mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r0, a, y0);
-    mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r1, a, y1);
+    q0.template dot<B>(a, y0);
+    q1.template dot<B>(a, y1);
   } else {
-    const int wi = sec == 1 ? 3 : 4;
-    static_assert(mn_io_storage<IO, 3>::value == mn_io_storage<IO, 4>::value, "k and v alike");
-    mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, wi), r0, a, y0);
-    mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, wi), r1, a, y1);
+    k0.template dot<B>(a, y0);
+    k1.template dot<B>(a, y1);
   }
   mn_dl_warp_sums<B>(y0);
   mn_dl_warp_sums<B>(y1);
@@ -169,17 +202,20 @@ __device__ void mn_dl_qkv(const IO &io) {
 
 // 3. io = kv_len U32, pm, pl, po (mn_attn_decode_part's partial results), wo [C, Q], x [B, C],
 // x1 [B, C] (fp32 scratch), error. Every block merges the splits of every head into shared
-// memory (a few KB from L2), then its warps compute x1 = x + att wo^T, a row each.
-template <int C, int Q, int HD, int H, long long MAXS, int B, unsigned NODE, class IO>
+// memory (a few KB from L2), then its warps compute x1 = x + att wo^T, a row each. SPLIT: the
+// cache rows of one split.
+template <int C, int Q, int HD, int H, long long MAXS, int B, int SPLIT, unsigned NODE, class IO>
 __device__ void mn_dl_attn_out(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *att = reinterpret_cast<float *>(mn_dl_smem);
   __shared__ float mxs[B * H], invs[B * H];
-  constexpr long long NSPLIT = (MAXS + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK;
+  constexpr long long NSPLIT = (MAXS + SPLIT - 1) / SPLIT;
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   const auto x1 = mn_out<6>(io);
+  mn_dl_wrow<Q, mn_io_storage<IO, 4>::value> wo;
+  if (r < C) wo.load(mn_arg<const void>(io, 4), r);
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
       mn_report(mn_arg<mn_dev_error>(io, 7), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
@@ -189,7 +225,7 @@ __device__ void mn_dl_attn_out(const IO &io) {
   const auto pm = mn_in<1>(io);
   const auto pl = mn_in<2>(io);
   const auto po = mn_in<3>(io);
-  const int splits = (int)((kv_len + MN_ATTN_BLOCK - 1) / MN_ATTN_BLOCK);
+  const int splits = (int)((kv_len + SPLIT - 1) / SPLIT);
   for (int j = threadIdx.x; j < B * H; j += MN_DL_WARPS * 32) {
     const long long base = (long long)(j / H) * NSPLIT * H + j % H;
     float mx = mn_attn_neg_inf();
@@ -217,7 +253,7 @@ __device__ void mn_dl_attn_out(const IO &io) {
 #pragma unroll
   for (int b = 0; b < B; b++)
     y[b] = 0.0f;
-  mn_dl_dot<Q, B, mn_io_storage<IO, 4>::value>(mn_arg<const void>(io, 4), r, att, y);
+  wo.template dot<B>(att, y);
   mn_dl_warp_sums<B>(y);
   const auto x = mn_in<5>(io);
 #pragma unroll
@@ -231,17 +267,23 @@ template <int C, int F, int B, unsigned EPS_BITS, class IO>
 __device__ void mn_dl_mlp_up(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  mn_dl_wrow<C, mn_io_storage<IO, 2>::value> wg;
+  mn_dl_wrow<C, mn_io_storage<IO, 3>::value> wu;
+  if (r < F) {
+    wg.load(mn_arg<const void>(io, 2), r);
+    wu.load(mn_arg<const void>(io, 3), r);
+  }
+  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
+  __syncthreads();
   if (r >= F) return;
   float g[B], u[B];
 #pragma unroll
   for (int b = 0; b < B; b++)
     g[b] = u[b] = 0.0f;
-  mn_dl_dot<C, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r, a, g);
-  mn_dl_dot<C, B, mn_io_storage<IO, 3>::value>(mn_arg<const void>(io, 3), r, a, u);
+  wg.template dot<B>(a, g);
+  wu.template dot<B>(a, u);
   mn_dl_warp_sums<B>(g);
   mn_dl_warp_sums<B>(u);
   const auto h = mn_out<4>(io);
@@ -254,18 +296,20 @@ __device__ void mn_dl_mlp_up(const IO &io) {
 template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *hs = reinterpret_cast<float *>(mn_dl_smem);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  mn_dl_wrow<F, mn_io_storage<IO, 2>::value> wd;
+  if (r < C) wd.load(mn_arg<const void>(io, 2), r);
   const auto h = mn_in<1>(io);
   for (int j = threadIdx.x; j < B * F; j += MN_DL_WARPS * 32)
     hs[j] = h[j];
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   if (r >= C) return;
   float y[B];
 #pragma unroll
   for (int b = 0; b < B; b++)
     y[b] = 0.0f;
-  mn_dl_dot<F, B, mn_io_storage<IO, 2>::value>(mn_arg<const void>(io, 2), r, hs, y);
+  wd.template dot<B>(hs, y);
   mn_dl_warp_sums<B>(y);
   const auto x1 = mn_in<0>(io);
   const auto out = mn_out<3>(io);
