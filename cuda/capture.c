@@ -15,6 +15,18 @@ mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned gr
                               unsigned block, size_t smem, mn_ptrs *io) {
   void *args[] = {io};
   dim3 g = {grid[0], grid[1], grid[2]}, b = {block, 1, 1};
+  if (st->prog.kernels[kernel].overlaps && st->overlap) {
+    cudaLaunchAttribute attr = {.id = cudaLaunchAttributeProgrammaticStreamSerialization};
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {.gridDim = g,
+                              .blockDim = b,
+                              .dynamicSmemBytes = smem,
+                              .stream = st->stream,
+                              .attrs = &attr,
+                              .numAttrs = 1};
+    return mn_cu_check(cudaLaunchKernelExC(&cfg, (const void *)st->kernels[kernel], args),
+                       "launching a kernel");
+  }
   return mn_cu_check(
       cudaLaunchKernel((const void *)st->kernels[kernel], g, b, args, smem, st->stream),
       "launching a kernel");

@@ -248,6 +248,8 @@ static mn_status cuda_create(mn_session *s) {
   if (!st) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   s->backend_state = st;
   st->device = s->options.device;
+  const char *overlap = getenv("MN_CUDA_OVERLAP");
+  st->overlap = !(overlap && strcmp(overlap, "0") == 0);
   mn_status rc = mn_cu_check(cudaSetDevice(st->device), "selecting the device");
   if (rc == MN_OK)
     rc = mn_cu_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "a stream");

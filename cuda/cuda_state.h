@@ -121,6 +121,9 @@ typedef struct cuda_state {
   cudaGraph_t graph;     /* what exec was made from, kept for its input copies' nodes */
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;
+  /* Kernels marked overlapping (emit.h mn_cu_kernel_overlaps) launch as programmatic dependents;
+   * MN_CUDA_OVERLAP=0 launches them as every other kernel, to time what it buys. */
+  bool overlap;
   /* The graph captured before it, kept while valid: a data-parallel session that accumulates
    * launches two graphs in turn (the applying one reduces, the others must not). */
   cudaGraphExec_t other_exec;

@@ -107,9 +107,17 @@ int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
   kd = &prog->kernels[k];
   char *copy = strdup(kd->call);
   if (!copy) return -1;
-  prog->kernels[prog->num_kernels] =
-      (mn_cu_kernel_desc){.call = copy, .block = kd->block, .storage = storage};
+  prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){
+      .call = copy, .block = kd->block, .storage = storage, .overlaps = kd->overlaps};
   return (int)prog->num_kernels++;
+}
+
+void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k) {
+  mn_cu_program *prog = c->prog;
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    if (prog->kernels[i].block == prog->kernels[k].block &&
+        strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0)
+      prog->kernels[i].overlaps = true;
 }
 
 int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,

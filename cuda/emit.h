@@ -124,6 +124,8 @@ typedef struct mn_cu_kernel_desc {
   char *call;       /* e.g. "mn_softmax_fwd<64, 1000>" */
   unsigned block;   /* threads per block (1-D), also its __launch_bounds__ */
   unsigned storage; /* the storage mask of its arguments (mn_dev_storage, 2 bits each) */
+  /* Launched as a programmatic dependent of the kernel before it (mn_cu_kernel_overlaps). */
+  bool overlaps;
 } mn_cu_kernel_desc;
 
 /* The lowered program of a plan. */
@@ -158,6 +160,12 @@ typedef mn_status (*mn_cu_lower_fn)(const mn_cu_op_ctx *c);
  * returns mn_cu_oom(c)). */
 int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Marks kernel k (and its storage instances) as one whose template starts with
+ * mn_overlap_begin() and calls mn_overlap_wait() before it touches memory that an earlier
+ * kernel writes or reads (kernels/common.cuh): the backend launches it with programmatic
+ * stream serialization, so that its blocks start, and run up to the wait, while the kernel
+ * before it finishes. */
+void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k);
 /* The instance of kernel k's call compiled for storage mask `storage` (2 bits per argument,
  * an mn_dev_storage), declared on first use; -1 when out of memory. */
 int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage);

@@ -73,6 +73,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                        (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq,
                        (long long)b, node, eps, theta);
   if (k < 0) return mn_cu_oom(c);
+  mn_cu_kernel_overlaps(c, k);
   mn_cu_arg qkv_args[10] = {w[MN_DL_X],  w[MN_DL_NORM1],   w[MN_DL_WQ],      w[MN_DL_WK],
                             w[MN_DL_WV], w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_POS],
                             q,           mn_cu_error_arg()};
@@ -87,6 +88,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                    (long long)dim, (long long)q_dim, hd, heads, (long long)max_seq, (long long)b,
                    split, node);
   if (k < 0) return mn_cu_oom(c);
+  mn_cu_kernel_overlaps(c, k);
   mn_cu_arg out_args[8] = {w[MN_DL_KV_LEN], parts[0],   parts[1], parts[2],
                            w[MN_DL_WO],     w[MN_DL_X], x1,       mn_cu_error_arg()};
   st = mn_cu_launch(c, k, blocks_of(dim), 1, 1, (size_t)(b * q_dim) * sizeof(float), 8, out_args);
@@ -95,6 +97,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu>", (long long)dim,
                    (long long)ff, (long long)b, eps);
   if (k < 0) return mn_cu_oom(c);
+  mn_cu_kernel_overlaps(c, k);
   mn_cu_arg up_args[5] = {x1, w[MN_DL_NORM2], w[MN_DL_WGATE], w[MN_DL_WUP], h};
   st = mn_cu_launch(c, k, blocks_of(ff), 1, 1, (size_t)(b * dim) * sizeof(float), 5, up_args);
   if (st != MN_OK) return st;
@@ -102,6 +105,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_down<%lld, %lld, %lld>", (long long)dim, (long long)ff,
                    (long long)b);
   if (k < 0) return mn_cu_oom(c);
+  mn_cu_kernel_overlaps(c, k);
   mn_cu_arg down_args[4] = {x1, h, w[MN_DL_WDOWN], mn_cu_out(c)};
   return mn_cu_launch(c, k, blocks_of(dim), 1, 1, (size_t)(b * ff) * sizeof(float), 4, down_args);
 }

@@ -649,6 +649,7 @@ __device__ void mn_attn_bwd_dkv(const IO &io) {
 // kv_len and reads only the splits it covers.
 template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, class IO>
 __device__ void mn_attn_decode_part(const IO &io) {
+  mn_overlap_begin(); // a decode layer's next kernel loads its weights meanwhile
   constexpr int G = H / KVH, NGB = (G + GB - 1) / GB;
   constexpr long long KVD = (long long)KVH * HD;
   __shared__ float qs[GB * HD];

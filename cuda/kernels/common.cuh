@@ -15,16 +15,12 @@ template <typename T> __device__ __forceinline__ T *mn_arg(const mn_ptrs &io, in
 // fp32 kernel is the same code it always was, or a pointer-like view that converts each
 // element as it is read (exactly) and written (rounded to nearest even). Arithmetic stays
 // float: only loads and stores change.
-template <unsigned SM> struct mn_io : mn_ptrs {
-  static constexpr unsigned storage_mask = SM;
-};
+template <unsigned SM> struct mn_io : mn_ptrs { static constexpr unsigned storage_mask = SM; };
 template <class IO, int I> struct mn_io_storage {
   static constexpr int value =
       (int)((IO::storage_mask >> (MN_DEV_STORAGE_BITS * I)) & ((1u << MN_DEV_STORAGE_BITS) - 1u));
 };
-template <int I> struct mn_io_storage<mn_ptrs, I> {
-  static constexpr int value = MN_DEV_F32;
-};
+template <int I> struct mn_io_storage<mn_ptrs, I> { static constexpr int value = MN_DEV_F32; };
 
 template <int S> __device__ __forceinline__ float mn_lp_load(unsigned short h) {
   if constexpr (S == MN_DEV_BF16) {
@@ -68,9 +64,7 @@ template <int S> struct mn_lp_ref {
 };
 
 template <bool B> struct mn_enable_if {};
-template <> struct mn_enable_if<true> {
-  using type = int;
-};
+template <> struct mn_enable_if<true> { using type = int; };
 
 // A pointer to low-precision elements; C: read-only.
 template <int S, bool C> struct mn_lp_ptr {
@@ -101,15 +95,9 @@ template <int S, bool C> struct mn_lp_ptr {
   __device__ __forceinline__ explicit operator bool() const { return p != nullptr; }
 };
 
-template <int S, bool C> struct mn_fptr_sel {
-  using type = mn_lp_ptr<S, C>;
-};
-template <> struct mn_fptr_sel<MN_DEV_F32, false> {
-  using type = float *;
-};
-template <> struct mn_fptr_sel<MN_DEV_F32, true> {
-  using type = const float *;
-};
+template <int S, bool C> struct mn_fptr_sel { using type = mn_lp_ptr<S, C>; };
+template <> struct mn_fptr_sel<MN_DEV_F32, false> { using type = float *; };
+template <> struct mn_fptr_sel<MN_DEV_F32, true> { using type = const float *; };
 // The pointer type of float values stored as S: float * for fp32.
 template <int S> using mn_fptr = typename mn_fptr_sel<S, false>::type;
 template <int S> using mn_cfptr = typename mn_fptr_sel<S, true>::type;
@@ -138,16 +126,17 @@ __device__ __forceinline__ float4 mn_ld4(const float *p, long long q) {
 }
 template <int S, bool C> __device__ __forceinline__ float4 mn_ld4(mn_lp_ptr<S, C> p, long long q) {
   const uint2 w = reinterpret_cast<const uint2 *>(p.p)[q];
-  return make_float4(mn_lp_load<S>((unsigned short)(w.x & 0xffffu)),
-                     mn_lp_load<S>((unsigned short)(w.x >> 16)),
-                     mn_lp_load<S>((unsigned short)(w.y & 0xffffu)),
-                     mn_lp_load<S>((unsigned short)(w.y >> 16)));
+  return make_float4(
+      mn_lp_load<S>((unsigned short)(w.x & 0xffffu)), mn_lp_load<S>((unsigned short)(w.x >> 16)),
+      mn_lp_load<S>((unsigned short)(w.y & 0xffffu)), mn_lp_load<S>((unsigned short)(w.y >> 16)));
 }
 __device__ __forceinline__ void mn_st4(float *p, long long q, float4 v) {
   reinterpret_cast<float4 *>(p)[q] = v;
 }
-template <int S> __device__ __forceinline__ void mn_st4(mn_lp_ptr<S, false> p, long long q, float4 v) {
-  reinterpret_cast<uint2 *>(p.p)[q] = make_uint2(mn_lp_round2<S>(v.x, v.y), mn_lp_round2<S>(v.z, v.w));
+template <int S>
+__device__ __forceinline__ void mn_st4(mn_lp_ptr<S, false> p, long long q, float4 v) {
+  reinterpret_cast<uint2 *>(p.p)[q] =
+      make_uint2(mn_lp_round2<S>(v.x, v.y), mn_lp_round2<S>(v.z, v.w));
 }
 
 // Records a failure unless one is recorded already: the first one is reported.
@@ -162,6 +151,22 @@ __device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, un
 }
 
 __device__ __forceinline__ float mn_nan() { return __int_as_float(0x7fffffff); }
+
+// Programmatic dependent launch (emit.h mn_cu_kernel_overlaps). mn_overlap_begin lets the next
+// kernel, when it is launched as a programmatic dependent, start its blocks now; that kernel
+// calls mn_overlap_wait before it touches anything an earlier kernel writes or reads, which
+// returns once the kernels before it have finished and their writes are visible. Both do
+// nothing in a plain launch, and below sm_90.
+__device__ __forceinline__ void mn_overlap_begin() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mn_overlap_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ float mn_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1)
@@ -266,7 +271,8 @@ __device__ __forceinline__ void mn_ld_vec(mn_lp_ptr<S, C> p, float *v) {
   }
 }
 
-template <int VEC, int S> __device__ __forceinline__ void mn_st_vec(mn_lp_ptr<S, false> p, const float *v) {
+template <int VEC, int S>
+__device__ __forceinline__ void mn_st_vec(mn_lp_ptr<S, false> p, const float *v) {
   if constexpr (VEC == 4)
     mn_st4(p, 0, make_float4(v[0], v[1], v[2], v[3]));
   else if constexpr (VEC == 2)

@@ -5,6 +5,9 @@
 //   3. mn_dl_attn_out: the splits merged, the o product, the residual
 //   4. mn_dl_mlp_up: rms_norm, the gate and up products, SwiGLU
 //   5. mn_dl_mlp_down: the down product, the residual
+// Kernels 1, 3, 4 and 5 start as programmatic dependents of the kernel before them (common.cuh
+// mn_overlap_begin / mn_overlap_wait): each loads its weight rows, which nothing writes, while
+// that kernel finishes, and waits before it reads anything else.
 // At batch 1-8 every product is a matrix-vector product bound by reading the weights once:
 // one warp computes one output feature (two in the first kernel: a RoPE pair) for all B rows,
 // each lane reading 16-byte chunks of the weight row, with the B normalized input rows in
@@ -142,6 +145,7 @@ __device__ void mn_dl_qkv(const IO &io) {
   const int pp = sec == 0 ? p : sec == 1 ? p - QP : p - QP - KP;
   const int head = pp / HALF, i = pp % HALF;
   const long long r0 = (long long)head * HD + i, r1 = r0 + HALF;
+  mn_overlap_begin();
   mn_dl_wrow<C, SQ> q0, q1;
   mn_dl_wrow<C, SKV> k0, k1;
   if (p < NP) {
@@ -153,6 +157,7 @@ __device__ void mn_dl_qkv(const IO &io) {
       k1.load(mn_arg<const void>(io, sec == 1 ? 3 : 4), r1);
     }
   }
+  mn_overlap_wait();
   mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
   __syncthreads();
   const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
@@ -210,12 +215,14 @@ __device__ void mn_dl_attn_out(const IO &io) {
   float *att = reinterpret_cast<float *>(mn_dl_smem);
   __shared__ float mxs[B * H], invs[B * H];
   constexpr long long NSPLIT = (MAXS + SPLIT - 1) / SPLIT;
-  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   const auto x1 = mn_out<6>(io);
+  mn_overlap_begin();
   mn_dl_wrow<Q, mn_io_storage<IO, 4>::value> wo;
   if (r < C) wo.load(mn_arg<const void>(io, 4), r);
+  mn_overlap_wait();
+  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
       mn_report(mn_arg<mn_dev_error>(io, 7), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
@@ -269,12 +276,14 @@ __device__ void mn_dl_mlp_up(const IO &io) {
   float *a = reinterpret_cast<float *>(mn_dl_smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  mn_overlap_begin();
   mn_dl_wrow<C, mn_io_storage<IO, 2>::value> wg;
   mn_dl_wrow<C, mn_io_storage<IO, 3>::value> wu;
   if (r < F) {
     wg.load(mn_arg<const void>(io, 2), r);
     wu.load(mn_arg<const void>(io, 3), r);
   }
+  mn_overlap_wait();
   mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
   __syncthreads();
   if (r >= F) return;
@@ -298,8 +307,10 @@ template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO
   float *hs = reinterpret_cast<float *>(mn_dl_smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
+  mn_overlap_begin();
   mn_dl_wrow<F, mn_io_storage<IO, 2>::value> wd;
   if (r < C) wd.load(mn_arg<const void>(io, 2), r);
+  mn_overlap_wait();
   const auto h = mn_in<1>(io);
   for (int j = threadIdx.x; j < B * F; j += MN_DL_WARPS * 32)
     hs[j] = h[j];
