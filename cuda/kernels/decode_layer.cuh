@@ -109,6 +109,22 @@ template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
     acc[b] = mn_warp_sum(acc[b]);
 }
 
+// out[b, r] = res[b, r] + the warp's row w . a[b, :] for the B rows of a (lane b stores row b).
+template <int C, int B, class WR, class RP, class OP>
+__device__ __forceinline__ void mn_dl_residual_row(const WR &w, const float *a, RP res, OP out,
+                                                   long long r) {
+  float y[B];
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    y[b] = 0.0f;
+  w.template dot<B>(a, y);
+  mn_dl_warp_sums<B>(y);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int b = 0; b < B; b++)
+    if (lane == b) out[(long long)b * C + r] = res[(long long)b * C + r] + y[b];
+}
+
 // a[b, :] = rms_norm(x[b, :]) * w for the B rows of x [B][C]: warp b normalizes row b. The
 // caller synchronizes the block before reading a.
 template <int C, int B, class XP, class WP>
@@ -255,17 +271,7 @@ __device__ void mn_dl_attn_out(const IO &io) {
     att[j] = acc * invs[b * H + h];
   }
   __syncthreads();
-  if (r >= C) return;
-  float y[B];
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    y[b] = 0.0f;
-  wo.template dot<B>(att, y);
-  mn_dl_warp_sums<B>(y);
-  const auto x = mn_in<5>(io);
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    if (lane == b) x1[(long long)b * C + r] = x[(long long)b * C + r] + y[b];
+  if (r < C) mn_dl_residual_row<C, B>(wo, att, mn_in<5>(io), x1, r);
 }
 
 // 4. io = x1 [B, C], post_attention_layernorm [C], wgate [F, C], wup [F, C], h [B, F] (fp32
@@ -305,7 +311,7 @@ __device__ void mn_dl_mlp_up(const IO &io) {
 template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *hs = reinterpret_cast<float *>(mn_dl_smem);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   mn_overlap_begin();
   mn_dl_wrow<F, mn_io_storage<IO, 2>::value> wd;
@@ -315,16 +321,5 @@ template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO
   for (int j = threadIdx.x; j < B * F; j += MN_DL_WARPS * 32)
     hs[j] = h[j];
   __syncthreads();
-  if (r >= C) return;
-  float y[B];
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    y[b] = 0.0f;
-  wd.template dot<B>(hs, y);
-  mn_dl_warp_sums<B>(y);
-  const auto x1 = mn_in<0>(io);
-  const auto out = mn_out<3>(io);
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    if (lane == b) out[(long long)b * C + r] = x1[(long long)b * C + r] + y[b];
+  if (r < C) mn_dl_residual_row<C, B>(wd, hs, mn_in<0>(io), mn_out<3>(io), r);
 }
