@@ -8,14 +8,10 @@
 #include "host/decode_layer.h"
 #include "host/reference/ref_shared.h"
 
-/* out[r] = w[r, :] . a for rows r of w [rows, n]. */
+/* out[r] = w[r, :] . a for rows r of w [rows, n]: the products' threaded kernel (ref_math.c),
+ * so a decode layer uses the cores as the unfused layer's products do. */
 static void matvec(const float *w, const float *a, size_t rows, size_t n, float *out) {
-  for (size_t r = 0; r < rows; r++) {
-    double acc = 0;
-    for (size_t i = 0; i < n; i++)
-      acc += (double)w[r * n + i] * a[i];
-    out[r] = (float)acc;
-  }
+  mn_ref_gemm(a, n, 1, w, 1, n, out, 1, rows, n);
 }
 
 static void rms_norm(const float *x, const float *w, size_t n, double eps, float *out) {
