@@ -91,6 +91,8 @@ static mn_status compile_and_load(cuda_state *st) {
     rc = mn_cu_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device),
                      "device");
   if (rc != MN_OK) return rc;
+  /* Programmatic dependent launch needs sm_90; below it kernels launch plainly. */
+  if (major < 9) st->overlap = false;
   char arch[32];
   snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
   char *src = mn_cu_program_source(&st->prog);

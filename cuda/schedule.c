@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/schedule.h"
+#include "host/decode_layer.h"
 #include "host/error.h"
 #include "host/graph.h"
 
@@ -47,8 +48,12 @@ static uintptr_t buffer_base(const cuda_state *st, const mn_session *s, mn_node 
 
 static bool writes_buffer(const mn_plan *p, mn_node id, uint32_t b) {
   if (p->node_buffer[id] == b) return true;
-  for (int k = 1; k <= mn_node_num_extra_outputs(&p->graph->nodes[id]); k++)
+  const mn_node_rec *n = &p->graph->nodes[id];
+  for (int k = 1; k <= mn_node_num_extra_outputs(n); k++)
     if (p->node_buffer[mn_plan_extra_output(p, id, k)] == b) return true;
+  /* A decode layer's caches are inputs it writes. */
+  for (int k = 0; k < n->num_inputs; k++)
+    if (mn_decode_layer_writes(n, k) && p->node_buffer[n->inputs[k]] == b) return true;
   return false;
 }
 

@@ -52,6 +52,13 @@ mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_nod
                          (double)eps, (double)theta);
   if (!mn_require_dtype(g, fn, "x", x, MN_F32) || !mn_require_rank(g, fn, "x", x, 2, 3))
     return MN_NO_NODE;
+  /* The caches are written in place: they must be inputs (which the memory planner never
+   * reuses), and two of them. */
+  if (g->nodes[k_cache].op != MN_OP_INPUT || g->nodes[v_cache].op != MN_OP_INPUT ||
+      k_cache == v_cache)
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: k_cache (node %u) and v_cache (node %u) must be two graph inputs", fn,
+                         k_cache, v_cache);
   const mn_tensor_type *tx = mn_type_of(g, x);
   char d[128];
   if (tx->rank == 3 && tx->shape[1] != 1)

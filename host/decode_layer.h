@@ -32,8 +32,9 @@ enum {
  * the unfused layer's GEMMs do better. */
 #define MN_DECODE_LAYER_MAX_BATCH 8
 /* The most floats of batch x the widest of (hidden, q, intermediate) width: the CUDA kernels keep
- * the B rows they multiply in shared memory (160 KB). */
-#define MN_DECODE_LAYER_MAX_FLOATS (40 * 1024)
+ * the B rows they multiply in shared memory (96 KB, under the 99 KB that sm_86 and sm_89 allow a
+ * block). */
+#define MN_DECODE_LAYER_MAX_FLOATS (24 * 1024)
 
 /* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights (the
  * Linear ones [out, in]); attrs: num_heads, num_kv_heads, head_dim, eps (both norms) and

@@ -61,8 +61,9 @@ static size_t count_dead(const mn_graph *g) {
 }
 
 /* Adds every node of g; equal nodes meet in one class as they arrive (common
- * subexpressions), counted in *cse. Named leaves and in-place ops keep an identity of
- * their own: two inputs are never the same value, and each in-place write happens. */
+ * subexpressions), counted in *cse. Named leaves, in-place ops and decode layers (which write
+ * their caches) keep an identity of their own: two inputs are never the same value, and each
+ * in-place write happens. */
 static mn_status load(mn_egraph *eg, const mn_graph *g, eg_id *orig_node, size_t *cse) {
   for (size_t i = 0; i < g->num_nodes; i++) {
     const mn_node_rec *r = &g->nodes[i];
@@ -74,8 +75,8 @@ static mn_status load(mn_egraph *eg, const mn_graph *g, eg_id *orig_node, size_t
       k.kids[j] = orig_node[r->inputs[j]];
     k.type = eg_intern_type(eg, &r->type);
     k.attrs = r->attrs;
-    bool unique =
-        r->op == MN_OP_INPUT || r->op == MN_OP_PARAMETER || (mn_op_flags(r->op) & MN_OPF_INPLACE);
+    bool unique = r->op == MN_OP_INPUT || r->op == MN_OP_PARAMETER ||
+                  (mn_op_flags(r->op) & MN_OPF_INPLACE) || r->op == MN_OP_LLAMA_DECODE_LAYER;
     k.identity = unique ? (uint32_t)i : EG_NONE;
     k.data = r->op == MN_OP_CONSTANT ? r->data : NULL;
     k.fused = r->op == MN_OP_FUSED ? r->fused : NULL;

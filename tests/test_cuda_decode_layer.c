@@ -37,6 +37,25 @@ static const mn_test_dl_case CASES[] = {
      .ff = 20,
      .max_seq = 300,
      .pos = 255},
+    /* twelve query heads over one kv head (two head slices, the second part-filled), head_dim 128
+     */
+    {.batch = 1,
+     .dim = 256,
+     .heads = 12,
+     .kv_heads = 1,
+     .head_dim = 128,
+     .ff = 256,
+     .max_seq = 300,
+     .pos = 260},
+    /* head_dim 256 */
+    {.batch = 2,
+     .dim = 128,
+     .heads = 2,
+     .kv_heads = 1,
+     .head_dim = 256,
+     .ff = 64,
+     .max_seq = 50,
+     .pos = 40},
     /* three sequences, one kv head for six query heads */
     {.batch = 3,
      .dim = 96,

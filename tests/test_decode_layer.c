@@ -108,6 +108,18 @@ Test(decode_layer, the_builder_checks_every_shape) {
   mn_graph_free(g);
 
   g = mn_graph_new();
+  mn_node x = mn_input(g, "x", MN_SHAPE(1, 1, 16));
+  mn_node w[9];
+  for (int i = 0; i < 9; i++)
+    w[i] = x;
+  mn_node cache = mn_input(g, "cache", MN_SHAPE(1, 4, 16));
+  mn_node one = mn_input_u32(g, "one", MN_SHAPE(1));
+  cr_assert_eq(mn_llama_decode_layer(g, x, w, cache, cache, one, one, 2, 2, 8, 1e-5f, 1e4f),
+               MN_NO_NODE);
+  mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be two graph inputs");
+  mn_graph_free(g);
+
+  g = mn_graph_new();
   cr_assert_eq(build(g, 2, 32, 32, 3), MN_NO_NODE);
   mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be a multiple of num_kv_heads");
   mn_graph_free(g);
