@@ -101,6 +101,63 @@ static mn_status time_commands(cuda_state *st, mn_session *s, bool update, cudaE
   return rc;
 }
 
+/* The kernel command cmd runs, for the per-kernel table: a launch's template (its call up to
+ * the first '<'), "cublasLt" for a product, "memset" or "copy". */
+static void kernel_of(const cuda_state *st, size_t cmd, char *buf, size_t size) {
+  if (cmd == st->prog.num_cmds) {
+    snprintf(buf, size, "optimizer update");
+    return;
+  }
+  const mn_cu_cmd *c = &st->prog.cmds[cmd];
+  switch (c->kind) {
+  case MN_CU_CMD_LAUNCH: {
+    const char *call = st->prog.kernels[c->kernel].call;
+    snprintf(buf, size, "%.*s", (int)strcspn(call, "<"), call);
+    break;
+  }
+  case MN_CU_CMD_MATMUL: snprintf(buf, size, "cublasLt"); break;
+  case MN_CU_CMD_MEMSET: snprintf(buf, size, "memset"); break;
+  case MN_CU_CMD_COPY: snprintf(buf, size, "copy"); break;
+  }
+}
+
+typedef struct kernel_total {
+  char name[64];
+  size_t commands;
+  double ms;
+} kernel_total;
+
+static int by_kernel_ms_desc(const void *a, const void *b) {
+  double x = ((const kernel_total *)a)->ms, y = ((const kernel_total *)b)->ms;
+  return (x < y) - (x > y);
+}
+
+/* Every kernel's commands and time, the slowest first: an op lowered to several kernels (a
+ * decode layer, attention) shows what each of them costs. */
+static void print_kernels(const mn_session *s, const double *med, size_t n, FILE *out) {
+  const cuda_state *st = s->backend_state;
+  kernel_total *ks = calloc(n ? n : 1, sizeof *ks);
+  if (!ks) return;
+  size_t num = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (i < st->prog.num_cmds && mn_cu_cmd_skipped(st, i)) continue;
+    char name[64];
+    kernel_of(st, i, name, sizeof name);
+    size_t k = 0;
+    while (k < num && strcmp(ks[k].name, name) != 0)
+      k++;
+    if (k == num) snprintf(ks[num++].name, sizeof ks->name, "%s", name);
+    ks[k].commands++;
+    ks[k].ms += med[i];
+  }
+  qsort(ks, num, sizeof *ks, by_kernel_ms_desc);
+  fprintf(out, "PROFILE %-28s %8s %10s %10s\n", "kernel", "commands", "ms", "us each");
+  for (size_t k = 0; k < num && k < 20; k++)
+    fprintf(out, "PROFILE %-28s %8zu %10.3f %10.2f\n", ks[k].name, ks[k].commands, ks[k].ms,
+            1e3 * ks[k].ms / (double)ks[k].commands);
+  free(ks);
+}
+
 static void print_report(const mn_session *s, const double *med, size_t n, FILE *out) {
   const cuda_state *st = s->backend_state;
   op_total *ops = calloc(n, sizeof *ops);
@@ -139,6 +196,7 @@ static void print_report(const mn_session *s, const double *med, size_t n, FILE 
   for (size_t k = 0; k < num_ops; k++)
     fprintf(out, "PROFILE %-28s %8zu %10.3f %6.1f\n", ops[k].op, ops[k].commands, ops[k].ms,
             100.0 * ops[k].ms / total);
+  print_kernels(s, med, n, out);
   fprintf(out, "PROFILE slowest commands:\n");
   for (size_t i = 0; i < num_cmds && i < 25; i++) {
     char what[160];

@@ -272,6 +272,10 @@ Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
   cr_assert_gt(ms, 0.0, "%s", text);
   cr_assert_not_null(strstr(text, "PROFILE matmul "), "%s", text);
   cr_assert_not_null(strstr(text, "optimizer_update"), "%s", text);
+  /* The per-kernel table: the products are cuBLASLt's. */
+  const char *kernels = strstr(text, "PROFILE kernel ");
+  cr_assert_not_null(kernels, "%s", text);
+  cr_assert_not_null(strstr(kernels, "cublasLt"), "%s", text);
   /* The floor table: the card's measured peaks, then each op's distance to them. */
   double tflops = 0, tbps = 0;
   const char *floor = strstr(text, "FLOOR measured now");
