@@ -36,27 +36,24 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   int hd = at->head_dim, heads = at->num_heads;
   int64_t q_dim = (int64_t)heads * hd, kv_dim = (int64_t)at->num_kv_heads * hd;
   int64_t ff = mn_cu_in_type(c, MN_DL_WGATE)->shape[0];
-  int64_t widest = dim > ff ? dim : ff;
-  if (q_dim > widest) widest = q_dim;
-  if (b * widest > MN_DECODE_LAYER_MAX_FLOATS)
+  if (!mn_decode_layer_fits(b, dim, q_dim, ff))
     return mn_fail(MN_ERR_UNSUPPORTED,
-                   "cuda backend: node %u (llama_decode_layer): batch %lld x width %lld is more "
-                   "than the kernels hold in shared memory",
-                   c->id, (long long)b, (long long)widest);
+                   "cuda backend: node %u (llama_decode_layer): batch %lld is more than the "
+                   "kernels hold in shared memory",
+                   c->id, (long long)b);
   mn_cu_arg w[MN_DL_NUM_INPUTS];
   for (int i = 0; i < MN_DL_NUM_INPUTS; i++)
     w[i] = mn_cu_in(c, i);
-  if (mn_cu_low_storage(c->plan) != MN_DEV_F32) {
-    const int weights[7] = {MN_DL_WQ,    MN_DL_WK,  MN_DL_WV,   MN_DL_WO,
-                            MN_DL_WGATE, MN_DL_WUP, MN_DL_WDOWN};
-    for (int i = 0; i < 7; i++) {
-      const mn_tensor_type *t = mn_cu_in_type(c, weights[i]);
-      mn_status st = mn_cu_low_operand(c, &w[weights[i]], t->shape[0], t->shape[1], 0, 1, 0);
+  /* In a low-precision session the products read the weights' low-precision copies. */
+  if (mn_cu_low_storage(c->plan) != MN_DEV_F32)
+    for (int i = 0; i < MN_DL_NUM_INPUTS; i++) {
+      if (!mn_dl_is_weight(i)) continue;
+      const mn_tensor_type *t = mn_cu_in_type(c, i);
+      mn_status st = mn_cu_low_operand(c, &w[i], t->shape[0], t->shape[1], 0, 1, 0);
       if (st != MN_OK) return st;
     }
-  }
-  /* Scratch: the attention's partial results first (mn_cu_decode_attention_parts), then q, x1
-   * and h. */
+  /* Scratch: q, x1 and h, then the attention's partial results
+   * (mn_cu_decode_attention_scratch). */
   size_t q_at = 0, x1_at = align256((size_t)(b * q_dim) * sizeof(float));
   size_t h_at = x1_at + align256((size_t)(b * dim) * sizeof(float));
   size_t parts_at = h_at + align256((size_t)(b * ff) * sizeof(float));

@@ -90,12 +90,11 @@ mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_nod
       !require_u32_scalar(g, fn, "pos", pos_u32) ||
       !require_u32_scalar(g, fn, "kv_len", kv_len_u32))
     return MN_NO_NODE;
-  int64_t widest = c > ff ? c : ff;
-  if (q_dim > widest) widest = q_dim;
-  if (b * widest > MN_DECODE_LAYER_MAX_FLOATS)
-    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
-                         "%s: batch %lld x width %lld is above %d floats", fn, (long long)b,
-                         (long long)widest, MN_DECODE_LAYER_MAX_FLOATS);
+  if (!mn_decode_layer_fits(b, c, q_dim, ff))
+    return mn_graph_fail(
+        g, MN_ERR_INVALID_ARGUMENT,
+        "%s: batch %lld x the widest of widths %lld, %lld, %lld is above %d floats", fn,
+        (long long)b, (long long)c, (long long)q_dim, (long long)ff, MN_DECODE_LAYER_MAX_FLOATS);
   mn_op_attrs attrs = {.num_heads = num_heads,
                        .num_kv_heads = num_kv_heads,
                        .head_dim = head_dim,

@@ -36,12 +36,25 @@ enum {
  * block). */
 #define MN_DECODE_LAYER_MAX_FLOATS (24 * 1024)
 
+/* Whether a decode layer of `batch` sequences with these widths fits the bound above. */
+static inline bool mn_decode_layer_fits(int64_t batch, int64_t dim, int64_t q_dim, int64_t ff) {
+  int64_t widest = dim > ff ? dim : ff;
+  if (q_dim > widest) widest = q_dim;
+  return batch <= MN_DECODE_LAYER_MAX_BATCH && batch * widest <= MN_DECODE_LAYER_MAX_FLOATS;
+}
+
 /* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights (the
  * Linear ones [out, in]); attrs: num_heads, num_kv_heads, head_dim, eps (both norms) and
  * theta (RoPE). The value is x after the layer; the caches are written in place. */
 mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_node k_cache,
                               mn_node v_cache, mn_node pos_u32, mn_node kv_len_u32, int num_heads,
                               int num_kv_heads, int head_dim, float eps, float theta);
+
+/* Whether input i of a decode layer is one of its seven Linear weights. */
+static inline bool mn_dl_is_weight(int i) {
+  return i == MN_DL_WQ || i == MN_DL_WK || i == MN_DL_WV || i == MN_DL_WO || i == MN_DL_WGATE ||
+         i == MN_DL_WUP || i == MN_DL_WDOWN;
+}
 
 /* Whether input i of node n is a cache that n writes in place. */
 static inline bool mn_decode_layer_writes(const mn_node_rec *n, int i) {

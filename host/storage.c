@@ -67,9 +67,7 @@ bool mn_storage_reads_low(mn_op op, int k) {
   case MN_OP_CONV2D:
   case MN_OP_CONV2D_GRAD_INPUT:
   case MN_OP_CONV2D_GRAD_KERNEL: return k < 2;
-  case MN_OP_LLAMA_DECODE_LAYER:
-    return k == MN_DL_WQ || k == MN_DL_WK || k == MN_DL_WV || k == MN_DL_WO || k == MN_DL_WGATE ||
-           k == MN_DL_WUP || k == MN_DL_WDOWN;
+  case MN_OP_LLAMA_DECODE_LAYER: return mn_dl_is_weight(k);
   default: return false;
   }
 }

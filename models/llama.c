@@ -28,9 +28,8 @@ static bool decodes_fused(const mn_model_ctx *m) {
   if (!m->max_seq || m->no_head || m->quant != MN_QUANT_NONE || m->lora) return false;
   const char *env = getenv("MN_DECODE_FUSED");
   if (env && strcmp(env, "0") == 0) return false;
-  int64_t widest = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
-  if (c->num_heads * c->head_dim > widest) widest = c->num_heads * c->head_dim;
-  return m->batch <= MN_DECODE_LAYER_MAX_BATCH && m->batch * widest <= MN_DECODE_LAYER_MAX_FLOATS &&
+  return mn_decode_layer_fits(m->batch, c->hidden_size, c->num_heads * c->head_dim,
+                              c->intermediate_size) &&
          c->head_dim % 2 == 0;
 }
 

@@ -1,8 +1,8 @@
 /* llama_decode_layer on CUDA (cuda/lower_decode_layer.c, kernels/decode_layer.cuh) against the
  * CPU's op: fp32 and bf16, batch 1 to 8, GQA and MHA, widths that the 16-byte weight loads serve
  * and widths they do not, caches of one split and of several; each case runs three steps, so
- * the later steps read the cache rows that the earlier ones wrote. The kernels compile without
- * a device. */
+ * the later steps read the cache rows that the earlier ones wrote; a position past the cache is
+ * an error. The kernels compile without a device. */
 #include <stdlib.h>
 
 #include "tests/support/cuda_check.h"
@@ -11,60 +11,18 @@
 
 static const mn_test_dl_case CASES[] = {
     /* a SmolLM2 layer's widths, two sequences, a cache of two splits */
-    {.batch = 2,
-     .dim = 576,
-     .heads = 9,
-     .kv_heads = 3,
-     .head_dim = 64,
-     .ff = 1536,
-     .max_seq = 200,
-     .pos = 150},
+    MN_TEST_DL_SHAPE(2, 576, 9, 3, 64, 1536, 200, 150),
     /* one sequence, one split */
-    {.batch = 1,
-     .dim = 64,
-     .heads = 4,
-     .kv_heads = 2,
-     .head_dim = 16,
-     .ff = 96,
-     .max_seq = 40,
-     .pos = 30},
+    MN_TEST_DL_SHAPE(1, 64, 4, 2, 16, 96, 40, 30),
     /* the most sequences, widths not a multiple of 8 (scalar loads), MHA, head_dim 12 */
-    {.batch = 8,
-     .dim = 36,
-     .heads = 3,
-     .kv_heads = 3,
-     .head_dim = 12,
-     .ff = 20,
-     .max_seq = 300,
-     .pos = 255},
-    /* twelve query heads over one kv head (two head slices, the second part-filled), head_dim 128
-     */
-    {.batch = 1,
-     .dim = 256,
-     .heads = 12,
-     .kv_heads = 1,
-     .head_dim = 128,
-     .ff = 256,
-     .max_seq = 300,
-     .pos = 260},
+    MN_TEST_DL_SHAPE(8, 36, 3, 3, 12, 20, 300, 255),
+    /* twelve query heads over one kv head (two head slices, the second part-filled), head_dim
+     * 128 */
+    MN_TEST_DL_SHAPE(1, 256, 12, 1, 128, 256, 300, 260),
     /* head_dim 256 */
-    {.batch = 2,
-     .dim = 128,
-     .heads = 2,
-     .kv_heads = 1,
-     .head_dim = 256,
-     .ff = 64,
-     .max_seq = 50,
-     .pos = 40},
+    MN_TEST_DL_SHAPE(2, 128, 2, 1, 256, 64, 50, 40),
     /* three sequences, one kv head for six query heads */
-    {.batch = 3,
-     .dim = 96,
-     .heads = 6,
-     .kv_heads = 1,
-     .head_dim = 16,
-     .ff = 64,
-     .max_seq = 130,
-     .pos = 127},
+    MN_TEST_DL_SHAPE(3, 96, 6, 1, 16, 64, 130, 127),
 };
 
 static double cuda_vs_cpu(const mn_test_dl_case *c, mn_precision prec) {
@@ -105,6 +63,14 @@ Test(cuda_decode_layer, matches_the_cpu_in_fp32) {
     cr_log_info("case %zu fp32: relative error %.3g", i, err);
     cr_assert_leq(err, 1e-5, "case %zu: relative error %g", i, err);
   }
+}
+
+/* A position past the cache writes nothing and is reported from the device's error record. */
+Test(cuda_decode_layer, a_position_past_the_cache_fails_the_step) {
+  mn_test_require_cuda_device();
+  mn_test_dl_case c = MN_TEST_DL_SHAPE(1, 64, 4, 2, 16, 96, 8, 8);
+  mn_assert_error(mn_test_dl_step_at(&c, MN_BACKEND_CUDA, 8, 9), MN_ERR_INVALID_ARGUMENT,
+                  "(llama_decode_layer): kv_pos 8");
 }
 
 /* Both backends read bf16 weights and keep the intermediates in fp32; the output rounds once. */

@@ -29,31 +29,10 @@ static double fused_vs_unfused(const mn_test_dl_case *c, mn_precision prec, int 
 /* GQA, batch 2, the cache half full; three steps, so the second and third read the rows that
  * the first and second wrote. */
 Test(decode_layer, equals_the_unfused_layer_in_fp32) {
-  mn_test_dl_case cases[] = {
-      {.batch = 2,
-       .dim = 32,
-       .heads = 4,
-       .kv_heads = 2,
-       .head_dim = 8,
-       .ff = 48,
-       .max_seq = 16,
-       .pos = 5},
-      {.batch = 1,
-       .dim = 24,
-       .heads = 3,
-       .kv_heads = 3,
-       .head_dim = 8,
-       .ff = 20,
-       .max_seq = 9,
-       .pos = 0},
-      {.batch = 3,
-       .dim = 36,
-       .heads = 6,
-       .kv_heads = 1,
-       .head_dim = 6,
-       .ff = 40,
-       .max_seq = 12,
-       .pos = 9},
+  const mn_test_dl_case cases[] = {
+      MN_TEST_DL_SHAPE(2, 32, 4, 2, 8, 48, 16, 5),
+      MN_TEST_DL_SHAPE(1, 24, 3, 3, 8, 20, 9, 0),
+      MN_TEST_DL_SHAPE(3, 36, 6, 1, 6, 40, 12, 9),
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     double err = fused_vs_unfused(&cases[i], MN_PRECISION_F32, 3);
@@ -64,50 +43,63 @@ Test(decode_layer, equals_the_unfused_layer_in_fp32) {
 /* In bf16 the unfused layer rounds each intermediate to bf16 and the op does not: they agree to
  * a few bf16 units. */
 Test(decode_layer, is_close_to_the_unfused_layer_in_bf16) {
-  mn_test_dl_case c = {.batch = 2,
-                       .dim = 32,
-                       .heads = 4,
-                       .kv_heads = 2,
-                       .head_dim = 8,
-                       .ff = 48,
-                       .max_seq = 16,
-                       .pos = 5};
+  mn_test_dl_case c = MN_TEST_DL_SHAPE(2, 32, 4, 2, 8, 48, 16, 5);
   double err = fused_vs_unfused(&c, MN_PRECISION_BF16, 3);
   cr_assert_leq(err, 0x1p-5, "relative error %g", err);
   cr_assert_gt(err, 0, "bf16 and fp32 intermediates should differ somewhere");
 }
 
-static mn_node build(mn_graph *g, int64_t batch, int64_t dim, int64_t wq_rows, int heads) {
-  int64_t kv = 2 * 8, ff = 24;
-  mn_node x = mn_input(g, "x", MN_SHAPE(batch, 1, dim));
-  mn_node w[9] = {
-      mn_parameter(g, "ln1", MN_SHAPE(dim)),    mn_parameter(g, "wq", MN_SHAPE(wq_rows, dim)),
-      mn_parameter(g, "wk", MN_SHAPE(kv, dim)), mn_parameter(g, "wv", MN_SHAPE(kv, dim)),
-      mn_parameter(g, "wo", MN_SHAPE(dim, 32)), mn_parameter(g, "ln2", MN_SHAPE(dim)),
-      mn_parameter(g, "wg", MN_SHAPE(ff, dim)), mn_parameter(g, "wu", MN_SHAPE(ff, dim)),
-      mn_parameter(g, "wd", MN_SHAPE(dim, ff))};
-  mn_node kc = mn_input(g, "k_cache", MN_SHAPE(batch, 10, kv));
-  mn_node vc = mn_input(g, "v_cache", MN_SHAPE(batch, 10, kv));
+/* A decode layer's graph with x [batch, rows, dim], q_proj [wq_rows, dim], `heads` query heads
+ * of 8 over 2 kv heads and RoPE base theta; every other shape consistent. */
+typedef struct builder_case {
+  int64_t batch, rows, dim, wq_rows;
+  int heads;
+  float theta;
+  mn_status want;
+  const char *fragment;
+} builder_case;
+
+static mn_node build(mn_graph *g, const builder_case *b) {
+  int64_t kv = 2 * 8, ff = 24, q_dim = 8 * (int64_t)b->heads;
+  mn_node x = mn_input(g, "x", MN_SHAPE(b->batch, b->rows, b->dim));
+  mn_node w[9] = {mn_parameter(g, "ln1", MN_SHAPE(b->dim)),
+                  mn_parameter(g, "wq", MN_SHAPE(b->wq_rows, b->dim)),
+                  mn_parameter(g, "wk", MN_SHAPE(kv, b->dim)),
+                  mn_parameter(g, "wv", MN_SHAPE(kv, b->dim)),
+                  mn_parameter(g, "wo", MN_SHAPE(b->dim, q_dim)),
+                  mn_parameter(g, "ln2", MN_SHAPE(b->dim)),
+                  mn_parameter(g, "wg", MN_SHAPE(ff, b->dim)),
+                  mn_parameter(g, "wu", MN_SHAPE(ff, b->dim)),
+                  mn_parameter(g, "wd", MN_SHAPE(b->dim, ff))};
+  mn_node kc = mn_input(g, "k_cache", MN_SHAPE(b->batch, 10, kv));
+  mn_node vc = mn_input(g, "v_cache", MN_SHAPE(b->batch, 10, kv));
   mn_node pos = mn_input_u32(g, "pos", MN_SHAPE(1)), len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
-  return mn_llama_decode_layer(g, x, w, kc, vc, pos, len, heads, 2, 8, 1e-5f, 1e4f);
+  return mn_llama_decode_layer(g, x, w, kc, vc, pos, len, b->heads, 2, 8, 1e-5f, b->theta);
 }
 
 Test(decode_layer, the_builder_checks_every_shape) {
+  const builder_case cases[] = {
+      {2, 1, 32, 32, 4, 1e4f, MN_OK, ""},
+      {MN_DECODE_LAYER_MAX_BATCH + 1, 1, 32, 32, 4, 1e4f, MN_ERR_INVALID_ARGUMENT,
+       "batch 9 is above 8"},
+      {2, 1, 32, 24, 4, 1e4f, MN_ERR_SHAPE, "q_proj"},
+      {2, 1, 32, 24, 3, 1e4f, MN_ERR_INVALID_ARGUMENT, "must be a multiple of num_kv_heads"},
+      {2, 2, 32, 32, 4, 1e4f, MN_ERR_SHAPE, "expected one row per sequence"},
+      {2, 1, 32, 32, 4, 0.0f, MN_ERR_INVALID_ARGUMENT, "theta 0 must be positive"},
+      {8, 1, 4096, 32, 4, 1e4f, MN_ERR_INVALID_ARGUMENT, "is above 24576 floats"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    mn_graph *g = mn_graph_new();
+    mn_node y = build(g, &cases[i]);
+    if (cases[i].want == MN_OK)
+      cr_assert_neq(y, MN_NO_NODE, "case %zu: %s", i, mn_graph_error(g));
+    else
+      mn_assert_graph_error(g, cases[i].want, cases[i].fragment);
+    mn_graph_free(g);
+  }
+
+  /* The caches are written in place: one node cannot be both. */
   mn_graph *g = mn_graph_new();
-  cr_assert_neq(build(g, 2, 32, 32, 4), MN_NO_NODE, "%s", mn_graph_error(g));
-  mn_graph_free(g);
-
-  g = mn_graph_new();
-  cr_assert_eq(build(g, MN_DECODE_LAYER_MAX_BATCH + 1, 32, 32, 4), MN_NO_NODE);
-  mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "batch 9 is above 8");
-  mn_graph_free(g);
-
-  g = mn_graph_new();
-  cr_assert_eq(build(g, 2, 32, 24, 4), MN_NO_NODE);
-  mn_assert_graph_error(g, MN_ERR_SHAPE, "q_proj");
-  mn_graph_free(g);
-
-  g = mn_graph_new();
   mn_node x = mn_input(g, "x", MN_SHAPE(1, 1, 16));
   mn_node w[9];
   for (int i = 0; i < 9; i++)
@@ -118,33 +110,31 @@ Test(decode_layer, the_builder_checks_every_shape) {
                MN_NO_NODE);
   mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be two graph inputs");
   mn_graph_free(g);
-
-  g = mn_graph_new();
-  cr_assert_eq(build(g, 2, 32, 32, 3), MN_NO_NODE);
-  mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be a multiple of num_kv_heads");
-  mn_graph_free(g);
 }
 
 Test(decode_layer, a_position_past_the_cache_fails_the_step) {
-  mn_test_dl_case c = {.batch = 1,
-                       .dim = 16,
-                       .heads = 2,
-                       .kv_heads = 1,
-                       .head_dim = 8,
-                       .ff = 16,
-                       .max_seq = 4,
-                       .pos = 4};
+  mn_test_dl_case c = MN_TEST_DL_SHAPE(1, 16, 2, 1, 8, 16, 4, 4);
+  mn_assert_error(mn_test_dl_step_at(&c, MN_BACKEND_CPU, 4, 5), MN_ERR_INVALID_ARGUMENT,
+                  "kv_pos 4 is out of range");
+  mn_assert_error(mn_test_dl_step_at(&c, MN_BACKEND_CPU, 2, 0), MN_ERR_INVALID_ARGUMENT,
+                  "kv_len 0 is out of range");
+}
+
+/* The op is inference only: a training graph through it is refused by name. */
+Test(decode_layer, is_not_differentiable) {
+  mn_test_dl_case c = MN_TEST_DL_SHAPE(1, 16, 2, 1, 8, 16, 4, 0);
   mn_graph *g = mn_test_dl_graph(&c, true);
+  mn_node y = (mn_node)(mn_graph_num_nodes(g) - 1);
+  mn_node_info info;
+  cr_assert_eq(mn_graph_node(g, y, &info), MN_OK);
+  cr_assert_str_eq(info.op, "llama_decode_layer");
+  mn_node loss = mn_sum_all(g, y);
+  mn_set_outputs(g, &loss, 1);
   mn_session *s = NULL;
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CPU;
-  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
-  uint32_t pos = 4, len = 5;
-  cr_assert_eq(mn_session_set_input_u32(s, "pos", &pos, 1), MN_OK);
-  cr_assert_eq(mn_session_set_input_u32(s, "kv_len", &len, 1), MN_OK);
-  mn_status st = mn_session_step(s);
-  if (st == MN_OK) st = mn_session_wait(s);
-  mn_assert_error(st, MN_ERR_INVALID_ARGUMENT, "kv_pos 4 is out of range");
-  mn_session_free(s);
+  mn_assert_error(mn_build_session(g, &o, &s), MN_ERR_UNSUPPORTED,
+                  "(llama_decode_layer) is not differentiable");
+  cr_assert_null(s);
   mn_graph_free(g);
 }

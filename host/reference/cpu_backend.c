@@ -6,7 +6,6 @@
 
 #include "host/backend.h"
 #include "host/data_parallel.h"
-#include "host/decode_layer.h"
 #include "host/error.h"
 #include "host/reference/ref_kernels.h"
 #include "host/reference/ref_update.h"
@@ -166,13 +165,6 @@ static void store_low_precision(mn_session *s, mn_node id, const mn_node_rec *no
     mn_storage_round_n(mn_plan_buffer_of(p, e)->storage, (float *)buffer_ptr(s, p->node_buffer[e]),
                        (size_t)mn_tensor_type_numel(&p->graph->nodes[e].type));
   }
-  for (int k = 0; k < node->num_inputs; k++)
-    if (mn_decode_layer_writes(node, k)) {
-      mn_node e = node->inputs[k];
-      mn_storage_round_n(mn_plan_buffer_of(p, e)->storage,
-                         (float *)buffer_ptr(s, p->node_buffer[e]),
-                         (size_t)mn_tensor_type_numel(&p->graph->nodes[e].type));
-    }
 }
 
 /* F16: divides every parameter gradient by the loss scale the step was seeded with and

@@ -33,21 +33,12 @@ static void attend(const attn_shape *sh, const uint32_t *positions, const float 
       const float *qh = q + t * q_stride + h * hd;
       size_t kv_off = first * kv_stride + (h / group) * hd;
       float st[2];
-      mn_ref_attention_probs(qh, k + kv_off, kv_stride, n_keys, hd, scale, scores, st);
+      mn_ref_attend_head(qh, k + kv_off, v + kv_off, kv_stride, n_keys, hd, scale, scores, acc,
+                         out + t * q_stride + h * hd, st);
       if (stats) {
         stats[h * sh->t_len + t] = st[0];
         stats[n + h * sh->t_len + t] = st[1];
       }
-      for (size_t d = 0; d < hd; d++)
-        acc[d] = 0;
-      for (size_t s = 0; s < n_keys; s++) {
-        const float *vs = v + s * kv_stride + kv_off;
-        for (size_t d = 0; d < hd; d++)
-          acc[d] += scores[s] * vs[d];
-      }
-      float *oh = out + t * q_stride + h * hd;
-      for (size_t d = 0; d < hd; d++)
-        oh[d] = (float)acc[d];
     }
   }
 }

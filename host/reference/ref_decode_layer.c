@@ -14,27 +14,6 @@ static void matvec(const float *w, const float *a, size_t rows, size_t n, float 
   mn_ref_gemm(a, n, 1, w, 1, n, out, 1, rows, n);
 }
 
-static void rms_norm(const float *x, const float *w, size_t n, double eps, float *out) {
-  double ss = 0;
-  for (size_t i = 0; i < n; i++)
-    ss += (double)x[i] * x[i];
-  double inv = 1.0 / sqrt(ss / (double)n + eps);
-  for (size_t i = 0; i < n; i++)
-    out[i] = (float)(x[i] * inv * w[i]);
-}
-
-/* Rotate-half RoPE of the heads of x [width] at position pos, in place. */
-static void rope(float *x, size_t width, size_t hd, double pos, double theta) {
-  size_t half = hd / 2;
-  for (size_t h = 0; h < width; h += hd)
-    for (size_t i = 0; i < half; i++) {
-      double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
-      double cs = cos(angle), sn = sin(angle), a = x[h + i], b = x[h + i + half];
-      x[h + i] = (float)(a * cs - b * sn);
-      x[h + i + half] = (float)(b * cs + a * sn);
-    }
-}
-
 mn_status mn_ref_LLAMA_DECODE_LAYER(const mn_ref_ctx *c) {
   const mn_op_attrs *at = &c->node->attrs;
   const mn_tensor_type *tk = mn_ref_in_type(c, MN_DL_K_CACHE), *tx = &c->node->type;
@@ -66,30 +45,24 @@ mn_status mn_ref_LLAMA_DECODE_LAYER(const mn_ref_ctx *c) {
   double scale = 1.0 / sqrt((double)hd), *acc = p + kv_len;
   for (size_t b = 0; b < batch; b++) {
     const float *x = mn_ref_in_f32(c, MN_DL_X) + b * dim;
-    rms_norm(x, mn_ref_in_f32(c, MN_DL_NORM1), dim, at->eps, a);
+    mn_ref_rms_norm_row(x, mn_ref_in_f32(c, MN_DL_NORM1), dim, at->eps, a);
     matvec(mn_ref_in_f32(c, MN_DL_WQ), a, q_dim, dim, q);
     matvec(mn_ref_in_f32(c, MN_DL_WK), a, kv_dim, dim, k);
     matvec(mn_ref_in_f32(c, MN_DL_WV), a, kv_dim, dim, v);
-    rope(q, q_dim, hd, pos, at->theta);
-    rope(k, kv_dim, hd, pos, at->theta);
+    mn_ref_rope_row(q, q, q_dim, hd, pos, at->theta, 1);
+    mn_ref_rope_row(k, k, kv_dim, hd, pos, at->theta, 1);
     float *kb = kc + b * max_seq * kv_dim, *vb = vc + b * max_seq * kv_dim;
     memcpy(kb + pos * kv_dim, k, kv_dim * sizeof *k);
     memcpy(vb + pos * kv_dim, v, kv_dim * sizeof *v);
     for (size_t h = 0; h < heads; h++) {
       size_t off = (h / group) * hd;
-      mn_ref_attention_probs(q + h * hd, kb + off, kv_dim, kv_len, hd, scale, p, NULL);
-      for (size_t d = 0; d < hd; d++)
-        acc[d] = 0;
-      for (size_t s = 0; s < kv_len; s++)
-        for (size_t d = 0; d < hd; d++)
-          acc[d] += p[s] * vb[s * kv_dim + off + d];
-      for (size_t d = 0; d < hd; d++)
-        att[h * hd + d] = (float)acc[d];
+      mn_ref_attend_head(q + h * hd, kb + off, vb + off, kv_dim, kv_len, hd, scale, p, acc,
+                         att + h * hd, NULL);
     }
     matvec(mn_ref_in_f32(c, MN_DL_WO), att, dim, q_dim, x1);
     for (size_t i = 0; i < dim; i++)
       x1[i] += x[i];
-    rms_norm(x1, mn_ref_in_f32(c, MN_DL_NORM2), dim, at->eps, a);
+    mn_ref_rms_norm_row(x1, mn_ref_in_f32(c, MN_DL_NORM2), dim, at->eps, a);
     matvec(mn_ref_in_f32(c, MN_DL_WGATE), a, ff, dim, g);
     matvec(mn_ref_in_f32(c, MN_DL_WUP), a, ff, dim, u);
     for (size_t i = 0; i < ff; i++)

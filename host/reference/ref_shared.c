@@ -13,6 +13,18 @@ mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n) {
   return (mn_ref_row_stats){m, log(s)};
 }
 
+void mn_ref_rope_row(const float *x, float *out, size_t width, size_t hd, double pos, double theta,
+                     int direction) {
+  size_t half = hd / 2;
+  for (size_t h = 0; h < width; h += hd)
+    for (size_t i = 0; i < half; i++) {
+      double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
+      double cs = cos(angle), sn = direction * sin(angle), a = x[h + i], b = x[h + i + half];
+      out[h + i] = (float)(a * cs - b * sn);
+      out[h + i + half] = (float)(b * cs + a * sn);
+    }
+}
+
 void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, const uint32_t *positions,
                         int direction) {
   const mn_tensor_type *t = &c->node->type;
@@ -20,21 +32,20 @@ void mn_ref_rope_rotate(const mn_ref_ctx *c, double offset, const uint32_t *posi
   float *o = mn_ref_out_f32(c);
   size_t d = (size_t)t->shape[t->rank - 1], seq = (size_t)t->shape[t->rank - 2];
   size_t rows = mn_ref_numel(c) / d;
-  size_t hd = (size_t)c->node->attrs.head_dim, half = hd / 2;
-  double theta = c->node->attrs.theta;
   for (size_t r = 0; r < rows; r++) {
     double pos = positions ? (double)positions[r] : (double)(r % seq) + offset;
-    for (size_t h = 0; h < d; h += hd) {
-      const float *xh = x + r * d + h;
-      float *oh = o + r * d + h;
-      for (size_t i = 0; i < half; i++) {
-        double angle = pos * pow(theta, -2.0 * (double)i / (double)hd);
-        double cs = cos(angle), sn = direction * sin(angle), a = xh[i], b = xh[i + half];
-        oh[i] = (float)(a * cs - b * sn);
-        oh[i + half] = (float)(b * cs + a * sn);
-      }
-    }
+    mn_ref_rope_row(x + r * d, o + r * d, d, (size_t)c->node->attrs.head_dim, pos,
+                    c->node->attrs.theta, direction);
   }
+}
+
+void mn_ref_rms_norm_row(const float *x, const float *w, size_t n, double eps, float *out) {
+  double ss = 0;
+  for (size_t i = 0; i < n; i++)
+    ss += (double)x[i] * x[i];
+  double inv = 1.0 / sqrt(ss / (double)n + eps);
+  for (size_t i = 0; i < n; i++)
+    out[i] = (float)(x[i] * inv * w[i]);
 }
 
 void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
@@ -87,4 +98,17 @@ void mn_ref_split_qkv(const float *x, size_t rows, size_t q_width, size_t kv_wid
     memcpy(k + r * kv_width, x + r * pitch + q_width, kv_width * sizeof *k);
     memcpy(v + r * kv_width, x + r * pitch + q_width + kv_width, kv_width * sizeof *v);
   }
+}
+
+void mn_ref_attend_head(const float *qh, const float *k, const float *v, size_t kv_stride,
+                        size_t n_keys, size_t head_dim, double scale, double *p, double *acc,
+                        float *out, float stats[2]) {
+  mn_ref_attention_probs(qh, k, kv_stride, n_keys, head_dim, scale, p, stats);
+  for (size_t d = 0; d < head_dim; d++)
+    acc[d] = 0;
+  for (size_t s = 0; s < n_keys; s++)
+    for (size_t d = 0; d < head_dim; d++)
+      acc[d] += p[s] * v[s * kv_stride + d];
+  for (size_t d = 0; d < head_dim; d++)
+    out[d] = (float)acc[d];
 }

@@ -46,6 +46,13 @@ mn_ref_row_stats mn_ref_row_stats_of(const float *x, size_t n);
  * MN_IGNORE_LABEL: its mean would be over no rows. */
 mn_status mn_ref_all_labels_ignored(const mn_ref_ctx *c);
 
+/* Rotate-half RoPE of one row x [width] (heads of hd values) into out (may be x) at position
+ * pos, by the angle (direction +1) or its negative (-1); angles, sines and cosines in double. */
+void mn_ref_rope_row(const float *x, float *out, size_t width, size_t hd, double pos, double theta,
+                     int direction);
+/* out [n] = x / sqrt(mean(x^2) + eps) * w, accumulated in double. */
+void mn_ref_rms_norm_row(const float *x, const float *w, size_t n, double eps, float *out);
+
 /* Rotate-half RoPE of input 0 (x [T, D] or [B, T, D]) into the node's output with the
  * node's attrs; positions restart at `offset` in each batch, or when `positions` is not NULL
  * row r (of B * T) is at positions[r]. direction +1 rotates by the angle (the forward op), -1 by
@@ -65,6 +72,13 @@ static inline size_t mn_ref_segment_start(size_t t, uint32_t pos) {
  * scaled scores and 1 / the sum of exp(score - maximum). */
 void mn_ref_attention_probs(const float *qh, const float *k, size_t kv_stride, size_t n_keys,
                             size_t head_dim, double scale, double *p, float stats[2]);
+
+/* One query head's attention over n_keys keys: p = mn_ref_attention_probs (stats as there),
+ * then out [head_dim] = sum_s p[s] v[s] accumulated in double in acc [head_dim]; k and v point
+ * at the head's slice of row 0, rows kv_stride floats apart. */
+void mn_ref_attend_head(const float *qh, const float *k, const float *v, size_t kv_stride,
+                        size_t n_keys, size_t head_dim, double scale, double *p, double *acc,
+                        float *out, float stats[2]);
 
 /* The blocks q | k | v of each of `rows` rows of x (q_width, kv_width, kv_width floats a row)
  * copied apart into dense q [rows, q_width], k and v [rows, kv_width] (qkv_causal_attention

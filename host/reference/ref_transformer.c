@@ -6,19 +6,10 @@
 #include "host/reference/ref_shared.h"
 
 mn_status mn_ref_RMS_NORM(const mn_ref_ctx *c) {
-  const float *x = mn_ref_in_f32(c, 0), *w = mn_ref_in_f32(c, 1);
-  float *o = mn_ref_out_f32(c);
   size_t n = mn_ref_last_dim(&c->node->type), rows = mn_ref_numel(c) / n;
-  double eps = c->node->attrs.eps;
-  for (size_t r = 0; r < rows; r++) {
-    const float *xr = x + r * n;
-    double ss = 0;
-    for (size_t i = 0; i < n; i++)
-      ss += (double)xr[i] * xr[i];
-    double inv = 1.0 / sqrt(ss / (double)n + eps);
-    for (size_t i = 0; i < n; i++)
-      o[r * n + i] = (float)(xr[i] * inv * w[i]);
-  }
+  for (size_t r = 0; r < rows; r++)
+    mn_ref_rms_norm_row(mn_ref_in_f32(c, 0) + r * n, mn_ref_in_f32(c, 1), n, c->node->attrs.eps,
+                        mn_ref_out_f32(c) + r * n);
   return MN_OK;
 }
 

@@ -99,3 +99,19 @@ void mn_test_dl_run(const mn_test_dl_case *c, const mn_graph *g, const mn_sessio
   free(x);
   mn_session_free(s);
 }
+
+mn_status mn_test_dl_step_at(const mn_test_dl_case *c, mn_backend backend, uint32_t pos,
+                             uint32_t kv_len) {
+  mn_graph *g = mn_test_dl_graph(c, true);
+  mn_session *s = NULL;
+  mn_session_options o = mn_session_options_default();
+  o.backend = backend;
+  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_set_input_u32(s, "pos", &pos, 1), MN_OK);
+  cr_assert_eq(mn_session_set_input_u32(s, "kv_len", &kv_len, 1), MN_OK);
+  mn_status st = mn_session_step(s);
+  if (st == MN_OK) st = mn_session_wait(s);
+  mn_session_free(s);
+  mn_graph_free(g);
+  return st;
+}

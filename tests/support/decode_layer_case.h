@@ -14,6 +14,13 @@ typedef struct mn_test_dl_case {
   int64_t pos; /* the first step writes this row; rows before it hold random keys and values */
 } mn_test_dl_case;
 
+/* The initializer of a case of those shapes, from row `pos` on, plain weights. */
+#define MN_TEST_DL_SHAPE(batch_, dim_, heads_, kv_heads_, head_dim_, ff_, max_seq_, pos_)          \
+  {                                                                                                \
+    .batch = (batch_), .dim = (dim_), .heads = (heads_), .kv_heads = (kv_heads_),                  \
+    .head_dim = (head_dim_), .ff = (ff_), .max_seq = (max_seq_), .pos = (pos_)                     \
+  }
+
 /* The layer of case c on inputs "x" [B, 1, C], "k_cache", "v_cache", "pos", "kv_len" and the
  * parameters "ln1", "wq", "wk", "wv", "wo", "ln2", "wgate", "wup", "wdown": the op when fused,
  * else the ops of models/llama.c's decode layer. Output 0 is the layer's value. */
@@ -24,5 +31,10 @@ mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused);
  * random values depend on c and seed only. */
 void mn_test_dl_run(const mn_test_dl_case *c, const mn_graph *g, const mn_session_options *o,
                     int steps, uint64_t seed, float *out);
+
+/* One step of c's fused layer on `backend` with inputs pos and kv_len as given (the rest
+ * unset), the status of the step and its wait. */
+mn_status mn_test_dl_step_at(const mn_test_dl_case *c, mn_backend backend, uint32_t pos,
+                             uint32_t kv_len);
 
 #endif
