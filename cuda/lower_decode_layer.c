@@ -44,8 +44,9 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   mn_cu_arg w[MN_DL_NUM_INPUTS];
   for (int i = 0; i < MN_DL_NUM_INPUTS; i++)
     w[i] = mn_cu_in(c, i);
-  /* In a low-precision session the products read the weights' low-precision copies. */
-  if (mn_cu_low_storage(c->plan) != MN_DEV_F32)
+  int fmt = at->variant, group = at->groups;
+  /* In a low-precision session plain products read the weights' low-precision copies. */
+  if (fmt == MN_QUANT_NONE && mn_cu_low_storage(c->plan) != MN_DEV_F32)
     for (int i = 0; i < MN_DL_NUM_INPUTS; i++) {
       if (!mn_dl_is_weight(i)) continue;
       const mn_tensor_type *t = mn_cu_in_type(c, i);
@@ -66,9 +67,10 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
   unsigned eps = float_bits(at->eps), theta = float_bits(at->theta), node = (unsigned)c->id;
 
-  int k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu>",
+  int k = mn_cu_kernel(c, DL_BLOCK,
+                       "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d>",
                        (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq,
-                       (long long)b, node, eps, theta);
+                       (long long)b, node, eps, theta, fmt, group);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg qkv_args[10] = {w[MN_DL_X],  w[MN_DL_NORM1],   w[MN_DL_WQ],      w[MN_DL_WK],
@@ -81,9 +83,9 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                                     max_seq, split, parts);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_attn_out<%lld, %lld, %d, %d, %lldLL, %lld, %d, %uu>",
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_attn_out<%lld, %lld, %d, %d, %lldLL, %lld, %d, %uu, %d, %d>",
                    (long long)dim, (long long)q_dim, hd, heads, (long long)max_seq, (long long)b,
-                   split, node);
+                   split, node, fmt, group);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg out_args[8] = {w[MN_DL_KV_LEN], parts[0],   parts[1], parts[2],
@@ -91,16 +93,16 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   st = mn_cu_launch(c, k, blocks_of(dim), 1, 1, (size_t)(b * q_dim) * sizeof(float), 8, out_args);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu>", (long long)dim,
-                   (long long)ff, (long long)b, eps);
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d>", (long long)dim,
+                   (long long)ff, (long long)b, eps, fmt, group);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg up_args[5] = {x1, w[MN_DL_NORM2], w[MN_DL_WGATE], w[MN_DL_WUP], h};
   st = mn_cu_launch(c, k, blocks_of(ff), 1, 1, (size_t)(b * dim) * sizeof(float), 5, up_args);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_down<%lld, %lld, %lld>", (long long)dim, (long long)ff,
-                   (long long)b);
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_down<%lld, %lld, %lld, %d, %d>", (long long)dim,
+                   (long long)ff, (long long)b, fmt, group);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg down_args[4] = {x1, h, w[MN_DL_WDOWN], mn_cu_out(c)};

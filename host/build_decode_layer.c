@@ -5,12 +5,13 @@
 
 #include "host/build_util.h"
 #include "host/decode_layer.h"
+#include "host/quant.h"
 
-/* Node id has exactly the shape dims[0..rank-1]. */
-static bool require_shape(mn_graph *g, const char *fn, const char *what, mn_node id, int rank,
-                          const int64_t *dims) {
+/* Node id is of type dt with exactly the shape dims[0..rank-1]. */
+static bool require_typed(mn_graph *g, const char *fn, const char *what, mn_node id, mn_dtype dt,
+                          int rank, const int64_t *dims) {
   const mn_tensor_type *t = mn_type_of(g, id);
-  bool ok = t->dtype == MN_F32 && t->rank == rank;
+  bool ok = t->dtype == dt && t->rank == rank;
   for (int i = 0; ok && i < rank; i++)
     ok = t->shape[i] == dims[i];
   if (ok) return true;
@@ -18,9 +19,14 @@ static bool require_shape(mn_graph *g, const char *fn, const char *what, mn_node
   int w = 0;
   for (int i = 0; i < rank; i++)
     w += snprintf(want + w, sizeof want - (size_t)w, i ? ",%lld" : "%lld", (long long)dims[i]);
-  mn_graph_fail(g, MN_ERR_SHAPE, "%s: %s is %s, expected f32 [%s]", fn, what, MN_DESC(g, id, d),
-                want);
+  mn_graph_fail(g, MN_ERR_SHAPE, "%s: %s is %s, expected %s [%s]", fn, what, MN_DESC(g, id, d),
+                dt == MN_U32 ? "u32" : "f32", want);
   return false;
+}
+
+static bool require_shape(mn_graph *g, const char *fn, const char *what, mn_node id, int rank,
+                          const int64_t *dims) {
+  return require_typed(g, fn, what, id, MN_F32, rank, dims);
 }
 
 static bool require_u32_scalar(mn_graph *g, const char *fn, const char *what, mn_node id) {
@@ -33,7 +39,8 @@ static bool require_u32_scalar(mn_graph *g, const char *fn, const char *what, mn
 
 mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_node k_cache,
                               mn_node v_cache, mn_node pos_u32, mn_node kv_len_u32, int num_heads,
-                              int num_kv_heads, int head_dim, float eps, float theta) {
+                              int num_kv_heads, int head_dim, float eps, float theta,
+                              mn_quant quant, int group_size) {
   const char *fn = "mn_llama_decode_layer";
   mn_node ins[MN_DL_NUM_INPUTS] = {x,    w[0], w[1], w[2],    w[3],    w[4],    w[5],
                                    w[6], w[7], w[8], k_cache, v_cache, pos_u32, kv_len_u32};
@@ -76,16 +83,32 @@ mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_nod
   int64_t cache[3] = {b, tk->shape[1], kv_dim};
   int64_t vec[1] = {c}, wq[2] = {q_dim, c}, wkv[2] = {kv_dim, c}, wo[2] = {c, q_dim},
           wup[2] = {ff, c}, wdown[2] = {c, ff};
-  if (!require_shape(g, fn, "input_layernorm", w[0], 1, vec) ||
-      !require_shape(g, fn, "q_proj", w[1], 2, wq) ||
-      !require_shape(g, fn, "k_proj", w[2], 2, wkv) ||
-      !require_shape(g, fn, "v_proj", w[3], 2, wkv) ||
-      !require_shape(g, fn, "o_proj", w[4], 2, wo) ||
-      !require_shape(g, fn, "post_attention_layernorm", w[5], 1, vec) ||
-      !require_shape(g, fn, "gate_proj", w[6], 2, wup) ||
-      !require_shape(g, fn, "up_proj", w[7], 2, wup) ||
-      !require_shape(g, fn, "down_proj", w[8], 2, wdown) ||
-      !require_shape(g, fn, "k_cache", k_cache, 3, cache) ||
+  bool quantized = quant != MN_QUANT_NONE;
+  size_t block = 0, bytes = 0;
+  if (quantized && !mn_quant_block(quant, group_size, &block, &bytes))
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: quant %d with group_size %d is not a quantized format", fn,
+                         (int)quant, group_size);
+  if (quantized && (c % (int64_t)block || q_dim % (int64_t)block || ff % (int64_t)block))
+    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                         "%s: widths %lld, %lld and %lld must be multiples of the %s block of %zu",
+                         fn, (long long)c, (long long)q_dim, (long long)ff, mn_quant_name(quant),
+                         block);
+  static const char *const names[9] = {"input_layernorm", "q_proj",  "k_proj",
+                                       "v_proj",          "o_proj",  "post_attention_layernorm",
+                                       "gate_proj",       "up_proj", "down_proj"};
+  const int64_t *dims[9] = {vec, wq, wkv, wkv, wo, vec, wup, wup, wdown};
+  for (int i = 0; i < 9; i++) {
+    bool linear = i != 0 && i != 5;
+    if (!linear || !quantized) {
+      if (!require_shape(g, fn, names[i], w[i], linear ? 2 : 1, dims[i])) return MN_NO_NODE;
+      continue;
+    }
+    int64_t words = (int64_t)mn_quant_row_words(quant, group_size, dims[i][1]);
+    int64_t packed[2] = {dims[i][0], words};
+    if (!require_typed(g, fn, names[i], w[i], MN_U32, 2, packed)) return MN_NO_NODE;
+  }
+  if (!require_shape(g, fn, "k_cache", k_cache, 3, cache) ||
       !require_shape(g, fn, "v_cache", v_cache, 3, cache) ||
       !require_u32_scalar(g, fn, "pos", pos_u32) ||
       !require_u32_scalar(g, fn, "kv_len", kv_len_u32))
@@ -99,6 +122,8 @@ mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_nod
                        .num_kv_heads = num_kv_heads,
                        .head_dim = head_dim,
                        .eps = eps,
-                       .theta = theta};
+                       .theta = theta,
+                       .variant = (int)quant,
+                       .groups = quantized ? group_size : 0};
   return mn_graph_append(g, MN_OP_LLAMA_DECODE_LAYER, ins, MN_DL_NUM_INPUTS, tx, &attrs, NULL);
 }

@@ -43,12 +43,15 @@ static inline bool mn_decode_layer_fits(int64_t batch, int64_t dim, int64_t q_di
   return batch <= MN_DECODE_LAYER_MAX_BATCH && batch * widest <= MN_DECODE_LAYER_MAX_FLOATS;
 }
 
-/* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights (the
- * Linear ones [out, in]); attrs: num_heads, num_kv_heads, head_dim, eps (both norms) and
- * theta (RoPE). The value is x after the layer; the caches are written in place. */
+/* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights: the
+ * Linear ones f32 [out, in], or with quant (not MN_QUANT_NONE) the U32 packed rows that
+ * mn_matmul_quant reads (host/quant.h; group_size for the affine formats); attrs: num_heads,
+ * num_kv_heads, head_dim, eps (both norms), theta (RoPE), variant (the format) and groups
+ * (the group size). The value is x after the layer; the caches are written in place. */
 mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_node k_cache,
                               mn_node v_cache, mn_node pos_u32, mn_node kv_len_u32, int num_heads,
-                              int num_kv_heads, int head_dim, float eps, float theta);
+                              int num_kv_heads, int head_dim, float eps, float theta,
+                              mn_quant quant, int group_size);
 
 /* Whether input i of a decode layer is one of its seven Linear weights. */
 static inline bool mn_dl_is_weight(int i) {
@@ -59,6 +62,11 @@ static inline bool mn_dl_is_weight(int i) {
 /* Whether input i of node n is a cache that n writes in place. */
 static inline bool mn_decode_layer_writes(const mn_node_rec *n, int i) {
   return n->op == MN_OP_LLAMA_DECODE_LAYER && (i == MN_DL_K_CACHE || i == MN_DL_V_CACHE);
+}
+
+/* Whether input i of node n is a decode layer's Linear weight. */
+static inline bool mn_decode_layer_weight(const mn_node_rec *n, int i) {
+  return n->op == MN_OP_LLAMA_DECODE_LAYER && mn_dl_is_weight(i);
 }
 
 #endif

@@ -171,7 +171,10 @@ bool mn_plan_input_persists(const mn_plan *p, uint32_t b) {
     if ((mn_op_flags(n->op) & MN_OPF_INPLACE) && p->node_buffer[i] == b) return true;
     if (n->op == MN_OP_MATMUL_QUANT && p->node_buffer[n->inputs[1]] == b) return true;
     for (int k = 0; k < n->num_inputs; k++)
-      if (mn_decode_layer_writes(n, k) && p->node_buffer[n->inputs[k]] == b) return true;
+      if ((mn_decode_layer_writes(n, k) ||
+           (mn_decode_layer_weight(n, k) && g->nodes[n->inputs[k]].type.dtype == MN_U32)) &&
+          p->node_buffer[n->inputs[k]] == b)
+        return true;
   }
   return false;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "host/decode_layer.h"
 #include "host/error.h"
 #include "models/model_internal.h"
 #include "models/prefill_mode.h"
@@ -92,14 +93,19 @@ static mn_status zero_caches(mn_generator *g) {
 }
 
 /* Whether node id is the packed rows of a quantized linear weight: an input that a
- * matmul_quant multiplies by (info: the node's). */
+ * matmul_quant multiplies by, or a U32 input that a decode layer reads as a Linear weight (info:
+ * the node's). */
 static bool packed_weight(const mn_graph *g, mn_node id, mn_node_info *info) {
   if (mn_graph_node(g, id, info) != MN_OK || strcmp(info->op, "input") != 0) return false;
   mn_node_info user;
-  for (size_t i = (size_t)id + 1; i < mn_graph_num_nodes(g); i++)
-    if (mn_graph_node(g, (mn_node)i, &user) == MN_OK && strcmp(user.op, "matmul_quant") == 0 &&
-        user.num_inputs > 1 && user.inputs[1] == id)
+  for (size_t i = (size_t)id + 1; i < mn_graph_num_nodes(g); i++) {
+    if (mn_graph_node(g, (mn_node)i, &user) != MN_OK) continue;
+    if (strcmp(user.op, "matmul_quant") == 0 && user.num_inputs > 1 && user.inputs[1] == id)
       return true;
+    if (strcmp(user.op, "llama_decode_layer") == 0 && info->type.dtype == MN_U32)
+      for (int k = 0; k < user.num_inputs; k++)
+        if (user.inputs[k] == id && mn_dl_is_weight(k)) return true;
+  }
   return false;
 }
 

@@ -18,14 +18,22 @@
 #include <string.h>
 
 #include "host/decode_layer.h"
+#include "host/quant.h"
 #include "models/model_internal.h"
 
-/* The decode graph's layers as one llama_decode_layer op each (host/decode_layer.h): plain
- * weights (no quantization, no adapter), a batch and widths that the op serves, and not
- * switched off with MN_DECODE_FUSED=0 (which benchmarks use to time the unfused layers). */
+/* The decode graph's layers as one llama_decode_layer op each (host/decode_layer.h): plain or
+ * quantized weights (widths a multiple of the format's block), no adapter, a batch and widths that
+ * the op serves, and not switched off with MN_DECODE_FUSED=0 (which benchmarks use to time the
+ * unfused layers). */
 static bool decodes_fused(const mn_model_ctx *m) {
   const mn_model_config *c = m->c;
-  if (!m->max_seq || m->no_head || m->quant != MN_QUANT_NONE || m->lora) return false;
+  if (!m->max_seq || m->no_head || m->lora) return false;
+  size_t block = 1, bytes = 0;
+  if (m->quant != MN_QUANT_NONE &&
+      (!mn_quant_block(m->quant, m->group_size, &block, &bytes) ||
+       c->hidden_size % (int64_t)block || c->intermediate_size % (int64_t)block ||
+       (c->num_heads * c->head_dim) % (int64_t)block))
+    return false;
   const char *env = getenv("MN_DECODE_FUSED");
   if (env && strcmp(env, "0") == 0) return false;
   return mn_decode_layer_fits(m->batch, c->hidden_size, c->num_heads * c->head_dim,
@@ -59,8 +67,8 @@ static mn_node block(const mn_model_ctx *m, int i, mn_node h) {
     mn_node vc = mn_input(g, name, MN_SHAPE(m->batch, m->max_seq, kv_dim));
     mn_node w[9] = {ln1, wq, wk, wv, wo, ln2, wgate, wup, wdown};
     return mn_llama_decode_layer(g, h, w, kc, vc, m->pos, m->kv_len, (int)c->num_heads,
-                                 (int)c->num_kv_heads, (int)c->head_dim, c->norm_eps,
-                                 c->rope_theta);
+                                 (int)c->num_kv_heads, (int)c->head_dim, c->norm_eps, c->rope_theta,
+                                 m->quant, m->group_size);
   }
   char mod[7][64];
   const char *what[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",

@@ -1,8 +1,8 @@
 /* llama_decode_layer on CUDA (cuda/lower_decode_layer.c, kernels/decode_layer.cuh) against the
  * CPU's op: fp32 and bf16, batch 1 to 8, GQA and MHA, widths that the 16-byte weight loads serve
  * and widths they do not, caches of one split and of several; each case runs three steps, so
- * the later steps read the cache rows that the earlier ones wrote; a position past the cache is
- * an error. The kernels compile without a device. */
+ * the later steps read the cache rows that the earlier ones wrote; quantized weights in every
+ * format; a position past the cache is an error. The kernels compile without a device. */
 #include <stdlib.h>
 
 #include "tests/support/cuda_check.h"
@@ -23,6 +23,15 @@ static const mn_test_dl_case CASES[] = {
     MN_TEST_DL_SHAPE(2, 128, 2, 1, 256, 64, 50, 40),
     /* three sequences, one kv head for six query heads */
     MN_TEST_DL_SHAPE(3, 96, 6, 1, 16, 64, 130, 127),
+};
+
+/* The SmolLM2 widths with quantized weights, one case a format (host/quant.h). */
+static const mn_test_dl_case QUANT_CASES[] = {
+    MN_TEST_DL_QUANT(1, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_Q8_0, 0),
+    MN_TEST_DL_QUANT(2, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_Q4_0, 0),
+    MN_TEST_DL_QUANT(1, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_Q4_1, 0),
+    MN_TEST_DL_QUANT(8, 64, 4, 2, 16, 128, 40, 30, MN_QUANT_AFFINE_INT8, 32),
+    MN_TEST_DL_QUANT(1, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_AFFINE_INT4, 64),
 };
 
 static double cuda_vs_cpu(const mn_test_dl_case *c, mn_precision prec) {
@@ -53,6 +62,21 @@ Test(cuda_decode_layer, kernels_compile) {
     mn_graph *g = mn_test_dl_graph(&CASES[i], true);
     mn_test_assert_compiles(g, false);
     mn_graph_free(g);
+  }
+  for (size_t i = 0; i < sizeof QUANT_CASES / sizeof *QUANT_CASES; i++) {
+    mn_graph *g = mn_test_dl_graph(&QUANT_CASES[i], true);
+    mn_test_assert_compiles(g, false);
+    mn_graph_free(g);
+  }
+}
+
+/* Both backends dequantize the same blocks to the same floats; the sums differ in order only. */
+Test(cuda_decode_layer, matches_the_cpu_with_quantized_weights) {
+  mn_test_require_cuda_device();
+  for (size_t i = 0; i < sizeof QUANT_CASES / sizeof *QUANT_CASES; i++) {
+    double err = cuda_vs_cpu(&QUANT_CASES[i], MN_PRECISION_F32);
+    cr_log_info("quant case %zu: relative error %.3g", i, err);
+    cr_assert_leq(err, 1e-5, "quant case %zu: relative error %g", i, err);
   }
 }
 

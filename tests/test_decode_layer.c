@@ -40,6 +40,19 @@ Test(decode_layer, equals_the_unfused_layer_in_fp32) {
   }
 }
 
+/* Quantized Linear weights (each format of host/quant.h): the op's products are the unfused
+ * layer's mn_matmul_quant. */
+Test(decode_layer, equals_the_unfused_quantized_layer) {
+  const mn_quant formats[5] = {MN_QUANT_Q8_0, MN_QUANT_Q4_0, MN_QUANT_Q4_1, MN_QUANT_AFFINE_INT8,
+                               MN_QUANT_AFFINE_INT4};
+  const int groups[5] = {0, 0, 0, 32, 64};
+  for (int i = 0; i < 5; i++) {
+    mn_test_dl_case c = MN_TEST_DL_QUANT(2, 64, 4, 2, 16, 128, 16, 5, formats[i], groups[i]);
+    double err = fused_vs_unfused(&c, MN_PRECISION_F32, 3);
+    cr_assert_leq(err, 1e-5, "format %d: relative error %g", (int)formats[i], err);
+  }
+}
+
 /* In bf16 the unfused layer rounds each intermediate to bf16 and the op does not: they agree to
  * a few bf16 units. */
 Test(decode_layer, is_close_to_the_unfused_layer_in_bf16) {
@@ -74,7 +87,8 @@ static mn_node build(mn_graph *g, const builder_case *b) {
   mn_node kc = mn_input(g, "k_cache", MN_SHAPE(b->batch, 10, kv));
   mn_node vc = mn_input(g, "v_cache", MN_SHAPE(b->batch, 10, kv));
   mn_node pos = mn_input_u32(g, "pos", MN_SHAPE(1)), len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
-  return mn_llama_decode_layer(g, x, w, kc, vc, pos, len, b->heads, 2, 8, 1e-5f, b->theta);
+  return mn_llama_decode_layer(g, x, w, kc, vc, pos, len, b->heads, 2, 8, 1e-5f, b->theta,
+                               MN_QUANT_NONE, 0);
 }
 
 Test(decode_layer, the_builder_checks_every_shape) {
@@ -106,7 +120,8 @@ Test(decode_layer, the_builder_checks_every_shape) {
     w[i] = x;
   mn_node cache = mn_input(g, "cache", MN_SHAPE(1, 4, 16));
   mn_node one = mn_input_u32(g, "one", MN_SHAPE(1));
-  cr_assert_eq(mn_llama_decode_layer(g, x, w, cache, cache, one, one, 2, 2, 8, 1e-5f, 1e4f),
+  cr_assert_eq(mn_llama_decode_layer(g, x, w, cache, cache, one, one, 2, 2, 8, 1e-5f, 1e4f,
+                                     MN_QUANT_NONE, 0),
                MN_NO_NODE);
   mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be two graph inputs");
   mn_graph_free(g);

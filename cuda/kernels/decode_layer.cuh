@@ -103,6 +103,54 @@ template <int K, int S> struct mn_dl_wrow {
   }
 };
 
+// A quantized weight row (host/quant.h: FMT an mn_quant, GROUP the affine group), with the
+// interface of mn_dl_wrow: lane l takes the 32-weight slices l, l + 32, .. of the row,
+// dequantized in registers as dot() walks them (block_formats.cuh mn_qmm_slice).
+template <int K, int FMT, int GROUP> struct mn_dl_qrow {
+  static constexpr int BLOCK = FMT == 3 || FMT == 4 ? GROUP : 32;
+  static constexpr int BLOCK_BYTES = FMT == 1   ? 34
+                                     : FMT == 2 ? 18
+                                     : FMT == 5 ? 20
+                                     : FMT == 3 ? 4 + GROUP
+                                                : 4 + GROUP / 2;
+  static constexpr long long ROW_BYTES = ((long long)K / BLOCK * BLOCK_BYTES + 3) / 4 * 4;
+  const unsigned char *row;
+
+  __device__ __forceinline__ void load(const void *wp, long long r) {
+    row = static_cast<const unsigned char *>(wp) + r * ROW_BYTES;
+  }
+
+  template <int B> __device__ __forceinline__ void dot(const float *a, float acc[B]) const {
+    const int lane = threadIdx.x & 31;
+    for (long long s = lane; s < K / 32; s += 32) {
+      float w[32];
+      mn_qmm_slice<FMT, GROUP>(row, s, w);
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const float *x = a + b * K + s * 32;
+        float t = acc[b];
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+          const float4 v = *reinterpret_cast<const float4 *>(x + j);
+          t = fmaf(w[j], v.x, t);
+          t = fmaf(w[j + 1], v.y, t);
+          t = fmaf(w[j + 2], v.z, t);
+          t = fmaf(w[j + 3], v.w, t);
+        }
+        acc[b] = t;
+      }
+    }
+  }
+};
+
+// The row type of a weight stored as S (FMT 0) or quantized in format FMT.
+template <int K, int S, int FMT, int GROUP, bool Q = (FMT != 0)> struct mn_dl_row {
+  using type = mn_dl_wrow<K, S>;
+};
+template <int K, int S, int FMT, int GROUP> struct mn_dl_row<K, S, FMT, GROUP, true> {
+  using type = mn_dl_qrow<K, FMT, GROUP>;
+};
+
 template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
 #pragma unroll
   for (int b = 0; b < B; b++)
@@ -148,7 +196,7 @@ __device__ __forceinline__ void mn_dl_rms_rows(XP x, WP w, float eps, float *a) 
 // [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error. Warp p of the grid computes rows i and
 // i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for every sequence.
 template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
-          unsigned THETA_BITS, class IO>
+          unsigned THETA_BITS, int FMT, int GROUP, class IO>
 __device__ void mn_dl_qkv(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
@@ -162,8 +210,8 @@ __device__ void mn_dl_qkv(const IO &io) {
   const int head = pp / HALF, i = pp % HALF;
   const long long r0 = (long long)head * HD + i, r1 = r0 + HALF;
   mn_overlap_begin();
-  mn_dl_wrow<C, SQ> q0, q1;
-  mn_dl_wrow<C, SKV> k0, k1;
+  typename mn_dl_row<C, SQ, FMT, GROUP>::type q0, q1;
+  typename mn_dl_row<C, SKV, FMT, GROUP>::type k0, k1;
   if (p < NP) {
     if (sec == 0) {
       q0.load(mn_arg<const void>(io, 2), r0);
@@ -225,7 +273,8 @@ __device__ void mn_dl_qkv(const IO &io) {
 // x1 [B, C] (fp32 scratch), error. Every block merges the splits of every head into shared
 // memory (a few KB from L2), then its warps compute x1 = x + att wo^T, a row each. SPLIT: the
 // cache rows of one split.
-template <int C, int Q, int HD, int H, long long MAXS, int B, int SPLIT, unsigned NODE, class IO>
+template <int C, int Q, int HD, int H, long long MAXS, int B, int SPLIT, unsigned NODE, int FMT,
+          int GROUP, class IO>
 __device__ void mn_dl_attn_out(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *att = reinterpret_cast<float *>(mn_dl_smem);
@@ -235,7 +284,7 @@ __device__ void mn_dl_attn_out(const IO &io) {
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   const auto x1 = mn_out<6>(io);
   mn_overlap_begin();
-  mn_dl_wrow<Q, mn_io_storage<IO, 4>::value> wo;
+  typename mn_dl_row<Q, mn_io_storage<IO, 4>::value, FMT, GROUP>::type wo;
   if (r < C) wo.load(mn_arg<const void>(io, 4), r);
   mn_overlap_wait();
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
@@ -276,15 +325,15 @@ __device__ void mn_dl_attn_out(const IO &io) {
 
 // 4. io = x1 [B, C], post_attention_layernorm [C], wgate [F, C], wup [F, C], h [B, F] (fp32
 // scratch): h = silu(a wgate^T) * (a wup^T), a = rms_norm(x1).
-template <int C, int F, int B, unsigned EPS_BITS, class IO>
+template <int C, int F, int B, unsigned EPS_BITS, int FMT, int GROUP, class IO>
 __device__ void mn_dl_mlp_up(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   mn_overlap_begin();
-  mn_dl_wrow<C, mn_io_storage<IO, 2>::value> wg;
-  mn_dl_wrow<C, mn_io_storage<IO, 3>::value> wu;
+  typename mn_dl_row<C, mn_io_storage<IO, 2>::value, FMT, GROUP>::type wg;
+  typename mn_dl_row<C, mn_io_storage<IO, 3>::value, FMT, GROUP>::type wu;
   if (r < F) {
     wg.load(mn_arg<const void>(io, 2), r);
     wu.load(mn_arg<const void>(io, 3), r);
@@ -308,13 +357,14 @@ __device__ void mn_dl_mlp_up(const IO &io) {
 }
 
 // 5. io = x1 [B, C], h [B, F], wdown [C, F], out [B, C]: out = x1 + h wdown^T.
-template <int C, int F, int B, class IO> __device__ void mn_dl_mlp_down(const IO &io) {
+template <int C, int F, int B, int FMT, int GROUP, class IO>
+__device__ void mn_dl_mlp_down(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *hs = reinterpret_cast<float *>(mn_dl_smem);
   const int warp = threadIdx.x >> 5;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   mn_overlap_begin();
-  mn_dl_wrow<F, mn_io_storage<IO, 2>::value> wd;
+  typename mn_dl_row<F, mn_io_storage<IO, 2>::value, FMT, GROUP>::type wd;
   if (r < C) wd.load(mn_arg<const void>(io, 2), r);
   mn_overlap_wait();
   const auto h = mn_in<1>(io);

@@ -8,10 +8,16 @@
 #include "host/decode_layer.h"
 #include "host/reference/ref_shared.h"
 
-/* out[r] = w[r, :] . a for rows r of w [rows, n]: the products' threaded kernel (ref_math.c),
- * so a decode layer uses the cores as the unfused layer's products do. */
-static void matvec(const float *w, const float *a, size_t rows, size_t n, float *out) {
-  mn_ref_gemm(a, n, 1, w, 1, n, out, 1, rows, n);
+/* out[r] = w[r, :] . a for rows r of Linear weight `input` [rows, n]: the products' threaded
+ * kernels (ref_math.c, ref_quant.c), so a decode layer uses the cores and does the arithmetic of
+ * the unfused layer's products; false when out of memory. */
+static bool product(const mn_ref_ctx *c, int input, const float *a, size_t rows, size_t n,
+                    float *out) {
+  mn_quant q = (mn_quant)c->node->attrs.variant;
+  if (q != MN_QUANT_NONE)
+    return mn_ref_quant_product(a, 1, c->in[input], q, c->node->attrs.groups, n, rows, out);
+  mn_ref_gemm(a, n, 1, mn_ref_in_f32(c, input), 1, n, out, 1, rows, n);
+  return true;
 }
 
 mn_status mn_ref_LLAMA_DECODE_LAYER(const mn_ref_ctx *c) {
@@ -43,12 +49,12 @@ mn_status mn_ref_LLAMA_DECODE_LAYER(const mn_ref_ctx *c) {
         *att = u + ff;
   float *kc = (float *)c->in[MN_DL_K_CACHE], *vc = (float *)c->in[MN_DL_V_CACHE];
   double scale = 1.0 / sqrt((double)hd), *acc = p + kv_len;
-  for (size_t b = 0; b < batch; b++) {
+  bool ok = true;
+  for (size_t b = 0; ok && b < batch; b++) {
     const float *x = mn_ref_in_f32(c, MN_DL_X) + b * dim;
     mn_ref_rms_norm_row(x, mn_ref_in_f32(c, MN_DL_NORM1), dim, at->eps, a);
-    matvec(mn_ref_in_f32(c, MN_DL_WQ), a, q_dim, dim, q);
-    matvec(mn_ref_in_f32(c, MN_DL_WK), a, kv_dim, dim, k);
-    matvec(mn_ref_in_f32(c, MN_DL_WV), a, kv_dim, dim, v);
+    ok = product(c, MN_DL_WQ, a, q_dim, dim, q) && product(c, MN_DL_WK, a, kv_dim, dim, k) &&
+         product(c, MN_DL_WV, a, kv_dim, dim, v);
     mn_ref_rope_row(q, q, q_dim, hd, pos, at->theta, 1);
     mn_ref_rope_row(k, k, kv_dim, hd, pos, at->theta, 1);
     float *kb = kc + b * max_seq * kv_dim, *vb = vc + b * max_seq * kv_dim;
@@ -59,20 +65,19 @@ mn_status mn_ref_LLAMA_DECODE_LAYER(const mn_ref_ctx *c) {
       mn_ref_attend_head(q + h * hd, kb + off, vb + off, kv_dim, kv_len, hd, scale, p, acc,
                          att + h * hd, NULL);
     }
-    matvec(mn_ref_in_f32(c, MN_DL_WO), att, dim, q_dim, x1);
+    ok = ok && product(c, MN_DL_WO, att, dim, q_dim, x1);
     for (size_t i = 0; i < dim; i++)
       x1[i] += x[i];
     mn_ref_rms_norm_row(x1, mn_ref_in_f32(c, MN_DL_NORM2), dim, at->eps, a);
-    matvec(mn_ref_in_f32(c, MN_DL_WGATE), a, ff, dim, g);
-    matvec(mn_ref_in_f32(c, MN_DL_WUP), a, ff, dim, u);
+    ok = ok && product(c, MN_DL_WGATE, a, ff, dim, g) && product(c, MN_DL_WUP, a, ff, dim, u);
     for (size_t i = 0; i < ff; i++)
       g[i] = (float)((double)g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
     float *out = mn_ref_out_f32(c) + b * dim;
-    matvec(mn_ref_in_f32(c, MN_DL_WDOWN), g, dim, ff, out);
+    ok = ok && product(c, MN_DL_WDOWN, g, dim, ff, out);
     for (size_t i = 0; i < dim; i++)
       out[i] += x1[i];
   }
   free(a);
   free(p);
-  return MN_OK;
+  return ok ? MN_OK : mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "out of memory for a weight row");
 }

@@ -46,22 +46,18 @@ static size_t quant_threads(double work, size_t features) {
   return (size_t)t < features ? (size_t)t : features;
 }
 
-mn_status mn_ref_MATMUL_QUANT(const mn_ref_ctx *c) {
-  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
-  size_t in = mn_ref_last_dim(tx), out = mn_ref_last_dim(&c->node->type);
-  size_t rows = (size_t)mn_tensor_type_numel(tx) / in;
-  mn_quant format = (mn_quant)c->node->attrs.variant;
-  int group = c->node->attrs.groups;
+bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant format, int group,
+                          size_t in, size_t out, float *y) {
   size_t threads = quant_threads((double)rows * (double)in * (double)out, out);
   float *scratch = malloc(threads * in * sizeof *scratch);
-  if (!scratch) return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "out of memory for a weight row");
+  if (!scratch) return false;
   quant_part parts[16];
   pthread_t ids[16];
   bool started[16] = {false};
   for (size_t t = 0; t < threads; t++)
-    parts[t] = (quant_part){.x = mn_ref_in_f32(c, 0),
-                            .w = (const unsigned char *)mn_ref_in_u32(c, 1),
-                            .y = mn_ref_out_f32(c),
+    parts[t] = (quant_part){.x = x,
+                            .w = w,
+                            .y = y,
                             .row = scratch + t * in,
                             .format = format,
                             .group = group,
@@ -82,5 +78,16 @@ mn_status mn_ref_MATMUL_QUANT(const mn_ref_ctx *c) {
       quant_features(&parts[t]);
   }
   free(scratch);
+  return true;
+}
+
+mn_status mn_ref_MATMUL_QUANT(const mn_ref_ctx *c) {
+  const mn_tensor_type *tx = mn_ref_in_type(c, 0);
+  size_t in = mn_ref_last_dim(tx), out = mn_ref_last_dim(&c->node->type);
+  size_t rows = (size_t)mn_tensor_type_numel(tx) / in;
+  if (!mn_ref_quant_product(mn_ref_in_f32(c, 0), rows, mn_ref_in_u32(c, 1),
+                            (mn_quant)c->node->attrs.variant, c->node->attrs.groups, in, out,
+                            mn_ref_out_f32(c)))
+    return mn_ref_fail(c, MN_ERR_OUT_OF_MEMORY, "out of memory for a weight row");
   return MN_OK;
 }

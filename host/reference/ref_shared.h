@@ -20,6 +20,11 @@ static inline mn_ref_nchw mn_ref_nchw_of(const mn_tensor_type *t) {
 
 /* C[M,N] = op(A) op(B) with double accumulation; strides pick the transposes.
  * a(i,k) = a[i*a_row + k*a_col], b(k,j) = b[k*b_row + j*b_col]. */
+/* y [rows, out] = x [rows, in] W^T with W [out, in] quantized (host/quant.h), each row of W
+ * dequantized once and dotted in double, threaded over the output features; false when out of
+ * memory. */
+bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant format, int group,
+                          size_t in, size_t out, float *y);
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k);
 

@@ -4,10 +4,28 @@
 #include <stdlib.h>
 
 #include "host/decode_layer.h"
+#include "host/quant.h"
 #include "tests/support/mn_test.h"
 
 #define EPS   1e-5f
 #define THETA 10000.0f
+
+static mn_node linear_weight(const mn_test_dl_case *c, mn_graph *g, const char *name, int64_t out,
+                             int64_t in) {
+  if (c->quant == MN_QUANT_NONE) return mn_parameter(g, name, MN_SHAPE(out, in));
+  int64_t words = (int64_t)mn_quant_row_words(c->quant, c->group_size, in);
+  return mn_input_u32(g, name, MN_SHAPE(out, words));
+}
+
+/* x w^T through the product the weight's kind takes. */
+static mn_node product(const mn_test_dl_case *c, mn_graph *g, mn_node x, mn_node w) {
+  if (c->quant == MN_QUANT_NONE) return mn_matmul_bt(g, x, w);
+  mn_node_info wi, xi;
+  cr_assert_eq(mn_graph_node(g, w, &wi), MN_OK);
+  cr_assert_eq(mn_graph_node(g, x, &xi), MN_OK);
+  return mn_matmul_quant(g, x, w, c->quant, c->group_size, wi.type.shape[0],
+                         xi.type.shape[xi.type.rank - 1]);
+}
 
 mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused) {
   mn_graph *g = mn_graph_new();
@@ -15,14 +33,14 @@ mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused) {
   int hd = (int)c->head_dim;
   mn_node x = mn_input(g, "x", MN_SHAPE(c->batch, 1, c->dim));
   mn_node ln1 = mn_parameter(g, "ln1", MN_SHAPE(c->dim));
-  mn_node wq = mn_parameter(g, "wq", MN_SHAPE(q_dim, c->dim));
-  mn_node wk = mn_parameter(g, "wk", MN_SHAPE(kv_dim, c->dim));
-  mn_node wv = mn_parameter(g, "wv", MN_SHAPE(kv_dim, c->dim));
-  mn_node wo = mn_parameter(g, "wo", MN_SHAPE(c->dim, q_dim));
+  mn_node wq = linear_weight(c, g, "wq", q_dim, c->dim);
+  mn_node wk = linear_weight(c, g, "wk", kv_dim, c->dim);
+  mn_node wv = linear_weight(c, g, "wv", kv_dim, c->dim);
+  mn_node wo = linear_weight(c, g, "wo", c->dim, q_dim);
   mn_node ln2 = mn_parameter(g, "ln2", MN_SHAPE(c->dim));
-  mn_node wg = mn_parameter(g, "wgate", MN_SHAPE(c->ff, c->dim));
-  mn_node wu = mn_parameter(g, "wup", MN_SHAPE(c->ff, c->dim));
-  mn_node wd = mn_parameter(g, "wdown", MN_SHAPE(c->dim, c->ff));
+  mn_node wg = linear_weight(c, g, "wgate", c->ff, c->dim);
+  mn_node wu = linear_weight(c, g, "wup", c->ff, c->dim);
+  mn_node wd = linear_weight(c, g, "wdown", c->dim, c->ff);
   mn_node kc = mn_input(g, "k_cache", MN_SHAPE(c->batch, c->max_seq, kv_dim));
   mn_node vc = mn_input(g, "v_cache", MN_SHAPE(c->batch, c->max_seq, kv_dim));
   mn_node pos = mn_input_u32(g, "pos", MN_SHAPE(1));
@@ -31,19 +49,19 @@ mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused) {
   if (fused) {
     mn_node w[9] = {ln1, wq, wk, wv, wo, ln2, wg, wu, wd};
     y = mn_llama_decode_layer(g, x, w, kc, vc, pos, len, (int)c->heads, (int)c->kv_heads, hd, EPS,
-                              THETA);
+                              THETA, c->quant, c->group_size);
   } else {
     mn_node a = mn_rms_norm(g, x, ln1, EPS);
-    mn_node q = mn_rope_dynamic_offset(g, mn_matmul_bt(g, a, wq), THETA, pos, hd);
-    mn_node k = mn_rope_dynamic_offset(g, mn_matmul_bt(g, a, wk), THETA, pos, hd);
-    mn_node v = mn_matmul_bt(g, a, wv);
+    mn_node q = mn_rope_dynamic_offset(g, product(c, g, a, wq), THETA, pos, hd);
+    mn_node k = mn_rope_dynamic_offset(g, product(c, g, a, wk), THETA, pos, hd);
+    mn_node v = product(c, g, a, wv);
     kc = mn_cache_write(g, k, kc, pos);
     vc = mn_cache_write(g, v, vc, pos);
     mn_node att = mn_cached_attention(g, q, kc, vc, len, (int)c->heads, (int)c->kv_heads, hd);
-    mn_node h = mn_add(g, x, mn_matmul_bt(g, att, wo));
+    mn_node h = mn_add(g, x, product(c, g, att, wo));
     mn_node m = mn_rms_norm(g, h, ln2, EPS);
-    mn_node f = mn_swiglu(g, mn_matmul_bt(g, m, wg), mn_matmul_bt(g, m, wu));
-    y = mn_add(g, h, mn_matmul_bt(g, f, wd));
+    mn_node f = mn_swiglu(g, product(c, g, m, wg), product(c, g, m, wu));
+    y = mn_add(g, h, product(c, g, f, wd));
   }
   mn_set_outputs(g, &y, 1);
   return g;
@@ -57,6 +75,25 @@ static void set_param(mn_session *s, mn_rng *r, const char *name, size_t n, floa
   free(v);
 }
 
+/* A Linear weight [out, in] of random values in [-lim, lim): the parameter, or its packed rows. */
+static void set_linear(const mn_test_dl_case *c, mn_session *s, mn_rng *r, const char *name,
+                       size_t out, size_t in, float lim) {
+  if (c->quant == MN_QUANT_NONE) {
+    set_param(s, r, name, out * in, -lim, lim);
+    return;
+  }
+  float *v = malloc(out * in * sizeof *v);
+  size_t words = out * mn_quant_row_words(c->quant, c->group_size, (int64_t)in);
+  uint32_t *packed = malloc(words * sizeof *packed);
+  cr_assert(v && packed);
+  mn_rng_fill(r, v, out * in, -lim, lim);
+  mn_quantize(c->quant, c->group_size, v, out, in, packed);
+  cr_assert_eq(mn_session_set_input_u32(s, name, packed, words), MN_OK, "%s: %s", name,
+               mn_last_error());
+  free(v);
+  free(packed);
+}
+
 void mn_test_dl_run(const mn_test_dl_case *c, const mn_graph *g, const mn_session_options *o,
                     int steps, uint64_t seed, float *out) {
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
@@ -68,14 +105,14 @@ void mn_test_dl_run(const mn_test_dl_case *c, const mn_graph *g, const mn_sessio
   /* Weights scaled by 1 / sqrt(fan-in), so that the values stay of order one. */
   float sd = 1.7f / sqrtf((float)d), sq = 1.7f / sqrtf((float)q_dim), sf = 1.7f / sqrtf((float)ff);
   set_param(s, &r, "ln1", d, 0.5f, 1.5f);
-  set_param(s, &r, "wq", q_dim * d, -sd, sd);
-  set_param(s, &r, "wk", kv_dim * d, -sd, sd);
-  set_param(s, &r, "wv", kv_dim * d, -sd, sd);
-  set_param(s, &r, "wo", d * q_dim, -sq, sq);
+  set_linear(c, s, &r, "wq", q_dim, d, sd);
+  set_linear(c, s, &r, "wk", kv_dim, d, sd);
+  set_linear(c, s, &r, "wv", kv_dim, d, sd);
+  set_linear(c, s, &r, "wo", d, q_dim, sq);
   set_param(s, &r, "ln2", d, 0.5f, 1.5f);
-  set_param(s, &r, "wgate", ff * d, -sd, sd);
-  set_param(s, &r, "wup", ff * d, -sd, sd);
-  set_param(s, &r, "wdown", d * ff, -sf, sf);
+  set_linear(c, s, &r, "wgate", ff, d, sd);
+  set_linear(c, s, &r, "wup", ff, d, sd);
+  set_linear(c, s, &r, "wdown", d, ff, sf);
   size_t cache_n = (size_t)(c->batch * c->max_seq) * kv_dim, xn = (size_t)c->batch * d;
   float *cache = malloc(cache_n * sizeof *cache), *x = malloc(xn * sizeof *x);
   cr_assert(cache && x);

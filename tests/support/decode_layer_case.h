@@ -11,7 +11,9 @@
 
 typedef struct mn_test_dl_case {
   int64_t batch, dim, heads, kv_heads, head_dim, ff, max_seq;
-  int64_t pos; /* the first step writes this row; rows before it hold random keys and values */
+  int64_t pos;    /* the first step writes this row; rows before it hold random keys and values */
+  mn_quant quant; /* MN_QUANT_NONE (0): f32 Linear weights; else packed U32 inputs */
+  int group_size;
 } mn_test_dl_case;
 
 /* The initializer of a case of those shapes, from row `pos` on, plain weights. */
@@ -20,10 +22,19 @@ typedef struct mn_test_dl_case {
     .batch = (batch_), .dim = (dim_), .heads = (heads_), .kv_heads = (kv_heads_),                  \
     .head_dim = (head_dim_), .ff = (ff_), .max_seq = (max_seq_), .pos = (pos_)                     \
   }
+/* The same with quantized weights of format quant_ (group_ for the affine ones). */
+#define MN_TEST_DL_QUANT(batch_, dim_, heads_, kv_heads_, head_dim_, ff_, max_seq_, pos_, quant_,  \
+                         group_)                                                                   \
+  {                                                                                                \
+    .batch = (batch_), .dim = (dim_), .heads = (heads_), .kv_heads = (kv_heads_),                  \
+    .head_dim = (head_dim_), .ff = (ff_), .max_seq = (max_seq_), .pos = (pos_), .quant = (quant_), \
+    .group_size = (group_)                                                                         \
+  }
 
 /* The layer of case c on inputs "x" [B, 1, C], "k_cache", "v_cache", "pos", "kv_len" and the
- * parameters "ln1", "wq", "wk", "wv", "wo", "ln2", "wgate", "wup", "wdown": the op when fused,
- * else the ops of models/llama.c's decode layer. Output 0 is the layer's value. */
+ * parameters "ln1", "wq", "wk", "wv", "wo", "ln2", "wgate", "wup", "wdown" (with c->quant the
+ * seven Linear weights are U32 inputs of their packed rows): the op when fused, else the ops of
+ * models/llama.c's decode layer. Output 0 is the layer's value. */
 mn_graph *mn_test_dl_graph(const mn_test_dl_case *c, bool fused);
 
 /* Runs `steps` steps of g (from mn_test_dl_graph of c) in a session with options o: step s
