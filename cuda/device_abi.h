@@ -111,11 +111,12 @@ typedef struct mn_dev_scaler {
 } mn_dev_scaler;
 
 /* Attention (kernels/attention.cuh, attention_mma.cuh). Every attention kernel but the
- * decode merge runs MN_ATTN_BLOCK threads, and a decode block covers as many cache rows,
- * one per thread. A tensor-core kernel owns MN_ATTN_MMA_ROWS rows (queries, or keys for
- * dK / dV). */
-#define MN_ATTN_BLOCK    128
-#define MN_ATTN_MMA_ROWS 64
+ * decode ones runs MN_ATTN_BLOCK threads, and a decode split covers as many cache rows; the
+ * decode split kernel runs MN_ATTN_DECODE_THREADS threads. A tensor-core kernel owns
+ * MN_ATTN_MMA_ROWS rows (queries, or keys for dK / dV). */
+#define MN_ATTN_BLOCK          128
+#define MN_ATTN_DECODE_THREADS 256
+#define MN_ATTN_MMA_ROWS       64
 
 /* What a forward kernel (template argument MODE) writes: the output, or for the backward
  * ops the per-row statistics into scratch, with or without delta = sum_s P_s dP_s, or both the

@@ -22,8 +22,9 @@
 
 #define ATTN_MAX_HEAD_DIM 256
 /* Query heads of one kv head handled together by a decode block. */
-#define DECODE_MAX_GROUP 8
-#define GRID_YZ_MAX      65535
+#define DECODE_MAX_GROUP   8
+#define DECODE_PART_FLOATS (8192 / (MN_ATTN_DECODE_THREADS / 32))
+#define GRID_YZ_MAX        65535
 
 typedef struct attn_dims {
   int64_t batches, t_len, s_len;
@@ -491,11 +492,15 @@ mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
   int64_t splits = (max_seq + split - 1) / split;
   int group = heads / kv_heads;
-  int gb = group < DECODE_MAX_GROUP ? group : DECODE_MAX_GROUP;
+  /* The kernel's per-warp partial outputs, WARPS x gb x hd floats, stay in 32 KB of shared
+   * memory. */
+  int gb_max =
+      DECODE_PART_FLOATS / hd < DECODE_MAX_GROUP ? DECODE_PART_FLOATS / hd : DECODE_MAX_GROUP;
+  int gb = group < gb_max ? group : gb_max;
   unsigned slices = (unsigned)((group + gb - 1) / gb);
   mn_cu_arg args[7] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
-  int k = mn_cu_kernel(c, (unsigned)split, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d>", hd,
-                       heads, kv_heads, (long long)max_seq, gb, split);
+  int k = mn_cu_kernel(c, MN_ATTN_DECODE_THREADS, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d>",
+                       hd, heads, kv_heads, (long long)max_seq, gb, split);
   if (k < 0) return mn_cu_oom(c);
   return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0, 7,
                       args);

@@ -5,11 +5,10 @@
 #include "cuda/emit.h"
 
 /* Decode attention (kernels/attention.cuh) of q [batch, H hd] over caches [batch, max_seq,
- * KVH hd], with the heads of c's node attrs and `split` cache rows a block (32, 64 or 128: larger
- * blocks pass 48 KB of static shared memory with 8 grouped heads of 256): the scratch of the split
- * kernel's partial results, from byte `at` (a multiple of 256) on, named by parts[0..2] (maxima,
- * sums, outputs) as mn_attn_decode_combine reads them; then the launch of the split kernel itself.
- */
+ * KVH hd], with the heads of c's node attrs and `split` cache rows a block (32, 64, 128 or 256):
+ * the scratch of the split kernel's partial results, from byte `at` (a multiple of 256) on,
+ * named by parts[0..2] (maxima, sums, outputs) as mn_attn_decode_combine reads them; then the
+ * launch of the split kernel itself. */
 mn_status mn_cu_decode_attention_scratch(const mn_cu_op_ctx *c, int64_t batch, int64_t max_seq,
                                          int split, size_t at, mn_cu_arg parts[3]);
 mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu_arg k_cache,

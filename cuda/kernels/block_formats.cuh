@@ -1,10 +1,11 @@
-// The quantized weight formats of host/quant.h read on the device: one 32-weight slice of a
-// packed row (a GGML block, or part of an affine group) dequantized into registers. Shared by
-// mn_quant_matmul (quant_matmul.cuh) and the decode layer's products (decode_layer.cuh); named
-// to come before both in the translation unit.
+// The quantized weight formats of host/quant.h read on the device: f16 scales, and one
+// 32-weight slice of a packed row (a GGML block, or part of an affine group) dequantized into
+// registers. The slices are mn_quant_matmul's (quant_matmul.cuh), the f16 scales also the decode
+// layer's (decode_layer.cuh mn_dl_qrow); named to come before both in the translation unit.
 
-__device__ __forceinline__ float mn_qmm_f16(const unsigned char *p) {
-  const unsigned h = (unsigned)p[0] | ((unsigned)p[1] << 8);
+// The f16 whose bits are the low half of h.
+__device__ __forceinline__ float mn_qmm_half(unsigned h) {
+  h &= 0xffffu;
   const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0) {
     const float v = (float)m * 5.9604644775390625e-8f; // 2^-24: subnormal halves are exact
@@ -12,6 +13,9 @@ __device__ __forceinline__ float mn_qmm_f16(const unsigned char *p) {
   }
   if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+__device__ __forceinline__ float mn_qmm_f16(const unsigned char *p) {
+  return mn_qmm_half((unsigned)p[0] | ((unsigned)p[1] << 8));
 }
 
 // The 32 weights of slice s of a row, into registers: the scale (and bias) read once.

@@ -104,8 +104,13 @@ template <int K, int S> struct mn_dl_wrow {
 };
 
 // A quantized weight row (host/quant.h: FMT an mn_quant, GROUP the affine group), with the
-// interface of mn_dl_wrow: lane l takes the 32-weight slices l, l + 32, .. of the row,
-// dequantized in registers as dot() walks them (block_formats.cuh mn_qmm_slice).
+// interface of mn_dl_wrow: the row read as chunks of 8 weights, 4 or 8 bytes of codes and the
+// block's f16 scale (and minimum or bias) each, lane l taking chunks l, l + 32, ..; load() reads
+// every chunk of the lane into registers at once, so that a warp's row is a few coalesced
+// transactions in flight before the activations are ready, and dot() dequantizes them there.
+// A chunk's weights are two runs of four: consecutive for 8-bit codes; for 4-bit codes, the low
+// and high nibbles of its bytes (GGML blocks: weights j and j + 16; affine groups: j and
+// j + GROUP / 2).
 template <int K, int FMT, int GROUP> struct mn_dl_qrow {
   static constexpr int BLOCK = FMT == 3 || FMT == 4 ? GROUP : 32;
   static constexpr int BLOCK_BYTES = FMT == 1   ? 34
@@ -114,30 +119,93 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
                                      : FMT == 3 ? 4 + GROUP
                                                 : 4 + GROUP / 2;
   static constexpr long long ROW_BYTES = ((long long)K / BLOCK * BLOCK_BYTES + 3) / 4 * 4;
-  const unsigned char *row;
+  static constexpr bool WIDE = FMT == 1 || FMT == 3; // 8-bit codes: 8 bytes a chunk
+  static constexpr int CPB = BLOCK / 8, NCH = K / 8, NIT = (NCH + 31) / 32;
+  unsigned code[NIT][WIDE ? 2 : 1], head[NIT];
+
+  static __device__ __forceinline__ unsigned u16(const unsigned char *p) {
+    return *reinterpret_cast<const unsigned short *>(p);
+  }
+  static __device__ __forceinline__ unsigned u32(const unsigned char *p) {
+    return *reinterpret_cast<const unsigned *>(p);
+  }
 
   __device__ __forceinline__ void load(const void *wp, long long r) {
-    row = static_cast<const unsigned char *>(wp) + r * ROW_BYTES;
+    const unsigned char *row = static_cast<const unsigned char *>(wp) + r * ROW_BYTES;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int it = 0; it < NIT; it++) {
+      const int c = it * 32 + lane, t = c % CPB;
+      if (NCH % 32 != 0 && c >= NCH) continue;
+      const unsigned char *b = row + (long long)(c / CPB) * BLOCK_BYTES;
+      if constexpr (FMT == 1) { // Q8_0: f16 scale, 32 int8 (2-byte aligned)
+        head[it] = u16(b);
+        code[it][0] = u16(b + 2 + 8 * t) | (u16(b + 4 + 8 * t) << 16);
+        code[it][1] = u16(b + 6 + 8 * t) | (u16(b + 8 + 8 * t) << 16);
+      } else if constexpr (FMT == 2) { // Q4_0: f16 scale, 16 bytes of nibbles
+        head[it] = u16(b);
+        code[it][0] = u16(b + 2 + 4 * t) | (u16(b + 4 + 4 * t) << 16);
+      } else if constexpr (FMT == 5) { // Q4_1: f16 scale and minimum, 16 bytes of nibbles
+        head[it] = u32(b);
+        code[it][0] = u32(b + 4 + 4 * t);
+      } else if constexpr (FMT == 3) { // affine int8: f16 scale and bias, GROUP bytes
+        head[it] = u32(b);
+        code[it][0] = u32(b + 4 + 8 * t);
+        code[it][1] = u32(b + 8 + 8 * t);
+      } else { // affine int4: f16 scale and bias, GROUP / 2 bytes of nibbles
+        head[it] = u32(b);
+        code[it][0] = u32(b + 4 + 4 * t);
+      }
+    }
   }
 
   template <int B> __device__ __forceinline__ void dot(const float *a, float acc[B]) const {
     const int lane = threadIdx.x & 31;
-    for (long long s = lane; s < K / 32; s += 32) {
-      float w[32];
-      mn_qmm_slice<FMT, GROUP>(row, s, w);
+#pragma unroll
+    for (int it = 0; it < NIT; it++) {
+      const int c = it * 32 + lane, t = c % CPB;
+      if (NCH % 32 != 0 && c >= NCH) continue;
+      const int e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
+      const int e1 = e0 + (WIDE ? 4 : BLOCK / 2);
+      const float d = mn_qmm_half(head[it]),
+                  m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(head[it] >> 16);
+      float w[8];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        if constexpr (WIDE) {
+          const unsigned lo = (code[it][0] >> (8 * j)) & 255u, hi = (code[it][1] >> (8 * j)) & 255u;
+          if constexpr (FMT == 1) {
+            w[j] = __fmul_rn((float)(signed char)lo, d);
+            w[j + 4] = __fmul_rn((float)(signed char)hi, d);
+          } else {
+            w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+            w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+          }
+        } else {
+          const unsigned byte = (code[it][0] >> (8 * j)) & 255u;
+          const int lo = (int)(byte & 15u), hi = (int)(byte >> 4);
+          if constexpr (FMT == 2) {
+            w[j] = __fmul_rn(d, (float)(lo - 8));
+            w[j + 4] = __fmul_rn(d, (float)(hi - 8));
+          } else {
+            w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+            w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+          }
+        }
+      }
 #pragma unroll
       for (int b = 0; b < B; b++) {
-        const float *x = a + b * K + s * 32;
-        float t = acc[b];
-#pragma unroll
-        for (int j = 0; j < 32; j += 4) {
-          const float4 v = *reinterpret_cast<const float4 *>(x + j);
-          t = fmaf(w[j], v.x, t);
-          t = fmaf(w[j + 1], v.y, t);
-          t = fmaf(w[j + 2], v.z, t);
-          t = fmaf(w[j + 3], v.w, t);
-        }
-        acc[b] = t;
+        const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + e0);
+        const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + e1);
+        float s = acc[b];
+        s = fmaf(w[0], x0.x, s);
+        s = fmaf(w[1], x0.y, s);
+        s = fmaf(w[2], x0.z, s);
+        s = fmaf(w[3], x0.w, s);
+        s = fmaf(w[4], x1.x, s);
+        s = fmaf(w[5], x1.y, s);
+        s = fmaf(w[6], x1.z, s);
+        acc[b] = fmaf(w[7], x1.w, s);
       }
     }
   }
