@@ -31,6 +31,8 @@ template <int K, int S> struct mn_dl_wrow {
   static constexpr bool VEC = K % 8 == 0;
   static constexpr int CH = K / 8, NIT = VEC ? (CH + 31) / 32 : 1;
   static constexpr int WORDS = S == MN_DEV_F32 ? 2 : 1; // uint4s a chunk
+  static constexpr int ROW_K = K;
+  static constexpr bool CHUNKED = VEC;
   uint4 u[NIT * WORDS];
   const void *w;
   long long row;
@@ -53,52 +55,38 @@ template <int K, int S> struct mn_dl_wrow {
     }
   }
 
-  // acc[b] += this lane's share of the row . a[b, :] for the B rows of a ([B][K] floats, 16-byte
-  // aligned); the caller sums the warp.
-  template <int B> __device__ __forceinline__ void dot(const float *a, float acc[B]) const {
-    const int lane = threadIdx.x & 31;
-    if constexpr (VEC) {
-#pragma unroll
-      for (int it = 0; it < NIT; it++) {
-        const int c = it * 32 + lane;
-        if (CH % 32 == 0 || c < CH) {
-          float f[8];
-          if constexpr (S == MN_DEV_F32) {
-            const uint4 p = u[it * WORDS], q = u[it * WORDS + 1];
-            f[0] = __uint_as_float(p.x), f[1] = __uint_as_float(p.y), f[2] = __uint_as_float(p.z);
-            f[3] = __uint_as_float(p.w), f[4] = __uint_as_float(q.x), f[5] = __uint_as_float(q.y);
-            f[6] = __uint_as_float(q.z), f[7] = __uint_as_float(q.w);
-          } else {
-            const unsigned words[4] = {u[it].x, u[it].y, u[it].z, u[it].w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-              f[2 * j] = mn_lp_load<S>((unsigned short)(words[j] & 0xffffu));
-              f[2 * j + 1] = mn_lp_load<S>((unsigned short)(words[j] >> 16));
-            }
-          }
-#pragma unroll
-          for (int b = 0; b < B; b++) {
-            const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + c * 8);
-            const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + c * 8 + 4);
-            float t = acc[b];
-            t = fmaf(f[0], x0.x, t);
-            t = fmaf(f[1], x0.y, t);
-            t = fmaf(f[2], x0.z, t);
-            t = fmaf(f[3], x0.w, t);
-            t = fmaf(f[4], x1.x, t);
-            t = fmaf(f[5], x1.y, t);
-            t = fmaf(f[6], x1.z, t);
-            acc[b] = fmaf(f[7], x1.w, t);
-          }
-        }
-      }
+  // Chunk it of this lane: whether it is in the row, where its two runs of four weights sit
+  // in the row (e0, e1), and the weights as floats.
+  __device__ __forceinline__ bool has(int it) const {
+    return CH % 32 == 0 || it * 32 + (int)(threadIdx.x & 31) < CH;
+  }
+  __device__ __forceinline__ void runs(int it, int &e0, int &e1) const {
+    e0 = (it * 32 + (int)(threadIdx.x & 31)) * 8;
+    e1 = e0 + 4;
+  }
+  __device__ __forceinline__ void weights(int it, float f[8]) const {
+    if constexpr (S == MN_DEV_F32) {
+      const uint4 p = u[it * WORDS], q = u[it * WORDS + 1];
+      f[0] = __uint_as_float(p.x), f[1] = __uint_as_float(p.y), f[2] = __uint_as_float(p.z);
+      f[3] = __uint_as_float(p.w), f[4] = __uint_as_float(q.x), f[5] = __uint_as_float(q.y);
+      f[6] = __uint_as_float(q.z), f[7] = __uint_as_float(q.w);
     } else {
-      for (int i = lane; i < K; i += 32) {
-        const float wv = mn_dl_load1<S>(w, row * K + i);
+      const unsigned words[4] = {u[it].x, u[it].y, u[it].z, u[it].w};
 #pragma unroll
-        for (int b = 0; b < B; b++)
-          acc[b] = fmaf(wv, a[b * K + i], acc[b]);
+      for (int j = 0; j < 4; j++) {
+        f[2 * j] = mn_lp_load<S>((unsigned short)(words[j] & 0xffffu));
+        f[2 * j + 1] = mn_lp_load<S>((unsigned short)(words[j] >> 16));
       }
+    }
+  }
+
+  // K not a multiple of 8: acc[b] += this lane's share of the row . a[b, :], read as it goes.
+  template <int B> __device__ __forceinline__ void dot_scalar(const float *a, float acc[B]) const {
+    for (int i = threadIdx.x & 31; i < K; i += 32) {
+      const float wv = mn_dl_load1<S>(w, row * K + i);
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        acc[b] = fmaf(wv, a[b * K + i], acc[b]);
     }
   }
 };
@@ -120,7 +108,8 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
                                                 : 4 + GROUP / 2;
   static constexpr long long ROW_BYTES = ((long long)K / BLOCK * BLOCK_BYTES + 3) / 4 * 4;
   static constexpr bool WIDE = FMT == 1 || FMT == 3; // 8-bit codes: 8 bytes a chunk
-  static constexpr int CPB = BLOCK / 8, NCH = K / 8, NIT = (NCH + 31) / 32;
+  static constexpr int CPB = BLOCK / 8, NCH = K / 8, NIT = (NCH + 31) / 32, ROW_K = K;
+  static constexpr bool CHUNKED = true;
   unsigned code[NIT][WIDE ? 2 : 1], head[NIT];
 
   static __device__ __forceinline__ unsigned u16(const unsigned char *p) {
@@ -159,57 +148,84 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
     }
   }
 
-  template <int B> __device__ __forceinline__ void dot(const float *a, float acc[B]) const {
-    const int lane = threadIdx.x & 31;
+  __device__ __forceinline__ bool has(int it) const {
+    return NCH % 32 == 0 || it * 32 + (int)(threadIdx.x & 31) < NCH;
+  }
+  __device__ __forceinline__ void runs(int it, int &e0, int &e1) const {
+    const int c = it * 32 + (int)(threadIdx.x & 31), t = c % CPB;
+    e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
+    e1 = e0 + (WIDE ? 4 : BLOCK / 2);
+  }
+  __device__ __forceinline__ void weights(int it, float w[8]) const {
+    const float d = mn_qmm_half(head[it]);
+    const float m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(head[it] >> 16);
 #pragma unroll
-    for (int it = 0; it < NIT; it++) {
-      const int c = it * 32 + lane, t = c % CPB;
-      if (NCH % 32 != 0 && c >= NCH) continue;
-      const int e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
-      const int e1 = e0 + (WIDE ? 4 : BLOCK / 2);
-      const float d = mn_qmm_half(head[it]),
-                  m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(head[it] >> 16);
-      float w[8];
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        if constexpr (WIDE) {
-          const unsigned lo = (code[it][0] >> (8 * j)) & 255u, hi = (code[it][1] >> (8 * j)) & 255u;
-          if constexpr (FMT == 1) {
-            w[j] = __fmul_rn((float)(signed char)lo, d);
-            w[j + 4] = __fmul_rn((float)(signed char)hi, d);
-          } else {
-            w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
-            w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
-          }
+    for (int j = 0; j < 4; j++) {
+      if constexpr (WIDE) {
+        const unsigned lo = (code[it][0] >> (8 * j)) & 255u, hi = (code[it][1] >> (8 * j)) & 255u;
+        if constexpr (FMT == 1) {
+          w[j] = __fmul_rn((float)(signed char)lo, d);
+          w[j + 4] = __fmul_rn((float)(signed char)hi, d);
         } else {
-          const unsigned byte = (code[it][0] >> (8 * j)) & 255u;
-          const int lo = (int)(byte & 15u), hi = (int)(byte >> 4);
-          if constexpr (FMT == 2) {
-            w[j] = __fmul_rn(d, (float)(lo - 8));
-            w[j + 4] = __fmul_rn(d, (float)(hi - 8));
-          } else {
-            w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
-            w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
-          }
+          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
         }
-      }
-#pragma unroll
-      for (int b = 0; b < B; b++) {
-        const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + e0);
-        const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + e1);
-        float s = acc[b];
-        s = fmaf(w[0], x0.x, s);
-        s = fmaf(w[1], x0.y, s);
-        s = fmaf(w[2], x0.z, s);
-        s = fmaf(w[3], x0.w, s);
-        s = fmaf(w[4], x1.x, s);
-        s = fmaf(w[5], x1.y, s);
-        s = fmaf(w[6], x1.z, s);
-        acc[b] = fmaf(w[7], x1.w, s);
+      } else {
+        const unsigned byte = (code[it][0] >> (8 * j)) & 255u;
+        const int lo = (int)(byte & 15u), hi = (int)(byte >> 4);
+        if constexpr (FMT == 2) {
+          w[j] = __fmul_rn(d, (float)(lo - 8));
+          w[j + 4] = __fmul_rn(d, (float)(hi - 8));
+        } else {
+          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+        }
       }
     }
   }
 };
+
+// acc_r[b] += this lane's share of row r . a[b, :] for the B rows of a ([B][K] floats, 16-byte
+// aligned) and the R weight rows w[0..R-1] of one type (mn_dl_wrow or mn_dl_qrow, loaded); each
+// activation read from shared memory serves all R rows. The caller sums the warp.
+template <int B, int R, class W>
+__device__ __forceinline__ void mn_dl_dot(const W *const (&w)[R], const float *a,
+                                          float (&acc)[R][B]) {
+  constexpr int K = W::ROW_K;
+  if constexpr (!W::CHUNKED) {
+#pragma unroll
+    for (int k = 0; k < R; k++)
+      w[k]->template dot_scalar<B>(a, acc[k]);
+  } else {
+#pragma unroll
+    for (int it = 0; it < W::NIT; it++) {
+      if (!w[0]->has(it)) continue;
+      int e0, e1;
+      w[0]->runs(it, e0, e1);
+      float f[R][8];
+#pragma unroll
+      for (int k = 0; k < R; k++)
+        w[k]->weights(it, f[k]);
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const float4 x0 = *reinterpret_cast<const float4 *>(a + b * K + e0);
+        const float4 x1 = *reinterpret_cast<const float4 *>(a + b * K + e1);
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+          float t = acc[k][b];
+          t = fmaf(f[k][0], x0.x, t);
+          t = fmaf(f[k][1], x0.y, t);
+          t = fmaf(f[k][2], x0.z, t);
+          t = fmaf(f[k][3], x0.w, t);
+          t = fmaf(f[k][4], x1.x, t);
+          t = fmaf(f[k][5], x1.y, t);
+          t = fmaf(f[k][6], x1.z, t);
+          acc[k][b] = fmaf(f[k][7], x1.w, t);
+        }
+      }
+    }
+  }
+}
 
 // The row type of a weight stored as S (FMT 0) or quantized in format FMT.
 template <int K, int S, int FMT, int GROUP, bool Q = (FMT != 0)> struct mn_dl_row {
@@ -229,16 +245,17 @@ template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
 template <int C, int B, class WR, class RP, class OP>
 __device__ __forceinline__ void mn_dl_residual_row(const WR &w, const float *a, RP res, OP out,
                                                    long long r) {
-  float y[B];
+  float y[1][B];
 #pragma unroll
   for (int b = 0; b < B; b++)
-    y[b] = 0.0f;
-  w.template dot<B>(a, y);
-  mn_dl_warp_sums<B>(y);
+    y[0][b] = 0.0f;
+  const WR *rows[1] = {&w};
+  mn_dl_dot<B>(rows, a, y);
+  mn_dl_warp_sums<B>(y[0]);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int b = 0; b < B; b++)
-    if (lane == b) out[(long long)b * C + r] = res[(long long)b * C + r] + y[b];
+    if (lane == b) out[(long long)b * C + r] = res[(long long)b * C + r] + y[0][b];
 }
 
 // a[b, :] = rms_norm(x[b, :]) * w for the B rows of x [B][C]: warp b normalizes row b. The
@@ -289,6 +306,9 @@ __device__ void mn_dl_qkv(const IO &io) {
       k1.load(mn_arg<const void>(io, sec == 1 ? 3 : 4), r1);
     }
   }
+  // RoPE's frequency needs no earlier kernel's result: taken while those finish.
+  const double freq =
+      sec < 2 ? pow((double)__int_as_float((int)THETA_BITS), -2.0 * (double)i / (double)HD) : 0.0;
   mn_overlap_wait();
   mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
   __syncthreads();
@@ -299,30 +319,25 @@ __device__ void mn_dl_qkv(const IO &io) {
       mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
     return;
   }
-  float y0[B], y1[B];
+  float y[2][B];
 #pragma unroll
   for (int b = 0; b < B; b++)
-    y0[b] = y1[b] = 0.0f;
+    y[0][b] = y[1][b] = 0.0f;
   if (sec == 0) {
-    q0.template dot<B>(a, y0);
-    q1.template dot<B>(a, y1);
+    const decltype(q0) *rows[2] = {&q0, &q1};
+    mn_dl_dot<B>(rows, a, y);
   } else {
-    k0.template dot<B>(a, y0);
-    k1.template dot<B>(a, y1);
+    const decltype(k0) *rows[2] = {&k0, &k1};
+    mn_dl_dot<B>(rows, a, y);
   }
-  mn_dl_warp_sums<B>(y0);
-  mn_dl_warp_sums<B>(y1);
+  mn_dl_warp_sums<B>(y[0]);
+  mn_dl_warp_sums<B>(y[1]);
   double cs = 1.0, sn = 0.0;
-  if (sec < 2) {
-    const double angle =
-        (double)pos * pow((double)__int_as_float((int)THETA_BITS), -2.0 * (double)i / (double)HD);
-    cs = cos(angle);
-    sn = sin(angle);
-  }
+  if (sec < 2) sincos((double)pos * freq, &sn, &cs);
 #pragma unroll
   for (int b = 0; b < B; b++) {
     if (lane != b) continue;
-    const double u0 = y0[b], u1 = y1[b];
+    const double u0 = y[0][b], u1 = y[1][b];
     const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
     if (sec == 0) {
       const auto q = mn_out<8>(io) + (long long)b * Q;
@@ -410,12 +425,13 @@ __device__ void mn_dl_mlp_up(const IO &io) {
   mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
   __syncthreads();
   if (r >= F) return;
-  float g[B], u[B];
+  float gu[2][B];
 #pragma unroll
   for (int b = 0; b < B; b++)
-    g[b] = u[b] = 0.0f;
-  wg.template dot<B>(a, g);
-  wu.template dot<B>(a, u);
+    gu[0][b] = gu[1][b] = 0.0f;
+  const decltype(wg) *rows[2] = {&wg, &wu};
+  mn_dl_dot<B>(rows, a, gu);
+  float *g = gu[0], *u = gu[1];
   mn_dl_warp_sums<B>(g);
   mn_dl_warp_sums<B>(u);
   const auto h = mn_out<4>(io);

@@ -9,6 +9,20 @@ __device__ __forceinline__ unsigned mn_sample_key(float x) {
   return mn_pw_order_key(__float_as_uint(x));
 }
 
+// The warp's best (value, index): the larger value, the lower index among equal values; an index
+// of -1 is no candidate. Every lane ends with the same pair.
+__device__ __forceinline__ void mn_sample_argmax_warp(float &v, long long &i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const long long oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
 template <long long V, int BLOCK, class IO> __device__ void mn_sample_rows(const IO &io) {
   constexpr long long C = (V + BLOCK - 1) / BLOCK;
   __shared__ float redf[32];
@@ -24,30 +38,34 @@ template <long long V, int BLOCK, class IO> __device__ void mn_sample_rows(const
   const int tid = threadIdx.x;
   const long long lo = tid * C, hi = lo + C < V ? lo + C : V;
 
+  // The maximum (the lowest index among equal ones) over a coalesced stride, not the chunk:
+  // a greedy step reads the row once, 8 loads a thread in flight.
   float bv = 0.0f;
   long long bi = -1;
-  for (long long i = lo; i < hi; i++) {
+#pragma unroll 8
+  for (long long i = tid; i < V; i += BLOCK) {
     const float x = l[i];
     if (bi < 0 || x > bv) {
       bv = x;
       bi = i;
     }
   }
-  best_v[tid] = bv;
-  best_i[tid] = bi;
-  __syncthreads();
-  for (int s = BLOCK / 2; s > 0; s >>= 1) {
-    if (tid < s) {
-      const long long oi = best_i[tid + s];
-      const float ov = best_v[tid + s];
-      const long long mi = best_i[tid];
-      if (oi >= 0 && (mi < 0 || ov > best_v[tid] || (ov == best_v[tid] && oi < mi))) {
-        best_v[tid] = ov;
-        best_i[tid] = oi;
-      }
-    }
-    __syncthreads();
+  mn_sample_argmax_warp(bv, bi);
+  if ((tid & 31) == 0) {
+    best_v[tid >> 5] = bv;
+    best_i[tid >> 5] = bi;
   }
+  __syncthreads();
+  if (tid < 32) {
+    bv = tid < BLOCK / 32 ? best_v[tid] : 0.0f;
+    bi = tid < BLOCK / 32 ? best_i[tid] : -1;
+    mn_sample_argmax_warp(bv, bi);
+    if (tid == 0) {
+      best_v[0] = bv;
+      best_i[0] = bi;
+    }
+  }
+  __syncthreads();
   const long long best = best_i[0];
   const float mx = best_v[0];
   const float temp = p[0], top_p = p[2];
