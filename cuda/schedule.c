@@ -324,10 +324,13 @@ size_t mn_cu_graph_width(void *graph) {
   cudaGraph_t g = graph;
   size_t n = 0, e = 0;
   if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess || n == 0) return 0;
+  /* Programmatic (overlapping) launches make edges with data: a query without room for it is
+   * refused as lossy, so the listing asks for it. */
   if (cudaGraphGetEdges(g, NULL, NULL, NULL, &e) != cudaSuccess) return 0;
   cudaGraphNode_t *nodes = malloc(n * sizeof *nodes);
   cudaGraphNode_t *from = malloc((e ? e : 1) * sizeof *from),
                   *to = malloc((e ? e : 1) * sizeof *to);
+  cudaGraphEdgeData *data = malloc((e ? e : 1) * sizeof *data);
   node_index *sorted = malloc(n * sizeof *sorted);
   size_t *indeg = calloc(n, sizeof *indeg), *depth = calloc(n, sizeof *depth);
   size_t *src = malloc((e ? e : 1) * sizeof *src), *dst = malloc((e ? e : 1) * sizeof *dst);
@@ -335,7 +338,7 @@ size_t mn_cu_graph_width(void *graph) {
   size_t width = 0;
   bool ok = nodes && from && to && sorted && indeg && depth && src && dst && queue && count &&
             cudaGraphGetNodes(g, nodes, &n) == cudaSuccess &&
-            cudaGraphGetEdges(g, from, to, NULL, &e) == cudaSuccess;
+            data && cudaGraphGetEdges(g, from, to, data, &e) == cudaSuccess;
   if (ok) {
     for (size_t i = 0; i < n; i++)
       sorted[i] = (node_index){nodes[i], i};
@@ -378,6 +381,7 @@ size_t mn_cu_graph_width(void *graph) {
   }
   free(nodes);
   free(from);
+  free(data);
   free(to);
   free(sorted);
   free(indeg);
