@@ -337,8 +337,8 @@ size_t mn_cu_graph_width(void *graph) {
   size_t *queue = malloc(n * sizeof *queue), *count = calloc(n, sizeof *count);
   size_t width = 0;
   bool ok = nodes && from && to && sorted && indeg && depth && src && dst && queue && count &&
-            cudaGraphGetNodes(g, nodes, &n) == cudaSuccess &&
-            data && cudaGraphGetEdges(g, from, to, data, &e) == cudaSuccess;
+            cudaGraphGetNodes(g, nodes, &n) == cudaSuccess && data &&
+            cudaGraphGetEdges(g, from, to, data, &e) == cudaSuccess;
   if (ok) {
     for (size_t i = 0; i < n; i++)
       sorted[i] = (node_index){nodes[i], i};
