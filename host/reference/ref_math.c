@@ -17,13 +17,53 @@ typedef struct gemm_part {
   size_t a_row, a_col, b_row, b_col, n, k, from, to;
 } gemm_part;
 
+/* c[i, j0 .. j0 + JN - 1] for IN rows i0 .. i0 + IN - 1: IN x JN independent double sums, each
+ * over p = 0 .. k - 1 in order (the same sum as one element alone), so that the chains of
+ * dependent adds overlap and each a[i, p] and b[p, j] is loaded once for the tile. */
+#define GEMM_TILE(IN, JN)                                                                          \
+  static void gemm_tile_##IN##x##JN(const gemm_part *g, size_t i0, size_t j0) {                    \
+    double acc[IN][JN] = {{0}};                                                                    \
+    for (size_t p = 0; p < g->k; p++) {                                                            \
+      double bv[JN];                                                                               \
+      for (size_t u = 0; u < JN; u++)                                                              \
+        bv[u] = g->b[p * g->b_row + (j0 + u) * g->b_col];                                          \
+      for (size_t r = 0; r < IN; r++) {                                                            \
+        double av = g->a[(i0 + r) * g->a_row + p * g->a_col];                                      \
+        for (size_t u = 0; u < JN; u++)                                                            \
+          acc[r][u] += av * bv[u];                                                                 \
+      }                                                                                            \
+    }                                                                                              \
+    for (size_t r = 0; r < IN; r++)                                                                \
+      for (size_t u = 0; u < JN; u++)                                                              \
+        g->c[(i0 + r) * g->n + j0 + u] = (float)acc[r][u];                                         \
+  }
+GEMM_TILE(4, 4)
+GEMM_TILE(1, 4)
+GEMM_TILE(1, 1)
+#undef GEMM_TILE
+
+/* The elements [from, to) row by row: four whole rows at a time where the part has them, in
+ * tiles of 4 columns, the last columns of a row one by one. */
 static void gemm_elements(const gemm_part *g) {
-  for (size_t e = g->from; e < g->to; e++) {
+  size_t e = g->from;
+  while (e < g->to) {
     size_t i = e / g->n, j = e % g->n;
-    double acc = 0;
-    for (size_t p = 0; p < g->k; p++)
-      acc += (double)g->a[i * g->a_row + p * g->a_col] * g->b[p * g->b_row + j * g->b_col];
-    g->c[e] = (float)acc;
+    size_t row_end = (i + 1) * g->n < g->to ? (i + 1) * g->n : g->to;
+    bool four_rows = j == 0 && (i + 4) * g->n <= g->to;
+    size_t j_end = row_end - i * g->n;
+    for (; j + 4 <= j_end; j += 4) {
+      if (four_rows)
+        gemm_tile_4x4(g, i, j);
+      else
+        gemm_tile_1x4(g, i, j);
+    }
+    for (; j < j_end; j++) {
+      gemm_tile_1x1(g, i, j);
+      if (four_rows)
+        for (size_t r = 1; r < 4; r++)
+          gemm_tile_1x1(g, i + r, j);
+    }
+    e = four_rows ? (i + 4) * g->n : row_end;
   }
 }
 
