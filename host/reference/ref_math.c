@@ -15,57 +15,47 @@ typedef struct gemm_part {
   const float *a, *b;
   float *c;
   size_t a_row, a_col, b_row, b_col, n, k, from, to;
+  size_t ldc; /* c's row pitch */
 } gemm_part;
 
-/* A 4 x 4 tile of outputs: rows i0 .. i0 + 3, columns j0 .. j0 + 3, sixteen independent
- * double sums, each over p = 0 .. k - 1 in order (the same sum as one element alone), a row's
- * four in one vector (GCC/Clang vector extensions: two SSE2 registers, or one AVX2 register in
- * the clone picked on CPUs that have it; no fused multiply-add either way, so the sums are the
- * same). */
+/* Tiles of outputs: rows i0 .. i0 + RN - 1 (RN 4 or 1) by columns j0 .. j0 + 3, independent
+ * double sums, each over p = 0 .. k - 1 in order (the same sum as one element alone), so that
+ * the chains of dependent adds overlap and each operand value is loaded once a tile. A row's four
+ * sums are one vector (GCC/Clang vector extensions: two SSE2 registers, or one AVX2 register in
+ * the clone picked at load time on x86-64 CPUs that have it); there is no fused multiply-add
+ * either way, so the sums are the same. */
 typedef double gemm_v4d __attribute__((vector_size(32)));
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GEMM_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define GEMM_CLONES
 #endif
-GEMM_CLONES static void gemm_tile_4x4(const gemm_part *g, size_t i0, size_t j0) {
-  gemm_v4d acc[4] = {{0}};
-  for (size_t p = 0; p < g->k; p++) {
-    const float *bp = g->b + p * g->b_row + j0 * g->b_col;
-    gemm_v4d bv = {bp[0], bp[g->b_col], bp[2 * g->b_col], bp[3 * g->b_col]};
-    for (size_t r = 0; r < 4; r++) {
-      double av = g->a[(i0 + r) * g->a_row + p * g->a_col];
-      acc[r] += (gemm_v4d){av, av, av, av} * bv;
-    }
-  }
-  for (size_t r = 0; r < 4; r++)
-    for (size_t u = 0; u < 4; u++)
-      g->c[(i0 + r) * g->n + j0 + u] = (float)acc[r][u];
-}
-
-/* c[i, j0 .. j0 + JN - 1] for IN rows i0 .. i0 + IN - 1: IN x JN independent double sums, each
- * over p = 0 .. k - 1 in order (the same sum as one element alone), so that the chains of
- * dependent adds overlap and each a[i, p] and b[p, j] is loaded once for the tile. */
-#define GEMM_TILE(IN, JN)                                                                          \
-  static void gemm_tile_##IN##x##JN(const gemm_part *g, size_t i0, size_t j0) {                    \
-    double acc[IN][JN] = {{0}};                                                                    \
+#define GEMM_TILE(RN)                                                                              \
+  GEMM_CLONES static void gemm_tile_##RN##x4(const gemm_part *g, size_t i0, size_t j0) {           \
+    gemm_v4d acc[RN] = {{0}};                                                                      \
     for (size_t p = 0; p < g->k; p++) {                                                            \
-      double bv[JN];                                                                               \
-      for (size_t u = 0; u < JN; u++)                                                              \
-        bv[u] = g->b[p * g->b_row + (j0 + u) * g->b_col];                                          \
-      for (size_t r = 0; r < IN; r++) {                                                            \
+      const float *bp = g->b + p * g->b_row + j0 * g->b_col;                                       \
+      gemm_v4d bv = {bp[0], bp[g->b_col], bp[2 * g->b_col], bp[3 * g->b_col]};                     \
+      for (size_t r = 0; r < RN; r++) {                                                            \
         double av = g->a[(i0 + r) * g->a_row + p * g->a_col];                                      \
-        for (size_t u = 0; u < JN; u++)                                                            \
-          acc[r][u] += av * bv[u];                                                                 \
+        acc[r] += (gemm_v4d){av, av, av, av} * bv;                                                 \
       }                                                                                            \
     }                                                                                              \
-    for (size_t r = 0; r < IN; r++)                                                                \
-      for (size_t u = 0; u < JN; u++)                                                              \
-        g->c[(i0 + r) * g->n + j0 + u] = (float)acc[r][u];                                         \
+    for (size_t r = 0; r < RN; r++)                                                                \
+      for (size_t u = 0; u < 4; u++)                                                               \
+        g->c[(i0 + r) * g->ldc + j0 + u] = (float)acc[r][u];                                       \
   }
-GEMM_TILE(1, 4)
-GEMM_TILE(1, 1)
+GEMM_TILE(4)
+GEMM_TILE(1)
 #undef GEMM_TILE
+
+/* One output element alone (a row's last columns). */
+static void gemm_one(const gemm_part *g, size_t i, size_t j) {
+  double acc = 0;
+  for (size_t p = 0; p < g->k; p++)
+    acc += (double)g->a[i * g->a_row + p * g->a_col] * g->b[p * g->b_row + j * g->b_col];
+  g->c[i * g->ldc + j] = (float)acc;
+}
 
 /* The elements [from, to) row by row: four whole rows at a time where the part has them, in
  * tiles of 4 columns, the last columns of a row one by one. */
@@ -83,13 +73,30 @@ static void gemm_elements(const gemm_part *g) {
         gemm_tile_1x4(g, i, j);
     }
     for (; j < j_end; j++) {
-      gemm_tile_1x1(g, i, j);
+      gemm_one(g, i, j);
       if (four_rows)
         for (size_t r = 1; r < 4; r++)
-          gemm_tile_1x1(g, i + r, j);
+          gemm_one(g, i + r, j);
     }
     e = four_rows ? (i + 4) * g->n : row_end;
   }
+}
+
+void mn_ref_gemm_serial(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+                        size_t b_col, float *c, size_t ldc, size_t m, size_t n, size_t k) {
+  gemm_part g = {.a = a,
+                 .b = b,
+                 .c = c,
+                 .a_row = a_row,
+                 .a_col = a_col,
+                 .b_row = b_row,
+                 .b_col = b_col,
+                 .n = n,
+                 .k = k,
+                 .from = 0,
+                 .to = m * n,
+                 .ldc = ldc};
+  gemm_elements(&g);
 }
 
 static void *gemm_thread(void *arg) {
@@ -124,6 +131,7 @@ void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, siz
                            .b_col = b_col,
                            .n = n,
                            .k = k,
+                           .ldc = n,
                            .from = total * t / threads,
                            .to = total * (t + 1) / threads};
   /* A thread that cannot start leaves its part to this one. */

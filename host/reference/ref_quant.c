@@ -1,5 +1,6 @@
 /* mn_matmul_quant on the CPU: each weight row is dequantized once (host/quant.h) and dotted in
- * double with every row of x. Threads take contiguous runs of output features, and every
+ * double with every row of x, QUANT_ROWS rows at a time through the tiled product of
+ * ref_math.c. Threads take contiguous runs of output features, and every
  * output element is the same sum in the same order whichever thread computes it, so the
  * result does not depend on MN_CPU_THREADS. */
 #include <pthread.h>
@@ -10,25 +11,25 @@
 #include "host/quant.h"
 #include "host/reference/ref_shared.h"
 
+/* Weight rows dequantized at a time: the tiled product's width. */
+#define QUANT_ROWS 4
+
 typedef struct quant_part {
   const float *x;
   const unsigned char *w;
-  float *y, *row; /* row: this part's dequantized weight row [in] */
+  float *y, *row; /* row: this part's dequantized weight rows [QUANT_ROWS, in] */
   mn_quant format;
   int group;
   size_t rows, in, out, row_bytes, from, to;
 } quant_part;
 
 static void quant_features(const quant_part *p) {
-  for (size_t o = p->from; o < p->to; o++) {
-    mn_dequantize_row(p->format, p->group, p->w + o * p->row_bytes, p->row, p->in);
-    for (size_t i = 0; i < p->rows; i++) {
-      const float *xi = p->x + i * p->in;
-      double acc = 0;
-      for (size_t k = 0; k < p->in; k++)
-        acc += (double)xi[k] * p->row[k];
-      p->y[i * p->out + o] = (float)acc;
-    }
+  for (size_t o = p->from; o < p->to; o += QUANT_ROWS) {
+    size_t n = p->to - o < QUANT_ROWS ? p->to - o : QUANT_ROWS;
+    for (size_t f = 0; f < n; f++)
+      mn_dequantize_row(p->format, p->group, p->w + (o + f) * p->row_bytes, p->row + f * p->in,
+                        p->in);
+    mn_ref_gemm_serial(p->x, p->in, 1, p->row, 1, p->in, p->y + o, p->out, p->rows, n, p->in);
   }
 }
 
@@ -49,7 +50,7 @@ static size_t quant_threads(double work, size_t features) {
 bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant format, int group,
                           size_t in, size_t out, float *y) {
   size_t threads = quant_threads((double)rows * (double)in * (double)out, out);
-  float *scratch = malloc(threads * in * sizeof *scratch);
+  float *scratch = malloc(threads * QUANT_ROWS * in * sizeof *scratch);
   if (!scratch) return false;
   quant_part parts[16];
   pthread_t ids[16];
@@ -58,7 +59,7 @@ bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant f
     parts[t] = (quant_part){.x = x,
                             .w = w,
                             .y = y,
-                            .row = scratch + t * in,
+                            .row = scratch + t * QUANT_ROWS * in,
                             .format = format,
                             .group = group,
                             .rows = rows,

@@ -27,6 +27,10 @@ bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant f
                           size_t in, size_t out, float *y);
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k);
+/* The same product on the calling thread alone, c [m, n] at row pitch ldc: each element the
+ * same double sum as mn_ref_gemm's. */
+void mn_ref_gemm_serial(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+                        size_t b_col, float *c, size_t ldc, size_t m, size_t n, size_t k);
 
 /* out[j] = sum over the rows r of x[r * cols + j], in double, rounded once (sum_rows and the
  * bias gradient of matmul_at_bgrad, which must agree bit for bit). */
