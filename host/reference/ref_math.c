@@ -82,20 +82,27 @@ static void gemm_elements(const gemm_part *g) {
   }
 }
 
+/* The product's operands as mn_ref_gemm takes them, elements [from, to) to compute. */
+static gemm_part gemm_span(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
+                           size_t b_col, float *c, size_t ldc, size_t n, size_t k, size_t from,
+                           size_t to) {
+  return (gemm_part){.a = a,
+                     .b = b,
+                     .c = c,
+                     .a_row = a_row,
+                     .a_col = a_col,
+                     .b_row = b_row,
+                     .b_col = b_col,
+                     .n = n,
+                     .k = k,
+                     .from = from,
+                     .to = to,
+                     .ldc = ldc};
+}
+
 void mn_ref_gemm_serial(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                         size_t b_col, float *c, size_t ldc, size_t m, size_t n, size_t k) {
-  gemm_part g = {.a = a,
-                 .b = b,
-                 .c = c,
-                 .a_row = a_row,
-                 .a_col = a_col,
-                 .b_row = b_row,
-                 .b_col = b_col,
-                 .n = n,
-                 .k = k,
-                 .from = 0,
-                 .to = m * n,
-                 .ldc = ldc};
+  gemm_part g = gemm_span(a, a_row, a_col, b, b_row, b_col, c, ldc, n, k, 0, m * n);
   gemm_elements(&g);
 }
 
@@ -122,18 +129,8 @@ void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, siz
   pthread_t ids[16];
   bool started[16] = {false};
   for (size_t t = 0; t < threads; t++)
-    parts[t] = (gemm_part){.a = a,
-                           .b = b,
-                           .c = c,
-                           .a_row = a_row,
-                           .a_col = a_col,
-                           .b_row = b_row,
-                           .b_col = b_col,
-                           .n = n,
-                           .k = k,
-                           .ldc = n,
-                           .from = total * t / threads,
-                           .to = total * (t + 1) / threads};
+    parts[t] = gemm_span(a, a_row, a_col, b, b_row, b_col, c, n, n, k, total * t / threads,
+                         total * (t + 1) / threads);
   /* A thread that cannot start leaves its part to this one. */
   for (size_t t = 1; t < threads; t++)
     started[t] = pthread_create(&ids[t], NULL, gemm_thread, &parts[t]) == 0;
