@@ -1,9 +1,7 @@
 /* Reference kernels: matrix products and element-wise ops. */
 #include <math.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
@@ -106,41 +104,16 @@ void mn_ref_gemm_serial(const float *a, size_t a_row, size_t a_col, const float 
   gemm_elements(&g);
 }
 
-static void *gemm_thread(void *arg) {
-  gemm_elements(arg);
-  return NULL;
-}
-
-/* Threads for a product of `work` multiply-adds: MN_CPU_THREADS, else the cores online (at
- * most 16), and none for products too small to pay for starting a thread. */
-static size_t gemm_threads(double work, size_t elements) {
-  if (work < 1 << 18 || elements < 2) return 1;
-  const char *env = getenv("MN_CPU_THREADS");
-  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-  if (t < 1) t = 1;
-  if (t > 16) t = 16;
-  return (size_t)t < elements ? (size_t)t : elements;
-}
+static void gemm_run(const void *part) { gemm_elements(part); }
 
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k) {
-  size_t total = m * n, threads = gemm_threads((double)m * (double)n * (double)k, total);
-  gemm_part parts[16];
-  pthread_t ids[16];
-  bool started[16] = {false};
+  size_t total = m * n, threads = mn_ref_threads((double)m * (double)n * (double)k, total);
+  gemm_part parts[MN_REF_MAX_THREADS];
   for (size_t t = 0; t < threads; t++)
     parts[t] = gemm_span(a, a_row, a_col, b, b_row, b_col, c, n, n, k, total * t / threads,
                          total * (t + 1) / threads);
-  /* A thread that cannot start leaves its part to this one. */
-  for (size_t t = 1; t < threads; t++)
-    started[t] = pthread_create(&ids[t], NULL, gemm_thread, &parts[t]) == 0;
-  gemm_elements(&parts[0]);
-  for (size_t t = 1; t < threads; t++) {
-    if (started[t])
-      pthread_join(ids[t], NULL);
-    else
-      gemm_elements(&parts[t]);
-  }
+  mn_ref_run_parts(gemm_run, parts, sizeof *parts, threads);
 }
 
 /* A product the optimizer gave a scale (scale_fold.h) multiplies its rounded result, as the

@@ -3,10 +3,8 @@
  * ref_math.c. Threads take contiguous runs of output features, and every
  * output element is the same sum in the same order whichever thread computes it, so the
  * result does not depend on MN_CPU_THREADS. */
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "host/quant.h"
 #include "host/reference/ref_shared.h"
@@ -33,28 +31,14 @@ static void quant_features(const quant_part *p) {
   }
 }
 
-static void *quant_thread(void *arg) {
-  quant_features(arg);
-  return NULL;
-}
-
-static size_t quant_threads(double work, size_t features) {
-  if (work < 1 << 18 || features < 2) return 1;
-  const char *env = getenv("MN_CPU_THREADS");
-  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-  if (t < 1) t = 1;
-  if (t > 16) t = 16;
-  return (size_t)t < features ? (size_t)t : features;
-}
+static void quant_run(const void *part) { quant_features(part); }
 
 bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant format, int group,
                           size_t in, size_t out, float *y) {
-  size_t threads = quant_threads((double)rows * (double)in * (double)out, out);
+  size_t threads = mn_ref_threads((double)rows * (double)in * (double)out, out);
   float *scratch = malloc(threads * QUANT_ROWS * in * sizeof *scratch);
   if (!scratch) return false;
-  quant_part parts[16];
-  pthread_t ids[16];
-  bool started[16] = {false};
+  quant_part parts[MN_REF_MAX_THREADS];
   for (size_t t = 0; t < threads; t++)
     parts[t] = (quant_part){.x = x,
                             .w = w,
@@ -68,16 +52,7 @@ bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant f
                             .row_bytes = mn_quant_row_words(format, group, (int64_t)in) * 4,
                             .from = out * t / threads,
                             .to = out * (t + 1) / threads};
-  /* A thread that cannot start leaves its part to this one. */
-  for (size_t t = 1; t < threads; t++)
-    started[t] = pthread_create(&ids[t], NULL, quant_thread, &parts[t]) == 0;
-  quant_features(&parts[0]);
-  for (size_t t = 1; t < threads; t++) {
-    if (started[t])
-      pthread_join(ids[t], NULL);
-    else
-      quant_features(&parts[t]);
-  }
+  mn_ref_run_parts(quant_run, parts, sizeof *parts, threads);
   free(scratch);
   return true;
 }

@@ -27,6 +27,15 @@ bool mn_ref_quant_product(const float *x, size_t rows, const void *w, mn_quant f
                           size_t in, size_t out, float *y);
 void mn_ref_gemm(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
                  size_t b_col, float *c, size_t m, size_t n, size_t k);
+/* Threads for `work` multiply-adds over `items` independent items: MN_CPU_THREADS, else the
+ * cores online, at most MN_REF_MAX_THREADS and `items`; one for work too small to pay for
+ * starting a thread. */
+#define MN_REF_MAX_THREADS 16
+size_t mn_ref_threads(double work, size_t items);
+/* run(part t) for t < threads (parts `part_size` bytes apart), part 0 on the calling thread and
+ * each other on a thread of its own; a thread that cannot start leaves its part to the caller. */
+void mn_ref_run_parts(void (*run)(const void *part), const void *parts, size_t part_size,
+                      size_t threads);
 /* The same product on the calling thread alone, c [m, n] at row pitch ldc: each element the
  * same double sum as mn_ref_gemm's. */
 void mn_ref_gemm_serial(const float *a, size_t a_row, size_t a_col, const float *b, size_t b_row,
