@@ -84,16 +84,17 @@ mn_node mn_llama_decode_layer(mn_graph *g, mn_node x, const mn_node w[9], mn_nod
   int64_t vec[1] = {c}, wq[2] = {q_dim, c}, wkv[2] = {kv_dim, c}, wo[2] = {c, q_dim},
           wup[2] = {ff, c}, wdown[2] = {c, ff};
   bool quantized = quant != MN_QUANT_NONE;
-  size_t block = 0, bytes = 0;
-  if (quantized && !mn_quant_block(quant, group_size, &block, &bytes))
-    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
-                         "%s: quant %d with group_size %d is not a quantized format", fn,
-                         (int)quant, group_size);
-  if (quantized && (c % (int64_t)block || q_dim % (int64_t)block || ff % (int64_t)block))
-    return mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
-                         "%s: widths %lld, %lld and %lld must be multiples of the %s block of %zu",
-                         fn, (long long)c, (long long)q_dim, (long long)ff, mn_quant_name(quant),
-                         block);
+  size_t block = 0;
+  if (!mn_decode_layer_quant_fits(quant, group_size, c, q_dim, ff, &block))
+    return block == 0
+               ? mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                               "%s: quant %d with group_size %d is not a quantized format", fn,
+                               (int)quant, group_size)
+               : mn_graph_fail(g, MN_ERR_INVALID_ARGUMENT,
+                               "%s: widths %lld, %lld and %lld must be multiples of the %s block "
+                               "of %zu",
+                               fn, (long long)c, (long long)q_dim, (long long)ff,
+                               mn_quant_name(quant), block);
   static const char *const names[9] = {"input_layernorm", "q_proj",  "k_proj",
                                        "v_proj",          "o_proj",  "post_attention_layernorm",
                                        "gate_proj",       "up_proj", "down_proj"};

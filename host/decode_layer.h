@@ -8,6 +8,7 @@
 #define MN_HOST_DECODE_LAYER_H
 
 #include "host/graph.h"
+#include "host/quant.h"
 
 /* The inputs of llama_decode_layer, in order. */
 enum {
@@ -41,6 +42,23 @@ static inline bool mn_decode_layer_fits(int64_t batch, int64_t dim, int64_t q_di
   int64_t widest = dim > ff ? dim : ff;
   if (q_dim > widest) widest = q_dim;
   return batch <= MN_DECODE_LAYER_MAX_BATCH && batch * widest <= MN_DECODE_LAYER_MAX_FLOATS;
+}
+
+/* Whether weights quantized as quant (with group_size for the affine formats) serve a decode
+ * layer of these widths: MN_QUANT_NONE always; a format's block must divide the rows of every
+ * Linear weight (hidden, q and intermediate widths). *block gets the block (1 for none), or 0
+ * for a quant and group size that are no format. */
+static inline bool mn_decode_layer_quant_fits(mn_quant quant, int group_size, int64_t dim,
+                                              int64_t q_dim, int64_t ff, size_t *block) {
+  size_t bytes = 0;
+  *block = 1;
+  if (quant == MN_QUANT_NONE) return true;
+  if (!mn_quant_block(quant, group_size, block, &bytes)) {
+    *block = 0;
+    return false;
+  }
+  int64_t b = (int64_t)*block;
+  return dim % b == 0 && q_dim % b == 0 && ff % b == 0;
 }
 
 /* w: input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down weights: the

@@ -27,12 +27,10 @@
  * unfused layers). */
 static bool decodes_fused(const mn_model_ctx *m) {
   const mn_model_config *c = m->c;
-  if (!m->max_seq || m->no_head || m->lora) return false;
-  size_t block = 1, bytes = 0;
-  if (m->quant != MN_QUANT_NONE &&
-      (!mn_quant_block(m->quant, m->group_size, &block, &bytes) ||
-       c->hidden_size % (int64_t)block || c->intermediate_size % (int64_t)block ||
-       (c->num_heads * c->head_dim) % (int64_t)block))
+  size_t block = 0;
+  if (!m->max_seq || m->no_head || m->lora ||
+      !mn_decode_layer_quant_fits(m->quant, m->group_size, c->hidden_size,
+                                  c->num_heads * c->head_dim, c->intermediate_size, &block))
     return false;
   const char *env = getenv("MN_DECODE_FUSED");
   if (env && strcmp(env, "0") == 0) return false;

@@ -1,6 +1,7 @@
 /* llama_decode_layer on the CPU (host/decode_layer.h): the op gives the values of the ops it
  * replaces, over several steps that each append a row to the caches and read it back; its
  * builder refuses what it cannot serve, and a position past the cache fails the step. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "host/decode_layer.h"
@@ -125,6 +126,62 @@ Test(decode_layer, the_builder_checks_every_shape) {
                MN_NO_NODE);
   mn_assert_graph_error(g, MN_ERR_INVALID_ARGUMENT, "must be two graph inputs");
   mn_graph_free(g);
+}
+
+/* Quantized weights: the layer of dim 64, 4 heads of 16 over 2, intermediate 128, its Linear
+ * weights U32 packed rows of `packed` (or f32 [out, in] when packed is MN_QUANT_NONE), built with
+ * quant and group. */
+static mn_node build_quantized(mn_graph *g, mn_quant packed, mn_quant quant, int group) {
+  const int64_t dim = 64, q_dim = 64, kv = 32, ff = 128;
+  const int64_t outs[7] = {q_dim, kv, kv, dim, ff, ff, dim},
+                ins[7] = {dim, dim, dim, q_dim, dim, dim, ff};
+  mn_node x = mn_input(g, "x", MN_SHAPE(1, dim)), w[9];
+  w[0] = mn_parameter(g, "ln1", MN_SHAPE(dim));
+  w[5] = mn_parameter(g, "ln2", MN_SHAPE(dim));
+  const int linear[7] = {1, 2, 3, 4, 6, 7, 8};
+  for (int i = 0; i < 7; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "w%d", i);
+    w[linear[i]] =
+        packed == MN_QUANT_NONE
+            ? mn_parameter(g, name, MN_SHAPE(outs[i], ins[i]))
+            : mn_input_u32(g, name,
+                           MN_SHAPE(outs[i], (int64_t)mn_quant_row_words(packed, group, ins[i])));
+  }
+  mn_node kc = mn_input(g, "k_cache", MN_SHAPE(1, 8, kv)),
+          vc = mn_input(g, "v_cache", MN_SHAPE(1, 8, kv));
+  mn_node pos = mn_input_u32(g, "pos", MN_SHAPE(1)), len = mn_input_u32(g, "kv_len", MN_SHAPE(1));
+  return mn_llama_decode_layer(g, x, w, kc, vc, pos, len, 4, 2, 16, 1e-5f, 1e4f, quant, group);
+}
+
+Test(decode_layer, the_builder_checks_quantized_weights) {
+  const struct {
+    mn_quant packed, quant;
+    int group;
+    mn_status want;
+    const char *fragment;
+  } cases[] = {
+      {MN_QUANT_Q8_0, MN_QUANT_Q8_0, 0, MN_OK, ""},
+      {MN_QUANT_AFFINE_INT4, MN_QUANT_AFFINE_INT4, 32, MN_OK, ""},
+      /* a group size the affine formats do not have */
+      {MN_QUANT_NONE, MN_QUANT_AFFINE_INT8, 48, MN_ERR_INVALID_ARGUMENT,
+       "is not a quantized format"},
+      /* a block of 128 does not divide the 64-wide rows */
+      {MN_QUANT_NONE, MN_QUANT_AFFINE_INT4, 128, MN_ERR_INVALID_ARGUMENT,
+       "must be multiples of the int4 block of 128"},
+      /* f32 weights where packed rows are expected, and rows packed in another format */
+      {MN_QUANT_NONE, MN_QUANT_Q4_0, 0, MN_ERR_SHAPE, "expected u32"},
+      {MN_QUANT_Q8_0, MN_QUANT_Q4_0, 0, MN_ERR_SHAPE, "q_proj"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    mn_graph *g = mn_graph_new();
+    mn_node y = build_quantized(g, cases[i].packed, cases[i].quant, cases[i].group);
+    if (cases[i].want == MN_OK)
+      cr_assert_neq(y, MN_NO_NODE, "case %zu: %s", i, mn_graph_error(g));
+    else
+      mn_assert_graph_error(g, cases[i].want, cases[i].fragment);
+    mn_graph_free(g);
+  }
 }
 
 Test(decode_layer, a_position_past_the_cache_fails_the_step) {
