@@ -487,7 +487,8 @@ mn_status mn_cu_decode_attention_scratch(const mn_cu_op_ctx *c, int64_t batch, i
 
 mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu_arg k_cache,
                                        mn_cu_arg v_cache, mn_cu_arg kv_len, int64_t batch,
-                                       int64_t max_seq, int split, const mn_cu_arg parts[3]) {
+                                       int64_t max_seq, int split, const mn_cu_arg parts[3],
+                                       const mn_cu_arg *merge) {
   const mn_op_attrs *a = &c->node->attrs;
   int hd = a->head_dim, heads = a->num_heads, kv_heads = a->num_kv_heads;
   int64_t splits = (max_seq + split - 1) / split;
@@ -498,12 +499,20 @@ mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu
       DECODE_PART_FLOATS / hd < DECODE_MAX_GROUP ? DECODE_PART_FLOATS / hd : DECODE_MAX_GROUP;
   int gb = group < gb_max ? group : gb_max;
   unsigned slices = (unsigned)((group + gb - 1) / gb);
-  mn_cu_arg args[7] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
-  int k = mn_cu_kernel(c, MN_ATTN_DECODE_THREADS, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d>",
-                       hd, heads, kv_heads, (long long)max_seq, gb, split);
+  mn_cu_arg args[10] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
+  int nargs = 7;
+  if (merge) {
+    args[7] = merge[0];
+    args[8] = merge[1];
+    args[9] = mn_cu_error_arg();
+    nargs = 10;
+  }
+  int k = mn_cu_kernel(
+      c, MN_ATTN_DECODE_THREADS, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d, %s, %uu>", hd,
+      heads, kv_heads, (long long)max_seq, gb, split, merge ? "true" : "false", (unsigned)c->id);
   if (k < 0) return mn_cu_oom(c);
-  return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0, 7,
-                      args);
+  return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0,
+                      nargs, args);
 }
 
 mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
@@ -517,7 +526,7 @@ mn_status mn_cu_lower_CACHED_ATTENTION(const mn_cu_op_ctx *c) {
   mn_status st = mn_cu_decode_attention_scratch(c, batch, max_seq, MN_ATTN_BLOCK, 0, parts);
   if (st == MN_OK)
     st = mn_cu_decode_attention_parts(c, mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2),
-                                      mn_cu_in(c, 3), batch, max_seq, MN_ATTN_BLOCK, parts);
+                                      mn_cu_in(c, 3), batch, max_seq, MN_ATTN_BLOCK, parts, NULL);
   if (st != MN_OK) return st;
   unsigned block = hd <= 32 ? 32u : hd <= 64 ? 64u : hd <= 128 ? 128u : 256u;
   mn_cu_arg combine_args[6] = {mn_cu_in(c, 3), parts[0],     parts[1],

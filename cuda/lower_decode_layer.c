@@ -1,14 +1,15 @@
 /* llama_decode_layer (host/decode_layer.h) in five launches (kernels/decode_layer.cuh): the
- * normalized q/k/v products with RoPE and the cache writes, the split cached attention, the
- * merge with the o product and the residual, the normalized gate/up products with SwiGLU, and
- * the down product with the residual. q, the attention's partial results, the residual after
- * attention (x1) and the SwiGLU output (h) live in fp32 scratch. */
+ * normalized q/k/v products with RoPE and the cache writes, the split cached attention that
+ * merges its own splits, the o product with the residual, the normalized gate/up products with
+ * SwiGLU, and the down product with the residual. q, the attention's partial results and output,
+ * the residual after attention (x1) and the SwiGLU output (h) live in fp32 scratch. */
 #include <string.h>
 
 #include "cuda/emit.h"
 #include "cuda/lower_attention.h"
 #include "host/decode_layer.h"
 #include "host/error.h"
+#include "host/quant.h"
 
 /* Warps a block of the decode layer kernels (MN_DL_WARPS in kernels/decode_layer.cuh). */
 #define MN_DL_WARPS_HOST 8
@@ -27,6 +28,33 @@ static unsigned float_bits(float f) {
 
 static unsigned blocks_of(int64_t warps) {
   return (unsigned)((warps + MN_DL_WARPS_HOST - 1) / MN_DL_WARPS_HOST);
+}
+
+/* Bytes of one weight row of k values that a lane of the residual products holds. */
+static int64_t lane_row_bytes(const mn_cu_op_ctx *c, int64_t k, int fmt, int group) {
+  int64_t bytes = fmt == MN_QUANT_NONE ? k * (mn_cu_low_storage(c->plan) == MN_DEV_F32 ? 4 : 2)
+                                       : (int64_t)mn_quant_row_bytes((mn_quant)fmt, group, k);
+  return bytes / 32;
+}
+
+/* Rows of the weight a warp of a residual product takes: two from batch 4, where each row of
+ * the shared input serves two weight rows, while a lane's share of both rows stays in 48
+ * registers. */
+static int rows_per_warp(const mn_cu_op_ctx *c, int64_t b, int64_t k, int fmt, int group) {
+  return b >= 4 && 2 * lane_row_bytes(c, k, fmt, group) <= 48 * 4 ? 2 : 1;
+}
+
+static mn_status residual_product(const mn_cu_op_ctx *c, mn_cu_arg res, mn_cu_arg in, mn_cu_arg w,
+                                  mn_cu_arg out, int64_t b, int64_t dim, int64_t k, int fmt,
+                                  int group) {
+  int r = rows_per_warp(c, b, k, fmt, group);
+  int kid = mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product<%lld, %lld, %lld, %d, %d, %d>",
+                         (long long)dim, (long long)k, (long long)b, r, fmt, group);
+  if (kid < 0) return mn_cu_oom(c);
+  mn_cu_kernel_overlaps(c, kid);
+  mn_cu_arg args[4] = {res, in, w, out};
+  return mn_cu_launch(c, kid, blocks_of((dim + r - 1) / r), 1, 1, (size_t)(b * k) * sizeof(float),
+                      4, args);
 }
 
 mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
@@ -53,58 +81,51 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
       mn_status st = mn_cu_low_operand(c, &w[i], t->shape[0], t->shape[1], 0, 1, 0);
       if (st != MN_OK) return st;
     }
-  /* Scratch: q, x1 and h, then the attention's partial results
-   * (mn_cu_decode_attention_scratch). */
-  size_t q_at = 0, x1_at = align256((size_t)(b * q_dim) * sizeof(float));
+  /* Scratch: q, the attention's output, x1, h and the merge's counters, then the attention's
+   * partial results (mn_cu_decode_attention_scratch). */
+  int64_t ncnt = b * heads;
+  size_t q_at = 0, att_at = align256((size_t)(b * q_dim) * sizeof(float));
+  size_t x1_at = att_at + align256((size_t)(b * q_dim) * sizeof(float));
   size_t h_at = x1_at + align256((size_t)(b * dim) * sizeof(float));
-  size_t parts_at = h_at + align256((size_t)(b * ff) * sizeof(float));
+  size_t cnt_at = h_at + align256((size_t)(b * ff) * sizeof(float));
+  size_t parts_at = cnt_at + align256((size_t)ncnt * sizeof(unsigned));
   mn_cu_arg parts[3];
-  mn_cu_arg q = {.kind = MN_CU_ARG_SCRATCH, .offset = q_at};
   int split = DL_SPLIT;
   mn_status st = mn_cu_decode_attention_scratch(c, b, max_seq, split, parts_at, parts);
   if (st != MN_OK) return st;
+  mn_cu_arg q = {.kind = MN_CU_ARG_SCRATCH, .offset = q_at};
+  mn_cu_arg merge[2] = {{.kind = MN_CU_ARG_SCRATCH, .offset = att_at},
+                        {.kind = MN_CU_ARG_SCRATCH, .offset = cnt_at}};
   mn_cu_arg x1 = {.kind = MN_CU_ARG_SCRATCH, .offset = x1_at};
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
   unsigned eps = float_bits(at->eps), theta = float_bits(at->theta), node = (unsigned)c->id;
+  /* The norms' weights join the input rows in shared memory where they fit. */
+  bool nws = (b + 1) * dim <= MN_DECODE_LAYER_MAX_FLOATS;
+  size_t norm_smem = (size_t)((b + (nws ? 1 : 0)) * dim) * sizeof(float);
 
-  int k = mn_cu_kernel(c, DL_BLOCK,
-                       "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d>",
-                       (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq,
-                       (long long)b, node, eps, theta, fmt, group);
+  int k = mn_cu_kernel(
+      c, DL_BLOCK, "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d, %s, %lld>",
+      (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq, (long long)b,
+      node, eps, theta, fmt, group, nws ? "true" : "false", (long long)ncnt);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
-  mn_cu_arg qkv_args[10] = {w[MN_DL_X],  w[MN_DL_NORM1],   w[MN_DL_WQ],      w[MN_DL_WK],
-                            w[MN_DL_WV], w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_POS],
-                            q,           mn_cu_error_arg()};
-  st = mn_cu_launch(c, k, blocks_of((q_dim + 2 * kv_dim) / 2), 1, 1,
-                    (size_t)(b * dim) * sizeof(float), 10, qkv_args);
+  mn_cu_arg qkv_args[11] = {w[MN_DL_X],  w[MN_DL_NORM1],    w[MN_DL_WQ],      w[MN_DL_WK],
+                            w[MN_DL_WV], w[MN_DL_K_CACHE],  w[MN_DL_V_CACHE], w[MN_DL_POS],
+                            q,           mn_cu_error_arg(), merge[1]};
+  st = mn_cu_launch(c, k, blocks_of((q_dim + 2 * kv_dim) / 2), 1, 1, norm_smem, 11, qkv_args);
   if (st != MN_OK) return st;
   st = mn_cu_decode_attention_parts(c, q, w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_KV_LEN], b,
-                                    max_seq, split, parts);
+                                    max_seq, split, parts, merge);
+  if (st != MN_OK) return st;
+  st = residual_product(c, w[MN_DL_X], merge[0], w[MN_DL_WO], x1, b, dim, q_dim, fmt, group);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_attn_out<%lld, %lld, %d, %d, %lldLL, %lld, %d, %uu, %d, %d>",
-                   (long long)dim, (long long)q_dim, hd, heads, (long long)max_seq, (long long)b,
-                   split, node, fmt, group);
-  if (k < 0) return mn_cu_oom(c);
-  mn_cu_kernel_overlaps(c, k);
-  mn_cu_arg out_args[8] = {w[MN_DL_KV_LEN], parts[0],   parts[1], parts[2],
-                           w[MN_DL_WO],     w[MN_DL_X], x1,       mn_cu_error_arg()};
-  st = mn_cu_launch(c, k, blocks_of(dim), 1, 1, (size_t)(b * q_dim) * sizeof(float), 8, out_args);
-  if (st != MN_OK) return st;
-
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d>", (long long)dim,
-                   (long long)ff, (long long)b, eps, fmt, group);
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d, %s>", (long long)dim,
+                   (long long)ff, (long long)b, eps, fmt, group, nws ? "true" : "false");
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg up_args[5] = {x1, w[MN_DL_NORM2], w[MN_DL_WGATE], w[MN_DL_WUP], h};
-  st = mn_cu_launch(c, k, blocks_of(ff), 1, 1, (size_t)(b * dim) * sizeof(float), 5, up_args);
+  st = mn_cu_launch(c, k, blocks_of(ff), 1, 1, norm_smem, 5, up_args);
   if (st != MN_OK) return st;
-
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_down<%lld, %lld, %lld, %d, %d>", (long long)dim,
-                   (long long)ff, (long long)b, fmt, group);
-  if (k < 0) return mn_cu_oom(c);
-  mn_cu_kernel_overlaps(c, k);
-  mn_cu_arg down_args[4] = {x1, h, w[MN_DL_WDOWN], mn_cu_out(c)};
-  return mn_cu_launch(c, k, blocks_of(dim), 1, 1, (size_t)(b * ff) * sizeof(float), 4, down_args);
+  return residual_product(c, x1, h, w[MN_DL_WDOWN], mn_cu_out(c), b, dim, ff, fmt, group);
 }

@@ -716,6 +716,41 @@ __device__ __forceinline__ void mn_attn_decode_rows(P base, long long kvd, int s
   }
 }
 
+// The end of a MERGE mn_attn_decode_part block: it counts itself done for its (sequence, group
+// slice); the last of the slice's splits reads every split's partial results from L2 (written
+// by other blocks, published by their fences before they counted) and writes the slice's rows
+// of out, merging the splits in order, so the result does not depend on which block is last.
+template <int HD, int H, long long NSPLIT, int THREADS, class IO>
+__device__ __forceinline__ void mn_attn_decode_merge_last(const IO &io, int splits, int h0, int ng,
+                                                          long long seq) {
+  __shared__ unsigned int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(mn_arg<unsigned int>(io, 8) + seq * gridDim.x + blockIdx.x, 1u) ==
+           (unsigned int)(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float *pm = mn_arg<const float>(io, 4) + seq * NSPLIT * H;
+  const float *pl = mn_arg<const float>(io, 5) + seq * NSPLIT * H;
+  const float *po = mn_arg<const float>(io, 6) + seq * NSPLIT * H * HD;
+  float *out = mn_arg<float>(io, 7) + (seq * H + h0) * HD;
+  for (int idx = threadIdx.x; idx < ng * HD; idx += THREADS) {
+    const int h = h0 + idx / HD, d = idx % HD;
+    float mx = mn_attn_neg_inf(), sum = 0.0f, acc = 0.0f;
+    for (int sp = 0; sp < splits; sp++) {
+      const float m = __ldcg(pm + (long long)sp * H + h), l = __ldcg(pl + (long long)sp * H + h);
+      const float o = __ldcg(po + ((long long)sp * H + h) * HD + d);
+      const float nm = fmaxf(mx, m), a = expf(mx - nm), e = expf(m - nm);
+      sum = fmaf(sum, a, l * e);
+      acc = fmaf(acc, a, o * e);
+      mx = nm;
+    }
+    out[idx] = acc / sum;
+  }
+}
+
 // Decoding one query row per sequence against its KV cache, split over the cache: block
 // (group slice, split, sequence b) of MN_ATTN_DECODE_THREADS threads handles keys split * BLK ..
 // + BLK - 1 for GB query heads of one kv head, grid (KVH * ceil(G / GB), ceil(MAXS / BLK), B);
@@ -728,7 +763,13 @@ __device__ __forceinline__ void mn_attn_decode_rows(P base, long long kvd, int s
 // the result does not depend on timing. Splits at or past kv_len, and every split when kv_len is
 // out of range, write nothing: mn_attn_decode_combine checks kv_len and reads only the splits
 // it covers.
-template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, class IO>
+// MERGE (a decode layer, decode_layer.cuh): io also holds out [B, H * HD] (fp32), one counter
+// per (sequence, group slice) that the kernel before this one zeroed, and the error record. The
+// last split of a slice to finish merges the slice's partial results into out, so no other
+// kernel has to; with one split the block normalizes its own sums and writes no partials. An
+// out-of-range kv_len is reported once (as node NODE) and out is NaN.
+template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, bool MERGE, unsigned NODE,
+          class IO>
 __device__ void mn_attn_decode_part(const IO &io) {
   mn_overlap_begin(); // a decode layer's next kernel loads its weights meanwhile
   using SH = mn_attn_decode_shape<HD, BLK>;
@@ -743,11 +784,21 @@ __device__ void mn_attn_decode_part(const IO &io) {
   __shared__ float vred[WARPS][GB * HD];
   const unsigned int kv_len = *mn_arg<const unsigned int>(io, 3);
   const long long c0 = (long long)blockIdx.y * BLK;
-  if (kv_len == 0u || kv_len > (unsigned long long)MAXS || c0 >= kv_len) return;
   constexpr long long NSPLIT = (MAXS + BLK - 1) / BLK;
   const int kvh = blockIdx.x / NGB, h0 = kvh * G + (blockIdx.x % NGB) * GB;
   const int ng = G - (h0 - kvh * G) < GB ? G - (h0 - kvh * G) : GB;
   const long long seq = blockIdx.z, slot = seq * NSPLIT + blockIdx.y;
+  if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
+    if constexpr (MERGE) {
+      if (blockIdx.x == 0 && blockIdx.y == 0 && seq == 0 && threadIdx.x == 0)
+        mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
+      if (blockIdx.y == 0)
+        for (int idx = threadIdx.x; idx < ng * HD; idx += THREADS)
+          mn_arg<float>(io, 7)[(seq * H + h0) * HD + idx] = mn_nan();
+    }
+    return;
+  }
+  if (c0 >= kv_len) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPR, grp = lane / LPR;
   const int nk = kv_len - c0 < BLK ? (int)(kv_len - c0) : BLK;
@@ -871,6 +922,23 @@ __device__ void mn_attn_decode_part(const IO &io) {
           for (int e = 0; e < VW; e++)
             vred[warp][i * HD + (sub + LPR * j) * VW + e] = acc[i][j * VW + e];
   __syncthreads();
+  const int splits = (int)((kv_len + BLK - 1) / BLK);
+  if constexpr (MERGE) {
+    if (splits == 1) {
+      float *out = mn_arg<float>(io, 7) + (seq * H + h0) * HD;
+      for (int idx = threadIdx.x; idx < ng * HD; idx += THREADS) {
+        float a = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+          a += vred[w][idx];
+#pragma unroll
+        for (int w = 0; w < BLK / 32; w++)
+          l += wred[1][w][idx / HD];
+        out[idx] = a / l;
+      }
+      return;
+    }
+  }
   const auto po = mn_out<6>(io);
   for (int idx = threadIdx.x; idx < ng * HD; idx += THREADS) {
     float a = 0.0f;
@@ -879,6 +947,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
       a += vred[w][idx];
     po[(slot * H + h0) * HD + idx] = a;
   }
+  if constexpr (MERGE) mn_attn_decode_merge_last<HD, H, NSPLIT, THREADS>(io, splits, h0, ng, seq);
 }
 
 // Merges the splits of mn_attn_decode_part: one block per (query head, sequence), grid

@@ -1,18 +1,22 @@
 // A Llama decoder layer for one token a sequence (llama_decode_layer, host/decode_layer.h) in
 // five kernels, launched by cuda/lower_decode_layer.c:
 //   1. mn_dl_qkv: rms_norm, the q, k and v products, RoPE; k and v into row pos of the caches
-//   2. mn_attn_decode_part (attention.cuh): the cached attention, split along the cache
-//   3. mn_dl_attn_out: the splits merged, the o product, the residual
+//   2. mn_attn_decode_part (attention.cuh): the cached attention, split along the cache, the
+//      last split of each head merging the splits
+//   3. mn_dl_residual_product: the o product, the residual
 //   4. mn_dl_mlp_up: rms_norm, the gate and up products, SwiGLU
-//   5. mn_dl_mlp_down: the down product, the residual
+//   5. mn_dl_residual_product: the down product, the residual
 // Kernels 1, 3, 4 and 5 start as programmatic dependents of the kernel before them (common.cuh
-// mn_overlap_begin / mn_overlap_wait): each loads its weight rows, which nothing writes, while
-// that kernel finishes, and waits before it reads anything else.
+// mn_overlap_begin / mn_overlap_wait): each loads its weight rows and norm weights, which
+// nothing writes, while that kernel finishes, and waits before it reads anything else. After the
+// wait a kernel issues every load it needs at once (its input rows, the position, the
+// residual), so that it pays one trip to L2, not one per value it reads.
 // At batch 1-8 every product is a matrix-vector product bound by reading the weights once:
-// one warp computes one output feature (two in the first kernel: a RoPE pair) for all B rows,
-// each lane reading 16-byte chunks of the weight row, with the B normalized input rows in
-// shared memory. Intermediates stay in fp32 (scratch); what the unfused layer rounds to the
-// session's precision between its ops, this one does not.
+// one warp computes one output feature (two in the first kernel: a RoPE pair; two at batch 4
+// and more in the residual products) for all B rows, each lane reading 16-byte chunks of the
+// weight row, with the B normalized input rows in shared memory. Intermediates stay in fp32
+// (scratch); what the unfused layer rounds to the session's precision between its ops, this one
+// does not.
 
 #define MN_DL_WARPS 8
 
@@ -241,50 +245,109 @@ template <int B> __device__ __forceinline__ void mn_dl_warp_sums(float acc[B]) {
     acc[b] = mn_warp_sum(acc[b]);
 }
 
-// out[b, r] = res[b, r] + the warp's row w . a[b, :] for the B rows of a (lane b stores row b).
-template <int C, int B, class WR, class RP, class OP>
-__device__ __forceinline__ void mn_dl_residual_row(const WR &w, const float *a, RP res, OP out,
-                                                   long long r) {
-  float y[1][B];
+// dst[0, N) = src[0, N) (a global array of any storage) in shared memory, by the whole block: a
+// thread's loads are issued in batches of eight before their stores, as a generic pointer
+// might alias the shared array and would otherwise order each load after the store before it.
+template <int N, class P> __device__ __forceinline__ void mn_dl_stage(float *dst, P src) {
+  constexpr int T = MN_DL_WARPS * 32, VEC = N % 4 == 0 ? 4 : 1, NV = N / VEC;
+  constexpr int IT = (NV + T - 1) / T, BATCH = 8;
+#pragma unroll 1
+  for (int it0 = 0; it0 < IT; it0 += BATCH) {
+    float4 v[BATCH];
 #pragma unroll
-  for (int b = 0; b < B; b++)
-    y[0][b] = 0.0f;
-  const WR *rows[1] = {&w};
-  mn_dl_dot<B>(rows, a, y);
-  mn_dl_warp_sums<B>(y[0]);
-  const int lane = threadIdx.x & 31;
+    for (int u = 0; u < BATCH; u++) {
+      const int q = (it0 + u) * T + (int)threadIdx.x;
+      if (it0 + u < IT && (NV % T == 0 || q < NV)) {
+        if constexpr (VEC == 4)
+          v[u] = mn_ld4(src, q);
+        else
+          v[u].x = src[q];
+      }
+    }
 #pragma unroll
-  for (int b = 0; b < B; b++)
-    if (lane == b) out[(long long)b * C + r] = res[(long long)b * C + r] + y[0][b];
+    for (int u = 0; u < BATCH; u++) {
+      const int q = (it0 + u) * T + (int)threadIdx.x;
+      if (it0 + u < IT && (NV % T == 0 || q < NV)) {
+        if constexpr (VEC == 4)
+          reinterpret_cast<float4 *>(dst)[q] = v[u];
+        else
+          dst[q] = v[u].x;
+      }
+    }
+  }
 }
 
-// a[b, :] = rms_norm(x[b, :]) * w for the B rows of x [B][C]: warp b normalizes row b. The
-// caller synchronizes the block before reading a.
-template <int C, int B, class XP, class WP>
-__device__ __forceinline__ void mn_dl_rms_rows(XP x, WP w, float eps, float *a) {
+// a[b, :] = rms_norm(a[b, :]) * w in place for the B rows of a [B][C] in shared memory (staged
+// and synchronized by the caller): warp b normalizes row b. w: the norm's weights, in shared
+// memory or global. The caller synchronizes the block before reading a.
+template <int C, int B, class WP>
+__device__ __forceinline__ void mn_dl_rms_rows(WP w, float eps, float *a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int b = warp; b < B; b += MN_DL_WARPS) {
     float ss = 0.0f;
-    for (int i = lane; i < C; i += 32) {
-      const float v = x[(long long)b * C + i];
-      a[b * C + i] = v;
-      ss = fmaf(v, v, ss);
-    }
+    for (int i = lane; i < C; i += 32)
+      ss = fmaf(a[b * C + i], a[b * C + i], ss);
     const float inv = rsqrtf(mn_warp_sum(ss) / (float)C + eps);
-    __syncwarp();
     for (int i = lane; i < C; i += 32)
       a[b * C + i] = a[b * C + i] * inv * w[i];
   }
 }
 
+// out[b, r + k] = res[b, r + k] + row k of the warp (w[k]) . a[b, :] for the B rows of a; rv[k]:
+// res[lane, r + k] for lanes below B, read early by the caller.
+template <int C, int B, int R, class WR, class OP>
+__device__ __forceinline__ void mn_dl_residual_rows(const WR (&w)[R], const float *a,
+                                                    const float (&rv)[R], OP out, long long r) {
+  float y[R][B];
+#pragma unroll
+  for (int k = 0; k < R; k++)
+#pragma unroll
+    for (int b = 0; b < B; b++)
+      y[k][b] = 0.0f;
+  const WR *rows[R];
+#pragma unroll
+  for (int k = 0; k < R; k++)
+    rows[k] = &w[k];
+  mn_dl_dot<B>(rows, a, y);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    mn_dl_warp_sums<B>(y[k]);
+#pragma unroll
+    for (int b = 0; b < B; b++)
+      if (lane == b && r + k < C) out[(long long)b * C + r + k] = rv[k] + y[k][b];
+  }
+}
+
+// The normalized rows of a kernel's input: x [B][C] (argument XI) staged into a, then
+// rms_norm(x) * w in place, with w (argument WI) staged at a + B * C before the wait when NWS
+// (the host found room for it), else read from global memory after. stage_norm_w() before the
+// wait, normalize() after it; the block is synchronized when normalize() returns.
+template <int C, int B, bool NWS, int XI, int WI, class IO> struct mn_dl_norm_input {
+  static __device__ __forceinline__ void stage_norm_w(const IO &io, float *a) {
+    if constexpr (NWS) mn_dl_stage<C>(a + B * C, mn_in<WI>(io));
+  }
+  static __device__ __forceinline__ void normalize(const IO &io, float eps, float *a) {
+    mn_dl_stage<B * C>(a, mn_in<XI>(io));
+    __syncthreads();
+    if constexpr (NWS)
+      mn_dl_rms_rows<C, B>(static_cast<const float *>(a + B * C), eps, a);
+    else
+      mn_dl_rms_rows<C, B>(mn_in<WI>(io), eps, a);
+    __syncthreads();
+  }
+};
+
 // 1. io = x [B, C], input_layernorm [C], wq [Q, C], wk [KV, C], wv [KV, C], k_cache, v_cache
-// [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error. Warp p of the grid computes rows i and
-// i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for every sequence.
+// [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error, the NCNT counters of the attention's
+// merge (zeroed here, as this kernel is the one before it). Warp p of the grid computes rows i
+// and i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for every sequence.
 template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
-          unsigned THETA_BITS, int FMT, int GROUP, class IO>
+          unsigned THETA_BITS, int FMT, int GROUP, bool NWS, int NCNT, class IO>
 __device__ void mn_dl_qkv(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
+  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
   constexpr int HALF = HD / 2, QP = Q / 2, KP = KV / 2, NP = QP + 2 * KP;
   constexpr int SQ = mn_io_storage<IO, 2>::value, SKV = mn_io_storage<IO, 3>::value;
   static_assert(SKV == mn_io_storage<IO, 4>::value, "k and v stored alike");
@@ -306,13 +369,16 @@ __device__ void mn_dl_qkv(const IO &io) {
       k1.load(mn_arg<const void>(io, sec == 1 ? 3 : 4), r1);
     }
   }
+  NORM::stage_norm_w(io, a);
   // RoPE's frequency needs no earlier kernel's result: taken while those finish.
   const double freq =
       sec < 2 ? pow((double)__int_as_float((int)THETA_BITS), -2.0 * (double)i / (double)HD) : 0.0;
   mn_overlap_wait();
-  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
-  __syncthreads();
   const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
+  if (blockIdx.x == 0)
+    for (int j = threadIdx.x; j < NCNT; j += MN_DL_WARPS * 32)
+      mn_arg<unsigned int>(io, 10)[j] = 0u;
+  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   if (p >= NP) return;
   if (pos >= (unsigned long long)MAXS) {
     if (p == 0 && lane == 0)
@@ -352,66 +418,38 @@ __device__ void mn_dl_qkv(const IO &io) {
   }
 }
 
-// 3. io = kv_len U32, pm, pl, po (mn_attn_decode_part's partial results), wo [C, Q], x [B, C],
-// x1 [B, C] (fp32 scratch), error. Every block merges the splits of every head into shared
-// memory (a few KB from L2), then its warps compute x1 = x + att wo^T, a row each. SPLIT: the
-// cache rows of one split.
-template <int C, int Q, int HD, int H, long long MAXS, int B, int SPLIT, unsigned NODE, int FMT,
-          int GROUP, class IO>
-__device__ void mn_dl_attn_out(const IO &io) {
+// 3 and 5. io = res [B, C], in [B, K] (fp32 scratch), w [C, K], out [B, C]: out = res + in w^T,
+// R rows of w a warp (two from batch 4, where the products read the shared rows of `in` more
+// often than the weights).
+template <int C, int K, int B, int R, int FMT, int GROUP, class IO>
+__device__ void mn_dl_residual_product(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
-  float *att = reinterpret_cast<float *>(mn_dl_smem);
-  __shared__ float mxs[B * H], invs[B * H];
-  constexpr long long NSPLIT = (MAXS + SPLIT - 1) / SPLIT;
+  float *xs = reinterpret_cast<float *>(mn_dl_smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
-  const auto x1 = mn_out<6>(io);
+  const long long r = ((long long)blockIdx.x * MN_DL_WARPS + warp) * R;
   mn_overlap_begin();
-  typename mn_dl_row<Q, mn_io_storage<IO, 4>::value, FMT, GROUP>::type wo;
-  if (r < C) wo.load(mn_arg<const void>(io, 4), r);
+  typename mn_dl_row<K, mn_io_storage<IO, 2>::value, FMT, GROUP>::type w[R];
+#pragma unroll
+  for (int k = 0; k < R; k++)
+    w[k].load(mn_arg<const void>(io, 2), r + k < C ? r + k : C - 1); // a row past C: unused
   mn_overlap_wait();
-  const unsigned int kv_len = *mn_arg<const unsigned int>(io, 0);
-  if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 7), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
-    if (r < C && lane < B) x1[(long long)lane * C + r] = mn_nan();
-    return;
-  }
-  const auto pm = mn_in<1>(io);
-  const auto pl = mn_in<2>(io);
-  const auto po = mn_in<3>(io);
-  const int splits = (int)((kv_len + SPLIT - 1) / SPLIT);
-  for (int j = threadIdx.x; j < B * H; j += MN_DL_WARPS * 32) {
-    const long long base = (long long)(j / H) * NSPLIT * H + j % H;
-    float mx = mn_attn_neg_inf();
-    for (int sp = 0; sp < splits; sp++)
-      mx = fmaxf(mx, pm[base + (long long)sp * H]);
-    float sum = 0.0f;
-    for (int sp = 0; sp < splits; sp++)
-      sum = fmaf(pl[base + (long long)sp * H], expf(pm[base + (long long)sp * H] - mx), sum);
-    mxs[j] = mx;
-    invs[j] = 1.0f / sum;
-  }
+  const auto res = mn_in<0>(io);
+  float rv[R];
+#pragma unroll
+  for (int k = 0; k < R; k++)
+    rv[k] = r + k < C && lane < B ? (float)res[(long long)lane * C + r + k] : 0.0f;
+  mn_dl_stage<B * K>(xs, mn_in<1>(io));
   __syncthreads();
-  for (int j = threadIdx.x; j < B * Q; j += MN_DL_WARPS * 32) {
-    const int b = j / Q, e = j % Q, h = e / HD, d = e % HD;
-    const long long base = (long long)b * NSPLIT * H + h;
-    float acc = 0.0f;
-    for (int sp = 0; sp < splits; sp++)
-      acc = fmaf(po[(base + (long long)sp * H) * HD + d],
-                 expf(pm[base + (long long)sp * H] - mxs[b * H + h]), acc);
-    att[j] = acc * invs[b * H + h];
-  }
-  __syncthreads();
-  if (r < C) mn_dl_residual_row<C, B>(wo, att, mn_in<5>(io), x1, r);
+  if (r < C) mn_dl_residual_rows<C, B, R>(w, xs, rv, mn_out<3>(io), r);
 }
 
 // 4. io = x1 [B, C], post_attention_layernorm [C], wgate [F, C], wup [F, C], h [B, F] (fp32
 // scratch): h = silu(a wgate^T) * (a wup^T), a = rms_norm(x1).
-template <int C, int F, int B, unsigned EPS_BITS, int FMT, int GROUP, class IO>
+template <int C, int F, int B, unsigned EPS_BITS, int FMT, int GROUP, bool NWS, class IO>
 __device__ void mn_dl_mlp_up(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
+  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   mn_overlap_begin();
@@ -421,9 +459,9 @@ __device__ void mn_dl_mlp_up(const IO &io) {
     wg.load(mn_arg<const void>(io, 2), r);
     wu.load(mn_arg<const void>(io, 3), r);
   }
+  NORM::stage_norm_w(io, a);
   mn_overlap_wait();
-  mn_dl_rms_rows<C, B>(mn_in<0>(io), mn_in<1>(io), __int_as_float((int)EPS_BITS), a);
-  __syncthreads();
+  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   if (r >= F) return;
   float gu[2][B];
 #pragma unroll
@@ -438,22 +476,4 @@ __device__ void mn_dl_mlp_up(const IO &io) {
 #pragma unroll
   for (int b = 0; b < B; b++)
     if (lane == b) h[(long long)b * F + r] = g[b] / (1.0f + expf(-g[b])) * u[b];
-}
-
-// 5. io = x1 [B, C], h [B, F], wdown [C, F], out [B, C]: out = x1 + h wdown^T.
-template <int C, int F, int B, int FMT, int GROUP, class IO>
-__device__ void mn_dl_mlp_down(const IO &io) {
-  extern __shared__ float4 mn_dl_smem[];
-  float *hs = reinterpret_cast<float *>(mn_dl_smem);
-  const int warp = threadIdx.x >> 5;
-  const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
-  mn_overlap_begin();
-  typename mn_dl_row<F, mn_io_storage<IO, 2>::value, FMT, GROUP>::type wd;
-  if (r < C) wd.load(mn_arg<const void>(io, 2), r);
-  mn_overlap_wait();
-  const auto h = mn_in<1>(io);
-  for (int j = threadIdx.x; j < B * F; j += MN_DL_WARPS * 32)
-    hs[j] = h[j];
-  __syncthreads();
-  if (r < C) mn_dl_residual_row<C, B>(wd, hs, mn_in<0>(io), mn_out<3>(io), r);
 }
