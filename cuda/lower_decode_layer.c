@@ -44,17 +44,27 @@ static int rows_per_warp(const mn_cu_op_ctx *c, int64_t b, int64_t k, int fmt, i
   return b >= 4 && 2 * lane_row_bytes(c, k, fmt, group) <= 48 * 4 ? 2 : 1;
 }
 
-static mn_status residual_product(const mn_cu_op_ctx *c, mn_cu_arg res, mn_cu_arg in, mn_cu_arg w,
-                                  mn_cu_arg out, int64_t b, int64_t dim, int64_t k, int fmt,
-                                  int group) {
+/* Whether the products run on tensor cores (kernels/decode_layer_mma.cuh): bf16 weights, 2 to 8
+ * sequences, every width a multiple of 32 and half a head a multiple of 16. */
+static bool use_mma(const mn_cu_op_ctx *c, int64_t b, int64_t dim, int64_t q_dim, int64_t ff,
+                    int hd, int fmt) {
+  return fmt == MN_QUANT_NONE && mn_cu_low_storage(c->plan) == MN_DEV_BF16 && b >= 2 &&
+         dim % 32 == 0 && q_dim % 32 == 0 && ff % 32 == 0 && hd % 32 == 0;
+}
+
+static mn_status residual_product(const mn_cu_op_ctx *c, bool mma, mn_cu_arg res, mn_cu_arg in,
+                                  mn_cu_arg w, mn_cu_arg out, int64_t b, int64_t dim, int64_t k,
+                                  int fmt, int group) {
   int r = rows_per_warp(c, b, k, fmt, group);
-  int kid = mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product<%lld, %lld, %lld, %d, %d, %d>",
-                         (long long)dim, (long long)k, (long long)b, r, fmt, group);
+  int kid = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product_mma<%lld, %lld, %lld>",
+                               (long long)dim, (long long)k, (long long)b)
+                : mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product<%lld, %lld, %lld, %d, %d, %d>",
+                               (long long)dim, (long long)k, (long long)b, r, fmt, group);
   if (kid < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, kid);
   mn_cu_arg args[4] = {res, in, w, out};
-  return mn_cu_launch(c, kid, blocks_of((dim + r - 1) / r), 1, 1, (size_t)(b * k) * sizeof(float),
-                      4, args);
+  unsigned blocks = mma ? (unsigned)(dim / 16) : blocks_of((dim + r - 1) / r);
+  return mn_cu_launch(c, kid, blocks, 1, 1, (size_t)(b * k) * sizeof(float), 4, args);
 }
 
 mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
@@ -103,29 +113,43 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   bool nws = (b + 1) * dim <= MN_DECODE_LAYER_MAX_FLOATS;
   size_t norm_smem = (size_t)((b + (nws ? 1 : 0)) * dim) * sizeof(float);
 
-  int k = mn_cu_kernel(
-      c, DL_BLOCK, "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d, %s, %lld>",
-      (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq, (long long)b,
-      node, eps, theta, fmt, group, nws ? "true" : "false", (long long)ncnt);
+  bool mma = use_mma(c, b, dim, q_dim, ff, hd, fmt);
+  const char *nws_s = nws ? "true" : "false";
+  int k =
+      mma ? mn_cu_kernel(c, DL_BLOCK,
+                         "mn_dl_qkv_mma<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %s, "
+                         "%lld>",
+                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
+                         (long long)max_seq, (long long)b, node, eps, theta, nws_s, (long long)ncnt)
+          : mn_cu_kernel(c, DL_BLOCK,
+                         "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d, "
+                         "%s, %lld>",
+                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
+                         (long long)max_seq, (long long)b, node, eps, theta, fmt, group, nws_s,
+                         (long long)ncnt);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg qkv_args[11] = {w[MN_DL_X],  w[MN_DL_NORM1],    w[MN_DL_WQ],      w[MN_DL_WK],
                             w[MN_DL_WV], w[MN_DL_K_CACHE],  w[MN_DL_V_CACHE], w[MN_DL_POS],
                             q,           mn_cu_error_arg(), merge[1]};
-  st = mn_cu_launch(c, k, blocks_of((q_dim + 2 * kv_dim) / 2), 1, 1, norm_smem, 11, qkv_args);
+  unsigned qkv_blocks =
+      mma ? (unsigned)((q_dim + 2 * kv_dim) / 32) : blocks_of((q_dim + 2 * kv_dim) / 2);
+  st = mn_cu_launch(c, k, qkv_blocks, 1, 1, norm_smem, 11, qkv_args);
   if (st != MN_OK) return st;
   st = mn_cu_decode_attention_parts(c, q, w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_KV_LEN], b,
                                     max_seq, split, parts, merge);
   if (st != MN_OK) return st;
-  st = residual_product(c, w[MN_DL_X], merge[0], w[MN_DL_WO], x1, b, dim, q_dim, fmt, group);
+  st = residual_product(c, mma, w[MN_DL_X], merge[0], w[MN_DL_WO], x1, b, dim, q_dim, fmt, group);
   if (st != MN_OK) return st;
 
-  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d, %s>", (long long)dim,
-                   (long long)ff, (long long)b, eps, fmt, group, nws ? "true" : "false");
+  k = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up_mma<%lld, %lld, %lld, %uu, %s>", (long long)dim,
+                         (long long)ff, (long long)b, eps, nws_s)
+          : mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d, %s>",
+                         (long long)dim, (long long)ff, (long long)b, eps, fmt, group, nws_s);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg up_args[5] = {x1, w[MN_DL_NORM2], w[MN_DL_WGATE], w[MN_DL_WUP], h};
-  st = mn_cu_launch(c, k, blocks_of(ff), 1, 1, norm_smem, 5, up_args);
+  st = mn_cu_launch(c, k, mma ? (unsigned)(ff / 16) : blocks_of(ff), 1, 1, norm_smem, 5, up_args);
   if (st != MN_OK) return st;
-  return residual_product(c, x1, h, w[MN_DL_WDOWN], mn_cu_out(c), b, dim, ff, fmt, group);
+  return residual_product(c, mma, x1, h, w[MN_DL_WDOWN], mn_cu_out(c), b, dim, ff, fmt, group);
 }

@@ -1,6 +1,7 @@
 /* llama_decode_layer on CUDA (cuda/lower_decode_layer.c, kernels/decode_layer.cuh) against the
  * CPU's op: fp32 and bf16, batch 1 to 8, GQA and MHA, widths that the 16-byte weight loads serve
- * and widths they do not, caches of one split and of several; each case runs three steps, so
+ * and widths they do not, the tensor-core products of bf16 batches, caches of one split and of
+ * several; each case runs three steps, so
  * the later steps read the cache rows that the earlier ones wrote; quantized weights in every
  * format; a position past the cache is an error. The kernels compile without a device. */
 #include <stdlib.h>
@@ -23,6 +24,9 @@ static const mn_test_dl_case CASES[] = {
     MN_TEST_DL_SHAPE(2, 128, 2, 1, 256, 64, 50, 40),
     /* three sequences, one kv head for six query heads */
     MN_TEST_DL_SHAPE(3, 96, 6, 1, 16, 64, 130, 127),
+    /* the SmolLM2 widths at the most sequences: in bf16 the tensor-core products
+     * (kernels/decode_layer_mma.cuh), in fp32 two weight rows a warp in the residual products */
+    MN_TEST_DL_SHAPE(8, 576, 9, 3, 64, 1536, 200, 150),
 };
 
 /* The SmolLM2 widths with quantized weights, one case a format (host/quant.h). */

@@ -1,0 +1,229 @@
+// The decode layer's products on tensor cores (mma.sync m16n8k16, attention_mma.cuh mn_mma_lp),
+// for 2 to 8 sequences and bf16 weights: the kernels of decode_layer.cuh with the same
+// arguments and results, chosen by cuda/lower_decode_layer.c. With one warp a weight row, B
+// sequences cost B FMAs a weight, B shared-memory reads of the activations and B warp sums;
+// here the B activations of a batch are the eight columns of an mma, one weight costs an eighth
+// of an instruction, a lane reads each activation it needs once, and the sums over k stay in
+// the accumulators. The activations are rounded to bf16 for the tensor cores, as the unfused
+// layer rounds them between its ops; the sums are fp32.
+//
+// A block computes T tiles of 16 weight rows for every sequence. Its warps split K into units of
+// 32 (unit u to warp u % MN_DL_WARPS); in a unit, lane 4g + t holds chunk t (8 weights) of rows
+// g and g + 8 of each tile. An mma takes k in a lane-local order, which is free to choose as
+// long as weights and activations agree: its k 2t, 2t+1, 2t+8, 2t+9 are weights 0-3 of the
+// lane's chunks (the second mma of a unit: weights 4-7), so that the lane's 16-byte weight
+// loads are the A fragments as they are, and its B fragments are activations 8t .. 8t+7 of
+// sequence g of the unit, two 16-byte shared-memory reads. The warps' 16 x 8 results meet in
+// shared memory and are summed in warp order.
+
+template <int K> struct mn_dl_mma_shape {
+  static_assert(K % 32 == 0, "the tensor-core products take k in units of 32");
+  static constexpr int NU = K / 32, UPW = (NU + MN_DL_WARPS - 1) / MN_DL_WARPS;
+};
+
+// T tiles of 16 rows of bf16 weights [*, K]: this lane's chunks of rows g and g + 8 of each
+// tile in each of its warp's units.
+template <int K, int T> struct mn_dl_mma_tiles {
+  using SH = mn_dl_mma_shape<K>;
+  uint4 w[T][SH::UPW][2];
+
+  // Tile i: rows row0[i] .. row0[i] + 15 of the weight at base[i].
+  __device__ __forceinline__ void load(const void *const (&base)[T], const long long (&row0)[T]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+      for (int j = 0; j < SH::UPW; j++) {
+        const int u = warp + MN_DL_WARPS * j;
+        if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const uint4 *row = reinterpret_cast<const uint4 *>(
+              static_cast<const unsigned short *>(base[i]) + (row0[i] + g + 8 * h) * K);
+          w[i][j][h] = row[u * 4 + t];
+        }
+      }
+  }
+
+  // acc[i] += this warp's share of tile i . a^T: a [B][K] fp32 in shared memory; acc[i] is the
+  // C fragment (rows g and g + 8, sequences 2t and 2t + 1).
+  template <int B>
+  __device__ __forceinline__ void product(const float *a, float (&acc)[T][4]) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < SH::UPW; j++) {
+      const int u = warp + MN_DL_WARPS * j;
+      if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+      unsigned b[4] = {0u, 0u, 0u, 0u};
+      if (g < B) {
+        const float4 x0 = *reinterpret_cast<const float4 *>(a + g * K + u * 32 + 8 * t);
+        const float4 x1 = *reinterpret_cast<const float4 *>(a + g * K + u * 32 + 8 * t + 4);
+        b[0] = mn_lp_round2<MN_DEV_BF16>(x0.x, x0.y);
+        b[1] = mn_lp_round2<MN_DEV_BF16>(x0.z, x0.w);
+        b[2] = mn_lp_round2<MN_DEV_BF16>(x1.x, x1.y);
+        b[3] = mn_lp_round2<MN_DEV_BF16>(x1.z, x1.w);
+      }
+#pragma unroll
+      for (int i = 0; i < T; i++) {
+        const uint4 r0 = w[i][j][0], r1 = w[i][j][1];
+        const unsigned lo[4] = {r0.x, r1.x, r0.y, r1.y}, hi[4] = {r0.z, r1.z, r0.w, r1.w};
+        mn_mma_lp<MN_DEV_BF16>(acc[i], lo, b[0], b[1]);
+        mn_mma_lp<MN_DEV_BF16>(acc[i], hi, b[2], b[3]);
+      }
+    }
+  }
+};
+
+// The warps' results summed: red [MN_DL_WARPS][T][128] in shared memory gets every warp's C
+// fragments; after the barrier, threads e < 128 of the block each own (row e / 8 of a tile,
+// sequence e % 8) and sum() gives tile i's value there, the warps added in order.
+template <int T> struct mn_dl_mma_sums {
+  float (*red)[T][128];
+  __device__ __forceinline__ void put(const float (&acc)[T][4]) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+        red[warp][i][(g + 8 * (c >> 1)) * 8 + 2 * t + (c & 1)] = acc[i][c];
+  }
+  __device__ __forceinline__ float sum(int i) const {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MN_DL_WARPS; w++)
+      s += red[w][i][threadIdx.x];
+    return s;
+  }
+};
+
+template <int T> __device__ __forceinline__ void mn_dl_mma_zero(float (&acc)[T][4]) {
+#pragma unroll
+  for (int i = 0; i < T; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      acc[i][c] = 0.0f;
+}
+
+// mn_dl_qkv on tensor cores: block p computes rows i0 .. i0 + 15 and i0 + HD/2 .. of one head of
+// q, k or v (tiles 0 and 1: the pairs RoPE rotates together), HD a multiple of 32.
+template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
+          unsigned THETA_BITS, bool NWS, int NCNT, class IO>
+__device__ void mn_dl_qkv_mma(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  __shared__ float red[MN_DL_WARPS][2][128];
+  float *a = reinterpret_cast<float *>(mn_dl_smem);
+  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  constexpr int HALF = HD / 2, TPH = HALF / 16, QT = Q / HD * TPH, KT = KV / HD * TPH;
+  static_assert(HALF % 16 == 0, "a tile of 16 rows within half a head");
+  const int p = blockIdx.x;
+  const int sec = p < QT ? 0 : p < QT + KT ? 1 : 2;
+  const int pp = sec == 0 ? p : sec == 1 ? p - QT : p - QT - KT;
+  const long long r0 = (long long)(pp / TPH) * HD + (pp % TPH) * 16;
+  mn_overlap_begin();
+  mn_dl_mma_tiles<C, 2> w;
+  {
+    const void *wp = mn_arg<const void>(io, 2 + sec);
+    const void *const base[2] = {wp, wp};
+    const long long rows[2] = {r0, r0 + HALF};
+    w.load(base, rows);
+  }
+  NORM::stage_norm_w(io, a);
+  const int e = threadIdx.x, row = e >> 3, seq = e & 7;
+  const int i = (int)(r0 % HD) + row;
+  const double freq = sec < 2 && e < 128 ? pow((double)__int_as_float((int)THETA_BITS),
+                                               -2.0 * (double)i / (double)HD)
+                                         : 0.0;
+  mn_overlap_wait();
+  const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
+  if (blockIdx.x == 0)
+    for (int j = threadIdx.x; j < NCNT; j += MN_DL_WARPS * 32)
+      mn_arg<unsigned int>(io, 10)[j] = 0u;
+  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
+  if (pos >= (unsigned long long)MAXS) {
+    if (p == 0 && threadIdx.x == 0)
+      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
+    return;
+  }
+  float acc[2][4];
+  mn_dl_mma_zero<2>(acc);
+  w.template product<B>(a, acc);
+  const mn_dl_mma_sums<2> sums{red};
+  sums.put(acc);
+  __syncthreads();
+  if (e >= 128 || seq >= B) return;
+  const double u0 = sums.sum(0), u1 = sums.sum(1);
+  double cs = 1.0, sn = 0.0;
+  if (sec < 2) sincos((double)pos * freq, &sn, &cs);
+  const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
+  const long long ra = r0 + row, rb = ra + HALF;
+  if (sec == 0) {
+    const auto q = mn_out<8>(io) + (long long)seq * Q;
+    q[ra] = o0;
+    q[rb] = o1;
+  } else {
+    const auto cache =
+        (sec == 1 ? mn_out<5>(io) : mn_out<6>(io)) + ((long long)seq * MAXS + pos) * KV;
+    cache[ra] = o0;
+    cache[rb] = o1;
+  }
+}
+
+// mn_dl_residual_product on tensor cores: block p computes rows 16p .. 16p + 15 of the output.
+template <int C, int K, int B, class IO> __device__ void mn_dl_residual_product_mma(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  __shared__ float red[MN_DL_WARPS][1][128];
+  float *xs = reinterpret_cast<float *>(mn_dl_smem);
+  const long long r0 = (long long)blockIdx.x * 16;
+  mn_overlap_begin();
+  mn_dl_mma_tiles<K, 1> w;
+  {
+    const void *const base[1] = {mn_arg<const void>(io, 2)};
+    const long long rows[1] = {r0};
+    w.load(base, rows);
+  }
+  mn_overlap_wait();
+  const int e = threadIdx.x, seq = e & 7;
+  const long long r = r0 + (e >> 3);
+  const bool mine = e < 128 && seq < B;
+  const float rv = mine ? (float)mn_in<0>(io)[(long long)seq * C + r] : 0.0f;
+  mn_dl_stage<B * K>(xs, mn_in<1>(io));
+  __syncthreads();
+  float acc[1][4];
+  mn_dl_mma_zero<1>(acc);
+  w.template product<B>(xs, acc);
+  const mn_dl_mma_sums<1> sums{red};
+  sums.put(acc);
+  __syncthreads();
+  if (mine) mn_out<3>(io)[(long long)seq * C + r] = rv + sums.sum(0);
+}
+
+// mn_dl_mlp_up on tensor cores: block p computes rows 16p .. 16p + 15 of the gate (tile 0) and
+// of the up product (tile 1).
+template <int C, int F, int B, unsigned EPS_BITS, bool NWS, class IO>
+__device__ void mn_dl_mlp_up_mma(const IO &io) {
+  extern __shared__ float4 mn_dl_smem[];
+  __shared__ float red[MN_DL_WARPS][2][128];
+  float *a = reinterpret_cast<float *>(mn_dl_smem);
+  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  const long long r0 = (long long)blockIdx.x * 16;
+  mn_overlap_begin();
+  mn_dl_mma_tiles<C, 2> w;
+  {
+    const void *const base[2] = {mn_arg<const void>(io, 2), mn_arg<const void>(io, 3)};
+    const long long rows[2] = {r0, r0};
+    w.load(base, rows);
+  }
+  NORM::stage_norm_w(io, a);
+  mn_overlap_wait();
+  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
+  float acc[2][4];
+  mn_dl_mma_zero<2>(acc);
+  w.template product<B>(a, acc);
+  const mn_dl_mma_sums<2> sums{red};
+  sums.put(acc);
+  __syncthreads();
+  const int e = threadIdx.x, seq = e & 7;
+  if (e >= 128 || seq >= B) return;
+  const float g = sums.sum(0), u = sums.sum(1);
+  mn_out<4>(io)[(long long)seq * F + r0 + (e >> 3)] = g / (1.0f + expf(-g)) * u;
+}
