@@ -117,7 +117,8 @@ static mn_status compile_and_load(cuda_state *st) {
     if (rc != MN_OK) return rc;
   }
   /* Kernels launched with more than the default 48 KB of shared memory must opt in, with
-   * the largest amount any of their launches asks for. */
+   * the largest amount any of their launches asks for. Their static shared memory counts
+   * against the same 48 KB, so every kernel with dynamic shared memory opts in. */
   size_t *smem = calloc(st->prog.num_kernels ? st->prog.num_kernels : 1, sizeof *smem);
   if (!smem) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   for (size_t i = 0; i < st->prog.num_cmds; i++) {
@@ -126,7 +127,7 @@ static mn_status compile_and_load(cuda_state *st) {
       smem[cmd->kernel] = cmd->smem;
   }
   for (size_t k = 0; k < st->prog.num_kernels && rc == MN_OK; k++)
-    if (smem[k] > 48 * 1024)
+    if (smem[k] > 0)
       rc = mn_cu_check(cudaKernelSetAttributeForDevice(st->kernels[k],
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        (int)smem[k], st->device),
