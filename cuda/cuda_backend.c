@@ -54,6 +54,7 @@ void *mn_cu_resolve(const cuda_state *st, const mn_session *s, mn_cu_arg a) {
   case MN_CU_ARG_SCRATCH: return st->scratch + a.offset;
   case MN_CU_ARG_ERROR: return &st->misc->error;
   case MN_CU_ARG_SCALARS: return &st->misc->scalars;
+  case MN_CU_ARG_VALUE: return (void *)(uintptr_t)a.offset;
   case MN_CU_ARG_NONE: break;
   }
   return NULL;

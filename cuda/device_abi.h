@@ -18,9 +18,9 @@
 #endif
 
 /* The only kernel parameter, passed by value: the pointers of one launch, in the order
- * the kernel reads them (io.p[i]). The first kernel of a Llama decode layer takes eleven: it
- * reads the row, its norm, three weights, two caches and the position, and writes q, the error
- * record and the attention's counters; one to spare. */
+ * the kernel reads them (io.p[i]). Twelve: the first kernel of a Llama decode layer reads the
+ * row, its norm, three weights, two caches and the position, writes q, the error record and the
+ * attention's counters, and takes its node id as a value. */
 #define MN_DEV_MAX_ARGS 12
 typedef struct mn_ptrs {
   void *p[MN_DEV_MAX_ARGS];

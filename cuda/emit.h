@@ -42,6 +42,9 @@ typedef enum mn_cu_arg_kind {
    * rounded before the product reads it; both plus a byte offset. */
   MN_CU_ARG_SHADOW,
   MN_CU_ARG_STAGE,
+  /* A number in place of a pointer (the offset): a node id that a kernel reports errors as,
+   * so that the layers of a model share one kernel instead of one each. */
+  MN_CU_ARG_VALUE,
 } mn_cu_arg_kind;
 
 /* offset counts bytes of the node's dtype: for a node stored in bf16 / fp16 the backend
@@ -222,6 +225,10 @@ static inline mn_cu_arg mn_cu_in(const mn_cu_op_ctx *c, int i) {
 }
 static inline mn_cu_arg mn_cu_out(const mn_cu_op_ctx *c) { return mn_cu_node_arg(c->id); }
 static inline mn_cu_arg mn_cu_error_arg(void) { return (mn_cu_arg){.kind = MN_CU_ARG_ERROR}; }
+/* c's node id as a kernel argument (MN_CU_ARG_VALUE). */
+static inline mn_cu_arg mn_cu_node_id_arg(const mn_cu_op_ctx *c) {
+  return (mn_cu_arg){.kind = MN_CU_ARG_VALUE, .offset = c->id};
+}
 static inline mn_cu_arg mn_cu_scalars_arg(void) { return (mn_cu_arg){.kind = MN_CU_ARG_SCALARS}; }
 static inline const mn_tensor_type *mn_cu_in_type(const mn_cu_op_ctx *c, int i) {
   return &c->g->nodes[c->node->inputs[i]].type;

@@ -499,17 +499,18 @@ mn_status mn_cu_decode_attention_parts(const mn_cu_op_ctx *c, mn_cu_arg q, mn_cu
       DECODE_PART_FLOATS / hd < DECODE_MAX_GROUP ? DECODE_PART_FLOATS / hd : DECODE_MAX_GROUP;
   int gb = group < gb_max ? group : gb_max;
   unsigned slices = (unsigned)((group + gb - 1) / gb);
-  mn_cu_arg args[10] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
+  mn_cu_arg args[11] = {q, k_cache, v_cache, kv_len, parts[0], parts[1], parts[2]};
   int nargs = 7;
   if (merge) {
     args[7] = merge[0];
     args[8] = merge[1];
     args[9] = mn_cu_error_arg();
-    nargs = 10;
+    args[10] = mn_cu_node_id_arg(c);
+    nargs = 11;
   }
-  int k = mn_cu_kernel(
-      c, MN_ATTN_DECODE_THREADS, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d, %s, %uu>", hd,
-      heads, kv_heads, (long long)max_seq, gb, split, merge ? "true" : "false", (unsigned)c->id);
+  int k =
+      mn_cu_kernel(c, MN_ATTN_DECODE_THREADS, "mn_attn_decode_part<%d, %d, %d, %lldLL, %d, %d, %s>",
+                   hd, heads, kv_heads, (long long)max_seq, gb, split, merge ? "true" : "false");
   if (k < 0) return mn_cu_oom(c);
   return mn_cu_launch(c, k, (unsigned)kv_heads * slices, (unsigned)splits, (unsigned)batch, 0,
                       nargs, args);

@@ -108,7 +108,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                         {.kind = MN_CU_ARG_SCRATCH, .offset = cnt_at}};
   mn_cu_arg x1 = {.kind = MN_CU_ARG_SCRATCH, .offset = x1_at};
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
-  unsigned eps = float_bits(at->eps), theta = float_bits(at->theta), node = (unsigned)c->id;
+  unsigned eps = float_bits(at->eps), theta = float_bits(at->theta);
   /* The norms' weights join the input rows in shared memory where they fit. */
   bool nws = (b + 1) * dim <= MN_DECODE_LAYER_MAX_FLOATS;
   size_t norm_smem = (size_t)((b + (nws ? 1 : 0)) * dim) * sizeof(float);
@@ -117,24 +117,23 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   const char *nws_s = nws ? "true" : "false";
   int k =
       mma ? mn_cu_kernel(c, DL_BLOCK,
-                         "mn_dl_qkv_mma<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %s, "
+                         "mn_dl_qkv_mma<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %s, %lld>",
+                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
+                         (long long)max_seq, (long long)b, eps, theta, nws_s, (long long)ncnt)
+          : mn_cu_kernel(c, DL_BLOCK,
+                         "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %d, %d, %s, "
                          "%lld>",
                          (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
-                         (long long)max_seq, (long long)b, node, eps, theta, nws_s, (long long)ncnt)
-          : mn_cu_kernel(c, DL_BLOCK,
-                         "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %uu, %d, %d, "
-                         "%s, %lld>",
-                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
-                         (long long)max_seq, (long long)b, node, eps, theta, fmt, group, nws_s,
+                         (long long)max_seq, (long long)b, eps, theta, fmt, group, nws_s,
                          (long long)ncnt);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
-  mn_cu_arg qkv_args[11] = {w[MN_DL_X],  w[MN_DL_NORM1],    w[MN_DL_WQ],      w[MN_DL_WK],
+  mn_cu_arg qkv_args[12] = {w[MN_DL_X],  w[MN_DL_NORM1],    w[MN_DL_WQ],      w[MN_DL_WK],
                             w[MN_DL_WV], w[MN_DL_K_CACHE],  w[MN_DL_V_CACHE], w[MN_DL_POS],
-                            q,           mn_cu_error_arg(), merge[1]};
+                            q,           mn_cu_error_arg(), merge[1],         mn_cu_node_id_arg(c)};
   unsigned qkv_blocks =
       mma ? (unsigned)((q_dim + 2 * kv_dim) / 32) : blocks_of((q_dim + 2 * kv_dim) / 2);
-  st = mn_cu_launch(c, k, qkv_blocks, 1, 1, norm_smem, 11, qkv_args);
+  st = mn_cu_launch(c, k, qkv_blocks, 1, 1, norm_smem, 12, qkv_args);
   if (st != MN_OK) return st;
   st = mn_cu_decode_attention_parts(c, q, w[MN_DL_K_CACHE], w[MN_DL_V_CACHE], w[MN_DL_KV_LEN], b,
                                     max_seq, split, parts, merge);

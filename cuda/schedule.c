@@ -86,6 +86,7 @@ static void add_arg(access *a, const cuda_state *st, const mn_session *s, mn_nod
   case MN_CU_ARG_SHADOW:
   case MN_CU_ARG_ERROR:
   case MN_CU_ARG_SCALARS:
+  case MN_CU_ARG_VALUE:
   case MN_CU_ARG_NONE: break;
   }
 }

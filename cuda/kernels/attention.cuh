@@ -764,12 +764,11 @@ __device__ __forceinline__ void mn_attn_decode_merge_last(const IO &io, int spli
 // out of range, write nothing: mn_attn_decode_combine checks kv_len and reads only the splits
 // it covers.
 // MERGE (a decode layer, decode_layer.cuh): io also holds out [B, H * HD] (fp32), one counter
-// per (sequence, group slice) that the kernel before this one zeroed, and the error record. The
-// last split of a slice to finish merges the slice's partial results into out, so no other
-// kernel has to; with one split the block normalizes its own sums and writes no partials. An
-// out-of-range kv_len is reported once (as node NODE) and out is NaN.
-template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, bool MERGE, unsigned NODE,
-          class IO>
+// per (sequence, group slice) that the kernel before this one zeroed, the error record and the
+// node id (a value). The last split of a slice to finish merges the slice's partial results into
+// out, so no other kernel has to; with one split the block normalizes its own sums and writes no
+// partials. An out-of-range kv_len is reported once and out is NaN.
+template <int HD, int H, int KVH, long long MAXS, int GB, int BLK, bool MERGE, class IO>
 __device__ void mn_attn_decode_part(const IO &io) {
   mn_overlap_begin(); // a decode layer's next kernel loads its weights meanwhile
   using SH = mn_attn_decode_shape<HD, BLK>;
@@ -791,7 +790,8 @@ __device__ void mn_attn_decode_part(const IO &io) {
   if (kv_len == 0u || kv_len > (unsigned long long)MAXS) {
     if constexpr (MERGE) {
       if (blockIdx.x == 0 && blockIdx.y == 0 && seq == 0 && threadIdx.x == 0)
-        mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, MAXS);
+        mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_LEN, mn_arg_value(io, 10), kv_len, 0,
+                  MAXS);
       if (blockIdx.y == 0)
         for (int idx = threadIdx.x; idx < ng * HD; idx += THREADS)
           mn_arg<float>(io, 7)[(seq * H + h0) * HD + idx] = mn_nan();

@@ -6,6 +6,10 @@
 template <typename T> __device__ __forceinline__ T *mn_arg(const mn_ptrs &io, int i) {
   return static_cast<T *>(io.p[i]);
 }
+// A number passed in place of a pointer (emit.h MN_CU_ARG_VALUE).
+__device__ __forceinline__ unsigned int mn_arg_value(const mn_ptrs &io, int i) {
+  return (unsigned int)reinterpret_cast<unsigned long long>(io.p[i]);
+}
 
 // ---- Storage: a float argument may hold bf16 or fp16 values (host/storage.h).
 //

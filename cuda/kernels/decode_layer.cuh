@@ -59,6 +59,8 @@ template <int K, int S> struct mn_dl_wrow {
     }
   }
 
+  __device__ __forceinline__ void settle() {} // 16-bit weights convert where they are used
+
   // Chunk it of this lane: whether it is in the row, where its two runs of four weights sit
   // in the row (e0, e1), and the weights as floats.
   __device__ __forceinline__ bool has(int it) const {
@@ -115,6 +117,7 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
   static constexpr int CPB = BLOCK / 8, NCH = K / 8, NIT = (NCH + 31) / 32, ROW_K = K;
   static constexpr bool CHUNKED = true;
   unsigned code[NIT][WIDE ? 2 : 1], head[NIT];
+  float wf[NIT][8]; // the lane's weights, dequantized as soon as they arrive
 
   static __device__ __forceinline__ unsigned u16(const unsigned char *p) {
     return *reinterpret_cast<const unsigned short *>(p);
@@ -150,6 +153,25 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
         code[it][0] = u32(b + 4 + 4 * t);
       }
     }
+#pragma unroll
+    for (int it = 0; it < NIT; it++)
+      if (has(it)) dequant(it, wf[it]);
+  }
+
+  // Makes the dequantized weights exist here, before the programmatic wait that the caller
+  // comes to next: the compiler would otherwise leave the dequantization where the weights are
+  // used, after the wait, on the path of every kernel before the next.
+  __device__ __forceinline__ void settle() {
+#pragma unroll
+    for (int it = 0; it < NIT; it++)
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        asm volatile("" : "+f"(wf[it][j]));
+  }
+  __device__ __forceinline__ void weights(int it, float w[8]) const {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      w[j] = wf[it][j];
   }
 
   __device__ __forceinline__ bool has(int it) const {
@@ -160,7 +182,7 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
     e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
     e1 = e0 + (WIDE ? 4 : BLOCK / 2);
   }
-  __device__ __forceinline__ void weights(int it, float w[8]) const {
+  __device__ __forceinline__ void dequant(int it, float w[8]) const {
     const float d = mn_qmm_half(head[it]);
     const float m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(head[it] >> 16);
 #pragma unroll
@@ -340,9 +362,10 @@ template <int C, int B, bool NWS, int XI, int WI, class IO> struct mn_dl_norm_in
 
 // 1. io = x [B, C], input_layernorm [C], wq [Q, C], wk [KV, C], wv [KV, C], k_cache, v_cache
 // [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error, the NCNT counters of the attention's
-// merge (zeroed here, as this kernel is the one before it). Warp p of the grid computes rows i
-// and i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for every sequence.
-template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
+// merge (zeroed here, as this kernel is the one before it), the node id (a value). Warp p of the
+// grid computes rows i and i + HD/2 of one head of q, k or v (the pairs RoPE rotates together), for
+// every sequence.
+template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned EPS_BITS,
           unsigned THETA_BITS, int FMT, int GROUP, bool NWS, int NCNT, class IO>
 __device__ void mn_dl_qkv(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
@@ -373,6 +396,10 @@ __device__ void mn_dl_qkv(const IO &io) {
   // RoPE's frequency needs no earlier kernel's result: taken while those finish.
   const double freq =
       sec < 2 ? pow((double)__int_as_float((int)THETA_BITS), -2.0 * (double)i / (double)HD) : 0.0;
+  q0.settle();
+  q1.settle();
+  k0.settle();
+  k1.settle();
   mn_overlap_wait();
   const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
   if (blockIdx.x == 0)
@@ -382,7 +409,7 @@ __device__ void mn_dl_qkv(const IO &io) {
   if (p >= NP) return;
   if (pos >= (unsigned long long)MAXS) {
     if (p == 0 && lane == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
+      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
     return;
   }
   float y[2][B];
@@ -432,6 +459,9 @@ __device__ void mn_dl_residual_product(const IO &io) {
 #pragma unroll
   for (int k = 0; k < R; k++)
     w[k].load(mn_arg<const void>(io, 2), r + k < C ? r + k : C - 1); // a row past C: unused
+#pragma unroll
+  for (int k = 0; k < R; k++)
+    w[k].settle();
   mn_overlap_wait();
   const auto res = mn_in<0>(io);
   float rv[R];
@@ -460,6 +490,8 @@ __device__ void mn_dl_mlp_up(const IO &io) {
     wu.load(mn_arg<const void>(io, 3), r);
   }
   NORM::stage_norm_w(io, a);
+  wg.settle();
+  wu.settle();
   mn_overlap_wait();
   NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   if (r >= F) return;

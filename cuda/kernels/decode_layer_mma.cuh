@@ -106,7 +106,7 @@ template <int T> __device__ __forceinline__ void mn_dl_mma_zero(float (&acc)[T][
 
 // mn_dl_qkv on tensor cores: block p computes rows i0 .. i0 + 15 and i0 + HD/2 .. of one head of
 // q, k or v (tiles 0 and 1: the pairs RoPE rotates together), HD a multiple of 32.
-template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned NODE, unsigned EPS_BITS,
+template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned EPS_BITS,
           unsigned THETA_BITS, bool NWS, int NCNT, class IO>
 __device__ void mn_dl_qkv_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
@@ -141,7 +141,7 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
   NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   if (pos >= (unsigned long long)MAXS) {
     if (p == 0 && threadIdx.x == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, NODE, pos, 0, MAXS);
+      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
     return;
   }
   float acc[2][4];
