@@ -47,3 +47,34 @@ __device__ void mn_quant_matmul(const IO &io) {
     }
   }
 }
+
+// A quantized weight W [OUT, IN] dequantized into dst [OUT, IN] (stored as argument 1 stores
+// its values), for a prefill's product to run as a GEMM (cuda/lower_quant.c): thread i of the
+// grid takes slice i (32 weights) of the rows in turn, rounded as mn_quant_matmul rounds them,
+// and stores it in 16-byte pieces. io = wq U32 [OUT, RW], dst.
+template <int FMT, int GROUP, long long IN, long long OUT, long long RW, class IO>
+__device__ void mn_quant_dequant(const IO &io) {
+  const unsigned *wq = mn_arg<const unsigned>(io, 0);
+  constexpr int S = mn_io_storage<IO, 1>::value;
+  constexpr long long SLICES = IN / 32;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < OUT * SLICES;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long o = i / SLICES, s = i % SLICES;
+    float w[32];
+    mn_qmm_slice<FMT, GROUP>(reinterpret_cast<const unsigned char *>(wq + o * RW), s, w);
+    if constexpr (S == MN_DEV_F32) {
+      float4 *d = reinterpret_cast<float4 *>(mn_arg<float>(io, 1) + o * IN + s * 32);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        d[j] = make_float4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+    } else {
+      uint4 *d = reinterpret_cast<uint4 *>(mn_arg<unsigned short>(io, 1) + o * IN + s * 32);
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        d[j] = make_uint4(mn_lp_round2<S>(w[8 * j], w[8 * j + 1]),
+                          mn_lp_round2<S>(w[8 * j + 2], w[8 * j + 3]),
+                          mn_lp_round2<S>(w[8 * j + 4], w[8 * j + 5]),
+                          mn_lp_round2<S>(w[8 * j + 6], w[8 * j + 7]));
+    }
+  }
+}
