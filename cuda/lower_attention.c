@@ -449,18 +449,18 @@ static mn_status lower_cached_rows(const mn_cu_op_ctx *c) {
   mn_status st = dims_of(c, MN_ATTN_MASK_CACHE, &d);
   if (st != MN_OK) return st;
   mn_cu_arg none = {.kind = MN_CU_ARG_NONE};
-  mn_cu_arg args[MN_ATTN_POSITIONS_ARG + 1] = {
-      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c),  mn_cu_error_arg(),
-      none,           none,           none,           mn_cu_in(c, 3)};
+  mn_cu_arg args[MN_ATTN_POSITIONS_ARG + 2] = {
+      mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_in(c, 2), mn_cu_out(c),   mn_cu_error_arg(),
+      none,           none,           none,           mn_cu_in(c, 3), mn_cu_node_id_arg(c)};
   attn_tile t = forward_tile(&d);
   size_t br = 16 * (size_t)t.rm, bc = (size_t)t.bc, ld = row_stride(&d);
   size_t smem = 4 * ((br + 2 * bc) * ld + br * (bc + 4));
-  int k = mn_cu_kernel(
-      c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d, %d, %uu>",
-      d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len, (long long)d.s_len, d.heads,
-      d.kv_heads, d.mask, MN_ATTN_OUTPUT, (unsigned)c->id);
+  int k =
+      mn_cu_kernel(c, MN_ATTN_BLOCK, "mn_attn_fwd<%d, %d, %d, %d, %lldLL, %lldLL, %d, %d, %d, %d>",
+                   d.head_dim, d.head_dim_padded, t.rm, t.bc, (long long)d.t_len,
+                   (long long)d.s_len, d.heads, d.kv_heads, d.mask, MN_ATTN_OUTPUT);
   return mn_cu_launch(c, k, mn_cu_blocks(d.t_len, (unsigned)br), (unsigned)d.heads,
-                      (unsigned)d.batches, smem, MN_ATTN_POSITIONS_ARG + 1, args);
+                      (unsigned)d.batches, smem, MN_ATTN_POSITIONS_ARG + 2, args);
 }
 
 /* q [B, H*hd] against rows 0..kv_len-1 of each sequence's caches ([S, kvd] is B = 1, [B, S,

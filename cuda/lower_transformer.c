@@ -245,8 +245,9 @@ mn_status mn_cu_lower_CACHE_WRITE(const mn_cu_op_ctx *c) {
   const mn_tensor_type *tc = mn_cu_in_type(c, 1), *tn = mn_cu_in_type(c, 0);
   int64_t rows = tc->shape[tc->rank - 2], d = tc->shape[tc->rank - 1];
   int64_t batch = tc->rank == 3 ? tc->shape[0] : 1, p = tn->rank == 3 ? tn->shape[1] : 1;
-  int kid = mn_cu_kernel(c, 256, "mn_emb_cache_write<%lld, %lld, %lld, %uu>", (long long)rows,
-                         (long long)d, (long long)p, (unsigned)c->id);
-  mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_out(c), mn_cu_in(c, 2), mn_cu_error_arg()};
-  return mn_cu_launch(c, kid, grid_for(p * d, 256), (unsigned)batch, 1, 0, 4, args);
+  int kid = mn_cu_kernel(c, 256, "mn_emb_cache_write<%lld, %lld, %lld>", (long long)rows,
+                         (long long)d, (long long)p);
+  mn_cu_arg args[5] = {mn_cu_in(c, 0), mn_cu_out(c), mn_cu_in(c, 2), mn_cu_error_arg(),
+                       mn_cu_node_id_arg(c)};
+  return mn_cu_launch(c, kid, grid_for(p * d, 256), (unsigned)batch, 1, 0, 5, args);
 }

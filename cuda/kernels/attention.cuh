@@ -379,9 +379,9 @@ __device__ void mn_attn_delta(const IO &io) {
 // dP_s = dy . v_s (like the reference, not dy . out: dP comes from the same mn_attn_dot as in the
 // gradient kernels, so a row that sees one key gets dS = P (dP - delta) = 0 exactly).
 // MN_ATTN_MASK_CACHE (a prefill over KV caches of S rows, MODE MN_ATTN_OUTPUT) reports a bad
-// kv_len as node NODE's.
+// kv_len as the node whose id is argument MN_ATTN_POSITIONS_ARG + 1 (a value).
 template <int HD, int HDP, int RM, int BC, long long T, long long S, int H, int KVH, int MASK,
-          int MODE, unsigned NODE = 0u, class IO>
+          int MODE, class IO>
 __device__ void mn_attn_fwd(const IO &io) {
   constexpr int BR = 16 * RM, LDA = HDP + 4, LDP = BC + 4, CN = BC / 8, DN4 = HDP / 32;
   constexpr int HDQ = (HD + 3) / 4 * 4;
@@ -417,7 +417,8 @@ __device__ void mn_attn_fwd(const IO &io) {
     const unsigned int kv_len = *mn_arg<const unsigned int>(io, MN_ATTN_POSITIONS_ARG);
     if ((long long)kv_len < T || (long long)kv_len > S) {
       if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
-        mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_KV_LEN, NODE, kv_len, 0, S);
+        mn_report(mn_arg<mn_dev_error>(io, 4), MN_DEV_ERR_KV_LEN,
+                  mn_arg_value(io, MN_ATTN_POSITIONS_ARG + 1), kv_len, 0, S);
       return;
     }
     off = (long long)kv_len - T;

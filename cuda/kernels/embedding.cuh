@@ -125,15 +125,17 @@ __device__ void mn_emb_scatter_add(const IO &io) {
 // cache[b, kv_pos + r, :] = new_kv[b, r, :] for r < P in place for sequence b = blockIdx.y
 // (the cache of ROWS rows of D floats per sequence is the node's own buffer, so the other rows
 // keep what earlier steps wrote); kv_pos + P > ROWS writes nothing. p[0] new_kv, p[1] cache,
-// p[2] kv_pos (U32 [1]), p[3] error record.
-template <long long ROWS, long long D, long long P, unsigned NODE, class IO>
+// p[2] kv_pos (U32 [1]), p[3] error record, p[4] the node id (a value: the layers of a model
+// share the kernel).
+template <long long ROWS, long long D, long long P, class IO>
 __device__ void mn_emb_cache_write(const IO &io) {
   auto src = mn_in<0>(io) + (long long)blockIdx.y * P * D;
   auto cache = mn_out<1>(io) + (long long)blockIdx.y * ROWS * D;
   const unsigned int pos = *mn_arg<const unsigned int>(io, 2);
   if ((long long)pos + P > ROWS) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_KV_POS, NODE, pos, 0, ROWS - P + 1);
+      mn_report(mn_arg<mn_dev_error>(io, 3), MN_DEV_ERR_KV_POS, mn_arg_value(io, 4), pos, 0,
+                ROWS - P + 1);
     return;
   }
   MN_FOR_EACH(j, P * D) cache[(long long)pos * D + j] = src[j];
