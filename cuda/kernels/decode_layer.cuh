@@ -360,6 +360,25 @@ template <int C, int B, bool NWS, int XI, int WI, class IO> struct mn_dl_norm_in
   }
 };
 
+// Rows ra and rb (a RoPE pair) of sequence b's q (sec 0), or of row pos of its k or v cache (sec
+// 1, 2), from the pair's products u0, u1 rotated by the angle whose cosine and sine are cs, sn.
+template <int Q, int KV, long long MAXS, class IO>
+__device__ __forceinline__ void mn_dl_qkv_store(const IO &io, int sec, int b, unsigned int pos,
+                                                long long ra, long long rb, double u0, double u1,
+                                                double cs, double sn) {
+  const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
+  if (sec == 0) {
+    const auto q = mn_out<8>(io) + (long long)b * Q;
+    q[ra] = o0;
+    q[rb] = o1;
+  } else {
+    const auto cache =
+        (sec == 1 ? mn_out<5>(io) : mn_out<6>(io)) + ((long long)b * MAXS + pos) * KV;
+    cache[ra] = o0;
+    cache[rb] = o1;
+  }
+}
+
 // 1. io = x [B, C], input_layernorm [C], wq [Q, C], wk [KV, C], wv [KV, C], k_cache, v_cache
 // [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error, the NCNT counters of the attention's
 // merge (zeroed here, as this kernel is the one before it), the node id (a value). Warp p of the
@@ -428,21 +447,8 @@ __device__ void mn_dl_qkv(const IO &io) {
   double cs = 1.0, sn = 0.0;
   if (sec < 2) sincos((double)pos * freq, &sn, &cs);
 #pragma unroll
-  for (int b = 0; b < B; b++) {
-    if (lane != b) continue;
-    const double u0 = y[0][b], u1 = y[1][b];
-    const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
-    if (sec == 0) {
-      const auto q = mn_out<8>(io) + (long long)b * Q;
-      q[r0] = o0;
-      q[r1] = o1;
-    } else {
-      const auto cache =
-          (sec == 1 ? mn_out<5>(io) : mn_out<6>(io)) + ((long long)b * MAXS + pos) * KV;
-      cache[r0] = o0;
-      cache[r1] = o1;
-    }
-  }
+  for (int b = 0; b < B; b++)
+    if (lane == b) mn_dl_qkv_store<Q, KV, MAXS>(io, sec, b, pos, r0, r1, y[0][b], y[1][b], cs, sn);
 }
 
 // 3 and 5. io = res [B, C], in [B, K] (fp32 scratch), w [C, K], out [B, C]: out = res + in w^T,

@@ -96,12 +96,23 @@ template <int T> struct mn_dl_mma_sums {
   }
 };
 
-template <int T> __device__ __forceinline__ void mn_dl_mma_zero(float (&acc)[T][4]) {
+// The block's tiles w . a^T for B sequences, summed over its warps through red: every thread
+// of the block calls it (it ends in a barrier), and threads below 128 read their sums from the
+// result.
+template <int B, int K, int T>
+__device__ __forceinline__ mn_dl_mma_sums<T>
+mn_dl_mma_block_product(const mn_dl_mma_tiles<K, T> &w, const float *a, float (*red)[T][128]) {
+  float acc[T][4];
 #pragma unroll
   for (int i = 0; i < T; i++)
 #pragma unroll
     for (int c = 0; c < 4; c++)
       acc[i][c] = 0.0f;
+  w.template product<B>(a, acc);
+  const mn_dl_mma_sums<T> sums{red};
+  sums.put(acc);
+  __syncthreads();
+  return sums;
 }
 
 // mn_dl_qkv on tensor cores: block p computes rows i0 .. i0 + 15 and i0 + HD/2 .. of one head of
@@ -144,28 +155,12 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
       mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
     return;
   }
-  float acc[2][4];
-  mn_dl_mma_zero<2>(acc);
-  w.template product<B>(a, acc);
-  const mn_dl_mma_sums<2> sums{red};
-  sums.put(acc);
-  __syncthreads();
+  const mn_dl_mma_sums<2> sums = mn_dl_mma_block_product<B>(w, a, red);
   if (e >= 128 || seq >= B) return;
-  const double u0 = sums.sum(0), u1 = sums.sum(1);
   double cs = 1.0, sn = 0.0;
   if (sec < 2) sincos((double)pos * freq, &sn, &cs);
-  const float o0 = (float)(u0 * cs - u1 * sn), o1 = (float)(u1 * cs + u0 * sn);
-  const long long ra = r0 + row, rb = ra + HALF;
-  if (sec == 0) {
-    const auto q = mn_out<8>(io) + (long long)seq * Q;
-    q[ra] = o0;
-    q[rb] = o1;
-  } else {
-    const auto cache =
-        (sec == 1 ? mn_out<5>(io) : mn_out<6>(io)) + ((long long)seq * MAXS + pos) * KV;
-    cache[ra] = o0;
-    cache[rb] = o1;
-  }
+  mn_dl_qkv_store<Q, KV, MAXS>(io, sec, seq, pos, r0 + row, r0 + row + HALF, sums.sum(0),
+                               sums.sum(1), cs, sn);
 }
 
 // mn_dl_residual_product on tensor cores: block p computes rows 16p .. 16p + 15 of the output.
@@ -188,12 +183,7 @@ template <int C, int K, int B, class IO> __device__ void mn_dl_residual_product_
   const float rv = mine ? (float)mn_in<0>(io)[(long long)seq * C + r] : 0.0f;
   mn_dl_stage<B * K>(xs, mn_in<1>(io));
   __syncthreads();
-  float acc[1][4];
-  mn_dl_mma_zero<1>(acc);
-  w.template product<B>(xs, acc);
-  const mn_dl_mma_sums<1> sums{red};
-  sums.put(acc);
-  __syncthreads();
+  const mn_dl_mma_sums<1> sums = mn_dl_mma_block_product<B>(w, xs, red);
   if (mine) mn_out<3>(io)[(long long)seq * C + r] = rv + sums.sum(0);
 }
 
@@ -216,12 +206,7 @@ __device__ void mn_dl_mlp_up_mma(const IO &io) {
   NORM::stage_norm_w(io, a);
   mn_overlap_wait();
   NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
-  float acc[2][4];
-  mn_dl_mma_zero<2>(acc);
-  w.template product<B>(a, acc);
-  const mn_dl_mma_sums<2> sums{red};
-  sums.put(acc);
-  __syncthreads();
+  const mn_dl_mma_sums<2> sums = mn_dl_mma_block_product<B>(w, a, red);
   const int e = threadIdx.x, seq = e & 7;
   if (e >= 128 || seq >= B) return;
   const float g = sums.sum(0), u = sums.sum(1);
