@@ -379,6 +379,23 @@ __device__ __forceinline__ void mn_dl_qkv_store(const IO &io, int sec, int b, un
   }
 }
 
+// What either q/k/v kernel does after its wait: reads pos, zeroes the attention's NCNT merge
+// counters (block 0), normalizes its input into a. False when pos is past the cache, reported
+// once (thread 0 of block 0).
+template <int NCNT, long long MAXS, class NORM, class IO>
+__device__ __forceinline__ bool mn_dl_qkv_after_wait(const IO &io, float eps, float *a,
+                                                     unsigned int &pos) {
+  pos = *mn_arg<const unsigned int>(io, 7);
+  if (blockIdx.x == 0)
+    for (int j = threadIdx.x; j < NCNT; j += MN_DL_WARPS * 32)
+      mn_arg<unsigned int>(io, 10)[j] = 0u;
+  NORM::normalize(io, eps, a);
+  if (pos < (unsigned long long)MAXS) return true;
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
+  return false;
+}
+
 // 1. io = x [B, C], input_layernorm [C], wq [Q, C], wk [KV, C], wv [KV, C], k_cache, v_cache
 // [B, MAXS, KV], pos U32, q [B, Q] (fp32 scratch), error, the NCNT counters of the attention's
 // merge (zeroed here, as this kernel is the one before it), the node id (a value). Warp p of the
@@ -420,17 +437,9 @@ __device__ void mn_dl_qkv(const IO &io) {
   k0.settle();
   k1.settle();
   mn_overlap_wait();
-  const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
-  if (blockIdx.x == 0)
-    for (int j = threadIdx.x; j < NCNT; j += MN_DL_WARPS * 32)
-      mn_arg<unsigned int>(io, 10)[j] = 0u;
-  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
-  if (p >= NP) return;
-  if (pos >= (unsigned long long)MAXS) {
-    if (p == 0 && lane == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
+  unsigned int pos;
+  if (!mn_dl_qkv_after_wait<NCNT, MAXS, NORM>(io, __int_as_float((int)EPS_BITS), a, pos) || p >= NP)
     return;
-  }
   float y[2][B];
 #pragma unroll
   for (int b = 0; b < B; b++)

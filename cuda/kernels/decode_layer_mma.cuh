@@ -145,16 +145,8 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
                                                -2.0 * (double)i / (double)HD)
                                          : 0.0;
   mn_overlap_wait();
-  const unsigned int pos = *mn_arg<const unsigned int>(io, 7);
-  if (blockIdx.x == 0)
-    for (int j = threadIdx.x; j < NCNT; j += MN_DL_WARPS * 32)
-      mn_arg<unsigned int>(io, 10)[j] = 0u;
-  NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
-  if (pos >= (unsigned long long)MAXS) {
-    if (p == 0 && threadIdx.x == 0)
-      mn_report(mn_arg<mn_dev_error>(io, 9), MN_DEV_ERR_KV_POS, mn_arg_value(io, 11), pos, 0, MAXS);
-    return;
-  }
+  unsigned int pos;
+  if (!mn_dl_qkv_after_wait<NCNT, MAXS, NORM>(io, __int_as_float((int)EPS_BITS), a, pos)) return;
   const mn_dl_mma_sums<2> sums = mn_dl_mma_block_product<B>(w, a, red);
   if (e >= 128 || seq >= B) return;
   double cs = 1.0, sn = 0.0;
