@@ -724,14 +724,13 @@ __device__ __forceinline__ void mn_attn_decode_rows(P base, long long kvd, int s
 template <int HD, int H, long long NSPLIT, int THREADS, class IO>
 __device__ __forceinline__ void mn_attn_decode_merge_last(const IO &io, int splits, int h0, int ng,
                                                           long long seq) {
-  __shared__ unsigned int last;
   __threadfence();
   __syncthreads();
+  int last = 0;
   if (threadIdx.x == 0)
     last = atomicAdd(mn_arg<unsigned int>(io, 8) + seq * gridDim.x + blockIdx.x, 1u) ==
            (unsigned int)(splits - 1);
-  __syncthreads();
-  if (!last) return;
+  if (!__syncthreads_or(last)) return;
   __threadfence();
   const float *pm = mn_arg<const float>(io, 4) + seq * NSPLIT * H;
   const float *pl = mn_arg<const float>(io, 5) + seq * NSPLIT * H;
