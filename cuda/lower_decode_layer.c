@@ -44,20 +44,21 @@ static int rows_per_warp(const mn_cu_op_ctx *c, int64_t b, int64_t k, int fmt, i
   return b >= 4 && 2 * lane_row_bytes(c, k, fmt, group) <= 48 * 4 ? 2 : 1;
 }
 
-/* Whether the products run on tensor cores (kernels/decode_layer_mma.cuh): bf16 weights, 2 to 8
- * sequences, every width a multiple of 32 and half a head a multiple of 16. */
+/* Whether the products run on tensor cores (kernels/decode_layer_mma.cuh): a bf16 session (its
+ * weights bf16, or quantized and dequantized to bf16 for the products), 2 to 8 sequences, every
+ * width a multiple of 32 and half a head a multiple of 16. */
 static bool use_mma(const mn_cu_op_ctx *c, int64_t b, int64_t dim, int64_t q_dim, int64_t ff,
-                    int hd, int fmt) {
-  return fmt == MN_QUANT_NONE && mn_cu_low_storage(c->plan) == MN_DEV_BF16 && b >= 2 &&
-         dim % 32 == 0 && q_dim % 32 == 0 && ff % 32 == 0 && hd % 32 == 0;
+                    int hd) {
+  return mn_cu_low_storage(c->plan) == MN_DEV_BF16 && b >= 2 && dim % 32 == 0 && q_dim % 32 == 0 &&
+         ff % 32 == 0 && hd % 32 == 0;
 }
 
 static mn_status residual_product(const mn_cu_op_ctx *c, bool mma, mn_cu_arg res, mn_cu_arg in,
                                   mn_cu_arg w, mn_cu_arg out, int64_t b, int64_t dim, int64_t k,
                                   int fmt, int group) {
   int r = rows_per_warp(c, b, k, fmt, group);
-  int kid = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product_mma<%lld, %lld, %lld>",
-                               (long long)dim, (long long)k, (long long)b)
+  int kid = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product_mma<%lld, %lld, %lld, %d, %d>",
+                               (long long)dim, (long long)k, (long long)b, fmt, group)
                 : mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product<%lld, %lld, %lld, %d, %d, %d>",
                                (long long)dim, (long long)k, (long long)b, r, fmt, group);
   if (kid < 0) return mn_cu_oom(c);
@@ -113,19 +114,12 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   bool nws = (b + 1) * dim <= MN_DECODE_LAYER_MAX_FLOATS;
   size_t norm_smem = (size_t)((b + (nws ? 1 : 0)) * dim) * sizeof(float);
 
-  bool mma = use_mma(c, b, dim, q_dim, ff, hd, fmt);
-  const char *nws_s = nws ? "true" : "false";
-  int k =
-      mma ? mn_cu_kernel(c, DL_BLOCK,
-                         "mn_dl_qkv_mma<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %s, %lld>",
-                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
-                         (long long)max_seq, (long long)b, eps, theta, nws_s, (long long)ncnt)
-          : mn_cu_kernel(c, DL_BLOCK,
-                         "mn_dl_qkv<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %d, %d, %s, "
-                         "%lld>",
-                         (long long)dim, (long long)q_dim, (long long)kv_dim, hd,
-                         (long long)max_seq, (long long)b, eps, theta, fmt, group, nws_s,
-                         (long long)ncnt);
+  bool mma = use_mma(c, b, dim, q_dim, ff, hd);
+  const char *nws_s = nws ? "true" : "false", *mma_s = mma ? "_mma" : "";
+  int k = mn_cu_kernel(
+      c, DL_BLOCK, "mn_dl_qkv%s<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %d, %d, %s, %lld>",
+      mma_s, (long long)dim, (long long)q_dim, (long long)kv_dim, hd, (long long)max_seq,
+      (long long)b, eps, theta, fmt, group, nws_s, (long long)ncnt);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg qkv_args[12] = {w[MN_DL_X],  w[MN_DL_NORM1],    w[MN_DL_WQ],      w[MN_DL_WK],
@@ -141,10 +135,8 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   st = residual_product(c, mma, w[MN_DL_X], merge[0], w[MN_DL_WO], x1, b, dim, q_dim, fmt, group);
   if (st != MN_OK) return st;
 
-  k = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up_mma<%lld, %lld, %lld, %uu, %s>", (long long)dim,
-                         (long long)ff, (long long)b, eps, nws_s)
-          : mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up<%lld, %lld, %lld, %uu, %d, %d, %s>",
-                         (long long)dim, (long long)ff, (long long)b, eps, fmt, group, nws_s);
+  k = mn_cu_kernel(c, DL_BLOCK, "mn_dl_mlp_up%s<%lld, %lld, %lld, %uu, %d, %d, %s>", mma_s,
+                   (long long)dim, (long long)ff, (long long)b, eps, fmt, group, nws_s);
   if (k < 0) return mn_cu_oom(c);
   mn_cu_kernel_overlaps(c, k);
   mn_cu_arg up_args[5] = {x1, w[MN_DL_NORM2], w[MN_DL_WGATE], w[MN_DL_WUP], h};

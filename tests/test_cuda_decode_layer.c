@@ -36,6 +36,8 @@ static const mn_test_dl_case QUANT_CASES[] = {
     MN_TEST_DL_QUANT(1, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_Q4_1, 0),
     MN_TEST_DL_QUANT(8, 64, 4, 2, 16, 128, 40, 30, MN_QUANT_AFFINE_INT8, 32),
     MN_TEST_DL_QUANT(1, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_AFFINE_INT4, 64),
+    /* at the most sequences: in bf16 dequantized for the tensor-core products */
+    MN_TEST_DL_QUANT(8, 576, 9, 3, 64, 1536, 200, 150, MN_QUANT_AFFINE_INT4, 64),
 };
 
 static double cuda_vs_cpu(const mn_test_dl_case *c, mn_precision prec) {
@@ -81,6 +83,17 @@ Test(cuda_decode_layer, matches_the_cpu_with_quantized_weights) {
     double err = cuda_vs_cpu(&QUANT_CASES[i], MN_PRECISION_F32);
     cr_log_info("quant case %zu: relative error %.3g", i, err);
     cr_assert_leq(err, 1e-5, "quant case %zu: relative error %g", i, err);
+  }
+}
+
+/* In bf16 sessions batches of 2-8 round the dequantized weights and the activations to bf16 for
+ * the tensor cores (kernels/decode_layer_mma.cuh); the CPU keeps both exact. */
+Test(cuda_decode_layer, matches_the_cpu_with_quantized_weights_in_bf16) {
+  mn_test_require_cuda_device();
+  for (size_t i = 0; i < sizeof QUANT_CASES / sizeof *QUANT_CASES; i++) {
+    double err = cuda_vs_cpu(&QUANT_CASES[i], MN_PRECISION_BF16);
+    cr_log_info("quant case %zu bf16: relative error %.3g", i, err);
+    cr_assert_leq(err, MN_TEST_BF16_TOL, "quant case %zu: relative error %g", i, err);
   }
 }
 

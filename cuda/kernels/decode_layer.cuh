@@ -116,9 +116,12 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
   static constexpr bool WIDE = FMT == 1 || FMT == 3; // 8-bit codes: 8 bytes a chunk
   static constexpr int CPB = BLOCK / 8, NCH = K / 8, NIT = (NCH + 31) / 32, ROW_K = K;
   static constexpr bool CHUNKED = true;
-  unsigned code[NIT][WIDE ? 2 : 1], head[NIT];
   float wf[NIT][8]; // the lane's weights, dequantized as soon as they arrive
 
+  // One chunk: its block's scale (and minimum or bias) and its codes, as loaded.
+  struct chunk {
+    unsigned head, code[WIDE ? 2 : 1];
+  };
   static __device__ __forceinline__ unsigned u16(const unsigned char *p) {
     return *reinterpret_cast<const unsigned short *>(p);
   }
@@ -126,36 +129,78 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
     return *reinterpret_cast<const unsigned *>(p);
   }
 
+  // Chunk c of the row at row (ROW_BYTES bytes).
+  static __device__ __forceinline__ chunk load_chunk(const unsigned char *row, int c) {
+    const int t = c % CPB;
+    const unsigned char *b = row + (long long)(c / CPB) * BLOCK_BYTES;
+    chunk k;
+    if constexpr (FMT == 1) { // Q8_0: f16 scale, 32 int8 (2-byte aligned)
+      k.head = u16(b);
+      k.code[0] = u16(b + 2 + 8 * t) | (u16(b + 4 + 8 * t) << 16);
+      k.code[1] = u16(b + 6 + 8 * t) | (u16(b + 8 + 8 * t) << 16);
+    } else if constexpr (FMT == 2) { // Q4_0: f16 scale, 16 bytes of nibbles
+      k.head = u16(b);
+      k.code[0] = u16(b + 2 + 4 * t) | (u16(b + 4 + 4 * t) << 16);
+    } else if constexpr (FMT == 5) { // Q4_1: f16 scale and minimum, 16 bytes of nibbles
+      k.head = u32(b);
+      k.code[0] = u32(b + 4 + 4 * t);
+    } else if constexpr (FMT == 3) { // affine int8: f16 scale and bias, GROUP bytes
+      k.head = u32(b);
+      k.code[0] = u32(b + 4 + 8 * t);
+      k.code[1] = u32(b + 8 + 8 * t);
+    } else { // affine int4: f16 scale and bias, GROUP / 2 bytes of nibbles
+      k.head = u32(b);
+      k.code[0] = u32(b + 4 + 4 * t);
+    }
+    return k;
+  }
+
+  // Where chunk c's two runs of four weights sit in the row.
+  static __device__ __forceinline__ void chunk_runs(int c, int &e0, int &e1) {
+    const int t = c % CPB;
+    e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
+    e1 = e0 + (WIDE ? 4 : BLOCK / 2);
+  }
+
+  // A chunk's eight weights, rounded as the CPU reference rounds them.
+  static __device__ __forceinline__ void dequant(const chunk &k, float w[8]) {
+    const float d = mn_qmm_half(k.head);
+    const float m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(k.head >> 16);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      if constexpr (WIDE) {
+        const unsigned lo = (k.code[0] >> (8 * j)) & 255u, hi = (k.code[1] >> (8 * j)) & 255u;
+        if constexpr (FMT == 1) {
+          w[j] = __fmul_rn((float)(signed char)lo, d);
+          w[j + 4] = __fmul_rn((float)(signed char)hi, d);
+        } else {
+          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+        }
+      } else {
+        const unsigned byte = (k.code[0] >> (8 * j)) & 255u;
+        const int lo = (int)(byte & 15u), hi = (int)(byte >> 4);
+        if constexpr (FMT == 2) {
+          w[j] = __fmul_rn(d, (float)(lo - 8));
+          w[j + 4] = __fmul_rn(d, (float)(hi - 8));
+        } else {
+          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
+          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
+        }
+      }
+    }
+  }
+
   __device__ __forceinline__ void load(const void *wp, long long r) {
     const unsigned char *row = static_cast<const unsigned char *>(wp) + r * ROW_BYTES;
     const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int it = 0; it < NIT; it++) {
-      const int c = it * 32 + lane, t = c % CPB;
-      if (NCH % 32 != 0 && c >= NCH) continue;
-      const unsigned char *b = row + (long long)(c / CPB) * BLOCK_BYTES;
-      if constexpr (FMT == 1) { // Q8_0: f16 scale, 32 int8 (2-byte aligned)
-        head[it] = u16(b);
-        code[it][0] = u16(b + 2 + 8 * t) | (u16(b + 4 + 8 * t) << 16);
-        code[it][1] = u16(b + 6 + 8 * t) | (u16(b + 8 + 8 * t) << 16);
-      } else if constexpr (FMT == 2) { // Q4_0: f16 scale, 16 bytes of nibbles
-        head[it] = u16(b);
-        code[it][0] = u16(b + 2 + 4 * t) | (u16(b + 4 + 4 * t) << 16);
-      } else if constexpr (FMT == 5) { // Q4_1: f16 scale and minimum, 16 bytes of nibbles
-        head[it] = u32(b);
-        code[it][0] = u32(b + 4 + 4 * t);
-      } else if constexpr (FMT == 3) { // affine int8: f16 scale and bias, GROUP bytes
-        head[it] = u32(b);
-        code[it][0] = u32(b + 4 + 8 * t);
-        code[it][1] = u32(b + 8 + 8 * t);
-      } else { // affine int4: f16 scale and bias, GROUP / 2 bytes of nibbles
-        head[it] = u32(b);
-        code[it][0] = u32(b + 4 + 4 * t);
-      }
-    }
+    chunk k[NIT];
 #pragma unroll
     for (int it = 0; it < NIT; it++)
-      if (has(it)) dequant(it, wf[it]);
+      if (has(it)) k[it] = load_chunk(row, it * 32 + lane);
+#pragma unroll
+    for (int it = 0; it < NIT; it++)
+      if (has(it)) dequant(k[it], wf[it]);
   }
 
   // Makes the dequantized weights exist here, before the programmatic wait that the caller
@@ -173,41 +218,11 @@ template <int K, int FMT, int GROUP> struct mn_dl_qrow {
     for (int j = 0; j < 8; j++)
       w[j] = wf[it][j];
   }
-
   __device__ __forceinline__ bool has(int it) const {
     return NCH % 32 == 0 || it * 32 + (int)(threadIdx.x & 31) < NCH;
   }
   __device__ __forceinline__ void runs(int it, int &e0, int &e1) const {
-    const int c = it * 32 + (int)(threadIdx.x & 31), t = c % CPB;
-    e0 = (c / CPB) * BLOCK + (WIDE ? 8 * t : 4 * t);
-    e1 = e0 + (WIDE ? 4 : BLOCK / 2);
-  }
-  __device__ __forceinline__ void dequant(int it, float w[8]) const {
-    const float d = mn_qmm_half(head[it]);
-    const float m = FMT == 2 || FMT == 1 ? 0.0f : mn_qmm_half(head[it] >> 16);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      if constexpr (WIDE) {
-        const unsigned lo = (code[it][0] >> (8 * j)) & 255u, hi = (code[it][1] >> (8 * j)) & 255u;
-        if constexpr (FMT == 1) {
-          w[j] = __fmul_rn((float)(signed char)lo, d);
-          w[j + 4] = __fmul_rn((float)(signed char)hi, d);
-        } else {
-          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
-          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
-        }
-      } else {
-        const unsigned byte = (code[it][0] >> (8 * j)) & 255u;
-        const int lo = (int)(byte & 15u), hi = (int)(byte >> 4);
-        if constexpr (FMT == 2) {
-          w[j] = __fmul_rn(d, (float)(lo - 8));
-          w[j + 4] = __fmul_rn(d, (float)(hi - 8));
-        } else {
-          w[j] = __fadd_rn(__fmul_rn(d, (float)lo), m);
-          w[j + 4] = __fadd_rn(__fmul_rn(d, (float)hi), m);
-        }
-      }
-    }
+    chunk_runs(it * 32 + (int)(threadIdx.x & 31), e0, e1);
   }
 };
 

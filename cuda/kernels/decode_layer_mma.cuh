@@ -21,28 +21,90 @@ template <int K> struct mn_dl_mma_shape {
   static constexpr int NU = K / 32, UPW = (NU + MN_DL_WARPS - 1) / MN_DL_WARPS;
 };
 
-// T tiles of 16 rows of bf16 weights [*, K]: this lane's chunks of rows g and g + 8 of each
-// tile in each of its warp's units.
-template <int K, int T> struct mn_dl_mma_tiles {
+// Chunk c of a weight row, its two runs of four weights (decode_layer.cuh mn_dl_qrow): eight
+// consecutive weights for bf16 rows (FMT 0), the format's runs for quantized ones.
+template <int K, int FMT, int GROUP>
+__device__ __forceinline__ void mn_dl_mma_runs(int c, int &e0, int &e1) {
+  if constexpr (FMT == 0) {
+    e0 = 8 * c;
+    e1 = e0 + 4;
+  } else {
+    mn_dl_qrow<K, FMT, GROUP>::chunk_runs(c, e0, e1);
+  }
+}
+
+// T tiles of 16 rows of a weight [*, K], bf16 (FMT 0) or quantized in format FMT (host/quant.h):
+// this lane's chunk t of rows g and g + 8 of each tile in each of its warp's units, as bf16
+// pairs (weights 0-3 are the first run of the chunk, 4-7 the second). Quantized chunks are
+// dequantized as they arrive and rounded to bf16, before the wait (settle()).
+template <int K, int T, int FMT = 0, int GROUP = 0> struct mn_dl_mma_tiles {
   using SH = mn_dl_mma_shape<K>;
   uint4 w[T][SH::UPW][2];
 
   // Tile i: rows row0[i] .. row0[i] + 15 of the weight at base[i].
   __device__ __forceinline__ void load(const void *const (&base)[T], const long long (&row0)[T]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if constexpr (FMT == 0) {
 #pragma unroll
-    for (int i = 0; i < T; i++)
+      for (int i = 0; i < T; i++)
 #pragma unroll
-      for (int j = 0; j < SH::UPW; j++) {
-        const int u = warp + MN_DL_WARPS * j;
-        if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+        for (int j = 0; j < SH::UPW; j++) {
+          const int u = warp + MN_DL_WARPS * j;
+          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const uint4 *row = reinterpret_cast<const uint4 *>(
-              static_cast<const unsigned short *>(base[i]) + (row0[i] + g + 8 * h) * K);
-          w[i][j][h] = row[u * 4 + t];
+          for (int h = 0; h < 2; h++) {
+            const uint4 *row = reinterpret_cast<const uint4 *>(
+                static_cast<const unsigned short *>(base[i]) + (row0[i] + g + 8 * h) * K);
+            w[i][j][h] = row[u * 4 + t];
+          }
         }
-      }
+    } else {
+      using QR = mn_dl_qrow<K, FMT, GROUP>;
+      typename QR::chunk k[T][SH::UPW][2];
+#pragma unroll
+      for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int j = 0; j < SH::UPW; j++) {
+          const int u = warp + MN_DL_WARPS * j;
+          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            k[i][j][h] = QR::load_chunk(static_cast<const unsigned char *>(base[i]) +
+                                            (row0[i] + g + 8 * h) * QR::ROW_BYTES,
+                                        u * 4 + t);
+        }
+#pragma unroll
+      for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int j = 0; j < SH::UPW; j++) {
+          const int u = warp + MN_DL_WARPS * j;
+          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            float f[8];
+            QR::dequant(k[i][j][h], f);
+            w[i][j][h] = make_uint4(
+                mn_lp_round2<MN_DEV_BF16>(f[0], f[1]), mn_lp_round2<MN_DEV_BF16>(f[2], f[3]),
+                mn_lp_round2<MN_DEV_BF16>(f[4], f[5]), mn_lp_round2<MN_DEV_BF16>(f[6], f[7]));
+          }
+        }
+    }
+  }
+
+  // Quantized tiles: the dequantized weights made to exist here, before the programmatic wait
+  // that the caller comes to next (as mn_dl_qrow::settle).
+  __device__ __forceinline__ void settle() {
+    if constexpr (FMT != 0) {
+#pragma unroll
+      for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int j = 0; j < SH::UPW; j++)
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            asm volatile(""
+                         : "+r"(w[i][j][h].x), "+r"(w[i][j][h].y), "+r"(w[i][j][h].z),
+                           "+r"(w[i][j][h].w));
+    }
   }
 
   // acc[i] += this warp's share of tile i . a^T: a [B][K] fp32 in shared memory; acc[i] is the
@@ -56,8 +118,10 @@ template <int K, int T> struct mn_dl_mma_tiles {
       if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
       unsigned b[4] = {0u, 0u, 0u, 0u};
       if (g < B) {
-        const float4 x0 = *reinterpret_cast<const float4 *>(a + g * K + u * 32 + 8 * t);
-        const float4 x1 = *reinterpret_cast<const float4 *>(a + g * K + u * 32 + 8 * t + 4);
+        int e0, e1;
+        mn_dl_mma_runs<K, FMT, GROUP>(u * 4 + t, e0, e1);
+        const float4 x0 = *reinterpret_cast<const float4 *>(a + g * K + e0);
+        const float4 x1 = *reinterpret_cast<const float4 *>(a + g * K + e1);
         b[0] = mn_lp_round2<MN_DEV_BF16>(x0.x, x0.y);
         b[1] = mn_lp_round2<MN_DEV_BF16>(x0.z, x0.w);
         b[2] = mn_lp_round2<MN_DEV_BF16>(x1.x, x1.y);
@@ -99,9 +163,10 @@ template <int T> struct mn_dl_mma_sums {
 // The block's tiles w . a^T for B sequences, summed over its warps through red: every thread
 // of the block calls it (it ends in a barrier), and threads below 128 read their sums from the
 // result.
-template <int B, int K, int T>
+template <int B, int K, int T, int FMT, int GROUP>
 __device__ __forceinline__ mn_dl_mma_sums<T>
-mn_dl_mma_block_product(const mn_dl_mma_tiles<K, T> &w, const float *a, float (*red)[T][128]) {
+mn_dl_mma_block_product(const mn_dl_mma_tiles<K, T, FMT, GROUP> &w, const float *a,
+                        float (*red)[T][128]) {
   float acc[T][4];
 #pragma unroll
   for (int i = 0; i < T; i++)
@@ -118,7 +183,7 @@ mn_dl_mma_block_product(const mn_dl_mma_tiles<K, T> &w, const float *a, float (*
 // mn_dl_qkv on tensor cores: block p computes rows i0 .. i0 + 15 and i0 + HD/2 .. of one head of
 // q, k or v (tiles 0 and 1: the pairs RoPE rotates together), HD a multiple of 32.
 template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned EPS_BITS,
-          unsigned THETA_BITS, bool NWS, int NCNT, class IO>
+          unsigned THETA_BITS, int FMT, int GROUP, bool NWS, int NCNT, class IO>
 __device__ void mn_dl_qkv_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   __shared__ float red[MN_DL_WARPS][2][128];
@@ -131,7 +196,7 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
   const int pp = sec == 0 ? p : sec == 1 ? p - QT : p - QT - KT;
   const long long r0 = (long long)(pp / TPH) * HD + (pp % TPH) * 16;
   mn_overlap_begin();
-  mn_dl_mma_tiles<C, 2> w;
+  mn_dl_mma_tiles<C, 2, FMT, GROUP> w;
   {
     const void *wp = mn_arg<const void>(io, 2 + sec);
     const void *const base[2] = {wp, wp};
@@ -144,6 +209,7 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
   const double freq = sec < 2 && e < 128 ? pow((double)__int_as_float((int)THETA_BITS),
                                                -2.0 * (double)i / (double)HD)
                                          : 0.0;
+  w.settle();
   mn_overlap_wait();
   unsigned int pos;
   if (!mn_dl_qkv_after_wait<NCNT, MAXS, NORM>(io, __int_as_float((int)EPS_BITS), a, pos)) return;
@@ -156,18 +222,20 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
 }
 
 // mn_dl_residual_product on tensor cores: block p computes rows 16p .. 16p + 15 of the output.
-template <int C, int K, int B, class IO> __device__ void mn_dl_residual_product_mma(const IO &io) {
+template <int C, int K, int B, int FMT, int GROUP, class IO>
+__device__ void mn_dl_residual_product_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   __shared__ float red[MN_DL_WARPS][1][128];
   float *xs = reinterpret_cast<float *>(mn_dl_smem);
   const long long r0 = (long long)blockIdx.x * 16;
   mn_overlap_begin();
-  mn_dl_mma_tiles<K, 1> w;
+  mn_dl_mma_tiles<K, 1, FMT, GROUP> w;
   {
     const void *const base[1] = {mn_arg<const void>(io, 2)};
     const long long rows[1] = {r0};
     w.load(base, rows);
   }
+  w.settle();
   mn_overlap_wait();
   const int e = threadIdx.x, seq = e & 7;
   const long long r = r0 + (e >> 3);
@@ -181,7 +249,7 @@ template <int C, int K, int B, class IO> __device__ void mn_dl_residual_product_
 
 // mn_dl_mlp_up on tensor cores: block p computes rows 16p .. 16p + 15 of the gate (tile 0) and
 // of the up product (tile 1).
-template <int C, int F, int B, unsigned EPS_BITS, bool NWS, class IO>
+template <int C, int F, int B, unsigned EPS_BITS, int FMT, int GROUP, bool NWS, class IO>
 __device__ void mn_dl_mlp_up_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   __shared__ float red[MN_DL_WARPS][2][128];
@@ -189,13 +257,14 @@ __device__ void mn_dl_mlp_up_mma(const IO &io) {
   using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
   const long long r0 = (long long)blockIdx.x * 16;
   mn_overlap_begin();
-  mn_dl_mma_tiles<C, 2> w;
+  mn_dl_mma_tiles<C, 2, FMT, GROUP> w;
   {
     const void *const base[2] = {mn_arg<const void>(io, 2), mn_arg<const void>(io, 3)};
     const long long rows[2] = {r0, r0};
     w.load(base, rows);
   }
   NORM::stage_norm_w(io, a);
+  w.settle();
   mn_overlap_wait();
   NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   const mn_dl_mma_sums<2> sums = mn_dl_mma_block_product<B>(w, a, red);
