@@ -4,7 +4,7 @@
 
 #include "cuda/emit.h"
 
-/* Decode attention (kernels/attention.cuh) of q [batch, H hd] over caches [batch, max_seq,
+/* Decode attention (kernels/attention_decode.cuh) of q [batch, H hd] over caches [batch, max_seq,
  * KVH hd], with the heads of c's node attrs and `split` cache rows a block (32, 64, 128 or 256):
  * the scratch of the split kernel's partial results, from byte `at` (a multiple of 256) on,
  * named by parts[0..2] (maxima, sums, outputs) as mn_attn_decode_combine reads them; then the

@@ -1,7 +1,7 @@
 // A Llama decoder layer for one token a sequence (llama_decode_layer, host/decode_layer.h) in
 // five kernels, launched by cuda/lower_decode_layer.c:
 //   1. mn_dl_qkv: rms_norm, the q, k and v products, RoPE; k and v into row pos of the caches
-//   2. mn_attn_decode_part (attention.cuh): the cached attention, split along the cache, the
+//   2. mn_attn_decode_part (attention_decode.cuh): the cached attention, split along the cache, the
 //      last split of each head merging the splits
 //   3. mn_dl_residual_product: the o product, the residual
 //   4. mn_dl_mlp_up: rms_norm, the gate and up products, SwiGLU
