@@ -30,33 +30,42 @@ static unsigned blocks_of(int64_t warps) {
   return (unsigned)((warps + MN_DL_WARPS_HOST - 1) / MN_DL_WARPS_HOST);
 }
 
-/* Bytes of one weight row of k values that a lane of the residual products holds. */
-static int64_t lane_row_bytes(const mn_cu_op_ctx *c, int64_t k, int fmt, int group) {
-  int64_t bytes = fmt == MN_QUANT_NONE ? k * (mn_cu_low_storage(c->plan) == MN_DEV_F32 ? 4 : 2)
-                                       : (int64_t)mn_quant_row_bytes((mn_quant)fmt, group, k);
+/* Bytes of one weight row of k values that a lane of the residual products holds: its 16-bit or
+ * fp32 values, or for quantized rows the floats it dequantizes them into (mn_dl_qrow). */
+static int64_t lane_row_bytes(const mn_cu_op_ctx *c, int64_t k, int fmt) {
+  int64_t bytes = fmt == MN_QUANT_NONE && mn_cu_low_storage(c->plan) != MN_DEV_F32 ? 2 * k : 4 * k;
   return bytes / 32;
 }
 
 /* Rows of the weight a warp of a residual product takes: two from batch 4, where each row of
  * the shared input serves two weight rows, while a lane's share of both rows stays in 48
  * registers. */
-static int rows_per_warp(const mn_cu_op_ctx *c, int64_t b, int64_t k, int fmt, int group) {
-  return b >= 4 && 2 * lane_row_bytes(c, k, fmt, group) <= 48 * 4 ? 2 : 1;
+static int rows_per_warp(const mn_cu_op_ctx *c, int64_t b, int64_t k, int fmt) {
+  return b >= 4 && 2 * lane_row_bytes(c, k, fmt) <= 48 * 4 ? 2 : 1;
 }
+
+/* The shared memory a block may have on every card the kernels serve (99 KB on sm_86 and sm_89),
+ * and the static shared memory of the tensor-core kernels: the warps' sums of two 16 x 8 tiles
+ * (q/k/v, gate/up) or one (the residual products). */
+#define DL_SMEM_LIMIT    (99 * 1024)
+#define DL_MMA_RED_BYTES (2 * MN_DL_WARPS_HOST * 128 * 4)
 
 /* Whether the products run on tensor cores (kernels/decode_layer_mma.cuh): a bf16 session (its
  * weights bf16, or quantized and dequantized to bf16 for the products), 2 to 8 sequences, every
- * width a multiple of 32 and half a head a multiple of 16. */
+ * width a multiple of 32 and half a head a multiple of 16, and each kernel's input rows in shared
+ * memory beside its sums within DL_SMEM_LIMIT. */
 static bool use_mma(const mn_cu_op_ctx *c, int64_t b, int64_t dim, int64_t q_dim, int64_t ff,
                     int hd) {
+  int64_t widest = q_dim > ff ? q_dim : ff;
   return mn_cu_low_storage(c->plan) == MN_DEV_BF16 && b >= 2 && dim % 32 == 0 && q_dim % 32 == 0 &&
-         ff % 32 == 0 && hd % 32 == 0;
+         ff % 32 == 0 && hd % 32 == 0 && b * dim * 4 + DL_MMA_RED_BYTES <= DL_SMEM_LIMIT &&
+         b * widest * 4 + DL_MMA_RED_BYTES / 2 <= DL_SMEM_LIMIT;
 }
 
 static mn_status residual_product(const mn_cu_op_ctx *c, bool mma, mn_cu_arg res, mn_cu_arg in,
                                   mn_cu_arg w, mn_cu_arg out, int64_t b, int64_t dim, int64_t k,
                                   int fmt, int group) {
-  int r = rows_per_warp(c, b, k, fmt, group);
+  int r = rows_per_warp(c, b, k, fmt);
   int kid = mma ? mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product_mma<%lld, %lld, %lld, %d, %d>",
                                (long long)dim, (long long)k, (long long)b, fmt, group)
                 : mn_cu_kernel(c, DL_BLOCK, "mn_dl_residual_product<%lld, %lld, %lld, %d, %d, %d>",
@@ -111,10 +120,10 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
   unsigned eps = float_bits(at->eps), theta = float_bits(at->theta);
   /* The norms' weights join the input rows in shared memory where they fit. */
-  bool nws = (b + 1) * dim <= MN_DECODE_LAYER_MAX_FLOATS;
+  bool mma = use_mma(c, b, dim, q_dim, ff, hd);
+  bool nws = (b + 1) * dim * 4 + (mma ? DL_MMA_RED_BYTES : 0) <= DL_SMEM_LIMIT;
   size_t norm_smem = (size_t)((b + (nws ? 1 : 0)) * dim) * sizeof(float);
 
-  bool mma = use_mma(c, b, dim, q_dim, ff, hd);
   const char *nws_s = nws ? "true" : "false", *mma_s = mma ? "_mma" : "";
   int k = mn_cu_kernel(
       c, DL_BLOCK, "mn_dl_qkv%s<%lld, %lld, %lld, %d, %lldLL, %lld, %uu, %uu, %d, %d, %s, %lld>",

@@ -111,6 +111,7 @@ template <int K, int T, int FMT = 0, int GROUP = 0> struct mn_dl_mma_tiles {
   // C fragment (rows g and g + 8, sequences 2t and 2t + 1).
   template <int B>
   __device__ __forceinline__ void product(const float *a, float (&acc)[T][4]) const {
+    static_assert(B >= 1 && B <= 8, "the sequences are the eight columns of an mma");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < SH::UPW; j++) {
