@@ -356,21 +356,21 @@ __device__ __forceinline__ void mn_dl_residual_rows(const WR (&w)[R], const floa
   }
 }
 
-// The normalized rows of a kernel's input: x [B][C] (argument XI) staged into a, then
-// rms_norm(x) * w in place, with w (argument WI) staged at a + B * C before the wait when NWS
+// The normalized rows of a kernel's input: x [B][C] (argument 0) staged into a, then
+// rms_norm(x) * w in place, with w (argument 1) staged at a + B * C before the wait when NWS
 // (the host found room for it), else read from global memory after. stage_norm_w() before the
 // wait, normalize() after it; the block is synchronized when normalize() returns.
-template <int C, int B, bool NWS, int XI, int WI, class IO> struct mn_dl_norm_input {
+template <int C, int B, bool NWS, class IO> struct mn_dl_norm_input {
   static __device__ __forceinline__ void stage_norm_w(const IO &io, float *a) {
-    if constexpr (NWS) mn_dl_stage<C>(a + B * C, mn_in<WI>(io));
+    if constexpr (NWS) mn_dl_stage<C>(a + B * C, mn_in<1>(io));
   }
   static __device__ __forceinline__ void normalize(const IO &io, float eps, float *a) {
-    mn_dl_stage<B * C>(a, mn_in<XI>(io));
+    mn_dl_stage<B * C>(a, mn_in<0>(io));
     __syncthreads();
     if constexpr (NWS)
       mn_dl_rms_rows<C, B>(static_cast<const float *>(a + B * C), eps, a);
     else
-      mn_dl_rms_rows<C, B>(mn_in<WI>(io), eps, a);
+      mn_dl_rms_rows<C, B>(mn_in<1>(io), eps, a);
     __syncthreads();
   }
 };
@@ -421,7 +421,7 @@ template <int C, int Q, int KV, int HD, long long MAXS, int B, unsigned EPS_BITS
 __device__ void mn_dl_qkv(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  using NORM = mn_dl_norm_input<C, B, NWS, IO>;
   constexpr int HALF = HD / 2, QP = Q / 2, KP = KV / 2, NP = QP + 2 * KP;
   constexpr int SQ = mn_io_storage<IO, 2>::value, SKV = mn_io_storage<IO, 3>::value;
   static_assert(SKV == mn_io_storage<IO, 4>::value, "k and v stored alike");
@@ -509,7 +509,7 @@ template <int C, int F, int B, unsigned EPS_BITS, int FMT, int GROUP, bool NWS, 
 __device__ void mn_dl_mlp_up(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  using NORM = mn_dl_norm_input<C, B, NWS, IO>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long r = (long long)blockIdx.x * MN_DL_WARPS + warp;
   mn_overlap_begin();

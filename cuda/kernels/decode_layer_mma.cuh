@@ -41,70 +41,57 @@ template <int K, int T, int FMT = 0, int GROUP = 0> struct mn_dl_mma_tiles {
   using SH = mn_dl_mma_shape<K>;
   uint4 w[T][SH::UPW][2];
 
+  // f(i, j, h, u) for chunk (i, j, h) of the lane: tile i, its warp's j-th unit u, row g + 8 h.
+  template <class F> static __device__ __forceinline__ void each_chunk(F f) {
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+      for (int j = 0; j < SH::UPW; j++) {
+        const int u = warp + MN_DL_WARPS * j;
+        if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          f(i, j, h, u);
+      }
+  }
+
   // Tile i: rows row0[i] .. row0[i] + 15 of the weight at base[i].
   __device__ __forceinline__ void load(const void *const (&base)[T], const long long (&row0)[T]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     if constexpr (FMT == 0) {
-#pragma unroll
-      for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int j = 0; j < SH::UPW; j++) {
-          const int u = warp + MN_DL_WARPS * j;
-          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const uint4 *row = reinterpret_cast<const uint4 *>(
-                static_cast<const unsigned short *>(base[i]) + (row0[i] + g + 8 * h) * K);
-            w[i][j][h] = row[u * 4 + t];
-          }
-        }
+      each_chunk([&](int i, int j, int h, int u) {
+        const uint4 *row = reinterpret_cast<const uint4 *>(
+            static_cast<const unsigned short *>(base[i]) + (row0[i] + g + 8 * h) * K);
+        w[i][j][h] = row[u * 4 + t];
+      });
     } else {
       using QR = mn_dl_qrow<K, FMT, GROUP>;
       typename QR::chunk k[T][SH::UPW][2];
-#pragma unroll
-      for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int j = 0; j < SH::UPW; j++) {
-          const int u = warp + MN_DL_WARPS * j;
-          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
-#pragma unroll
-          for (int h = 0; h < 2; h++)
-            k[i][j][h] = QR::load_chunk(static_cast<const unsigned char *>(base[i]) +
-                                            (row0[i] + g + 8 * h) * QR::ROW_BYTES,
-                                        u * 4 + t);
-        }
-#pragma unroll
-      for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int j = 0; j < SH::UPW; j++) {
-          const int u = warp + MN_DL_WARPS * j;
-          if (SH::NU % MN_DL_WARPS != 0 && u >= SH::NU) continue;
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            float f[8];
-            QR::dequant(k[i][j][h], f);
-            w[i][j][h] = make_uint4(
-                mn_lp_round2<MN_DEV_BF16>(f[0], f[1]), mn_lp_round2<MN_DEV_BF16>(f[2], f[3]),
-                mn_lp_round2<MN_DEV_BF16>(f[4], f[5]), mn_lp_round2<MN_DEV_BF16>(f[6], f[7]));
-          }
-        }
+      each_chunk([&](int i, int j, int h, int u) {
+        k[i][j][h] = QR::load_chunk(static_cast<const unsigned char *>(base[i]) +
+                                        (row0[i] + g + 8 * h) * QR::ROW_BYTES,
+                                    u * 4 + t);
+      });
+      each_chunk([&](int i, int j, int h, int) {
+        float f[8];
+        QR::dequant(k[i][j][h], f);
+        w[i][j][h] = make_uint4(
+            mn_lp_round2<MN_DEV_BF16>(f[0], f[1]), mn_lp_round2<MN_DEV_BF16>(f[2], f[3]),
+            mn_lp_round2<MN_DEV_BF16>(f[4], f[5]), mn_lp_round2<MN_DEV_BF16>(f[6], f[7]));
+      });
     }
   }
 
   // Quantized tiles: the dequantized weights made to exist here, before the programmatic wait
   // that the caller comes to next (as mn_dl_qrow::settle).
   __device__ __forceinline__ void settle() {
-    if constexpr (FMT != 0) {
-#pragma unroll
-      for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int j = 0; j < SH::UPW; j++)
-#pragma unroll
-          for (int h = 0; h < 2; h++)
-            asm volatile(""
-                         : "+r"(w[i][j][h].x), "+r"(w[i][j][h].y), "+r"(w[i][j][h].z),
-                           "+r"(w[i][j][h].w));
-    }
+    if constexpr (FMT != 0)
+      each_chunk([&](int i, int j, int h, int) {
+        asm volatile(""
+                     : "+r"(w[i][j][h].x), "+r"(w[i][j][h].y), "+r"(w[i][j][h].z),
+                       "+r"(w[i][j][h].w));
+      });
   }
 
   // acc[i] += this warp's share of tile i . a^T: a [B][K] fp32 in shared memory; acc[i] is the
@@ -189,7 +176,7 @@ __device__ void mn_dl_qkv_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   __shared__ float red[MN_DL_WARPS][2][128];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  using NORM = mn_dl_norm_input<C, B, NWS, IO>;
   constexpr int HALF = HD / 2, TPH = HALF / 16, QT = Q / HD * TPH, KT = KV / HD * TPH;
   static_assert(HALF % 16 == 0, "a tile of 16 rows within half a head");
   const int p = blockIdx.x;
@@ -255,7 +242,7 @@ __device__ void mn_dl_mlp_up_mma(const IO &io) {
   extern __shared__ float4 mn_dl_smem[];
   __shared__ float red[MN_DL_WARPS][2][128];
   float *a = reinterpret_cast<float *>(mn_dl_smem);
-  using NORM = mn_dl_norm_input<C, B, NWS, 0, 1, IO>;
+  using NORM = mn_dl_norm_input<C, B, NWS, IO>;
   const long long r0 = (long long)blockIdx.x * 16;
   mn_overlap_begin();
   mn_dl_mma_tiles<C, 2, FMT, GROUP> w;
