@@ -76,34 +76,31 @@ Test(cuda_decode_layer, kernels_compile) {
   }
 }
 
+/* Every case of cases against the CPU in precision prec, each within tol. */
+static void all_match(const mn_test_dl_case *cases, size_t n, mn_precision prec, double tol,
+                      const char *what) {
+  mn_test_require_cuda_device();
+  for (size_t i = 0; i < n; i++) {
+    double err = cuda_vs_cpu(&cases[i], prec);
+    cr_log_info("%s case %zu %s: relative error %.3g", what, i, mn_test_precision_name(prec), err);
+    cr_assert_leq(err, tol, "%s case %zu: relative error %g", what, i, err);
+  }
+}
+
 /* Both backends dequantize the same blocks to the same floats; the sums differ in order only. */
 Test(cuda_decode_layer, matches_the_cpu_with_quantized_weights) {
-  mn_test_require_cuda_device();
-  for (size_t i = 0; i < sizeof QUANT_CASES / sizeof *QUANT_CASES; i++) {
-    double err = cuda_vs_cpu(&QUANT_CASES[i], MN_PRECISION_F32);
-    cr_log_info("quant case %zu: relative error %.3g", i, err);
-    cr_assert_leq(err, 1e-5, "quant case %zu: relative error %g", i, err);
-  }
+  all_match(QUANT_CASES, sizeof QUANT_CASES / sizeof *QUANT_CASES, MN_PRECISION_F32, 1e-5, "quant");
 }
 
 /* In bf16 sessions batches of 2-8 round the dequantized weights and the activations to bf16 for
  * the tensor cores (kernels/decode_layer_mma.cuh); the CPU keeps both exact. */
 Test(cuda_decode_layer, matches_the_cpu_with_quantized_weights_in_bf16) {
-  mn_test_require_cuda_device();
-  for (size_t i = 0; i < sizeof QUANT_CASES / sizeof *QUANT_CASES; i++) {
-    double err = cuda_vs_cpu(&QUANT_CASES[i], MN_PRECISION_BF16);
-    cr_log_info("quant case %zu bf16: relative error %.3g", i, err);
-    cr_assert_leq(err, MN_TEST_BF16_TOL, "quant case %zu: relative error %g", i, err);
-  }
+  all_match(QUANT_CASES, sizeof QUANT_CASES / sizeof *QUANT_CASES, MN_PRECISION_BF16,
+            MN_TEST_BF16_TOL, "quant");
 }
 
 Test(cuda_decode_layer, matches_the_cpu_in_fp32) {
-  mn_test_require_cuda_device();
-  for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
-    double err = cuda_vs_cpu(&CASES[i], MN_PRECISION_F32);
-    cr_log_info("case %zu fp32: relative error %.3g", i, err);
-    cr_assert_leq(err, 1e-5, "case %zu: relative error %g", i, err);
-  }
+  all_match(CASES, sizeof CASES / sizeof *CASES, MN_PRECISION_F32, 1e-5, "plain");
 }
 
 /* A position past the cache writes nothing and is reported from the device's error record. */
@@ -114,12 +111,8 @@ Test(cuda_decode_layer, a_position_past_the_cache_fails_the_step) {
                   "(llama_decode_layer): kv_pos 8");
 }
 
-/* Both backends read bf16 weights and keep the intermediates in fp32; the output rounds once. */
+/* Both backends read bf16 weights; at batch 1 both keep the intermediates in fp32 and the output
+ * rounds once, at batch 2-8 the tensor-core products round their activations to bf16. */
 Test(cuda_decode_layer, matches_the_cpu_in_bf16) {
-  mn_test_require_cuda_device();
-  for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
-    double err = cuda_vs_cpu(&CASES[i], MN_PRECISION_BF16);
-    cr_log_info("case %zu bf16: relative error %.3g", i, err);
-    cr_assert_leq(err, MN_TEST_BF16_TOL, "case %zu: relative error %g", i, err);
-  }
+  all_match(CASES, sizeof CASES / sizeof *CASES, MN_PRECISION_BF16, MN_TEST_BF16_TOL, "plain");
 }
