@@ -248,11 +248,7 @@ __device__ void mn_attn_decode_part(const IO &io) {
   }
 
   float acc[GB][E];
-#pragma unroll
-  for (int i = 0; i < GB; i++)
-#pragma unroll
-    for (int e = 0; e < E; e++)
-      acc[i][e] = 0.0f;
+  mn_attn_fill(acc, 0.0f);
   for (int st0 = 0; st0 < NSTEP; st0 += U) {
     if (st0 > 0) mn_attn_decode_rows<SH>(vb, KVD, st0, nk, sub, rb, vf);
 #pragma unroll

@@ -336,11 +336,7 @@ template <int C, int B, int R, class WR, class OP>
 __device__ __forceinline__ void mn_dl_residual_rows(const WR (&w)[R], const float *a,
                                                     const float (&rv)[R], OP out, long long r) {
   float y[R][B];
-#pragma unroll
-  for (int k = 0; k < R; k++)
-#pragma unroll
-    for (int b = 0; b < B; b++)
-      y[k][b] = 0.0f;
+  mn_attn_fill(y, 0.0f);
   const WR *rows[R];
 #pragma unroll
   for (int k = 0; k < R; k++)
@@ -456,9 +452,7 @@ __device__ void mn_dl_qkv(const IO &io) {
   if (!mn_dl_qkv_after_wait<NCNT, MAXS, NORM>(io, __int_as_float((int)EPS_BITS), a, pos) || p >= NP)
     return;
   float y[2][B];
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    y[0][b] = y[1][b] = 0.0f;
+  mn_attn_fill(y, 0.0f);
   if (sec == 0) {
     const decltype(q0) *rows[2] = {&q0, &q1};
     mn_dl_dot<B>(rows, a, y);
@@ -526,9 +520,7 @@ __device__ void mn_dl_mlp_up(const IO &io) {
   NORM::normalize(io, __int_as_float((int)EPS_BITS), a);
   if (r >= F) return;
   float gu[2][B];
-#pragma unroll
-  for (int b = 0; b < B; b++)
-    gu[0][b] = gu[1][b] = 0.0f;
+  mn_attn_fill(gu, 0.0f);
   const decltype(wg) *rows[2] = {&wg, &wu};
   mn_dl_dot<B>(rows, a, gu);
   float *g = gu[0], *u = gu[1];

@@ -156,11 +156,7 @@ __device__ __forceinline__ mn_dl_mma_sums<T>
 mn_dl_mma_block_product(const mn_dl_mma_tiles<K, T, FMT, GROUP> &w, const float *a,
                         float (*red)[T][128]) {
   float acc[T][4];
-#pragma unroll
-  for (int i = 0; i < T; i++)
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-      acc[i][c] = 0.0f;
+  mn_attn_fill(acc, 0.0f);
   w.template product<B>(a, acc);
   const mn_dl_mma_sums<T> sums{red};
   sums.put(acc);
