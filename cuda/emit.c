@@ -108,7 +108,8 @@ int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
   char *copy = strdup(kd->call);
   if (!copy) return -1;
   prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){
-      .call = copy, .block = kd->block, .storage = storage, .overlaps = kd->overlaps};
+      .call = copy, .block = kd->block, .storage = storage, .overlaps = kd->overlaps,
+      .min_blocks = kd->min_blocks};
   return (int)prog->num_kernels++;
 }
 
@@ -118,6 +119,14 @@ void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k) {
     if (prog->kernels[i].block == prog->kernels[k].block &&
         strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0)
       prog->kernels[i].overlaps = true;
+}
+
+void mn_cu_kernel_min_blocks(const mn_cu_op_ctx *c, int k, unsigned blocks) {
+  mn_cu_program *prog = c->prog;
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    if (prog->kernels[i].block == prog->kernels[k].block &&
+        strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0)
+      prog->kernels[i].min_blocks = blocks;
 }
 
 int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,
@@ -365,11 +374,18 @@ char *mn_cu_program_source(const mn_cu_program *prog) {
     sb_append(&b, "// ---- generated %zu\n#define MN_GEN mn_gen%zu\n%s\n#undef MN_GEN\n", i, i,
               prog->generated[i]);
   sb_append(&b, "// ---- instances\n");
-  for (size_t i = 0; i < prog->num_kernels; i++)
+  for (size_t i = 0; i < prog->num_kernels; i++) {
+    const mn_cu_kernel_desc *kd = &prog->kernels[i];
+    char bounds[32];
+    if (kd->min_blocks)
+      snprintf(bounds, sizeof bounds, "%u, %u", kd->block, kd->min_blocks);
+    else
+      snprintf(bounds, sizeof bounds, "%u", kd->block);
     sb_append(&b,
-              "extern \"C\" __global__ void __launch_bounds__(%u) mn_k%zu(mn_ptrs io) { "
+              "extern \"C\" __global__ void __launch_bounds__(%s) mn_k%zu(mn_ptrs io) { "
               "%s(mn_io<0x%xu>{io}); }\n",
-              prog->kernels[i].block, i, prog->kernels[i].call, prog->kernels[i].storage);
+              bounds, i, kd->call, kd->storage);
+  }
   if (b.failed) {
     free(b.s);
     return NULL;

@@ -129,6 +129,8 @@ typedef struct mn_cu_kernel_desc {
   unsigned storage; /* the storage mask of its arguments (mn_dev_storage, 2 bits each) */
   /* Launched as a programmatic dependent of the kernel before it (mn_cu_kernel_overlaps). */
   bool overlaps;
+  /* Blocks an SM must be able to hold (the second __launch_bounds__ argument; 0: no bound). */
+  unsigned min_blocks;
 } mn_cu_kernel_desc;
 
 /* The lowered program of a plan. */
@@ -169,6 +171,9 @@ int mn_cu_kernel(const mn_cu_op_ctx *c, unsigned block, const char *fmt, ...)
  * stream serialization, so that its blocks start, and run up to the wait, while the kernel
  * before it finishes. */
 void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k);
+/* Asks the compiler to fit `blocks` blocks of kernel k (and its storage instances) on an SM,
+ * capping its registers where the free choice would leave fewer. */
+void mn_cu_kernel_min_blocks(const mn_cu_op_ctx *c, int k, unsigned blocks);
 /* The instance of kernel k's call compiled for storage mask `storage` (2 bits per argument,
  * an mn_dev_storage), declared on first use; -1 when out of memory. */
 int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage);

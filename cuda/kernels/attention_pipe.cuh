@@ -37,12 +37,28 @@ __device__ __forceinline__ void mn_cp_async4(void *dst, const void *src, bool va
                "r"(valid ? 4 : 0)
                : "memory");
 }
+// 16 bytes of which the first `bytes` (0 .. 16) come from src and the rest are zeros.
+__device__ __forceinline__ void mn_cp_async16_part(void *dst, const void *src, int bytes) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void mn_cp_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N> __device__ __forceinline__ void mn_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 2^x on the special-function unit alone. exp2f wraps the same instruction in a rescaling that
+// keeps results below 2^-126 as subnormals (3 more instructions an element); these kernels flush
+// them to zero instead, which no probability rounded to 16 bits can tell apart. All three kernels
+// use it, so the backward recomputes the forward's P bit for bit.
+__device__ __forceinline__ float mn_pipe_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Row strides of q and of k and v. QKV: the three are column blocks q | k | v of one tensor's
@@ -73,8 +89,13 @@ __device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const unsigned shor
 template <int LP, int HD, int ROWS, int NTH, class P>
 __device__ __forceinline__ void mn_pipe_load(unsigned short *dst, P src, long long stride,
                                              long long first, long long count) {
-  constexpr int LD = HD + 8, C8 = HD / 8;
-  for (int i = threadIdx.x; i < ROWS * C8; i += NTH) {
+  constexpr int LD = HD + 8, C8 = HD / 8, N = ROWS * C8;
+  // Written as a fixed number of steps per thread (a thread's column stays the same when NTH is
+  // a multiple of C8), so the copies unroll into straight code with one address each.
+#pragma unroll
+  for (int k = 0; k < (N + NTH - 1) / NTH; k++) {
+    const int i = (int)threadIdx.x + k * NTH;
+    if (N % NTH != 0 && i >= N) break;
     const int r = i / C8, c = (i - r * C8) * 8;
     const long long row = first + r;
     const bool ok = row < count;
@@ -173,6 +194,21 @@ template <int MASK> __device__ __forceinline__ bool mn_pipe_sees(int r, int c, i
   return c < s_len && (MASK == MN_ATTN_MASK_NONE || c <= r);
 }
 
+// Zeroes the elements of a warp's 16 x 64 C tiles x whose row r0 + g (+ 8) and column c0 + 8n + 2t
+// (+ 1) fail sees(row, column). Called only for the tiles that cross the diagonal or an end, so
+// the comparisons are not paid on the others (an element's value was computed without the mask:
+// the overwrite also drops what an unseen score made of it, infinities included).
+template <class F>
+__device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, int c0, int lane,
+                                                    F sees) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = 0.0f;
+}
+
 // Forward over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads,
 // each warp RW blocks of 16 rows (BR = 16 * RW * WARPS), which share every K and V fragment it
 // reads. MODE MN_ATTN_OUTPUT (io = q, k, v, out) or MN_ATTN_OUTPUT_STATS (also m and inv_l, as
@@ -251,7 +287,7 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
           const float m_new = fmaxf(m[r][i], mn_quad_max(mx[i]) * scale2);
           // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
           m_sub[i] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
-          alpha[i] = exp2f(m[r][i] - m_sub[i]);
+          alpha[i] = mn_pipe_ex2(m[r][i] - m_sub[i]);
           m[r][i] = m_new;
           l[r][i] *= alpha[i];
         }
@@ -259,7 +295,7 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
         for (int n = 0; n < 8; n++)
 #pragma unroll
           for (int e = 0; e < 4; e++) {
-            s[r][n][e] = exp2f(fmaf(s[r][n][e], scale2, -m_sub[e >> 1]));
+            s[r][n][e] = mn_pipe_ex2(fmaf(s[r][n][e], scale2, -m_sub[e >> 1]));
             l[r][e >> 1] += s[r][n][e];
           }
 #pragma unroll
@@ -349,13 +385,17 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
 #pragma unroll
       for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int i = e >> 1;
-          float p = exp2f(fmaf(s[n][e], scale2, -rm[i])) * ril[i];
-          if (masked && !mn_pipe_sees<MASK>(rw + g + 8 * i, c0 + n * 8 + 2 * t + (e & 1), (int)S))
-            p = 0.0f;
-          s[n][e] = p * (dp[n][e] - rdelta[i]);
-        }
+        for (int e = 0; e < 4; e++)
+          s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
+      if (masked)
+        mn_pipe_zero_unseen(s, rw, c0, lane, [](int r, int c) {
+          return mn_pipe_sees<MASK>(r, c, (int)S);
+        });
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          s[n][e] *= dp[n][e] - rdelta[e >> 1];
       mn_lp_mma_pb<LP, HD, LD, 8>(acc, s, ks, lane);
     }
     __syncthreads();
@@ -395,19 +435,36 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   const int r_start = MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0;
   const int per_head = ((int)T - r_start + BC - 1) / BC, tiles = G * per_head;
   const float *sm = mn_in<4>(io), *sil = mn_in<5>(io), *sdelta = mn_in<6>(io);
-  auto load_q = [&](int i) {
-    unsigned short *qs = stages + (i & 1) * STAGE;
-    const int h = kt.kvh * G + i / per_head;
-    const long long r0 = r_start + (long long)(i % per_head) * BC;
+  // The tile loaded next: query head kt.kvh * G + lh, rows r_start + lt * BC onwards.
+  int lh = 0, lt = 0;
+  auto load_q = [&](int stage) {
+    unsigned short *qs = stages + stage * STAGE;
+    const int h = kt.kvh * G + lh;
+    const int r0 = r_start + lt * BC;
+    if (++lt == per_head) lt = 0, lh++;
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
     mn_pipe_load<LP, HD, BC, NTH>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0, T);
     mn_pipe_load<LP, HD, BC, NTH>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0, T);
     float *st = reinterpret_cast<float *>(qs + 2 * BC * LD);
-    for (int x = threadIdx.x; x < (WANT_K ? 3 : 2) * BC; x += NTH) {
-      const int which = x / BC, j = x - which * BC;
-      const bool ok = r0 + j < T;
-      const long long at = qh.sb + (ok ? r0 + j : 0);
-      mn_cp_async4(st + x, (which == 0 ? sm : which == 1 ? sil : sdelta) + at, ok);
+    constexpr int NST = WANT_K ? 3 : 2;
+    if constexpr (T % 4 == 0) {
+      // Rows of statistics start 16-byte aligned: 16 bytes a copy, the part past T zeros.
+      const int x = threadIdx.x;
+      if (x < NST * BC / 4) {
+        const int which = x / (BC / 4), j = (x - which * (BC / 4)) * 4;
+        const int bytes = 4 * max(0, min(4, (int)T - (r0 + j)));
+        const long long at = qh.sb + (bytes ? r0 + j : 0);
+        mn_cp_async16_part(st + which * BC + j,
+                           (which == 0 ? sm : which == 1 ? sil : sdelta) + at, bytes);
+      }
+      static_assert(NST * BC / 4 <= NTH, "one copy a thread");
+    } else {
+      for (int x = threadIdx.x; x < NST * BC; x += NTH) {
+        const int which = x / BC, j = x - which * BC;
+        const bool ok = r0 + j < T;
+        const long long at = qh.sb + (ok ? r0 + j : 0);
+        mn_cp_async4(st + x, (which == 0 ? sm : which == 1 ? sil : sdelta) + at, ok);
+      }
     }
   };
 
@@ -417,6 +474,7 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   mn_cp_commit();
   if (tiles > 0) load_q(0);
   mn_cp_commit();
+  int ct = 0; // the tile of the loop's current step within its head
   mn_cp_wait<1>();
   __syncthreads();
   unsigned kf[KD][4], vf[KD][4];
@@ -427,11 +485,12 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   mn_attn_fill(dv, 0.0f);
 
   for (int i = 0; i < tiles; i++) {
-    if (i + 1 < tiles) load_q(i + 1);
+    if (i + 1 < tiles) load_q((i + 1) & 1);
     mn_cp_commit();
     mn_cp_wait<1>();
     __syncthreads();
-    const int r0 = r_start + (i % per_head) * BC;
+    const int r0 = r_start + ct * BC;
+    if (++ct == per_head) ct = 0;
     // Causal: a warp whose keys all come after the tile's last query sees nothing of it.
     if (MASK == MN_ATTN_MASK_NONE || cw <= r0 + BC - 1) {
       const unsigned short *qs = stages + (i & 1) * STAGE, *dys = qs + BC * LD;
@@ -449,14 +508,15 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
         const float2 sm2 = *reinterpret_cast<const float2 *>(st + j0),
                      il2 = *reinterpret_cast<const float2 *>(st + BC + j0);
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int j = j0 + (e & 1), c = cw + g + 8 * (e >> 1);
-          float v =
-              exp2f(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) * (e & 1 ? il2.y : il2.x);
-          if (masked && !(r0 + j < (int)T && mn_pipe_sees<MASK>(r0 + j, c, (int)S))) v = 0.0f;
-          p[n][e] = v;
-        }
+        for (int e = 0; e < 4; e++)
+          p[n][e] = mn_pipe_ex2(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) *
+                    (e & 1 ? il2.y : il2.x);
       }
+      // Rows are keys here, columns queries (rows past T have zero statistics: zeroed too).
+      if (masked)
+        mn_pipe_zero_unseen(p, cw, r0, lane, [](int key, int query) {
+          return query < (int)T && mn_pipe_sees<MASK>(query, key, (int)S);
+        });
       if constexpr (WANT_V) mn_lp_mma_pb<LP, HD, LD, 8>(dv, p, dys, lane);
       if constexpr (WANT_K) {
 #pragma unroll
