@@ -176,7 +176,7 @@ static mn_status launch_pipe_dq(const mn_cu_op_ctx *c, const attn_dims *d, const
                        d->head_dim, (long long)d->t_len, (long long)d->s_len, d->heads, d->kv_heads,
                        d->mask, PIPE_WARPS, qkv ? 1 : 0);
   /* Left free, the compiler takes ~200 registers a thread for dQ at head dim 64 and an SM holds
-   * 2 blocks; 168 fit 3 (at 0.5 KB a row, 3 blocks' 36 KB of tiles also fit). */
+   * 2 blocks; 168 fit 3 (3 blocks of 55 KB of tiles fit in shared memory too). */
   if (k >= 0 && d->head_dim <= 64) mn_cu_kernel_min_blocks(c, k, 3);
   size_t smem = (2 * pipe_rows() + 4 * PIPE_COLS) * tc->row_bytes;
   return mn_cu_launch(c, k, mn_cu_blocks(d->t_len, (unsigned)pipe_rows()), (unsigned)d->heads,
