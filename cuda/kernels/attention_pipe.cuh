@@ -83,33 +83,42 @@ __device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const unsigned shor
 }
 
 // Rows first .. first + ROWS - 1 of one head (src: row 0 at the head's first column, rows
-// `stride` elements apart) into dst[r * LD + d] by NTH threads, rows at or past `count` as
-// zeros. When src stores LP the copy is asynchronous (cp.async: the caller commits and waits);
-// other storage is read and rounded to LP at once.
-template <int LP, int HD, int ROWS, int NTH, class P>
+// `stride` elements apart; `first` a multiple of ROWS) into dst[r * LD + d] by NTH threads, rows
+// at or past COUNT as zeros. When src stores LP the copy is asynchronous (cp.async: the caller
+// commits and waits); other storage is read and rounded to LP at once.
+template <int LP, int HD, int ROWS, int NTH, long long COUNT, class P>
 __device__ __forceinline__ void mn_pipe_load(unsigned short *dst, P src, long long stride,
-                                             long long first, long long count) {
+                                             long long first) {
   constexpr int LD = HD + 8, C8 = HD / 8, N = ROWS * C8;
-  // Written as a fixed number of steps per thread (a thread's column stays the same when NTH is
-  // a multiple of C8), so the copies unroll into straight code with one address each.
+  if constexpr (mn_attn_lp_same<LP, P>::value && NTH % C8 == 0 && N % NTH == 0) {
+    // A thread keeps its column and steps NTH / C8 rows: one 64-bit address a call, the steps
+    // as constant offsets from it. A tile that cannot reach past COUNT checks nothing.
+    constexpr int STEP = NTH / C8;
+    constexpr bool FULL = COUNT % ROWS == 0;
+    const int r = (int)threadIdx.x / C8, c = ((int)threadIdx.x - r * C8) * 8;
+    const auto base = src + (first + r) * stride + c;
 #pragma unroll
-  for (int k = 0; k < (N + NTH - 1) / NTH; k++) {
-    const int i = (int)threadIdx.x + k * NTH;
-    if (N % NTH != 0 && i >= N) break;
-    const int r = i / C8, c = (i - r * C8) * 8;
-    const long long row = first + r;
-    const bool ok = row < count;
-    if constexpr (mn_attn_lp_same<LP, P>::value) {
-      mn_cp_async16(dst + r * LD + c, (src + (ok ? row : 0) * stride + c).p, ok);
-    } else {
-      uint4 w = make_uint4(0u, 0u, 0u, 0u);
-      if (ok) {
-        const auto p = src + row * stride + c;
-        const float4 lo = mn_ld4(p, 0), hi = mn_ld4(p, 1);
-        w = make_uint4(mn_lp_round2<LP>(lo.x, lo.y), mn_lp_round2<LP>(lo.z, lo.w),
-                       mn_lp_round2<LP>(hi.x, hi.y), mn_lp_round2<LP>(hi.z, hi.w));
+    for (int k = 0; k < N / NTH; k++) {
+      const bool ok = FULL || first + r + k * STEP < COUNT;
+      mn_cp_async16(dst + (r + k * STEP) * LD + c, (ok ? base + k * STEP * stride : src).p, ok);
+    }
+  } else {
+    for (int i = threadIdx.x; i < N; i += NTH) {
+      const int r = i / C8, c = (i - r * C8) * 8;
+      const long long row = first + r;
+      const bool ok = row < COUNT;
+      if constexpr (mn_attn_lp_same<LP, P>::value) {
+        mn_cp_async16(dst + r * LD + c, (src + (ok ? row : 0) * stride + c).p, ok);
+      } else {
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (ok) {
+          const auto p = src + row * stride + c;
+          const float4 lo = mn_ld4(p, 0), hi = mn_ld4(p, 1);
+          w = make_uint4(mn_lp_round2<LP>(lo.x, lo.y), mn_lp_round2<LP>(lo.z, lo.w),
+                         mn_lp_round2<LP>(hi.x, hi.y), mn_lp_round2<LP>(hi.z, hi.w));
+        }
+        *reinterpret_cast<uint4 *>(dst + r * LD + c) = w;
       }
-      *reinterpret_cast<uint4 *>(dst + r * LD + c) = w;
     }
   }
 }
@@ -233,11 +242,11 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
   const int tiles = (kend + BC - 1) / BC;
   auto load_kv = [&](int j) {
     unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
-    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, KS, (long long)j * BC, S);
-    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, KS, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH, S>(ks, qt.kb, KS, (long long)j * BC);
+    mn_pipe_load<LP, HD, BC, NTH, S>(ks + BC * LD, qt.vb, KS, (long long)j * BC);
   };
 
-  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH, T>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0);
   mn_cp_commit();
   load_kv(0);
   mn_cp_commit();
@@ -349,12 +358,12 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
   const int tiles = (kend + BC - 1) / BC;
   auto load_kv = [&](int j) {
     unsigned short *ks = kv + (j & 1) * 2 * BC * LD;
-    mn_pipe_load<LP, HD, BC, NTH>(ks, qt.kb, KS, (long long)j * BC, S);
-    mn_pipe_load<LP, HD, BC, NTH>(ks + BC * LD, qt.vb, KS, (long long)j * BC, S);
+    mn_pipe_load<LP, HD, BC, NTH, S>(ks, qt.kb, KS, (long long)j * BC);
+    mn_pipe_load<LP, HD, BC, NTH, S>(ks + BC * LD, qt.vb, KS, (long long)j * BC);
   };
 
-  mn_pipe_load<LP, HD, BR, NTH>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0, T);
-  mn_pipe_load<LP, HD, BR, NTH>(dys, mn_in<3>(io) + qt.yoff, (long long)H * HD, qt.q0, T);
+  mn_pipe_load<LP, HD, BR, NTH, T>(qs, mn_in<0>(io) + qt.qoff, QS, qt.q0);
+  mn_pipe_load<LP, HD, BR, NTH, T>(dys, mn_in<3>(io) + qt.yoff, (long long)H * HD, qt.q0);
   mn_cp_commit();
   load_kv(0);
   mn_cp_commit();
@@ -443,8 +452,8 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
     const int r0 = r_start + lt * BC;
     if (++lt == per_head) lt = 0, lh++;
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
-    mn_pipe_load<LP, HD, BC, NTH>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0, T);
-    mn_pipe_load<LP, HD, BC, NTH>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0, T);
+    mn_pipe_load<LP, HD, BC, NTH, T>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0);
+    mn_pipe_load<LP, HD, BC, NTH, T>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0);
     float *st = reinterpret_cast<float *>(qs + 2 * BC * LD);
     constexpr int NST = WANT_K ? 3 : 2;
     if constexpr (T % 4 == 0) {
@@ -452,7 +461,7 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
       const int x = threadIdx.x;
       if (x < NST * BC / 4) {
         const int which = x / (BC / 4), j = (x - which * (BC / 4)) * 4;
-        const int bytes = 4 * max(0, min(4, (int)T - (r0 + j)));
+        const int bytes = T % BC == 0 ? 16 : 4 * max(0, min(4, (int)T - (r0 + j)));
         const long long at = qh.sb + (bytes ? r0 + j : 0);
         mn_cp_async16_part(st + which * BC + j,
                            (which == 0 ? sm : which == 1 ? sil : sdelta) + at, bytes);
@@ -469,8 +478,8 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   };
 
   const long long kvoff = kt.b * S * KS + kt.kvh * HD;
-  mn_pipe_load<LP, HD, BR, NTH>(ks, mn_in<1>(io) + kvoff, KS, kt.c0, S);
-  mn_pipe_load<LP, HD, BR, NTH>(vs, mn_in<2>(io) + kvoff, KS, kt.c0, S);
+  mn_pipe_load<LP, HD, BR, NTH, S>(ks, mn_in<1>(io) + kvoff, KS, kt.c0);
+  mn_pipe_load<LP, HD, BR, NTH, S>(vs, mn_in<2>(io) + kvoff, KS, kt.c0);
   mn_cp_commit();
   if (tiles > 0) load_q(0);
   mn_cp_commit();
