@@ -7,10 +7,12 @@ Prints one BENCH line per configuration with the median step time and the peak d
 
 usage: python3 benchmarks/torch_nanogpt.py gpt2|smollm2 [--precision tf32,bf16]
                                           [--mode eager,compile] [--batch B] [--seq T]
-                                          [--steps N] [--lora R]
+                                          [--steps N] [--lora R] [--profile N]
 --lora R: LoRA fine-tuning through peft (LoraConfig r=R, lora_alpha=2R, every linear layer
 but the head, dropout 0), the base frozen and AdamW over the adapters only: the bar of
 bench_lm_step --lora-rank R.
+--profile N: after the timing, one step under torch.profiler, its N largest kernels by device
+time (TORCH-PROFILE lines): where PyTorch's step goes, beside bench_lm_step --profile.
 """
 import argparse
 import contextlib
@@ -130,7 +132,28 @@ LINEAR = {"gpt2": ["c_attn", "c_proj", "c_fc", "mlp_proj"],
           "smollm2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
-def run(name, mode, precision, batch, seq, steps, lora):
+def profile_step(step, top):
+    """One more step under torch.profiler: each kernel's device time, the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us > 0 and e.key:
+            rows.append((us / 1000.0, e.count, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"TORCH-PROFILE total_ms={total:.3f} kernels={sum(r[1] for r in rows)}")
+    for ms, count, key in rows[:top]:
+        print(f"TORCH-PROFILE {ms:8.3f} ms {count:5d}x {key[:150]}")
+
+
+def run(name, mode, precision, batch, seq, steps, lora, profile=0):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
@@ -160,6 +183,8 @@ def run(name, mode, precision, batch, seq, steps, lora):
 
     ms, warm_s, peak, loss = time_steps(step, steps)
     assert math.isfinite(loss.item())
+    if profile:
+        profile_step(step, profile)
     tag = f"_lora{lora}" if lora else ""
     print_bench(f"torch_nanogpt_{name}{tag}_{precision}_{mode}", batch * seq, ms, warm_s, peak,
                 loss)
@@ -176,11 +201,13 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lora", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, one step under torch.profiler: its N largest kernels")
     a = ap.parse_args()
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     for precision in a.precision.split(","):
         for mode in a.mode.split(","):
-            run(a.model, mode, precision, a.batch, a.seq, a.steps, a.lora)
+            run(a.model, mode, precision, a.batch, a.seq, a.steps, a.lora, a.profile)
 
 
 if __name__ == "__main__":
