@@ -273,10 +273,10 @@ static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_de
   if (d->batch > 1 || mp->plain_to_fallback ||
       2.0 * (double)d->m * (double)d->n * (double)d->k < mn_cu_tune_min_flops())
     return MN_OK;
-  cublasLtMatmulHeuristicResult_t cand[MN_TUNE_CANDIDATES];
+  cublasLtMatmulHeuristicResult_t cand[MN_TUNE_MAX_CANDIDATES];
   int found = 0;
   cublasStatus_t r = cublasLtMatmulAlgoGetHeuristic(st->lt, mp->desc, mp->b, mp->a, mp->c, mp->c,
-                                                    pref, MN_TUNE_CANDIDATES, cand, &found);
+                                                    pref, mn_cu_tune_candidates(), cand, &found);
   if (r != CUBLAS_STATUS_SUCCESS || found < 2) return MN_OK;
   mn_cu_arg c = d->c;
   char card[160], key[320];

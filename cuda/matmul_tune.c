@@ -35,6 +35,12 @@ double mn_cu_tune_min_flops(void) {
   return v && strcmp(v, "all") == 0 ? 0.0 : MN_TUNE_MIN_FLOPS;
 }
 
+int mn_cu_tune_candidates(void) {
+  const char *v = getenv("MN_MATMUL_TUNE_CANDIDATES");
+  int n = v ? atoi(v) : MN_TUNE_CANDIDATES;
+  return n < 1 ? MN_TUNE_CANDIDATES : n > MN_TUNE_MAX_CANDIDATES ? MN_TUNE_MAX_CANDIDATES : n;
+}
+
 /* Per device ordinal, its card string once known (cudaGetDeviceProperties is slow to ask for
  * every product). */
 #define TUNE_DEVICES 64

@@ -7,7 +7,8 @@
  * same products on the same kind of card times nothing, and every session and process that
  * finds a choice there runs the same algorithm (the same bits). A remembered algorithm is
  * checked against the product before it is used (cublasLtMatmulAlgoCheck) and timed again when
- * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices; MN_MATMUL_TUNE=all
+ * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices;
+ * MN_MATMUL_TUNE_CANDIDATES=N asks for N candidates instead of MN_TUNE_CANDIDATES; MN_MATMUL_TUNE=all
  * times every unbatched product, small ones too (their choices are remembered under the same
  * keys, so a later default build keeps them).
  * docs/performance.md has what it measured. */
@@ -18,12 +19,16 @@
 
 #include "cuda/cuda_state.h"
 
-#define MN_TUNE_CANDIDATES 8
+#define MN_TUNE_CANDIDATES     8
+#define MN_TUNE_MAX_CANDIDATES 32
 #define MN_TUNE_MIN_FLOPS  (1e9)
 
 /* The FLOPs of the smallest product timed, from MN_MATMUL_TUNE (read at each call):
  * MN_TUNE_MIN_FLOPS, 0 with "all", INFINITY (none) with "0". */
 double mn_cu_tune_min_flops(void);
+/* How many of the heuristic's candidates to time: MN_TUNE_CANDIDATES, or MN_MATMUL_TUNE_CANDIDATES
+ * (1 .. MN_TUNE_MAX_CANDIDATES) for experiments (read at each call). */
+int mn_cu_tune_candidates(void);
 
 /* One run of the product with `algo` on the session stream. */
 typedef cublasStatus_t (*mn_cu_tune_run)(void *ctx, const cublasLtMatmulAlgo_t *algo);

@@ -158,6 +158,45 @@ static void print_kernels(const mn_session *s, const double *med, size_t n, FILE
   free(ks);
 }
 
+/* The products grouped by shape (m, n, k, batch, transposes, epilogue): how many, their time and
+ * rate, the slowest total first, so that each shape can be set beside what another library
+ * reaches on it. */
+static void print_products(const mn_session *s, const double *med, FILE *out) {
+  const cuda_state *st = s->backend_state;
+  size_t n = st->prog.num_cmds;
+  struct shape {
+    char what[160];
+    size_t commands;
+    double ms, flops;
+  } *sh = calloc(n ? n : 1, sizeof *sh);
+  if (!sh) return;
+  size_t num = 0;
+  for (size_t i = 0; i < n; i++) {
+    const mn_cu_cmd *c = &st->prog.cmds[i];
+    if (c->kind != MN_CU_CMD_MATMUL || mn_cu_cmd_skipped(st, i)) continue;
+    char what[160];
+    describe(st, s, i, what, sizeof what);
+    size_t k = 0;
+    while (k < num && strcmp(sh[k].what, what) != 0)
+      k++;
+    if (k == num) snprintf(sh[num++].what, sizeof sh->what, "%s", what);
+    sh[k].commands++;
+    sh[k].ms += med[i];
+    sh[k].flops += 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k * (double)c->mm.batch;
+  }
+  for (size_t a = 1; a < num; a++)
+    for (size_t b = a; b > 0 && sh[b].ms > sh[b - 1].ms; b--) {
+      struct shape t = sh[b];
+      sh[b] = sh[b - 1];
+      sh[b - 1] = t;
+    }
+  fprintf(out, "PROFILE products by shape:\n");
+  for (size_t k = 0; k < num; k++)
+    fprintf(out, "PROFILE %8.3f ms %4zux %7.1f TFLOP/s  %s\n", sh[k].ms, sh[k].commands,
+            sh[k].ms > 0 ? sh[k].flops / (sh[k].ms * 1e9) : 0.0, sh[k].what);
+  free(sh);
+}
+
 static void print_report(const mn_session *s, const double *med, size_t n, FILE *out) {
   const cuda_state *st = s->backend_state;
   op_total *ops = calloc(n, sizeof *ops);
@@ -197,6 +236,7 @@ static void print_report(const mn_session *s, const double *med, size_t n, FILE 
     fprintf(out, "PROFILE %-28s %8zu %10.3f %6.1f\n", ops[k].op, ops[k].commands, ops[k].ms,
             100.0 * ops[k].ms / total);
   print_kernels(s, med, n, out);
+  print_products(s, med, out);
   fprintf(out, "PROFILE slowest commands:\n");
   for (size_t i = 0; i < num_cmds && i < 25; i++) {
     char what[160];
