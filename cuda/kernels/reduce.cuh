@@ -287,17 +287,11 @@ __device__ void mn_red_sum_rows(const IO &io) {
     mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
 }
 
-__device__ __forceinline__ float mn_red_sum8(float a, float b, float c, float d, float e, float f,
-                                             float g, float h) {
-  return ((a + b) + (c + d)) + ((e + f) + (g + h));
-}
-
 // sum_rows four columns a thread (NCOL a multiple of 4): thread j of the grid's x extent owns
 // columns 4j .. 4j + 3 of its chunk of rows and keeps eight rows' loads in flight (16 bytes a
 // row for fp32, 8 for 16-bit storage), so a pass over a [16384, 768] gradient is bound by
 // bandwidth rather than by one 2-byte load per thread and row. Partials and the final sums as in
-// mn_red_sum_rows, each column summed in a fixed order (groups of eight rows in fp32, the groups
-// in double).
+// mn_red_sum_rows, each column summed in row order.
 template <long long ROWS, long long NCOL, int CH, class IO>
 __device__ void mn_red_sum_rows4(const IO &io) {
   static_assert(NCOL % 4 == 0, "four columns a thread");
@@ -312,12 +306,13 @@ __device__ void mn_red_sum_rows4(const IO &io) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
       v[i] = mn_ld4(x + (r + i) * NCOL, q);
-    // Eight rows summed pairwise in fp32 first, then once into the double: one conversion and
-    // one double add per eight values (the conversions' rate bounded a value at a time).
-    acc[0] += (double)mn_red_sum8(v[0].x, v[1].x, v[2].x, v[3].x, v[4].x, v[5].x, v[6].x, v[7].x);
-    acc[1] += (double)mn_red_sum8(v[0].y, v[1].y, v[2].y, v[3].y, v[4].y, v[5].y, v[6].y, v[7].y);
-    acc[2] += (double)mn_red_sum8(v[0].z, v[1].z, v[2].z, v[3].z, v[4].z, v[5].z, v[6].z, v[7].z);
-    acc[3] += (double)mn_red_sum8(v[0].w, v[1].w, v[2].w, v[3].w, v[4].w, v[5].w, v[6].w, v[7].w);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      acc[0] += (double)v[i].x;
+      acc[1] += (double)v[i].y;
+      acc[2] += (double)v[i].z;
+      acc[3] += (double)v[i].w;
+    }
   }
   for (; r < r1; r++) {
     const float4 v = mn_ld4(x + r * NCOL, q);
