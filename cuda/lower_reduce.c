@@ -204,34 +204,19 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   return st != MN_OK ? st : mean_of_counted_rows(c, scratch, r.rows);
 }
 
-/* Threads of a four-column sum_rows block: the largest multiple of 32 up to 256 that divides
- * the threads a row needs (no idle threads in the last column block), else 256. */
-static int sum_rows4_block(int64_t threads) {
-  for (int b = 256; b >= 32; b -= 32)
-    if (threads % b == 0) return b;
-  return threads < 256 ? (int)((threads + 31) / 32 * 32) : 256;
-}
-
-/* x [.., N] summed over every leading index into N values: column blocks by row chunks, each
- * chunk at least 16 rows (32 four columns a thread). With N a multiple of 4, four columns a
- * thread and about 48K threads in all (about 3 MB of loads in flight); else one column a thread
- * and about 512 blocks. */
+/* x [.., N] summed over every leading index into N values: column blocks by row chunks,
+ * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   const mn_tensor_type *t = mn_cu_in_type(c, 0);
   int64_t ncol = last_dim(t), rows = mn_tensor_type_numel(t) / ncol;
-  /* Four-value loads need every row 16-byte aligned in fp32 terms (8 bytes in 16-bit storage). */
-  bool four = ncol % 4 == 0 && mn_cu_in(c, 0).offset % 16 == 0;
-  int64_t threads = four ? ncol / 4 : ncol;
-  int block = four ? sum_rows4_block(threads) : (ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32));
-  unsigned col_blocks = mn_cu_blocks(threads, (unsigned)block);
-  int64_t ch = four ? 49152 / ((int64_t)col_blocks * block) : 512 / col_blocks;
-  if (ch > rows / (four ? 32 : 16)) ch = rows / (four ? 32 : 16);
+  int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
+  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
+  int64_t ch = 512 / col_blocks;
+  if (ch > rows / 16) ch = rows / 16;
   if (ch > 65535) ch = 65535;
   if (ch < 1) ch = 1;
-  int k1 = four ? mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows4<%lldLL, %lldLL, %d>",
-                               (long long)rows, (long long)ncol, (int)ch)
-                : mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
-                               (long long)rows, (long long)ncol, (int)ch, block);
+  int k1 = mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
+                        (long long)rows, (long long)ncol, (int)ch, block);
   if (ch == 1) {
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
     return mn_cu_launch(c, k1, col_blocks, 1, 1, 0, 2, args);

@@ -97,9 +97,11 @@ static cublasLtEpilogue_t lt_epilogue(mn_cu_epilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-/* Whether the comma-separated list in environment variable `var` names epilogue e (or "all"). */
-static bool listed(const char *var, mn_cu_epilogue e) {
-  const char *list = getenv(var);
+/* MN_CUDA_EPILOGUES_OFF=NAME[,NAME...] (bias, bias_relu, bias_gelu, dgelu, bgrad, or all):
+ * those epilogues run as their fallback commands, so that one can be timed against the other
+ * in the same build (docs/performance.md). Read at each session build. */
+static bool switched_off(mn_cu_epilogue e) {
+  const char *list = getenv("MN_CUDA_EPILOGUES_OFF");
   if (!list || !*list) return false;
   const char *name = NULL;
   switch (e) {
@@ -121,18 +123,6 @@ static bool listed(const char *var, mn_cu_epilogue e) {
   return false;
 }
 
-/* MN_CUDA_EPILOGUES_OFF=NAME[,NAME...] (bias, bias_relu, bias_gelu, dgelu, bgrad, or all):
- * those epilogues run as their fallback commands, so that one can be timed against the other
- * in the same build (docs/performance.md). MN_CUDA_EPILOGUES_ON=bgrad fuses the bias gradients
- * of large products too (below). Read at each session build. */
-static bool switched_off(mn_cu_epilogue e) { return listed("MN_CUDA_EPILOGUES_OFF", e); }
-
-/* Bias gradients fuse only into products under this many FLOPs: on an H100, cuBLASLt's
- * BGRADA/BGRADB kernels for GPT-2's weight gradients ([768, 3072] over 16384 rows) ran at
- * 430-590 TFLOP/s against 620-680 for the plain product, more than a separate column sum costs
- * (docs/performance.md, 2026-11-27); small products keep the launch the fusion saves. */
-#define MN_BGRAD_FUSE_MAX_FLOPS 1e9
-
 /* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
  * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
  * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
@@ -140,10 +130,6 @@ static bool switched_off(mn_cu_epilogue e) { return listed("MN_CUDA_EPILOGUES_OF
  * our A). Epilogues here are never batched. Also those switched off; NULL when none applies. */
 static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias, uintptr_t aux) {
   if (switched_off(d->epilogue)) return "switched off by MN_CUDA_EPILOGUES_OFF";
-  bool bgrad = d->epilogue == MN_CU_EPI_BGRAD_A || d->epilogue == MN_CU_EPI_BGRAD_B;
-  if (bgrad && 2.0 * (double)d->m * (double)d->n * (double)d->k >= MN_BGRAD_FUSE_MAX_FLOPS &&
-      !listed("MN_CUDA_EPILOGUES_ON", d->epilogue))
-    return "a large product's bias gradient (a separate column sum is faster)";
   if (d->batch > 1) return "a batched product";
   if (bias % 16) return "a bias vector not 16-byte aligned";
   switch (d->epilogue) {

@@ -248,38 +248,17 @@ Test(cuda_reduce, sum_rows_gpt2_batch) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
-/* Widths one column a thread (not a multiple of 4) and four (4, 12, 768: mn_red_sum_rows4), over
- * row counts that leave partial groups of eight rows and a single chunk (40) or several (1003). */
 Test(cuda_reduce, sum_rows_shapes) {
   mn_test_require_cuda_build();
-  const int64_t cols[] = {1, 5, 255, 257, 50257, 4, 12, 768, 4, 768};
-  const int64_t rows[] = {40, 40, 40, 40, 40, 40, 40, 40, 1003, 1003};
+  const int64_t cols[] = {1, 5, 255, 257, 50257};
   for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
     mn_graph *g = mn_graph_new();
-    mn_node x = mn_input(g, "x", MN_SHAPE(rows[i], cols[i]));
+    mn_node x = mn_input(g, "x", MN_SHAPE(40, cols[i]));
     mn_node row = mn_parameter(g, "row", MN_SHAPE(1, cols[i]));
     mn_test_finish_training_graph(g, mn_broadcast_add(g, x, row));
     mn_test_check_cuda(g, true, NULL, 37 + i);
     mn_graph_free(g);
   }
-  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
-}
-
-/* The four-column sum over 16-bit rows (8-byte loads): a bias gradient over [1003, 2304] in bf16
- * against the CPU's emulation of the same storage. */
-Test(cuda_reduce, sum_rows_of_bf16_rows) {
-  mn_test_require_cuda_build();
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(1003, 2304));
-  mn_node row = mn_parameter(g, "row", MN_SHAPE(1, 2304));
-  mn_test_finish_training_graph(g, mn_tanh(g, mn_broadcast_add(g, x, row)));
-  mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
-  if (mn_test_cuda_device_present()) {
-    double e =
-        mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, MN_TEST_BF16_TOL, NULL, 47);
-    cr_log_info("sum_rows of bf16 rows: largest relative error %.3g", e);
-  }
-  mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 

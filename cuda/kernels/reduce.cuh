@@ -287,49 +287,6 @@ __device__ void mn_red_sum_rows(const IO &io) {
     mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
 }
 
-// sum_rows four columns a thread (NCOL a multiple of 4): thread j of the grid's x extent owns
-// columns 4j .. 4j + 3 of its chunk of rows and keeps eight rows' loads in flight (16 bytes a
-// row for fp32, 8 for 16-bit storage), so a pass over a [16384, 768] gradient is bound by
-// bandwidth rather than by one 2-byte load per thread and row. Partials and the final sums as in
-// mn_red_sum_rows, each column summed in row order.
-template <long long ROWS, long long NCOL, int CH, class IO>
-__device__ void mn_red_sum_rows4(const IO &io) {
-  static_assert(NCOL % 4 == 0, "four columns a thread");
-  const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (q >= NCOL / 4) return;
-  const auto x = mn_in<1>(io);
-  const long long r0 = ROWS * blockIdx.y / CH, r1 = ROWS * (blockIdx.y + 1) / CH;
-  double acc[4] = {0.0, 0.0, 0.0, 0.0};
-  long long r = r0;
-  for (; r + 7 < r1; r += 8) {
-    float4 v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-      v[i] = mn_ld4(x + (r + i) * NCOL, q);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      acc[0] += (double)v[i].x;
-      acc[1] += (double)v[i].y;
-      acc[2] += (double)v[i].z;
-      acc[3] += (double)v[i].w;
-    }
-  }
-  for (; r < r1; r++) {
-    const float4 v = mn_ld4(x + r * NCOL, q);
-    acc[0] += (double)v.x;
-    acc[1] += (double)v.y;
-    acc[2] += (double)v.z;
-    acc[3] += (double)v.w;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    if constexpr (CH == 1)
-      mn_out<0>(io)[4 * q + i] = (float)acc[i];
-    else
-      mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + 4 * q + i] = acc[i];
-  }
-}
-
 // The CH partials of each column: a block of 256 threads takes 32 columns, its 8 warps
 // each sum every 8th chunk, and one warp adds the 8 sums in order.
 template <long long NCOL, int CH, class IO> __device__ void mn_red_sum_rows_final(const IO &io) {
