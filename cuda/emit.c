@@ -107,9 +107,11 @@ int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
   kd = &prog->kernels[k];
   char *copy = strdup(kd->call);
   if (!copy) return -1;
-  prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){
-      .call = copy, .block = kd->block, .storage = storage, .overlaps = kd->overlaps,
-      .min_blocks = kd->min_blocks};
+  prog->kernels[prog->num_kernels] = (mn_cu_kernel_desc){.call = copy,
+                                                         .block = kd->block,
+                                                         .storage = storage,
+                                                         .overlaps = kd->overlaps,
+                                                         .min_blocks = kd->min_blocks};
   return (int)prog->num_kernels++;
 }
 

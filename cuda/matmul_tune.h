@@ -8,10 +8,10 @@
  * finds a choice there runs the same algorithm (the same bits). A remembered algorithm is
  * checked against the product before it is used (cublasLtMatmulAlgoCheck) and timed again when
  * it no longer applies. MN_MATMUL_TUNE=0 keeps the heuristic's first choices;
- * MN_MATMUL_TUNE_CANDIDATES=N asks for N candidates instead of MN_TUNE_CANDIDATES; MN_MATMUL_TUNE=all
- * times every unbatched product, small ones too (their choices are remembered under the same
- * keys, so a later default build keeps them).
- * docs/performance.md has what it measured. */
+ * MN_MATMUL_TUNE_CANDIDATES=N asks for N candidates instead of MN_TUNE_CANDIDATES;
+ * MN_MATMUL_TUNE=all times every unbatched product, small ones too (their choices are remembered
+ * under the same keys, so a later default build keeps them). docs/performance.md has what it
+ * measured. */
 #ifndef MN_CUDA_MATMUL_TUNE_H
 #define MN_CUDA_MATMUL_TUNE_H
 
@@ -21,7 +21,7 @@
 
 #define MN_TUNE_CANDIDATES     8
 #define MN_TUNE_MAX_CANDIDATES 32
-#define MN_TUNE_MIN_FLOPS  (1e9)
+#define MN_TUNE_MIN_FLOPS      (1e9)
 
 /* The FLOPs of the smallest product timed, from MN_MATMUL_TUNE (read at each call):
  * MN_TUNE_MIN_FLOPS, 0 with "all", INFINITY (none) with "0". */

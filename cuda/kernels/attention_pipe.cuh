@@ -397,9 +397,8 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
         for (int e = 0; e < 4; e++)
           s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
       if (masked)
-        mn_pipe_zero_unseen(s, rw, c0, lane, [](int r, int c) {
-          return mn_pipe_sees<MASK>(r, c, (int)S);
-        });
+        mn_pipe_zero_unseen(s, rw, c0, lane,
+                            [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); });
 #pragma unroll
       for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -463,8 +462,8 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
         const int which = x / (BC / 4), j = (x - which * (BC / 4)) * 4;
         const int bytes = T % BC == 0 ? 16 : 4 * max(0, min(4, (int)T - (r0 + j)));
         const long long at = qh.sb + (bytes ? r0 + j : 0);
-        mn_cp_async16_part(st + which * BC + j,
-                           (which == 0 ? sm : which == 1 ? sil : sdelta) + at, bytes);
+        const float *stat = which == 0 ? sm : which == 1 ? sil : sdelta;
+        mn_cp_async16_part(st + which * BC + j, stat + at, bytes);
       }
       static_assert(NST * BC / 4 <= NTH, "one copy a thread");
     } else {
