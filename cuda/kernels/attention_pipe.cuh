@@ -218,13 +218,6 @@ __device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, in
       if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = 0.0f;
 }
 
-// The wgmma forward of attention_wgmma.cuh, which mn_attn_pipe_fwd hands its block to where it
-// fits (defined there).
-template <int LP, int HD, int WARPS, class P> __device__ constexpr bool mn_attn_wg_fits();
-template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
-          int RW, int QKV, class IO>
-__device__ void mn_attn_wg_fwd(const IO &io);
-
 // Forward over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads,
 // each warp RW blocks of 16 rows (BR = 16 * RW * WARPS), which share every K and V fragment it
 // reads. MODE MN_ATTN_OUTPUT (io = q, k, v, out) or MN_ATTN_OUTPUT_STATS (also m and inv_l, as
@@ -232,10 +225,6 @@ __device__ void mn_attn_wg_fwd(const IO &io);
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
           int RW, int QKV, class IO>
 __device__ void mn_attn_pipe_fwd(const IO &io) {
-  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io))>()) {
-    mn_attn_wg_fwd<LP, HD, T, S, H, KVH, MASK, MODE, WARPS, RW, QKV>(io);
-    return;
-  }
   constexpr int BR = 16 * RW * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
