@@ -5,8 +5,8 @@
 #include "cuda/emit.h"
 #include "host/error.h"
 
-mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
-                               const char *cache_dir, mn_cu_binary *out) {
+mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, char **source) {
+  *source = NULL;
   mn_cu_program prog;
   mn_status st = mn_cu_program_build(p, allow_tf32, &prog);
   if (st != MN_OK) return st;
@@ -14,13 +14,17 @@ mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf
   st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate);
   int readback;
   if (st == MN_OK) st = mn_cu_program_add_readback(&prog, p, &readback);
-  if (st != MN_OK) {
-    mn_cu_program_free(&prog);
-    return st;
-  }
-  char *src = mn_cu_program_source(&prog);
+  if (st == MN_OK && !(*source = mn_cu_program_source(&prog)))
+    st = mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: no memory for kernel source");
   mn_cu_program_free(&prog);
-  if (!src) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: no memory for kernel source");
+  return st;
+}
+
+mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
+                               const char *cache_dir, mn_cu_binary *out) {
+  char *src = NULL;
+  mn_status st = mn_cuda_plan_source(p, allow_tf32, training, &src);
+  if (st != MN_OK) return st;
   st = mn_cu_compile(src, arch, cache_dir, out);
   free(src);
   return st;

@@ -19,6 +19,10 @@ int mn_cuda_compute_capability(int device);
  * kernels for `arch` with no device involved (the offline check that CI runs). */
 mn_status mn_cuda_compile_plan(const mn_plan *p, const char *arch, bool allow_tf32, bool training,
                                const char *cache_dir, mn_cu_binary *out);
+/* The CUDA source that mn_cuda_compile_plan compiles (*source malloc'd; NULL on failure): the
+ * kernel templates, then one `mn_kN` instance a kernel, N in the order the cubin names them.
+ * For reading a plan's kernels offline (benchmarks/plan_kernels.c). */
+mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, char **source);
 
 /* The session's stream (a cudaStream_t), for benchmarks that time with CUDA events;
  * NULL for a session not on CUDA. */
