@@ -8,6 +8,7 @@
 //    [n][k], the K tile of S = Q K^T) or MN-major with the transpose bit (B stored as [k][n], the
 //    V tile of O = P V). Every assignment of the two core-matrix strides to the descriptor's
 //    leading and stride byte offsets is tried and checked against the CPU.
+//    A from shared memory as well (K-major) is checked with the B layouts that work.
 // 2. Rates. One warpgroup a block, 2 blocks an SM, each multiplying a 64 x 64 register tile by a
 //    64 x 64 shared tile 4096 times: wgmma (m64n64k16, B read by the tensor cores) against
 //    mma.sync m16n8k16 with each warp reading B with ldmatrix (attention_pipe.cuh's way).
@@ -53,6 +54,36 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const unsigned (&a)[4],
                  "+f"(d[30]), "+f"(d[31])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "r"(1));
 }
+// The same with A in shared memory too (K-major, a_desc).
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc,
+                                         int trans_b) {
+  if (trans_b)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(a_desc), "l"(b_desc), "r"(1));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(a_desc), "l"(b_desc), "r"(1));
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -85,9 +116,14 @@ __device__ __forceinline__ int core_offset(int o, int i, int outer_step, int inn
 // C = A B. TRANS_B 0: B given as Bt[n][k] and stored K-major (outer n, inner k); 1: B given as
 // B[k][n] and stored MN-major (outer k, inner n). The cores advance by `along` bytes in the
 // inner dimension and `across` in the outer one; the descriptor gets lbo and sbo.
-template <int TRANS_B>
+template <int TRANS_B, bool A_SMEM>
 __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *C, int along,
                         int across, unsigned lbo, unsigned sbo, int kstep_bytes) {
+  // A_SMEM: A in the K-major core layout too (cores 128 bytes apart along k, 1024 along m).
+  __shared__ __align__(128) unsigned char sa[64 * 64 * 2];
+  if (A_SMEM)
+    for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x)
+      *reinterpret_cast<__nv_bfloat16 *>(sa + core_offset(e / 64, e % 64, 1024, 128)) = A[e];
   // Room past the tile, so that a wrong descriptor reads zeros instead of faulting.
   __shared__ __align__(128) unsigned char sb[3 * 64 * 64 * 2];
   for (int e = threadIdx.x; e < 3 * 64 * 64 * 2 / 4; e += blockDim.x)
@@ -104,9 +140,14 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
     d[i] = 0.0f;
   wg_fence();
   for (int kk = 0; kk < 4; kk++) {
-    unsigned a[4];
-    a_frag(a, A, kk);
-    wgmma_rs<TRANS_B>(d, a, desc_of(sb + kk * kstep_bytes, lbo, sbo));
+    if (A_SMEM) {
+      wgmma_ss(d, desc_of(sa + kk * 256, 128, 1024), desc_of(sb + kk * kstep_bytes, lbo, sbo),
+               TRANS_B);
+    } else {
+      unsigned a[4];
+      a_frag(a, A, kk);
+      wgmma_rs<TRANS_B>(d, a, desc_of(sb + kk * kstep_bytes, lbo, sbo));
+    }
   }
   wg_commit();
   wg_wait0();
@@ -120,7 +161,7 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
 static float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // Runs one layout candidate; returns the largest error against the CPU.
-template <int TRANS_B>
+template <int TRANS_B, bool A_SMEM = false>
 static double try_layout(const std::vector<float> &a, const std::vector<float> &b, int along,
                          int across, unsigned lbo, unsigned sbo, int kstep) {
   std::vector<__nv_bfloat16> ha(4096), hb(4096);
@@ -138,7 +179,7 @@ static double try_layout(const std::vector<float> &a, const std::vector<float> &
   CK(cudaMemcpy(da, ha.data(), 8192, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(db, hb.data(), 8192, cudaMemcpyHostToDevice));
   CK(cudaMemset(dc, 0, 16384));
-  product<TRANS_B><<<1, 128>>>(da, db, dc, along, across, lbo, sbo, kstep);
+  product<TRANS_B, A_SMEM><<<1, 128>>>(da, db, dc, along, across, lbo, sbo, kstep);
   CK(cudaDeviceSynchronize());
   std::vector<float> c(4096);
   CK(cudaMemcpy(c.data(), dc, 16384, cudaMemcpyDeviceToHost));
@@ -257,6 +298,14 @@ int main() {
                trans ? "MN-major (trans b)" : "K-major           ", cd.along, cd.across, lbo,
                swap ? "mn stride" : "k stride ", sbo, err, err < 1e-3 ? "OK" : "wrong");
       }
+  // A from shared memory as well (the forward's S = Q K^T with Q through a descriptor), with the
+  // B layouts found above.
+  const double ss_k = try_layout<0, true>(a, b, 128, 1024, 128, 1024, 256),
+               ss_mn = try_layout<1, true>(a, b, 128, 1024, 1024, 128, 2048);
+  printf("WGMMA-LAYOUT A in shared memory (K-major, lbo 128 sbo 1024), B K-major: max error %g %s\n",
+         ss_k, ss_k < 1e-3 ? "OK" : "wrong");
+  printf("WGMMA-LAYOUT A in shared memory, B MN-major (trans b): max error %g %s\n", ss_mn,
+         ss_mn < 1e-3 ? "OK" : "wrong");
   const double w = tflops<true>(sms), m = tflops<false>(sms);
   printf("WGMMA-RATE wgmma m64n64k16 (B by descriptor): %.1f TFLOP/s\n", w);
   printf("WGMMA-RATE mma.sync m16n8k16 (B by ldmatrix, each warp): %.1f TFLOP/s\n", m);
