@@ -115,20 +115,20 @@ int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
   return (int)prog->num_kernels++;
 }
 
+/* Kernel k and every storage instance of its call (the same call and block). */
+static bool same_call(const mn_cu_program *prog, size_t i, int k) {
+  return prog->kernels[i].block == prog->kernels[k].block &&
+         strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0;
+}
+
 void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k) {
-  mn_cu_program *prog = c->prog;
-  for (size_t i = 0; i < prog->num_kernels; i++)
-    if (prog->kernels[i].block == prog->kernels[k].block &&
-        strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0)
-      prog->kernels[i].overlaps = true;
+  for (size_t i = 0; i < c->prog->num_kernels; i++)
+    if (same_call(c->prog, i, k)) c->prog->kernels[i].overlaps = true;
 }
 
 void mn_cu_kernel_min_blocks(const mn_cu_op_ctx *c, int k, unsigned blocks) {
-  mn_cu_program *prog = c->prog;
-  for (size_t i = 0; i < prog->num_kernels; i++)
-    if (prog->kernels[i].block == prog->kernels[k].block &&
-        strcmp(prog->kernels[i].call, prog->kernels[k].call) == 0)
-      prog->kernels[i].min_blocks = blocks;
+  for (size_t i = 0; i < c->prog->num_kernels; i++)
+    if (same_call(c->prog, i, k)) c->prog->kernels[i].min_blocks = blocks;
 }
 
 int mn_cu_kernel_generated(const mn_cu_op_ctx *c, unsigned block, const char *code,

@@ -121,36 +121,44 @@ static void kernel_of(const cuda_state *st, size_t cmd, char *buf, size_t size) 
   }
 }
 
-typedef struct kernel_total {
-  char name[64];
+/* Commands grouped under one name (a kernel template, a product's shape): how many, their time
+ * and, for products, their FLOPs. */
+typedef struct group_total {
+  char name[160];
   size_t commands;
-  double ms;
-} kernel_total;
+  double ms, flops;
+} group_total;
 
-static int by_kernel_ms_desc(const void *a, const void *b) {
-  double x = ((const kernel_total *)a)->ms, y = ((const kernel_total *)b)->ms;
+static int by_group_ms_desc(const void *a, const void *b) {
+  double x = ((const group_total *)a)->ms, y = ((const group_total *)b)->ms;
   return (x < y) - (x > y);
+}
+
+/* Adds one command to the group named `name` among gs[0 .. *num), opening it when new. */
+static void group_add(group_total *gs, size_t *num, const char *name, double ms, double flops) {
+  size_t k = 0;
+  while (k < *num && strcmp(gs[k].name, name) != 0)
+    k++;
+  if (k == *num) snprintf(gs[(*num)++].name, sizeof gs->name, "%s", name);
+  gs[k].commands++;
+  gs[k].ms += ms;
+  gs[k].flops += flops;
 }
 
 /* Every kernel's commands and time, the slowest first: an op lowered to several kernels (a
  * decode layer, attention) shows what each of them costs. */
 static void print_kernels(const mn_session *s, const double *med, size_t n, FILE *out) {
   const cuda_state *st = s->backend_state;
-  kernel_total *ks = calloc(n ? n : 1, sizeof *ks);
+  group_total *ks = calloc(n ? n : 1, sizeof *ks);
   if (!ks) return;
   size_t num = 0;
   for (size_t i = 0; i < n; i++) {
     if (i < st->prog.num_cmds && mn_cu_cmd_skipped(st, i)) continue;
     char name[64];
     kernel_of(st, i, name, sizeof name);
-    size_t k = 0;
-    while (k < num && strcmp(ks[k].name, name) != 0)
-      k++;
-    if (k == num) snprintf(ks[num++].name, sizeof ks->name, "%s", name);
-    ks[k].commands++;
-    ks[k].ms += med[i];
+    group_add(ks, &num, name, med[i], 0.0);
   }
-  qsort(ks, num, sizeof *ks, by_kernel_ms_desc);
+  qsort(ks, num, sizeof *ks, by_group_ms_desc);
   fprintf(out, "PROFILE %-28s %8s %10s %10s\n", "kernel", "commands", "ms", "us each");
   for (size_t k = 0; k < num && k < 20; k++)
     fprintf(out, "PROFILE %-28s %8zu %10.3f %10.2f\n", ks[k].name, ks[k].commands, ks[k].ms,
@@ -164,11 +172,7 @@ static void print_kernels(const mn_session *s, const double *med, size_t n, FILE
 static void print_products(const mn_session *s, const double *med, FILE *out) {
   const cuda_state *st = s->backend_state;
   size_t n = st->prog.num_cmds;
-  struct shape {
-    char what[160];
-    size_t commands;
-    double ms, flops;
-  } *sh = calloc(n ? n : 1, sizeof *sh);
+  group_total *sh = calloc(n ? n : 1, sizeof *sh);
   if (!sh) return;
   size_t num = 0;
   for (size_t i = 0; i < n; i++) {
@@ -176,24 +180,14 @@ static void print_products(const mn_session *s, const double *med, FILE *out) {
     if (c->kind != MN_CU_CMD_MATMUL || mn_cu_cmd_skipped(st, i)) continue;
     char what[160];
     describe(st, s, i, what, sizeof what);
-    size_t k = 0;
-    while (k < num && strcmp(sh[k].what, what) != 0)
-      k++;
-    if (k == num) snprintf(sh[num++].what, sizeof sh->what, "%s", what);
-    sh[k].commands++;
-    sh[k].ms += med[i];
-    sh[k].flops += 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k * (double)c->mm.batch;
+    group_add(sh, &num, what, med[i],
+              2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k * (double)c->mm.batch);
   }
-  for (size_t a = 1; a < num; a++)
-    for (size_t b = a; b > 0 && sh[b].ms > sh[b - 1].ms; b--) {
-      struct shape t = sh[b];
-      sh[b] = sh[b - 1];
-      sh[b - 1] = t;
-    }
+  qsort(sh, num, sizeof *sh, by_group_ms_desc);
   fprintf(out, "PROFILE products by shape:\n");
   for (size_t k = 0; k < num; k++)
     fprintf(out, "PROFILE %8.3f ms %4zux %7.1f TFLOP/s  %s\n", sh[k].ms, sh[k].commands,
-            sh[k].ms > 0 ? sh[k].flops / (sh[k].ms * 1e9) : 0.0, sh[k].what);
+            sh[k].ms > 0 ? sh[k].flops / (sh[k].ms * 1e9) : 0.0, sh[k].name);
   free(sh);
 }
 

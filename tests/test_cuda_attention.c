@@ -4,6 +4,7 @@
  * case also checks, with no device, that its kernels compile for sm_90. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
@@ -154,6 +155,36 @@ ATT_CASE_BF16(causal_gqa_8_over_2_t300, 18, CAUSAL, 1, 300, 300, 8, 2, 64)
 ATT_CASE(causal_gqa_9_over_3_t193_hd128, 19, CAUSAL, 1, 193, 193, 9, 3, 128)
 ATT_CASE(full_hd16_t131, 20, FULL, 2, 131, 131, 3, 1, 16)
 ATT_CASE(cross_gqa_4_t70_s200, 21, CROSS, 1, 70, 200, 4, 1, 64)
+
+/* The instance line of the first kernel whose template starts with `call` (its
+ * __launch_bounds__ and name), or NULL. */
+static const char *instance_of(const char *src, const char *call) {
+  for (const char *at = strstr(src, call); at; at = strstr(at + 1, call)) {
+    const char *line = at;
+    while (line > src && line[-1] != '\n')
+      line--;
+    if (strncmp(line, "extern \"C\"", 10) == 0) return line;
+  }
+  return NULL;
+}
+
+/* In a bf16 training plan at head dim 64, the dQ kernel asks for 3 blocks an SM (168
+ * registers; left free it took 204 and an SM held 2) and the dK / dV kernel sets no bound. */
+Test(cuda_attention, dq_kernel_is_bounded_to_three_blocks_an_sm) {
+  mn_test_require_cuda_build();
+  mn_graph *g = build_qkv(&gpt2_causal_t256, true, true);
+  char *src = mn_test_plan_source(g, true, MN_PRECISION_BF16);
+  const char *dq = instance_of(src, "mn_attn_pipe_dq<"),
+             *dkv = instance_of(src, "mn_attn_pipe_dkv<");
+  cr_assert_not_null(dq, "no dQ instance in the plan");
+  cr_assert_not_null(dkv, "no dK / dV instance in the plan");
+  cr_expect(strncmp(strstr(dq, "__launch_bounds__("), "__launch_bounds__(128, 3)", 25) == 0,
+            "dQ instance: %.120s", dq);
+  cr_expect(strncmp(strstr(dkv, "__launch_bounds__("), "__launch_bounds__(128)", 22) == 0,
+            "dK / dV instance: %.120s", dkv);
+  free(src);
+  mn_graph_free(g);
+}
 
 /* ---- cached attention: q [1, H*hd] against rows 0..kv_len-1 of [max_seq, KVH*hd] ---- */
 

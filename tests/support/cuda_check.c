@@ -26,22 +26,27 @@ void mn_test_require_cuda_device(void) {
   cr_skip_test("no CUDA device");
 }
 
-void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_precision precision) {
 #ifdef MN_WITH_CUDA
+/* g lowered in `precision` and stored as the backend stores it (padded rows, 2-byte values), so
+ * that the kernels of its program are the instances a session runs; asserts each stage. */
+static mn_plan *stored_plan(const mn_graph *g, bool training, mn_precision precision) {
   mn_session_options o = mn_session_options_default();
   o.precision = precision;
   mn_plan *plan = NULL;
   mn_status st =
       training ? mn_lower_training("test", g, &o, &plan) : mn_lower_inference("test", g, &o, &plan);
   cr_assert_eq(st, MN_OK, "lowering failed: %s", mn_last_error());
-  st = mn_plan_set_precision(plan, precision);
-  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
-  /* Stored as the backend stores it (padded rows, 2-byte values), so the kernels compiled here
-   * are the instances a session runs. */
-  st = mn_cu_size_plan(plan);
-  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_plan_set_precision(plan, precision), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_cu_size_plan(plan), MN_OK, "%s", mn_last_error());
+  return plan;
+}
+#endif
+
+void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_precision precision) {
+#ifdef MN_WITH_CUDA
+  mn_plan *plan = stored_plan(g, training, precision);
   mn_cu_binary bin;
-  st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
+  mn_status st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
   mn_plan_free(plan);
   cr_assert_eq(st, MN_OK, "%s kernels do not compile: %s", mn_test_precision_name(precision),
                mn_last_error());
@@ -52,6 +57,21 @@ void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_prec
   (void)training;
   (void)precision;
   cr_skip_test("built without the CUDA backend");
+#endif
+}
+
+char *mn_test_plan_source(const mn_graph *g, bool training, mn_precision precision) {
+#ifdef MN_WITH_CUDA
+  mn_plan *plan = stored_plan(g, training, precision);
+  char *src = NULL;
+  mn_status st = mn_cuda_plan_source(plan, false, training, &src);
+  mn_plan_free(plan);
+  cr_assert_eq(st, MN_OK, "%s", mn_last_error());
+  cr_assert_not_null(src);
+  return src;
+#else
+  (void)g, (void)training, (void)precision;
+  return NULL;
 #endif
 }
 

@@ -20,6 +20,9 @@ void mn_test_require_cuda_device(void);
 void mn_test_assert_compiles(const mn_graph *g, bool training);
 /* The same for one precision (the check above does F32 and BF16). */
 void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_precision precision);
+/* The CUDA source of g's plan in `precision` as a session would compile it (mn_cuda_plan_source;
+ * malloc'd), asserting that it lowers; NULL in a build without the CUDA backend. */
+char *mn_test_plan_source(const mn_graph *g, bool training, mn_precision precision);
 const char *mn_test_precision_name(mn_precision p);
 
 /* Value range of one named leaf: F32 uniform in [lo, hi); U32 integers in [lo, hi).
