@@ -1,7 +1,7 @@
 /* CUDA attention kernels against the reference backend: causal, full and cross attention
  * forward (inference graphs) and backward (training graphs whose parameters are q, k and
  * v, so the three gradient ops run), cached attention, and its kv_len error path. Every
- * case also checks, with no device, that its kernels compile for sm_90. */
+ * case also checks, with no device, that its kernels compile for sm_90a (what an H100 runs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

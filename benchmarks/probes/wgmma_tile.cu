@@ -8,8 +8,13 @@
 //    [n][k], the K tile of S = Q K^T) or MN-major with the transpose bit (B stored as [k][n], the
 //    V tile of O = P V). Every assignment of the two core-matrix strides to the descriptor's
 //    leading and stride byte offsets is tried and checked against the CPU.
-//    A from shared memory as well (K-major) is checked with the B layouts that work.
-// 2. Rates. One warpgroup a block, 2 blocks an SM, each multiplying a 64 x 64 register tile by a
+//    A from shared memory as well (K-major) is checked with the B layouts that work, and so is
+//    the 128-byte swizzle (rows of 128 bytes, chunk c of row r at c ^ (r % 8)) that the
+//    attention kernels use, K-major and MN-major.
+// 2. Rates. Products with both operands through descriptors and products with B MN-major, each
+//    group of 4 waited for, unswizzled against swizzled (the same rate, about 950 TFLOP/s: the
+//    swizzle pays in the copies into shared memory, not in the products). One warpgroup a block,
+//    2 blocks an SM, each multiplying a 64 x 64 register tile by a
 //    64 x 64 shared tile 4096 times: wgmma (m64n64k16, B read by the tensor cores) against
 //    mma.sync m16n8k16 with each warp reading B with ldmatrix (attention_pipe.cuh's way).
 // Not part of the CMake build (wgmma needs sm_90a):
@@ -33,9 +38,18 @@
     }                                                                                          \
   } while (0)
 
-__device__ __forceinline__ uint64_t desc_of(const void *smem, unsigned lbo, unsigned sbo) {
+// swz: the 128-byte swizzle (layout type 1 in bits 62-63), else none.
+__device__ __forceinline__ uint64_t desc_of(const void *smem, unsigned lbo, unsigned sbo,
+                                            bool swz = false) {
   const uint64_t a = (unsigned)__cvta_generic_to_shared(smem);
-  return ((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+  return ((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+         ((uint64_t)(swz ? 1 : 0) << 62);
+}
+
+// Element (outer o, inner i) of a 64 x 64 tile in the 128-byte swizzle: rows of 128 bytes (the 64
+// inner values), the 16-byte chunk c of row o at chunk c ^ (o % 8); the tile 1024-byte aligned.
+__device__ __forceinline__ int swz_offset(int o, int i) {
+  return o * 128 + (((i / 8) ^ (o % 8)) * 16) + (i % 8) * 2;
 }
 
 // The 32 accumulator operands of an m64n64 f32 product: the operand list and its constraints.
@@ -99,22 +113,26 @@ __device__ __forceinline__ int core_offset(int o, int i, int outer_step, int inn
 // C = A B. TRANS_B 0: B given as Bt[n][k] and stored K-major (outer n, inner k); 1: B given as
 // B[k][n] and stored MN-major (outer k, inner n). The cores advance by `along` bytes in the
 // inner dimension and `across` in the outer one; the descriptor gets lbo and sbo.
-template <int TRANS_B, bool A_SMEM>
+// SWZ: A and B in the 128-byte swizzle instead (swz_offset; along and across unused), A's k-step
+// 32 bytes into its rows.
+template <int TRANS_B, bool A_SMEM, bool SWZ = false>
 __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *C, int along,
                         int across, unsigned lbo, unsigned sbo, int kstep_bytes) {
   // A_SMEM: A in the K-major core layout too (cores 128 bytes apart along k, 1024 along m).
-  __shared__ __align__(128) unsigned char sa[64 * 64 * 2];
+  __shared__ __align__(1024) unsigned char sa[64 * 64 * 2];
   if (A_SMEM)
     for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x)
-      *reinterpret_cast<__nv_bfloat16 *>(sa + core_offset(e / 64, e % 64, 1024, 128)) = A[e];
+      *reinterpret_cast<__nv_bfloat16 *>(
+          sa + (SWZ ? swz_offset(e / 64, e % 64) : core_offset(e / 64, e % 64, 1024, 128))) = A[e];
   // Room past the tile, so that a wrong descriptor reads zeros instead of faulting.
-  __shared__ __align__(128) unsigned char sb[3 * 64 * 64 * 2];
+  __shared__ __align__(1024) unsigned char sb[3 * 64 * 64 * 2];
   for (int e = threadIdx.x; e < 3 * 64 * 64 * 2 / 4; e += blockDim.x)
     reinterpret_cast<unsigned *>(sb)[e] = 0u;
   __syncthreads();
   for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
     const int o = e / 64, i = e % 64;
-    *reinterpret_cast<__nv_bfloat16 *>(sb + core_offset(o, i, across, along)) = Bg[e];
+    *reinterpret_cast<__nv_bfloat16 *>(sb + (SWZ ? swz_offset(o, i)
+                                                 : core_offset(o, i, across, along))) = Bg[e];
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -124,12 +142,13 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
   wg_fence();
   for (int kk = 0; kk < 4; kk++) {
     if (A_SMEM) {
-      wgmma_ss<TRANS_B>(d, desc_of(sa + kk * 256, 128, 1024),
-                        desc_of(sb + kk * kstep_bytes, lbo, sbo));
+      wgmma_ss<TRANS_B>(d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true)
+                               : desc_of(sa + kk * 256, 128, 1024),
+                        desc_of(sb + kk * kstep_bytes, lbo, sbo, SWZ));
     } else {
       unsigned a[4];
       a_frag(a, A, kk);
-      wgmma_rs<TRANS_B>(d, a, desc_of(sb + kk * kstep_bytes, lbo, sbo));
+      wgmma_rs<TRANS_B>(d, a, desc_of(sb + kk * kstep_bytes, lbo, sbo, SWZ));
     }
   }
   wg_commit();
@@ -144,7 +163,7 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
 static float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // Runs one layout candidate; returns the largest error against the CPU.
-template <int TRANS_B, bool A_SMEM = false>
+template <int TRANS_B, bool A_SMEM = false, bool SWZ = false>
 static double try_layout(const std::vector<float> &a, const std::vector<float> &b, int along,
                          int across, unsigned lbo, unsigned sbo, int kstep) {
   std::vector<__nv_bfloat16> ha(4096), hb(4096);
@@ -162,7 +181,7 @@ static double try_layout(const std::vector<float> &a, const std::vector<float> &
   CK(cudaMemcpy(da, ha.data(), 8192, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(db, hb.data(), 8192, cudaMemcpyHostToDevice));
   CK(cudaMemset(dc, 0, 16384));
-  product<TRANS_B, A_SMEM><<<1, 128>>>(da, db, dc, along, across, lbo, sbo, kstep);
+  product<TRANS_B, A_SMEM, SWZ><<<1, 128>>>(da, db, dc, along, across, lbo, sbo, kstep);
   CK(cudaDeviceSynchronize());
   std::vector<float> c(4096);
   CK(cudaMemcpy(c.data(), dc, 16384, cudaMemcpyDeviceToHost));
@@ -231,6 +250,65 @@ template <bool WGMMA> __global__ void __launch_bounds__(128) rate(float *out, in
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 
+// A warpgroup's S = Q K^T, both operands through descriptors (the attention kernels' way), 4
+// products (one k-step each) a group, each group waited for: no swizzle (the core layout) or the
+// 128-byte swizzle. TRANS: B MN-major (O = P V's V), A then in registers.
+template <bool SWZ, bool TRANS>
+__global__ void __launch_bounds__(128) rate_ss(float *out, int iters) {
+  __shared__ __align__(1024) unsigned char sa[64 * 64 * 2], sb[64 * 64 * 2];
+  for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
+    reinterpret_cast<__nv_bfloat16 *>(sa)[e] = __float2bfloat16((e % 5) * 0.01f);
+    reinterpret_cast<__nv_bfloat16 *>(sb)[e] = __float2bfloat16((e % 7) * 0.01f);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  unsigned a[4][4];
+  for (int k = 0; k < 4; k++)
+    for (int j = 0; j < 4; j++)
+      a[k][j] = 0x3c003c00u + threadIdx.x + j;
+  float d[32];
+  for (int i = 0; i < 32; i++)
+    d[i] = 0.0f;
+  for (int it = 0; it < iters; it++) {
+    wg_fence();
+    for (int kk = 0; kk < 4; kk++) {
+      if constexpr (TRANS)
+        wgmma_rs<1>(d, a[kk], SWZ ? desc_of(sb + kk * 2048, 16, 1024, true)
+                                  : desc_of(sb + kk * 2048, 1024, 128));
+      else
+        wgmma_ss<0>(d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true) : desc_of(sa + kk * 256, 128, 1024),
+                    SWZ ? desc_of(sb + kk * 32, 16, 1024, true) : desc_of(sb + kk * 256, 128, 1024));
+    }
+    wg_commit();
+    wg_wait0();
+  }
+  float s = 0;
+  for (int i = 0; i < 32; i++)
+    s += d[i];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+template <class K> static double time_rate(K kernel, int blocks, int iters) {
+  float *out;
+  CK(cudaMalloc(&out, (size_t)blocks * 128 * 4));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  kernel<<<blocks, 128>>>(out, 16);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms(5);
+  for (auto &m : ms) {
+    CK(cudaEventRecord(e0));
+    kernel<<<blocks, 128>>>(out, iters);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&m, e0, e1));
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaFree(out);
+  return 2.0 * 64 * 64 * 64 * (double)iters * blocks / (ms[2] * 1e9);
+}
+
 template <bool WGMMA> static double tflops(int sms) {
   const int blocks = 2 * sms, iters = 4096;
   float *out;
@@ -289,6 +367,32 @@ int main() {
          ss_k, ss_k < 1e-3 ? "OK" : "wrong");
   printf("WGMMA-LAYOUT A in shared memory, B MN-major (trans b): max error %g %s\n", ss_mn,
          ss_mn < 1e-3 ? "OK" : "wrong");
+  // The 128-byte swizzle: K-major operands step 32 bytes into the rows a k-step (the leading
+  // offset unused, the stride 1024 between groups of 8 rows); MN-major B steps 16 rows (2048
+  // bytes) a k-step, its offsets tried.
+  const double sw_k = try_layout<0, false, true>(a, b, 0, 0, 16, 1024, 32),
+               sw_ss = try_layout<0, true, true>(a, b, 0, 0, 16, 1024, 32);
+  printf("WGMMA-LAYOUT swizzle-128 B K-major (A registers): max error %g %s\n", sw_k,
+         sw_k < 1e-3 ? "OK" : "wrong");
+  printf("WGMMA-LAYOUT swizzle-128 A and B K-major: max error %g %s\n", sw_ss,
+         sw_ss < 1e-3 ? "OK" : "wrong");
+  const unsigned offs[] = {16, 128, 1024, 2048, 8192};
+  for (unsigned lbo : offs)
+    for (unsigned sbo : offs) {
+      const double e = try_layout<1, false, true>(a, b, 0, 0, lbo, sbo, 2048),
+                   e2 = try_layout<1, true, true>(a, b, 0, 0, lbo, sbo, 2048);
+      printf("WGMMA-LAYOUT swizzle-128 B MN-major (trans b): lbo %4u sbo %4u: max error %g %s, "
+             "with A in shared memory %g %s\n",
+             lbo, sbo, e, e < 1e-3 ? "OK" : "wrong", e2, e2 < 1e-3 ? "OK" : "wrong");
+    }
+  for (int bps = 2; bps <= 3; bps++) {
+    printf("WGMMA-RATE %d blocks an SM, groups of 4 waited: SS no swizzle %.1f, SS swizzle-128 "
+           "%.1f, RS MN-major B no swizzle %.1f, swizzle-128 %.1f TFLOP/s\n",
+           bps, time_rate(rate_ss<false, false>, bps * sms, 4096),
+           time_rate(rate_ss<true, false>, bps * sms, 4096),
+           time_rate(rate_ss<false, true>, bps * sms, 4096),
+           time_rate(rate_ss<true, true>, bps * sms, 4096));
+  }
   const double w = tflops<true>(sms), m = tflops<false>(sms);
   printf("WGMMA-RATE wgmma m64n64k16 (B by descriptor): %.1f TFLOP/s\n", w);
   printf("WGMMA-RATE mma.sync m16n8k16 (B by ldmatrix, each warp): %.1f TFLOP/s\n", m);

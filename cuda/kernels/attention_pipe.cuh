@@ -218,6 +218,45 @@ __device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, in
       if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = 0.0f;
 }
 
+// The statistics of query rows r0 .. r0 + BC - 1 of one head (sb: mn_attn_head) into st[NST][BC]:
+// m, inv_l and, when NST is 3, delta; zeros past T. cp.async: the caller commits and waits.
+template <long long T, int BC, int NTH, int NST, class IO>
+__device__ __forceinline__ void mn_pipe_load_stats(float *st, const IO &io, long long sb, int r0) {
+  const float *sm = mn_in<4>(io), *sil = mn_in<5>(io), *sdelta = mn_in<6>(io);
+  if constexpr (T % 4 == 0) {
+    // Rows of statistics start 16-byte aligned: 16 bytes a copy, the part past T zeros.
+    static_assert(NST * BC / 4 <= NTH, "one copy a thread");
+    const int x = threadIdx.x;
+    if (x < NST * BC / 4) {
+      const int which = x / (BC / 4), j = (x - which * (BC / 4)) * 4;
+      const int bytes = T % BC == 0 ? 16 : 4 * max(0, min(4, (int)T - (r0 + j)));
+      const long long at = sb + (bytes ? r0 + j : 0);
+      const float *stat = which == 0 ? sm : which == 1 ? sil : sdelta;
+      mn_cp_async16_part(st + which * BC + j, stat + at, bytes);
+    }
+  } else {
+    for (int x = threadIdx.x; x < NST * BC; x += NTH) {
+      const int which = x / BC, j = x - which * BC;
+      const bool ok = r0 + j < T;
+      const long long at = sb + (ok ? r0 + j : 0);
+      mn_cp_async4(st + x, (which == 0 ? sm : which == 1 ? sil : sdelta) + at, ok);
+    }
+  }
+}
+
+// The wgmma kernels of attention_wgmma.cuh and attention_wgmma_bwd.cuh, which the kernels here
+// hand their block to where the launch fits (defined there).
+template <int LP, int HD, int WARPS, class... PS> __device__ constexpr bool mn_attn_wg_fits();
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
+          int RW, int QKV, class IO>
+__device__ void mn_attn_wg_fwd(const IO &io);
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
+          class IO>
+__device__ void mn_attn_wg_dq(const IO &io);
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
+          int WARPS, int QKV, class IO>
+__device__ void mn_attn_wg_dkv(const IO &io);
+
 // Forward over one (query block, head, batch): grid (ceil(T / BR), H, B), 32 * WARPS threads,
 // each warp RW blocks of 16 rows (BR = 16 * RW * WARPS), which share every K and V fragment it
 // reads. MODE MN_ATTN_OUTPUT (io = q, k, v, out) or MN_ATTN_OUTPUT_STATS (also m and inv_l, as
@@ -225,6 +264,11 @@ __device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, in
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
           int RW, int QKV, class IO>
 __device__ void mn_attn_pipe_fwd(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io))>()) {
+    mn_attn_wg_fwd<LP, HD, T, S, H, KVH, MASK, MODE, WARPS, RW, QKV>(io);
+    return;
+  }
   constexpr int BR = 16 * RW * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
@@ -340,6 +384,11 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
           class IO>
 __device__ void mn_attn_pipe_dq(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>()) {
+    mn_attn_wg_dq<LP, HD, T, S, H, KVH, MASK, WARPS, QKV>(io);
+    return;
+  }
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
@@ -420,6 +469,11 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
           int WARPS, int QKV, class IO>
 __device__ void mn_attn_pipe_dkv(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>()) {
+    mn_attn_wg_dkv<LP, HD, T, S, H, KVH, MASK, OUT, PACKED, WARPS, QKV>(io);
+    return;
+  }
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16, G = H / KVH;
   constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
@@ -442,7 +496,6 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
   const int r_start = MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0;
   const int per_head = ((int)T - r_start + BC - 1) / BC, tiles = G * per_head;
-  const float *sm = mn_in<4>(io), *sil = mn_in<5>(io), *sdelta = mn_in<6>(io);
   // The tile loaded next: query head kt.kvh * G + lh, rows r_start + lt * BC onwards.
   int lh = 0, lt = 0;
   auto load_q = [&](int stage) {
@@ -453,27 +506,8 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
     mn_pipe_load<LP, HD, BC, NTH, T>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0);
     mn_pipe_load<LP, HD, BC, NTH, T>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0);
-    float *st = reinterpret_cast<float *>(qs + 2 * BC * LD);
-    constexpr int NST = WANT_K ? 3 : 2;
-    if constexpr (T % 4 == 0) {
-      // Rows of statistics start 16-byte aligned: 16 bytes a copy, the part past T zeros.
-      const int x = threadIdx.x;
-      if (x < NST * BC / 4) {
-        const int which = x / (BC / 4), j = (x - which * (BC / 4)) * 4;
-        const int bytes = T % BC == 0 ? 16 : 4 * max(0, min(4, (int)T - (r0 + j)));
-        const long long at = qh.sb + (bytes ? r0 + j : 0);
-        const float *stat = which == 0 ? sm : which == 1 ? sil : sdelta;
-        mn_cp_async16_part(st + which * BC + j, stat + at, bytes);
-      }
-      static_assert(NST * BC / 4 <= NTH, "one copy a thread");
-    } else {
-      for (int x = threadIdx.x; x < NST * BC; x += NTH) {
-        const int which = x / BC, j = x - which * BC;
-        const bool ok = r0 + j < T;
-        const long long at = qh.sb + (ok ? r0 + j : 0);
-        mn_cp_async4(st + x, (which == 0 ? sm : which == 1 ? sil : sdelta) + at, ok);
-      }
-    }
+    mn_pipe_load_stats<T, BC, NTH, WANT_K ? 3 : 2>(reinterpret_cast<float *>(qs + 2 * BC * LD), io,
+                                                   qh.sb, r0);
   };
 
   const long long kvoff = kt.b * S * KS + kt.kvh * HD;

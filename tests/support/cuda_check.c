@@ -46,7 +46,7 @@ void mn_test_assert_compiles_precision(const mn_graph *g, bool training, mn_prec
 #ifdef MN_WITH_CUDA
   mn_plan *plan = stored_plan(g, training, precision);
   mn_cu_binary bin;
-  mn_status st = mn_cuda_compile_plan(plan, "sm_90", false, training, "", &bin);
+  mn_status st = mn_cuda_compile_plan(plan, "sm_90a", false, training, "", &bin);
   mn_plan_free(plan);
   cr_assert_eq(st, MN_OK, "%s kernels do not compile: %s", mn_test_precision_name(precision),
                mn_last_error());
