@@ -349,22 +349,34 @@ __device__ __forceinline__ void mn_attn_store_stats(const IO &io, long long i, f
 // delta = dy . y for every (batch, query, head) row of T * H per batch, stored at (b * H + h) *
 // T + t as the pre-pass stores its delta: the _saved gradients' shift of the softmax gradient
 // (sum_s P_s dP_s = dy . sum_s P_s v_s), read from the forward's stored output instead of a
-// second pass over the scores. One warp per row, its lanes over the head dim (coalesced);
-// grid ceil(ROWS / 4). io = y, dy, delta.
-template <int HD, long long T, int H, long long ROWS, class IO>
+// second pass over the scores. RPW rows a warp: with RPW > 1 (HD a multiple of 8, 32 / RPW = HD
+// / 8 lanes a row) each lane reads 8 consecutive values of y and of dy at once; with RPW 1 the
+// warp's lanes step over the head dim. Grid ceil(ROWS / (4 RPW)). io = y, dy, delta.
+template <int HD, long long T, int H, long long ROWS, int RPW, class IO>
 __device__ void mn_attn_delta(const IO &io) {
-  const long long row = (long long)blockIdx.x * (MN_ATTN_BLOCK / 32) + (threadIdx.x >> 5);
-  if (row >= ROWS) return;
-  const int lane = threadIdx.x & 31;
-  const auto y = mn_in<0>(io) + row * HD;
-  const auto dy = mn_in<1>(io) + row * HD;
+  constexpr int LPR = 32 / RPW; // lanes a row
+  static_assert(RPW == 1 || LPR * 8 == HD, "8 values a lane");
+  const int lane = threadIdx.x & 31, sub = lane % LPR;
+  const long long row =
+      ((long long)blockIdx.x * (MN_ATTN_BLOCK / 32) + (threadIdx.x >> 5)) * RPW + lane / LPR;
   float s = 0.0f;
-  for (int d = lane; d < HD; d += 32)
-    s = fmaf((float)dy[d], (float)y[d], s);
+  if (row < ROWS) {
+    const auto y = mn_in<0>(io) + row * HD;
+    const auto dy = mn_in<1>(io) + row * HD;
+    if constexpr (RPW > 1) {
+      const float4 y0 = mn_ld4(y, 2 * sub), y1 = mn_ld4(y, 2 * sub + 1);
+      const float4 d0 = mn_ld4(dy, 2 * sub), d1 = mn_ld4(dy, 2 * sub + 1);
+      s = y0.x * d0.x + y0.y * d0.y + y0.z * d0.z + y0.w * d0.w + y1.x * d1.x + y1.y * d1.y +
+          y1.z * d1.z + y1.w * d1.w;
+    } else {
+      for (int d = lane; d < HD; d += 32)
+        s = fmaf((float)dy[d], (float)y[d], s);
+    }
+  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
+  for (int o = LPR / 2; o > 0; o >>= 1)
     s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) {
+  if (sub == 0 && row < ROWS) {
     const long long b = row / (T * H), t = row / H % T, h = row % H;
     mn_out<2>(io)[(b * H + h) * T + t] = s;
   }
