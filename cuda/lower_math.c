@@ -38,12 +38,15 @@ static bool wants_pad(int64_t cols, double flops) {
   return cols % 4 != 0 && flops >= PAD_MIN_FLOPS;
 }
 
-/* Rows of `cols` floats from src into rows of `pitch` floats at dst, zeros after. */
+/* Rows of `cols` floats from src into rows of `pitch` floats at dst, zeros after: 4 values an
+ * access where both widths allow it (the head's table of 768-wide rows). */
 static mn_status copy_rows(const mn_cu_op_ctx *c, const pad_plan *p, mn_cu_arg src, mn_cu_arg dst) {
-  int k = mn_cu_kernel(c, COPY_BLOCK, "mn_slice_last_bwd<1, %lldLL, %lldLL, %lldLL, 0LL>",
-                       (long long)p->rows, (long long)p->pitch, (long long)p->cols);
+  int64_t vec = p->pitch % 4 == 0 && p->cols % 4 == 0 ? 4 : 1;
+  int k =
+      mn_cu_kernel(c, COPY_BLOCK, "mn_slice_last_bwd<%d, %lldLL, %lldLL, %lldLL, 0LL>", (int)vec,
+                   (long long)p->rows, (long long)(p->pitch / vec), (long long)(p->cols / vec));
   if (k < 0) return mn_cu_oom(c);
-  unsigned blocks = mn_cu_blocks(p->rows * p->pitch, COPY_BLOCK);
+  unsigned blocks = mn_cu_blocks(p->rows * p->pitch / vec, COPY_BLOCK);
   if (blocks > COPY_MAX_BLOCKS) blocks = COPY_MAX_BLOCKS;
   mn_cu_arg args[2] = {src, dst};
   return mn_cu_launch(c, k, blocks, 1, 1, 0, 2, args);
