@@ -218,6 +218,43 @@ __device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, in
       if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = 0.0f;
 }
 
+// One key tile of the online softmax over a warp's 16 rows (g and g + 8 of each C tile): s, the
+// tile's scores, becomes P = exp2(s * scale2 - m) with m, the rows' running maximum in base 2,
+// moved to include the tile; l, the rows' sums of P (each lane its own columns), and acc, the
+// output accumulator, are rescaled to the new maximum and l takes the tile's P.
+template <int N>
+__device__ __forceinline__ void mn_pipe_softmax_tile(float (&s)[8][4], float (&acc)[N][4],
+                                                     float (&m)[2], float (&l)[2], float scale2) {
+  float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+  float m_sub[2], alpha[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const float m_new = fmaxf(m[i], mn_quad_max(mx[i]) * scale2);
+    // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
+    m_sub[i] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
+    alpha[i] = mn_pipe_ex2(m[i] - m_sub[i]);
+    m[i] = m_new;
+    l[i] *= alpha[i];
+  }
+#pragma unroll
+  for (int n = 0; n < 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -m_sub[e >> 1]));
+      l[e >> 1] += s[n][e];
+    }
+#pragma unroll
+  for (int n = 0; n < N; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      acc[n][e] *= alpha[e >> 1];
+}
+
 // The statistics of query rows r0 .. r0 + BC - 1 of one head (sb: mn_attn_head) into st[NST][BC]:
 // m, inv_l and, when NST is 3, delta; zeros past T. cp.async: the caller commits and waits.
 template <long long T, int BC, int NTH, int NST, class IO>
@@ -327,36 +364,8 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
                 s[r][n][e] = mn_attn_neg_inf();
       }
 #pragma unroll
-      for (int r = 0; r < RW; r++) {
-        float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++)
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[r][n][e]);
-        float m_sub[2], alpha[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const float m_new = fmaxf(m[r][i], mn_quad_max(mx[i]) * scale2);
-          // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
-          m_sub[i] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
-          alpha[i] = mn_pipe_ex2(m[r][i] - m_sub[i]);
-          m[r][i] = m_new;
-          l[r][i] *= alpha[i];
-        }
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            s[r][n][e] = mn_pipe_ex2(fmaf(s[r][n][e], scale2, -m_sub[e >> 1]));
-            l[r][e >> 1] += s[r][n][e];
-          }
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++)
-            acc[r][n][e] *= alpha[e >> 1];
-      }
+      for (int r = 0; r < RW; r++)
+        mn_pipe_softmax_tile(s[r], acc[r], m[r], l[r], scale2);
       mn_pipe_pb_rows<LP, HD, LD, RW>(acc, s, ks + BC * LD, lane);
     }
     __syncthreads();

@@ -72,6 +72,15 @@ template <int N> __device__ __forceinline__ void mn_wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Waits for this thread's copies of the tile the loop reads now (all but the last committed
+// group) and makes every thread's visible to the block and to the tensor cores: the copies
+// wrote through the generic proxy, wgmma reads through the async one.
+__device__ __forceinline__ void mn_wg_tile_ready() {
+  mn_cp_wait<1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+}
+
 // Orders every later use of the accumulator d after the preceding wait (and every earlier write
 // before the products that follow): the compiler sees d rewritten here.
 __device__ __forceinline__ void mn_wg_pin(float (&d)[32]) {
@@ -231,11 +240,7 @@ __device__ void mn_attn_wg_fwd(const IO &io) {
   for (int j = 0; j < tiles; j++) {
     if (j + 1 < tiles) load_kv(j + 1);
     mn_cp_commit();
-    mn_cp_wait<1>();
-    // The tile was written through the generic proxy; the tensor cores read it through the
-    // async one.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    mn_wg_tile_ready();
     const int c0 = j * BC;
     const unsigned char *ks = kv + (j & 1) * 2 * TILE, *vs = ks + TILE;
     // Every row block multiplies every tile (a block wholly before the tile masks it all).
@@ -261,27 +266,7 @@ __device__ void mn_attn_wg_fwd(const IO &io) {
                                   (int)S))
             s[r][i] = mn_attn_neg_inf();
       }
-      float mx[2] = {mn_attn_neg_inf(), mn_attn_neg_inf()};
-#pragma unroll
-      for (int i = 0; i < 32; i++)
-        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[r][i]);
-      float m_sub[2], alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const float m_new = fmaxf(m[r][h], mn_quad_max(mx[h]) * scale2);
-        // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
-        m_sub[h] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
-        alpha[h] = mn_pipe_ex2(m[r][h] - m_sub[h]);
-        m[r][h] = m_new;
-        l[r][h] *= alpha[h];
-      }
-#pragma unroll
-      for (int i = 0; i < 32; i++) {
-        const int h = (i >> 1) & 1;
-        s[r][i] = mn_pipe_ex2(fmaf(s[r][i], scale2, -m_sub[h]));
-        l[r][h] += s[r][i];
-        o[r][i] *= alpha[h];
-      }
+      mn_pipe_softmax_tile(mn_wg_tiles(s[r]), mn_wg_tiles(o[r]), m[r], l[r], scale2);
       mn_wg_pack<LP>(pa[r], s[r]);
       mn_wg_fence();
       mn_wg_pb<LP, HD>(o[r], pa[r], vs);

@@ -47,9 +47,7 @@ __device__ void mn_attn_wg_dq(const IO &io) {
   for (int j = 0; j < tiles; j++) {
     if (j + 1 < tiles) load_kv(j + 1);
     mn_cp_commit();
-    mn_cp_wait<1>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    mn_wg_tile_ready();
     const int c0 = j * BC;
     const unsigned char *ks = kv + (j & 1) * 2 * TILE, *vs = ks + TILE;
     float s[32], dp[32];
@@ -140,9 +138,7 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
   for (int i = 0; i < tiles; i++) {
     if (i + 1 < tiles) load_q((i + 1) & 1);
     mn_cp_commit();
-    mn_cp_wait<1>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    mn_wg_tile_ready();
     const int r0 = r_start + ct * BC;
     if (++ct == per_head) ct = 0;
     const unsigned char *qs = stages + (i & 1) * STAGE, *dys = qs + TILE;
