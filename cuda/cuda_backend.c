@@ -94,10 +94,10 @@ static mn_status compile_and_load(cuda_state *st) {
   if (rc != MN_OK) return rc;
   /* Programmatic dependent launch needs sm_90; below it kernels launch plainly. */
   if (major < 9) st->overlap = false;
-  /* sm_90 devices compile for sm_90a, whose warpgroup products (wgmma) the attention forward
-   * uses (kernels/attention_wgmma.cuh); such a cubin runs on compute capability 9.0 only, which is
-   * the device it is built for. MN_CUDA_WGMMA=0 compiles for plain sm_90 (the mma.sync kernels),
-   * for comparisons on one machine. */
+  /* sm_90 devices compile for sm_90a, whose warpgroup products (wgmma) the attention kernels
+   * use (kernels/attention_wgmma.cuh, attention_wgmma_bwd.cuh); such a cubin runs on compute
+   * capability 9.0 only, which is the device it is built for. MN_CUDA_WGMMA=0 compiles for plain
+   * sm_90 (the mma.sync kernels), for comparisons on one machine. */
   const char *wgmma = getenv("MN_CUDA_WGMMA");
   const bool arch_a = major == 9 && minor == 0 && !(wgmma && strcmp(wgmma, "0") == 0);
   char arch[32];

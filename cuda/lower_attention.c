@@ -327,10 +327,10 @@ static mn_status launch_dk_dv(const mn_cu_op_ctx *c, const attn_dims *d, const a
 static mn_status launch_delta(const mn_cu_op_ctx *c, const attn_dims *d, mn_cu_arg y, mn_cu_arg dy,
                               mn_cu_arg delta) {
   long long rows = (long long)(d->batches * d->t_len) * d->heads;
-  /* Head dims of 8 .. 256 that are multiples of 8 (32 / (head_dim / 8) a whole number) give each
+  /* Head dims 8, 16, 32, 64 and 128 (32 / (head_dim / 8) rows a warp, more than one) give each
    * lane 8 values of a row (kernels/attention.cuh, mn_attn_delta); others a warp a row. */
   int hd = d->head_dim;
-  int rpw = hd % 8 == 0 && hd <= 256 && 32 % (hd / 8) == 0 ? 32 / (hd / 8) : 1;
+  int rpw = hd % 8 == 0 && hd <= 128 && 32 % (hd / 8) == 0 ? 32 / (hd / 8) : 1;
   long long per_block = (long long)(MN_ATTN_BLOCK / 32) * rpw;
   long long blocks = (rows + per_block - 1) / per_block;
   if (blocks > 0x7fffffffLL) return unsupported(c, "too many attention rows for one grid", rows);

@@ -210,9 +210,11 @@ __device__ void mn_attn_wg_fwd(const IO &io) {
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
   static_assert(WARPS == 4 && HD == 64, "one warpgroup, head dim 64");
-  extern __shared__ __align__(128) float mn_attn_smem[];
-  unsigned char *qc = reinterpret_cast<unsigned char *>(mn_attn_smem); // RW tiles
-  unsigned char *kv = qc + BR * LD * 2;                                // per stage: K, V
+  static_assert((BR * LD * 2) % 1024 == 0 && RW * TILE <= BR * LD * 2,
+                "Q where the padded rows were; K and V 1024-byte aligned");
+  extern __shared__ __align__(16) float mn_attn_smem[];
+  unsigned char *qc = mn_wg_smem(mn_attn_smem); // RW tiles
+  unsigned char *kv = qc + BR * LD * 2;         // per stage: K, V
 
   const auto qt = mn_attn_qtile_of<BR, HD, T, S, H, KVH, MASK, QS, KS>(io);
   const int q0 = (int)qt.q0;

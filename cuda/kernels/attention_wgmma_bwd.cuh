@@ -96,6 +96,7 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
   constexpr long long OS = QKV ? QS : (PACKED ? 2 : 1) * KVH * HD;
+  static_assert(!QKV || PACKED, "a QKV launch writes dK and dV side by side");
   // A stage: q, dy, then m, inv_l, delta [3][BC] (floats) in 1 KB, so that tiles stay aligned.
   constexpr int STAGE = 2 * TILE + 1024;
   static_assert(WARPS == 4 && HD == 64 && 3 * BC * 4 <= 1024, "one warpgroup, head dim 64");
