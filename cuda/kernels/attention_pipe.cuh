@@ -281,8 +281,8 @@ __device__ __forceinline__ void mn_pipe_load_stats(float *st, const IO &io, long
   }
 }
 
-// The wgmma kernels of attention_wgmma.cuh and attention_wgmma_bwd.cuh, which the kernels here
-// hand their block to where the launch fits (defined there).
+// The wgmma kernels of attention_wgmma.cuh and attention_wgmma_bwd.cuh, which take a launch's
+// blocks where it fits (defined there; the dispatch is at the end of this file).
 template <int LP, int HD, int WARPS, class... PS> __device__ constexpr bool mn_attn_wg_fits();
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
           int RW, int QKV, class IO>
@@ -300,12 +300,7 @@ __device__ void mn_attn_wg_dkv(const IO &io);
 // the mma forward writes them). MASK: MN_ATTN_MASK_NONE or MN_ATTN_MASK_CAUSAL.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
           int RW, int QKV, class IO>
-__device__ void mn_attn_pipe_fwd(const IO &io) {
-  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
-                                decltype(mn_in<2>(io))>()) {
-    mn_attn_wg_fwd<LP, HD, T, S, H, KVH, MASK, MODE, WARPS, RW, QKV>(io);
-    return;
-  }
+__device__ void mn_attn_pipe_fwd_mma(const IO &io) {
   constexpr int BR = 16 * RW * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
@@ -392,12 +387,7 @@ __device__ void mn_attn_pipe_fwd(const IO &io) {
 // k, v, dy, m, inv_l, delta, dq. dS = P (dy . v - delta), dq = scale * sum dS k.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
           class IO>
-__device__ void mn_attn_pipe_dq(const IO &io) {
-  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
-                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>()) {
-    mn_attn_wg_dq<LP, HD, T, S, H, KVH, MASK, WARPS, QKV>(io);
-    return;
-  }
+__device__ void mn_attn_pipe_dq_mma(const IO &io) {
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
                       KS = mn_attn_kv_stride<QKV, HD, H, KVH>();
@@ -477,12 +467,7 @@ __device__ void mn_attn_pipe_dq(const IO &io) {
 // of q, dy and their statistics, so every element is summed by one thread in a fixed order.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
           int WARPS, int QKV, class IO>
-__device__ void mn_attn_pipe_dkv(const IO &io) {
-  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
-                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>()) {
-    mn_attn_wg_dkv<LP, HD, T, S, H, KVH, MASK, OUT, PACKED, WARPS, QKV>(io);
-    return;
-  }
+__device__ void mn_attn_pipe_dkv_mma(const IO &io) {
   constexpr int BR = 16 * WARPS, BC = 64, LD = HD + 8, NTH = 32 * WARPS, KD = HD / 16, G = H / KVH;
   constexpr bool WANT_K = OUT != MN_ATTN_DV, WANT_V = OUT != MN_ATTN_DK;
   constexpr long long QS = mn_attn_q_stride<QKV, HD, H, KVH>(),
@@ -586,4 +571,34 @@ __device__ void mn_attn_pipe_dkv(const IO &io) {
   if constexpr (WANT_K) mn_mma_store<HD>(out, OS, cw, S, dk, scale, scale, g, t);
   if constexpr (WANT_V)
     mn_mma_store<HD>(out + (PACKED ? KVH * HD : 0), OS, cw, S, dv, 1.0f, 1.0f, g, t);
+}
+
+// The kernels the lowering launches: the wgmma version where the launch fits, else the mma.sync
+// one; the other is not instantiated, so NVRTC compiles one body a launch.
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
+          int RW, int QKV, class IO>
+__device__ void mn_attn_pipe_fwd(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io))>())
+    mn_attn_wg_fwd<LP, HD, T, S, H, KVH, MASK, MODE, WARPS, RW, QKV>(io);
+  else
+    mn_attn_pipe_fwd_mma<LP, HD, T, S, H, KVH, MASK, MODE, WARPS, RW, QKV>(io);
+}
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
+          class IO>
+__device__ void mn_attn_pipe_dq(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>())
+    mn_attn_wg_dq<LP, HD, T, S, H, KVH, MASK, WARPS, QKV>(io);
+  else
+    mn_attn_pipe_dq_mma<LP, HD, T, S, H, KVH, MASK, WARPS, QKV>(io);
+}
+template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
+          int WARPS, int QKV, class IO>
+__device__ void mn_attn_pipe_dkv(const IO &io) {
+  if constexpr (mn_attn_wg_fits<LP, HD, WARPS, decltype(mn_in<0>(io)), decltype(mn_in<1>(io)),
+                                decltype(mn_in<2>(io)), decltype(mn_in<3>(io))>())
+    mn_attn_wg_dkv<LP, HD, T, S, H, KVH, MASK, OUT, PACKED, WARPS, QKV>(io);
+  else
+    mn_attn_pipe_dkv_mma<LP, HD, T, S, H, KVH, MASK, OUT, PACKED, WARPS, QKV>(io);
 }

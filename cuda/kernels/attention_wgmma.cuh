@@ -199,8 +199,8 @@ template <int LP, int HD, int WARPS, class... PS> __device__ constexpr bool mn_a
   return MN_ATTN_WGMMA && HD == 64 && WARPS == 4 && (mn_attn_lp_same<LP, PS>::value && ...);
 }
 
-// The forward (see mn_attn_pipe_fwd). Row block r of the block (RW of them, 64 rows each) is one
-// m64 product. The products of every row block are issued at once, each its own group, so the
+// The forward (see mn_attn_pipe_fwd_mma). Row block r of the block (RW of them, 64 rows each) is
+// one m64 product. The products of every row block are issued at once, each its own group, so the
 // softmax of block r runs while the tensor cores multiply the later blocks.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int MODE, int WARPS,
           int RW, int QKV, class IO>

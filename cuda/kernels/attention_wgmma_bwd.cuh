@@ -8,7 +8,7 @@
 // order, so P here can differ from the forward's in the last bits of fp32, as between the mma
 // and the wgmma kernels.
 
-// dQ (see mn_attn_pipe_dq): the block's q and dy tiles, then two stages of K and V.
+// dQ (see mn_attn_pipe_dq_mma): the block's q and dy tiles, then two stages of K and V.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int WARPS, int QKV,
           class IO>
 __device__ void mn_attn_wg_dq(const IO &io) {
@@ -85,7 +85,7 @@ __device__ void mn_attn_wg_dq(const IO &io) {
   mn_mma_store<HD>(mn_out<7>(io) + qt.qoff, QS, rw, T, mn_wg_tiles(acc), scale, scale, g, t);
 }
 
-// dK / dV (see mn_attn_pipe_dkv): the block's k and v tiles, then two stages of q, dy and their
+// dK / dV (see mn_attn_pipe_dkv_mma): the block's k and v tiles, then two stages of q, dy and their
 // statistics. Transposed scores: rows are the block's keys,
 // columns the tile's queries.
 template <int LP, int HD, long long T, long long S, int H, int KVH, int MASK, int OUT, bool PACKED,
