@@ -20,22 +20,22 @@
 // Not part of the CMake build (wgmma needs sm_90a):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o /tmp/wgmma_tile \
 //     benchmarks/probes/wgmma_tile.cu && /tmp/wgmma_tile
-#include <cuda_bf16.h>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cmath>
-#include <algorithm>
+#include <cuda_bf16.h>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));              \
-      exit(1);                                                                                 \
-    }                                                                                          \
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e_ = (x);                                                                          \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                   \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 // swz: the 128-byte swizzle (layout type 1 in bits 62-63), else none.
@@ -53,15 +53,15 @@ __device__ __forceinline__ int swz_offset(int o, int i) {
 }
 
 // The 32 accumulator operands of an m64n64 f32 product: the operand list and its constraints.
-#define WG_D32                                                                                   \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+#define WG_D32                                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WG_D32_OUT(d)                                                                            \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
-      "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-      "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-      "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-      "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_D32_OUT(d)                                                                              \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
 // d (32 floats a thread: the m64n64 accumulator) += a (registers) * B (descriptor).
 template <int TRANS_B>
@@ -81,7 +81,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a_desc, uint64
                : WG_D32_OUT(d)
                : "l"(a_desc), "l"(b_desc), "n"(TRANS_B), "r"(1));
 }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -131,8 +133,8 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
   __syncthreads();
   for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
     const int o = e / 64, i = e % 64;
-    *reinterpret_cast<__nv_bfloat16 *>(sb + (SWZ ? swz_offset(o, i)
-                                                 : core_offset(o, i, across, along))) = Bg[e];
+    *reinterpret_cast<__nv_bfloat16 *>(
+        sb + (SWZ ? swz_offset(o, i) : core_offset(o, i, across, along))) = Bg[e];
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -142,9 +144,9 @@ __global__ void product(const __nv_bfloat16 *A, const __nv_bfloat16 *Bg, float *
   wg_fence();
   for (int kk = 0; kk < 4; kk++) {
     if (A_SMEM) {
-      wgmma_ss<TRANS_B>(d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true)
-                               : desc_of(sa + kk * 256, 128, 1024),
-                        desc_of(sb + kk * kstep_bytes, lbo, sbo, SWZ));
+      wgmma_ss<TRANS_B>(
+          d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true) : desc_of(sa + kk * 256, 128, 1024),
+          desc_of(sb + kk * kstep_bytes, lbo, sbo, SWZ));
     } else {
       unsigned a[4];
       a_frag(a, A, kk);
@@ -273,11 +275,13 @@ __global__ void __launch_bounds__(128) rate_ss(float *out, int iters) {
     wg_fence();
     for (int kk = 0; kk < 4; kk++) {
       if constexpr (TRANS)
-        wgmma_rs<1>(d, a[kk], SWZ ? desc_of(sb + kk * 2048, 16, 1024, true)
-                                  : desc_of(sb + kk * 2048, 1024, 128));
+        wgmma_rs<1>(d, a[kk],
+                    SWZ ? desc_of(sb + kk * 2048, 16, 1024, true)
+                        : desc_of(sb + kk * 2048, 1024, 128));
       else
-        wgmma_ss<0>(d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true) : desc_of(sa + kk * 256, 128, 1024),
-                    SWZ ? desc_of(sb + kk * 32, 16, 1024, true) : desc_of(sb + kk * 256, 128, 1024));
+        wgmma_ss<0>(
+            d, SWZ ? desc_of(sa + kk * 32, 16, 1024, true) : desc_of(sa + kk * 256, 128, 1024),
+            SWZ ? desc_of(sb + kk * 32, 16, 1024, true) : desc_of(sb + kk * 256, 128, 1024));
     }
     wg_commit();
     wg_wait0();
@@ -310,25 +314,7 @@ template <class K> static double time_rate(K kernel, int blocks, int iters) {
 }
 
 template <bool WGMMA> static double tflops(int sms) {
-  const int blocks = 2 * sms, iters = 4096;
-  float *out;
-  CK(cudaMalloc(&out, (size_t)blocks * 128 * 4));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  rate<WGMMA><<<blocks, 128>>>(out, 16);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ms(5);
-  for (auto &m : ms) {
-    CK(cudaEventRecord(e0));
-    rate<WGMMA><<<blocks, 128>>>(out, iters);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&m, e0, e1));
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaFree(out);
-  return 2.0 * 64 * 64 * 64 * (double)iters * blocks / (ms[2] * 1e9);
+  return time_rate(rate<WGMMA>, 2 * sms, 4096);
 }
 
 int main() {
@@ -363,8 +349,9 @@ int main() {
   // B layouts found above.
   const double ss_k = try_layout<0, true>(a, b, 128, 1024, 128, 1024, 256),
                ss_mn = try_layout<1, true>(a, b, 128, 1024, 1024, 128, 2048);
-  printf("WGMMA-LAYOUT A in shared memory (K-major, lbo 128 sbo 1024), B K-major: max error %g %s\n",
-         ss_k, ss_k < 1e-3 ? "OK" : "wrong");
+  printf(
+      "WGMMA-LAYOUT A in shared memory (K-major, lbo 128 sbo 1024), B K-major: max error %g %s\n",
+      ss_k, ss_k < 1e-3 ? "OK" : "wrong");
   printf("WGMMA-LAYOUT A in shared memory, B MN-major (trans b): max error %g %s\n", ss_mn,
          ss_mn < 1e-3 ? "OK" : "wrong");
   // The 128-byte swizzle: K-major operands step 32 bytes into the rows a k-step (the leading

@@ -203,19 +203,20 @@ template <int MASK> __device__ __forceinline__ bool mn_pipe_sees(int r, int c, i
   return c < s_len && (MASK == MN_ATTN_MASK_NONE || c <= r);
 }
 
-// Zeroes the elements of a warp's 16 x 64 C tiles x whose row r0 + g (+ 8) and column c0 + 8n + 2t
-// (+ 1) fail sees(row, column). Called only for the tiles that cross the diagonal or an end, so
-// the comparisons are not paid on the others (an element's value was computed without the mask:
-// the overwrite also drops what an unseen score made of it, infinities included).
+// Sets to `value` (-inf for scores, 0 for probabilities) the elements of a warp's 16 x 64 C tiles
+// x whose row r0 + g (+ 8) and column c0 + 8n + 2t (+ 1) fail sees(row, column). Called only for
+// the tiles that cross the diagonal or an end, so the comparisons are not paid on the others (an
+// element's value was computed without the mask: the overwrite also drops what an unseen score
+// made of it, infinities included).
 template <class F>
-__device__ __forceinline__ void mn_pipe_zero_unseen(float (&x)[8][4], int r0, int c0, int lane,
-                                                    F sees) {
+__device__ __forceinline__ void mn_pipe_set_unseen(float (&x)[8][4], int r0, int c0, int lane,
+                                                   F sees, float value) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int n = 0; n < 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++)
-      if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = 0.0f;
+      if (!sees(r0 + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1))) x[n][e] = value;
 }
 
 // One key tile of the online softmax over a warp's 16 rows (g and g + 8 of each C tile): s, the
@@ -280,6 +281,23 @@ __device__ __forceinline__ void mn_pipe_load_stats(float *st, const IO &io, long
     }
   }
 }
+
+// The query tiles a dK / dV block over keys c0 .. visits, in order: for each query head of its kv
+// head, the tiles of BC rows from `first` (causal: the tile holding query c0, else 0). A walk
+// gives them one at a time (the copies and the products each keep one, a stage apart).
+template <long long T, int BC, int MASK, int G> struct mn_attn_qtile_walk {
+  int first, per_head, count;
+  int h = 0, t = 0; // the tile next() gives: head h of the group, its tile t
+  __device__ explicit mn_attn_qtile_walk(int c0)
+      : first(MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0),
+        per_head(((int)T - first + BC - 1) / BC), count(G * per_head) {}
+  // The tile's head within the group, and its first row.
+  __device__ void next(int &head, int &r0) {
+    head = h;
+    r0 = first + t * BC;
+    if (++t == per_head) t = 0, h++;
+  }
+};
 
 // The wgmma kernels of attention_wgmma.cuh and attention_wgmma_bwd.cuh, which take a launch's
 // blocks where it fits (defined there; the dispatch is at the end of this file).
@@ -350,13 +368,9 @@ __device__ void mn_attn_pipe_fwd_mma(const IO &io) {
       if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw)) {
 #pragma unroll
         for (int r = 0; r < RW; r++)
-#pragma unroll
-          for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-              if (!mn_pipe_sees<MASK>(rw + 16 * r + g + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1),
-                                      (int)S))
-                s[r][n][e] = mn_attn_neg_inf();
+          mn_pipe_set_unseen(
+              s[r], rw + 16 * r, c0, lane,
+              [](int q, int c) { return mn_pipe_sees<MASK>(q, c, (int)S); }, mn_attn_neg_inf());
       }
 #pragma unroll
       for (int r = 0; r < RW; r++)
@@ -445,8 +459,8 @@ __device__ void mn_attn_pipe_dq_mma(const IO &io) {
         for (int e = 0; e < 4; e++)
           s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
       if (masked)
-        mn_pipe_zero_unseen(s, rw, c0, lane,
-                            [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); });
+        mn_pipe_set_unseen(
+            s, rw, c0, lane, [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); }, 0.0f);
 #pragma unroll
       for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -488,15 +502,13 @@ __device__ void mn_attn_pipe_dkv_mma(const IO &io) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int cw = c0 + 16 * warp; // the warp's first key
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
-  const int r_start = MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0;
-  const int per_head = ((int)T - r_start + BC - 1) / BC, tiles = G * per_head;
-  // The tile loaded next: query head kt.kvh * G + lh, rows r_start + lt * BC onwards.
-  int lh = 0, lt = 0;
+  mn_attn_qtile_walk<T, BC, MASK, G> loads(c0), uses(c0);
+  const int tiles = loads.count;
   auto load_q = [&](int stage) {
     unsigned short *qs = stages + stage * STAGE;
-    const int h = kt.kvh * G + lh;
-    const int r0 = r_start + lt * BC;
-    if (++lt == per_head) lt = 0, lh++;
+    int hg, r0;
+    loads.next(hg, r0);
+    const int h = kt.kvh * G + hg;
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
     mn_pipe_load<LP, HD, BC, NTH, T>(qs, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0);
     mn_pipe_load<LP, HD, BC, NTH, T>(qs + BC * LD, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0);
@@ -510,7 +522,6 @@ __device__ void mn_attn_pipe_dkv_mma(const IO &io) {
   mn_cp_commit();
   if (tiles > 0) load_q(0);
   mn_cp_commit();
-  int ct = 0; // the tile of the loop's current step within its head
   mn_cp_wait<1>();
   __syncthreads();
   unsigned kf[KD][4], vf[KD][4];
@@ -525,8 +536,8 @@ __device__ void mn_attn_pipe_dkv_mma(const IO &io) {
     mn_cp_commit();
     mn_cp_wait<1>();
     __syncthreads();
-    const int r0 = r_start + ct * BC;
-    if (++ct == per_head) ct = 0;
+    int hg, r0;
+    uses.next(hg, r0);
     // Causal: a warp whose keys all come after the tile's last query sees nothing of it.
     if (MASK == MN_ATTN_MASK_NONE || cw <= r0 + BC - 1) {
       const unsigned short *qs = stages + (i & 1) * STAGE, *dys = qs + BC * LD;
@@ -550,9 +561,12 @@ __device__ void mn_attn_pipe_dkv_mma(const IO &io) {
       }
       // Rows are keys here, columns queries (rows past T have zero statistics: zeroed too).
       if (masked)
-        mn_pipe_zero_unseen(p, cw, r0, lane, [](int key, int query) {
-          return query < (int)T && mn_pipe_sees<MASK>(query, key, (int)S);
-        });
+        mn_pipe_set_unseen(
+            p, cw, r0, lane,
+            [](int key, int query) {
+              return query < (int)T && mn_pipe_sees<MASK>(query, key, (int)S);
+            },
+            0.0f);
       if constexpr (WANT_V) mn_lp_mma_pb<LP, HD, LD, 8>(dv, p, dys, lane);
       if constexpr (WANT_K) {
 #pragma unroll

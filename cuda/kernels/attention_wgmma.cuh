@@ -261,13 +261,10 @@ __device__ void mn_attn_wg_fwd(const IO &io) {
       mn_wg_wait<RW - 1>();
       mn_wg_pin(s[r]);
       const int rw = q0 + 64 * r + 16 * warp; // the warp's first row in block r
-      if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw)) {
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-          if (!mn_pipe_sees<MASK>(rw + g + 8 * ((i >> 1) & 1), c0 + (i >> 2) * 8 + 2 * t + (i & 1),
-                                  (int)S))
-            s[r][i] = mn_attn_neg_inf();
-      }
+      if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw))
+        mn_pipe_set_unseen(
+            mn_wg_tiles(s[r]), rw, c0, lane,
+            [](int q, int c) { return mn_pipe_sees<MASK>(q, c, (int)S); }, mn_attn_neg_inf());
       mn_pipe_softmax_tile(mn_wg_tiles(s[r]), mn_wg_tiles(o[r]), m[r], l[r], scale2);
       mn_wg_pack<LP>(pa[r], s[r]);
       mn_wg_fence();

@@ -65,8 +65,8 @@ __device__ void mn_attn_wg_dq(const IO &io) {
       for (int e = 0; e < 4; e++)
         p[n][e] = mn_pipe_ex2(fmaf(p[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
     if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw))
-      mn_pipe_zero_unseen(p, rw, c0, lane,
-                          [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); });
+      mn_pipe_set_unseen(
+          p, rw, c0, lane, [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); }, 0.0f);
     mn_wg_wait<0>();
     mn_wg_pin(dp);
 #pragma unroll
@@ -109,15 +109,13 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int cw = c0 + 16 * warp; // the warp's first key
   const float scale = 1.0f / sqrtf((float)HD), scale2 = mn_attn_log2e * scale;
-  const int r_start = MASK == MN_ATTN_MASK_CAUSAL ? c0 / BC * BC : 0;
-  const int per_head = ((int)T - r_start + BC - 1) / BC, tiles = G * per_head;
-  // The tile loaded next: query head kt.kvh * G + lh, rows r_start + lt * BC onwards.
-  int lh = 0, lt = 0;
+  mn_attn_qtile_walk<T, BC, MASK, G> loads(c0), uses(c0);
+  const int tiles = loads.count;
   auto load_q = [&](int stage) {
     unsigned char *qt = stages + stage * STAGE;
-    const int h = kt.kvh * G + lh;
-    const int r0 = r_start + lt * BC;
-    if (++lt == per_head) lt = 0, lh++;
+    int hg, r0;
+    loads.next(hg, r0);
+    const int h = kt.kvh * G + hg;
     const mn_attn_head qh = mn_attn_head_of<HD, T, H>(kt.b, h);
     mn_wg_load_tile<HD, NTH, T>(qt, mn_in<0>(io) + (kt.b * T * QS + h * HD), QS, r0);
     mn_wg_load_tile<HD, NTH, T>(qt + TILE, mn_in<3>(io) + qh.qoff, (long long)H * HD, r0);
@@ -131,7 +129,6 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
   mn_cp_commit();
   if (tiles > 0) load_q(0);
   mn_cp_commit();
-  int ct = 0; // the tile of the loop's current step within its head
   float dk[WANT_K ? 32 : 1], dv[WANT_V ? 32 : 1];
   mn_attn_fill(dk, 0.0f);
   mn_attn_fill(dv, 0.0f);
@@ -140,8 +137,8 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
     if (i + 1 < tiles) load_q((i + 1) & 1);
     mn_cp_commit();
     mn_wg_tile_ready();
-    const int r0 = r_start + ct * BC;
-    if (++ct == per_head) ct = 0;
+    int hg, r0;
+    uses.next(hg, r0);
     const unsigned char *qs = stages + (i & 1) * STAGE, *dys = qs + TILE;
     const float *st = reinterpret_cast<const float *>(qs + 2 * TILE);
     float s[32], dp[WANT_K ? 32 : 1];
@@ -170,9 +167,12 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
     }
     // Rows are keys here, columns queries (rows past T have zero statistics: zeroed too).
     if (r0 + BC > (int)T || cw + 16 > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && cw + 15 > r0))
-      mn_pipe_zero_unseen(p, cw, r0, lane, [](int key, int query) {
-        return query < (int)T && mn_pipe_sees<MASK>(query, key, (int)S);
-      });
+      mn_pipe_set_unseen(
+          p, cw, r0, lane,
+          [](int key, int query) {
+            return query < (int)T && mn_pipe_sees<MASK>(query, key, (int)S);
+          },
+          0.0f);
     if constexpr (WANT_V) {
       unsigned pa[4][4];
       mn_wg_pack<LP>(pa, s);
