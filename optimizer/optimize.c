@@ -25,6 +25,12 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* MN_RECOMPUTE=0 keeps every activation instead (A/B runs of memory against time). */
+static bool recompute_wanted(void) {
+  const char *env = getenv("MN_RECOMPUTE");
+  return !(env && strcmp(env, "0") == 0);
+}
+
 static size_t count_dispatches(const mn_graph *g) {
   size_t n = 0;
   for (size_t i = 0; i < g->num_nodes; i++)
@@ -188,7 +194,8 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
     st = mn_attention_read_qkv_in_place(&out, &sr->qkv_attentions);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fuse_loss_gradients(&out, &sr->loss_gradients);
-  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32)
+  if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32 &&
+      recompute_wanted())
     st = mn_recompute_activations(&out, &sr->recomputed);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fold_scales_into_products(&out, &sr->scales_folded);
