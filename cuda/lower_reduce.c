@@ -4,6 +4,7 @@
  * one finishing block, never atomics, so every result is reproducible bit for bit. */
 #include "cuda/emit.h"
 #include "host/error.h"
+#include "host/pointwise.h"
 
 #define RED_BLOCK 256
 /* Threads of the one block that counts a sparse loss's labels. */
@@ -227,5 +228,43 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   if (st != MN_OK) return st;
   int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
   mn_cu_arg fin[2] = {mn_cu_out(c), scratch};
+  return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
+}
+
+/* gelu_grad_bgrad's first pass: blocks of COLSUM_CT column threads by COLSUM_LANES row lanes,
+ * about COLSUM_BLOCKS of them in all (4 a multiprocessor of an H100, 32 warps), each chunk of
+ * rows at least COLSUM_MIN_ROWS long. One lane a block (128 threads, 8 columns a thread, 16
+ * warps an SM) ran GPT-2's [16384, 3072] at 146 us against 110 us for gelu_grad alone. */
+#define COLSUM_CT       32
+#define COLSUM_LANES    8
+#define COLSUM_BLOCKS   512
+#define COLSUM_MIN_ROWS 32
+
+/* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1: chunks of
+ * rows write double partials to scratch, which mn_red_sum_rows_final adds in a fixed order. */
+mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
+  mn_node sums = mn_plan_extra_output(c->plan, c->id, 1);
+  if (sums == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its sums",
+                   c->id, mn_op_name(c->node->op));
+  int64_t ncol = last_dim(&c->node->type), rows = mn_cu_numel(c) / ncol;
+  int vec = ncol % 8 == 0 ? 8 : 1;
+  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
+  int64_t ch = COLSUM_BLOCKS / col_blocks;
+  if (ch > rows / COLSUM_MIN_ROWS) ch = rows / COLSUM_MIN_ROWS;
+  if (ch > 65535) ch = 65535;
+  if (ch < 1) ch = 1;
+  int k = mn_cu_kernel(c, COLSUM_CT * COLSUM_LANES,
+                       "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d>", (int)MN_PW_GELU_GRAD,
+                       (long long)rows, (long long)ncol, (int)ch, vec, COLSUM_CT, COLSUM_LANES);
+  if (k < 0) return mn_cu_oom(c);
+  mn_cu_arg args[4] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_node_arg(sums)};
+  if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, 4, args);
+  args[3] = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
+  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, 4, args);
+  if (st != MN_OK) return st;
+  int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
+  if (k2 < 0) return mn_cu_oom(c);
+  mn_cu_arg fin[2] = {mn_cu_node_arg(sums), args[3]};
   return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
 }

@@ -97,6 +97,11 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
     return m >= 1 && cols >= 1 && mn_tensor_type_numel(a) / m == mn_tensor_type_numel(b) / cols &&
            mn_tensor_type_numel(&r->type) == m * cols;
   }
+  case MN_OP_GELU_GRAD_BGRAD:
+    return f32(&r->type) && r->type.rank >= 1 && last_dim(&r->type) >= 1 &&
+           mn_type_same_shape(&g->nodes[r->inputs[0]].type, &r->type) &&
+           mn_type_same_shape(&g->nodes[r->inputs[1]].type, &r->type) &&
+           f32(&g->nodes[r->inputs[0]].type) && f32(&g->nodes[r->inputs[1]].type);
   case MN_OP_GROUP_NORM: return r->attrs.act == MN_ACT_NONE || r->attrs.act == MN_ACT_SILU;
   case MN_OP_ATTENTION_GRAD_Q_SAVED:
   case MN_OP_ATTENTION_GRAD_KV_SAVED:
@@ -135,6 +140,9 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
     return extra->type.rank >= 1 && extra->type.rank <= 2 &&
            mn_tensor_type_numel(&extra->type) == last_dim(summed);
   }
+  case MN_OP_GELU_GRAD_BGRAD:
+    return extra->type.rank >= 1 && extra->type.rank <= 2 &&
+           mn_tensor_type_numel(&extra->type) == last_dim(&producer->type);
   default: return false;
   }
 }

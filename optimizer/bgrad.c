@@ -1,6 +1,7 @@
 #include "optimizer/bgrad.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "host/error.h"
 
@@ -115,6 +116,28 @@ static bool pair(pass *p, mn_node s, size_t *made) {
   return true;
 }
 
+/* MN_GELU_BGRAD=0 leaves gelu_grad's sums to the products (A/B runs). */
+static bool gelu_sums_wanted(void) {
+  const char *env = getenv("MN_GELU_BGRAD");
+  return !(env && strcmp(env, "0") == 0);
+}
+
+/* Sum s of a gelu_grad's value rides on that kernel (gelu_grad_bgrad): 1 when paired, 0 when
+ * s sums something else, -1 out of memory. */
+static int pair_gelu(pass *p, mn_node s, size_t *made) {
+  mn_node d = current(p)->nodes[s].inputs[0];
+  const mn_node_rec *dn = &current(p)->nodes[d];
+  if (dn->op != MN_OP_GELU_GRAD || dn->type.dtype != MN_F32 || !gelu_sums_wanted()) return 0;
+  if (!p->work && !(p->work = mn_graph_clone(p->in))) return -1;
+  p->work->nodes[d].op = MN_OP_GELU_GRAD_BGRAD;
+  mn_node_rec *sum = &p->work->nodes[s];
+  sum->op = MN_OP_EXTRA_OUTPUT;
+  sum->inputs[0] = d;
+  sum->attrs = (mn_op_attrs){.variant = 1};
+  (*made)++;
+  return 1;
+}
+
 static bool is_topological(const mn_graph *g) {
   for (size_t i = 0; i < g->num_nodes; i++)
     for (int k = 0; k < g->nodes[i].num_inputs; k++)
@@ -130,9 +153,12 @@ mn_status mn_fuse_bias_gradients(mn_graph **g, size_t *made) {
     pass_free(&p);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory fusing bias gradients");
   }
-  for (size_t s = 0; s < p.in->num_nodes && st == MN_OK; s++)
-    if (sum_ok(p.in, &p.in->nodes[s]) && !pair(&p, (mn_node)s, made))
+  for (size_t s = 0; s < p.in->num_nodes && st == MN_OK; s++) {
+    if (!sum_ok(p.in, &p.in->nodes[s])) continue;
+    int gelu = pair_gelu(&p, (mn_node)s, made);
+    if (gelu < 0 || (gelu == 0 && !pair(&p, (mn_node)s, made)))
       st = mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory fusing bias gradients");
+  }
   /* A pair's product now stands where its sum stood, which may precede the product's own
    * place; sorting again moves it (the pairs closed no cycle, so the sort cannot fail but
    * for memory). */

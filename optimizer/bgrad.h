@@ -13,7 +13,13 @@
  * from the sum to the product would close a cycle). Each product takes one sum and each
  * sum one product. The pass runs after fusion, whose input therefore never holds a
  * multi-output node, and the e-graph never sees its result (optimize.c keeps such graphs
- * as they are). See docs/optimizer.md. */
+ * as they are). See docs/optimizer.md.
+ *
+ * A sum of a gelu_grad's value is paired with that gelu_grad first (gelu_grad_bgrad, value 1
+ * its column sums): the kernel that makes the gradient sums it as it goes, and the weight
+ * gradient's product runs without the epilogue, which slowed GPT-2's [768, 3072] products
+ * from about 590 to 470 TFLOP/s on an H100 (docs/performance.md). MN_GELU_BGRAD=0 turns this
+ * pairing off. */
 #ifndef MN_OPTIMIZER_BGRAD_H
 #define MN_OPTIMIZER_BGRAD_H
 

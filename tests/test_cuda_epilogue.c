@@ -85,6 +85,16 @@ static mn_graph *at_bgrad_graph(const int64_t *sa, int ra, const int64_t *sb, in
   return g;
 }
 
+/* gelu_grad(pre, dy) of shape s and its column sums, both outputs. */
+static mn_graph *gelu_bgrad_graph(const int64_t *s, int rank) {
+  mn_graph *g = mn_graph_new();
+  mn_node pre = mn_input(g, "pre", s, rank), dy = mn_input(g, "dy", s, rank);
+  mn_node y = raw(g, MN_OP_GELU_GRAD_BGRAD, (mn_node[]){pre, dy}, 2, s, rank, (mn_op_attrs){0});
+  mn_node sums = raw(g, MN_OP_EXTRA_OUTPUT, &y, 1, &s[rank - 1], 1, (mn_op_attrs){.variant = 1});
+  set_outputs(g, (mn_node[]){y, sums}, 2);
+  return g;
+}
+
 /* silu(group_norm(x)) as one node. */
 static mn_graph *gn_silu_graph(int64_t n, int64_t c, int64_t h, int64_t w, int groups) {
   mn_graph *g = mn_graph_new();
@@ -420,6 +430,29 @@ Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
     check(at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), variant), what,
           620 + (uint64_t)variant);
   }
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ gelu_grad_bgrad */
+
+/* Rows of 8k columns (8 a thread) and odd rows (one a thread); row chunks summed through
+ * partials and, for 3 rows, in one pass; a GPT-2-wide row of 3072 over 1024 rows. */
+Test(cuda_epilogue, gelu_grad_bgrad_values_and_sums) {
+  mn_test_require_cuda_build();
+  check(gelu_bgrad_graph(MN_SHAPE(37, 24)), "gelu_grad_bgrad [37, 24]", 700);
+  check(gelu_bgrad_graph(MN_SHAPE(5, 9, 13)), "gelu_grad_bgrad [5, 9, 13]", 701);
+  check(gelu_bgrad_graph(MN_SHAPE(3, 40)), "gelu_grad_bgrad [3, 40]", 702);
+  check(gelu_bgrad_graph(MN_SHAPE(2, 64, 256)), "gelu_grad_bgrad [2, 64, 256]", 703);
+  check(gelu_bgrad_graph(MN_SHAPE(1024, 3072)), "gelu_grad_bgrad [1024, 3072]", 704);
+  /* The gradient and the sums stored as bf16 (8 values an access through the 2-byte stores). */
+  mn_graph *g = gelu_bgrad_graph(MN_SHAPE(1024, 3072));
+  mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
+  if (mn_test_cuda_device_present()) {
+    double err = mn_test_compare_cuda_precision(g, false, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
+                                                NULL, 705);
+    cr_log_info("gelu_grad_bgrad in bf16: largest norm-wise difference %.3g", err);
+  }
+  mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 

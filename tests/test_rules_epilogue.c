@@ -752,6 +752,36 @@ Test(rules_epilogue, bias_gradient_pairs_that_must_not_form) {
   mn_graph_free(g);
 }
 
+/* A sum of gelu_grad's value rides on the gelu_grad (gelu_grad_bgrad) rather than on the
+ * weight gradient's product, which then stays a plain matmul_at; with MN_GELU_BGRAD=0 the
+ * product takes it as before. Either way the CPU values are those of the unfused graph. */
+Test(rules_epilogue, bias_gradient_of_gelu_grad_rides_on_it) {
+  for (int off = 0; off < 2; off++) {
+    if (off) setenv("MN_GELU_BGRAD", "0", 1);
+    mn_graph *g = mn_graph_new();
+    mn_node pre = mn_input(g, "pre", MN_SHAPE(2, 3, 8));
+    mn_node d = raw2(g, MN_OP_GELU_GRAD, pre, mn_tanh(g, mn_input(g, "dy", MN_SHAPE(2, 3, 8))),
+                     MN_SHAPE(2, 3, 8));
+    mn_node outs[] = {mn_matmul_at(g, mn_input(g, "x", MN_SHAPE(6, 4)), d),
+                      raw1(g, MN_OP_SUM_ROWS, d, MN_F32, MN_SHAPE(8)), d};
+    outputs(g, outs, 3);
+    mn_optimize_report *r = mn_optimize_report_new();
+    mn_graph *o = optimized(g, MN_OPTIMIZE_FULL, r);
+    cr_assert_eq(r->stage[MN_OPTIMIZE_FULL].multi_output_fusions, 1);
+    cr_assert_eq(mn_test_count_op(o, MN_OP_GELU_GRAD_BGRAD), off ? 0 : 1);
+    cr_assert_eq(mn_test_count_op(o, MN_OP_MATMUL_AT_BGRAD), off ? 1 : 0);
+    cr_assert_eq(mn_test_count_op(o, MN_OP_MATMUL_AT), off ? 0 : 1);
+    cr_assert_eq(mn_test_count_op(o, MN_OP_SUM_ROWS), 0);
+    cr_assert_eq(o->nodes[o->outputs[1]].op, MN_OP_EXTRA_OUTPUT, "the sum's output");
+    mn_optimize_report_free(r);
+    mn_graph_free(o);
+    dispatches dd = infer_agree(g);
+    cr_assert_leq(dd.on, dd.off - 1, "%zu -> %zu dispatches", dd.off, dd.on);
+    mn_graph_free(g);
+    unsetenv("MN_GELU_BGRAD");
+  }
+}
+
 /* ---------------------------------------------------------------- whole models, trained */
 
 /* x -> linear -> relu -> linear -> mse, nn.Linear weights [out, in] (matmul_bt) or Conv1D

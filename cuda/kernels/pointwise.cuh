@@ -177,3 +177,93 @@ template <long long N, class IO> __device__ void mn_convert(const IO &io) {
     MN_FOR_EACH(i, N - NQ * 4) { out[NQ * 4 + i] = in[NQ * 4 + i]; }
   }
 }
+
+// out = f(a, b) of row OP over ROWS x NCOL, and the column sums of the float results (before
+// out's storage rounds them). Block (x, y) takes CT x VEC adjacent columns of the rows
+// [ROWS y / CH, ROWS (y + 1) / CH); its LANES row lanes of CT threads each take every LANES-th
+// row of that chunk, two rows loaded before either is stored, and add their sums in a fixed
+// order through shared memory. With CH > 1, p[3] receives one double partial per chunk and
+// column, in the layout mn_red_sum_rows_final adds in a fixed order; with CH == 1 p[3] is the
+// sums themselves.
+template <int OP, long long ROWS, long long NCOL, int CH, int VEC, int CT, int LANES, class IO>
+__device__ void mn_pw_map_colsum(const IO &io) {
+  static_assert(mn_pw_num_inputs(OP) == 2 && (mn_pw_flags(OP) & MN_PW_SCALAR) == 0,
+                "a row of two element-wise inputs");
+  static_assert(VEC == 1 || (VEC == 8 && NCOL % 8 == 0), "8 columns a thread need rows of 8k");
+  constexpr int U = 2, COLS = CT * VEC;
+  __shared__ float sums[LANES][COLS];
+  auto out = mn_out<0>(io);
+  auto a = mn_in<1>(io);
+  auto b = mn_in<2>(io);
+  const int ct = threadIdx.x % CT, lane = threadIdx.x / CT;
+  const long long col = ((long long)blockIdx.x * CT + ct) * VEC;
+  const long long r0 = ROWS * blockIdx.y / CH, r1 = ROWS * (blockIdx.y + 1) / CH;
+  float acc[VEC] = {};
+  if (col < NCOL) {
+    long long r = r0 + lane;
+    for (; r + (U - 1) * LANES < r1; r += U * LANES) {
+      float va[U][VEC], vb[U][VEC];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const long long i = (r + u * LANES) * NCOL + col;
+        if constexpr (VEC == 8) {
+          mn_pw_ld8(a, i / 8, va[u]);
+          mn_pw_ld8(b, i / 8, vb[u]);
+        } else {
+          va[u][0] = a[i];
+          vb[u][0] = b[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        float v[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+          v[j] = mn_pw_apply<OP>(va[u][j], vb[u][j], 0.0f, 0.0, 0.0f);
+          acc[j] += v[j];
+        }
+        const long long i = (r + u * LANES) * NCOL + col;
+        if constexpr (VEC == 8)
+          mn_pw_st8(out, i / 8, v);
+        else
+          out[i] = v[0];
+      }
+    }
+    for (; r < r1; r += LANES) {
+      const long long i = r * NCOL + col;
+      float va[VEC], vb[VEC], v[VEC];
+      if constexpr (VEC == 8) {
+        mn_pw_ld8(a, i / 8, va);
+        mn_pw_ld8(b, i / 8, vb);
+      } else {
+        va[0] = a[i];
+        vb[0] = b[i];
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; j++) {
+        v[j] = mn_pw_apply<OP>(va[j], vb[j], 0.0f, 0.0, 0.0f);
+        acc[j] += v[j];
+      }
+      if constexpr (VEC == 8)
+        mn_pw_st8(out, i / 8, v);
+      else
+        out[i] = v[0];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; j++)
+    sums[lane][ct * VEC + j] = acc[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < COLS; c += CT * LANES) {
+    const long long at = (long long)blockIdx.x * COLS + c;
+    if (at >= NCOL) continue;
+    float t = 0.0f;
+#pragma unroll
+    for (int l = 0; l < LANES; l++)
+      t += sums[l][c];
+    if constexpr (CH == 1)
+      mn_out<3>(io)[at] = t;
+    else
+      mn_arg<double>(io, 3)[(long long)blockIdx.y * NCOL + at] = (double)t;
+  }
+}

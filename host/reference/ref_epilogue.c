@@ -63,6 +63,15 @@ mn_status mn_ref_MATMUL_AT_BGRAD(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
+/* gelu_grad(x, dy); value 1 sums its rows before the value is stored. */
+mn_status mn_ref_GELU_GRAD_BGRAD(const mn_ref_ctx *c) {
+  size_t n = mn_ref_numel(c), cols = mn_ref_last_dim(&c->node->type);
+  float *o = mn_ref_out_f32(c);
+  mn_ref_pw_loop(MN_PW_GELU_GRAD, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), NULL, 0.0, o, n);
+  mn_ref_column_sums(o, n / cols, cols, c->extra_out[0]);
+  return MN_OK;
+}
+
 /* Written by the dispatch of its input; never dispatched itself (plan.h). */
 mn_status mn_ref_EXTRA_OUTPUT(const mn_ref_ctx *c) {
   return mn_ref_fail(c, MN_ERR_STATE, "extra_output is written by its input's kernel");
