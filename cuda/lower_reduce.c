@@ -240,8 +240,9 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
 #define COLSUM_BLOCKS   512
 #define COLSUM_MIN_ROWS 32
 
-/* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1: chunks of
- * rows write double partials to scratch, which mn_red_sum_rows_final adds in a fixed order. */
+/* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1 (chunks of
+ * rows write double partials to scratch, which mn_red_sum_rows_final adds in a fixed order)
+ * and for variant 1 gelu(x) into that of value 2. */
 mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   mn_node sums = mn_plan_extra_output(c->plan, c->id, 1);
   if (sums == MN_NO_NODE)
@@ -254,14 +255,22 @@ mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   if (ch > rows / COLSUM_MIN_ROWS) ch = rows / COLSUM_MIN_ROWS;
   if (ch > 65535) ch = 65535;
   if (ch < 1) ch = 1;
+  bool act = c->node->attrs.variant == 1;
+  mn_node gelu = act ? mn_plan_extra_output(c->plan, c->id, 2) : MN_NO_NODE;
+  if (act && gelu == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for gelu(x)",
+                   c->id, mn_op_name(c->node->op));
   int k = mn_cu_kernel(c, COLSUM_CT * COLSUM_LANES,
-                       "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d>", (int)MN_PW_GELU_GRAD,
-                       (long long)rows, (long long)ncol, (int)ch, vec, COLSUM_CT, COLSUM_LANES);
+                       "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d, %d>",
+                       (int)MN_PW_GELU_GRAD, (long long)rows, (long long)ncol, (int)ch, vec,
+                       COLSUM_CT, COLSUM_LANES, act ? (int)MN_PW_GELU : -1);
   if (k < 0) return mn_cu_oom(c);
-  mn_cu_arg args[4] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_node_arg(sums)};
-  if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, 4, args);
+  mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_node_arg(sums),
+                       act ? mn_cu_node_arg(gelu) : mn_cu_out(c)};
+  int nargs = act ? 5 : 4;
+  if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, nargs, args);
   args[3] = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
-  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, 4, args);
+  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, nargs, args);
   if (st != MN_OK) return st;
   int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
   if (k2 < 0) return mn_cu_oom(c);

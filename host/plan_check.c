@@ -98,8 +98,8 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
            mn_tensor_type_numel(&r->type) == m * cols;
   }
   case MN_OP_GELU_GRAD_BGRAD:
-    return f32(&r->type) && r->type.rank >= 1 && last_dim(&r->type) >= 1 &&
-           mn_type_same_shape(&g->nodes[r->inputs[0]].type, &r->type) &&
+    return f32(&r->type) && (r->attrs.variant == 0 || r->attrs.variant == 1) && r->type.rank >= 1 &&
+           last_dim(&r->type) >= 1 && mn_type_same_shape(&g->nodes[r->inputs[0]].type, &r->type) &&
            mn_type_same_shape(&g->nodes[r->inputs[1]].type, &r->type) &&
            f32(&g->nodes[r->inputs[0]].type) && f32(&g->nodes[r->inputs[1]].type);
   case MN_OP_GROUP_NORM: return r->attrs.act == MN_ACT_NONE || r->attrs.act == MN_ACT_SILU;
@@ -141,6 +141,7 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
            mn_tensor_type_numel(&extra->type) == last_dim(summed);
   }
   case MN_OP_GELU_GRAD_BGRAD:
+    if (extra->attrs.variant == 2) return mn_type_same_shape(&extra->type, &producer->type);
     return extra->type.rank >= 1 && extra->type.rank <= 2 &&
            mn_tensor_type_numel(&extra->type) == last_dim(&producer->type);
   default: return false;

@@ -25,7 +25,8 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* MN_RECOMPUTE=0 keeps every activation instead (A/B runs of memory against time). */
+/* MN_RECOMPUTE=0 keeps every activation instead (A/B runs of memory against time; "separate"
+ * in recompute.c). */
 static bool recompute_wanted(void) {
   const char *env = getenv("MN_RECOMPUTE");
   return !(env && strcmp(env, "0") == 0);

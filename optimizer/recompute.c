@@ -1,6 +1,7 @@
 #include "optimizer/recompute.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "host/error.h"
 #include "optimizer/readers.h"
@@ -53,13 +54,64 @@ static mn_node first_late_reader(const mn_graph *g, const mn_readers *u, mn_node
   return late;
 }
 
+/* Whether node `from` reads, directly or not, a reader of `value` at or after node `late`. */
+static bool reads_late_reader(const mn_graph *g, const mn_readers *u, mn_node value, mn_node late,
+                              mn_node from, bool *seen, mn_node *stack) {
+  for (size_t i = 0; i < g->num_nodes; i++)
+    seen[i] = false;
+  size_t top = 0;
+  stack[top++] = from;
+  seen[from] = true;
+  while (top) {
+    const mn_node_rec *n = &g->nodes[stack[--top]];
+    for (int k = 0; k < n->num_inputs; k++) {
+      mn_node in = n->inputs[k];
+      if (seen[in]) continue;
+      for (size_t r = u->start[value]; r < u->start[value + 1]; r++)
+        if (u->readers[r] >= late && u->readers[r] == in) return true;
+      seen[in] = true;
+      stack[top++] = in;
+    }
+  }
+  return false;
+}
+
+/* MN_RECOMPUTE=separate recomputes GELU in a kernel of its own (A/B runs). */
+static bool gelu_joins_its_gradient(void) {
+  const char *env = getenv("MN_RECOMPUTE");
+  return !(env && strcmp(env, "separate") == 0);
+}
+
+/* For a GELU i recomputed before `late`: the gelu_grad_bgrad (variant 0) that reads i's input as
+ * its x and reads none of i's late readers, which can then write gelu(x) as its value 2: the
+ * backward reads x once for both, in one kernel. MN_NO_NODE when there is none. */
+static mn_node gelu_partner(const mn_graph *g, const mn_readers *u, mn_node i, mn_node late,
+                            bool *seen, mn_node *stack) {
+  const mn_node_rec *n = &g->nodes[i];
+  if (n->op != MN_OP_GELU || n->num_inputs != 1 || !gelu_joins_its_gradient()) return MN_NO_NODE;
+  mn_node x = n->inputs[0];
+  for (size_t r = u->start[x]; r < u->start[x + 1]; r++) {
+    mn_node j = u->readers[r];
+    const mn_node_rec *p = &g->nodes[j];
+    if (p->op != MN_OP_GELU_GRAD_BGRAD || p->attrs.variant != 0 || p->inputs[0] != x ||
+        !mn_type_same_shape(&p->type, &n->type))
+      continue;
+    if (!reads_late_reader(g, u, i, late, j, seen, stack)) return j;
+  }
+  return MN_NO_NODE;
+}
+
 mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
   *made = 0;
   const mn_graph *in = *g;
   size_t n = in->num_nodes;
   mn_readers u;
-  if (!mn_readers_init(&u, in)) {
+  bool *seen = malloc((n ? n : 1) * sizeof *seen);
+  mn_node *stack = malloc((n ? n : 1) * sizeof *stack);
+  if (!mn_readers_init(&u, in) || !seen || !stack) {
     mn_readers_free(&u);
+    free(seen);
+    free(stack);
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory recomputing activations");
   }
   mn_graph *work = NULL;
@@ -79,7 +131,14 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
     mn_node ins[MN_MAX_INPUTS];
     for (int k = 0; k < src->num_inputs; k++)
       ins[k] = src->inputs[k];
-    mn_node again = mn_graph_append(work, src->op, ins, src->num_inputs, &type, &attrs, NULL);
+    mn_node partner = gelu_partner(in, &u, (mn_node)i, late, seen, stack), again;
+    if (partner != MN_NO_NODE && work->nodes[partner].attrs.variant == 0) {
+      mn_op_attrs value2 = {.variant = 2};
+      again = mn_graph_append(work, MN_OP_EXTRA_OUTPUT, &partner, 1, &type, &value2, NULL);
+      if (again != MN_NO_NODE) work->nodes[partner].attrs.variant = 1;
+    } else {
+      again = mn_graph_append(work, src->op, ins, src->num_inputs, &type, &attrs, NULL);
+    }
     if (again == MN_NO_NODE) {
       st = mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory recomputing activations");
       break;
@@ -94,6 +153,8 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
     (*made)++;
   }
   mn_readers_free(&u);
+  free(seen);
+  free(stack);
   if (st != MN_OK || !work) {
     mn_graph_free(work);
     if (st != MN_OK) *made = 0;

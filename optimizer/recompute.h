@@ -8,6 +8,12 @@
  * GELU launch per layer more. The recomputed node is the same op on the same inputs, so it
  * stores the same bits and training does not change.
  *
+ * A GELU whose gradient's kernel reads the same input (gelu_grad_bgrad, optimizer/bgrad.h) is
+ * recomputed by that kernel instead, as its value 2: the backward then reads the
+ * pre-activation once for both and launches one kernel fewer, provided that kernel reads none
+ * of the GELU's late readers (it would have to run after itself). MN_RECOMPUTE=separate keeps
+ * the GELU a kernel of its own, MN_RECOMPUTE=0 recomputes nothing (A/B runs).
+ *
  * Only for low-precision sessions (mn_optimize_graph_limits decides): there the bar is
  * PyTorch's autocast peak; fp32 sessions keep their step times. */
 #ifndef MN_OPTIMIZER_RECOMPUTE_H

@@ -14,6 +14,7 @@
 #include "session/session.h"
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 #include "tests/support/session_util.h"
 #ifdef MN_WITH_CUDA
 #include "cuda/cuda_backend.h"
@@ -85,14 +86,21 @@ static mn_graph *at_bgrad_graph(const int64_t *sa, int ra, const int64_t *sb, in
   return g;
 }
 
-/* gelu_grad(pre, dy) of shape s and its column sums, both outputs. */
-static mn_graph *gelu_bgrad_graph(const int64_t *s, int rank) {
+/* gelu_grad(pre, dy) of shape s and its column sums, outputs; with_gelu (variant 1) gelu(pre)
+ * too. */
+static mn_graph *gelu_bgrad_graph_with(const int64_t *s, int rank, bool with_gelu) {
   mn_graph *g = mn_graph_new();
   mn_node pre = mn_input(g, "pre", s, rank), dy = mn_input(g, "dy", s, rank);
-  mn_node y = raw(g, MN_OP_GELU_GRAD_BGRAD, (mn_node[]){pre, dy}, 2, s, rank, (mn_op_attrs){0});
+  mn_node y = raw(g, MN_OP_GELU_GRAD_BGRAD, (mn_node[]){pre, dy}, 2, s, rank,
+                  (mn_op_attrs){.variant = with_gelu});
   mn_node sums = raw(g, MN_OP_EXTRA_OUTPUT, &y, 1, &s[rank - 1], 1, (mn_op_attrs){.variant = 1});
-  set_outputs(g, (mn_node[]){y, sums}, 2);
+  mn_node act = with_gelu ? raw(g, MN_OP_EXTRA_OUTPUT, &y, 1, s, rank, (mn_op_attrs){.variant = 2})
+                          : MN_NO_NODE;
+  set_outputs(g, (mn_node[]){y, sums, act}, with_gelu ? 3 : 2);
   return g;
+}
+static mn_graph *gelu_bgrad_graph(const int64_t *s, int rank) {
+  return gelu_bgrad_graph_with(s, rank, false);
 }
 
 /* silu(group_norm(x)) as one node. */
@@ -444,6 +452,10 @@ Test(cuda_epilogue, gelu_grad_bgrad_values_and_sums) {
   check(gelu_bgrad_graph(MN_SHAPE(3, 40)), "gelu_grad_bgrad [3, 40]", 702);
   check(gelu_bgrad_graph(MN_SHAPE(2, 64, 256)), "gelu_grad_bgrad [2, 64, 256]", 703);
   check(gelu_bgrad_graph(MN_SHAPE(1024, 3072)), "gelu_grad_bgrad [1024, 3072]", 704);
+  check(gelu_bgrad_graph_with(MN_SHAPE(37, 24), true), "gelu_grad_bgrad and gelu [37, 24]", 706);
+  check(gelu_bgrad_graph_with(MN_SHAPE(5, 9, 13), true), "gelu_grad_bgrad and gelu [5, 9, 13]",
+        707);
+  check(gelu_bgrad_graph_with(MN_SHAPE(3, 40), true), "gelu_grad_bgrad and gelu [3, 40]", 708);
   /* The gradient and the sums stored as bf16 (8 values an access through the 2-byte stores). */
   mn_graph *g = gelu_bgrad_graph(MN_SHAPE(1024, 3072));
   mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
@@ -514,4 +526,56 @@ Test(cuda_epilogue, group_norm_silu) {
   check(gn_silu_graph(2, 64, 16, 16, 32), "group_norm silu 32 groups", 702);
   check(gn_silu_graph(3, 8, 1, 1, 4), "group_norm silu unit spatial", 703);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ GPT-2 with gelu_grad_bgrad */
+
+/* GPT-2 wide enough that gelu_grad stays a kernel of its own (test_recompute.c): c_fc's bias
+ * gradient rides on it and layer 0's recomputed GELU is its value 2. bf16 training on CUDA
+ * follows the CPU's, and is bit for bit that of the plan that recomputes the GELU apart
+ * (MN_RECOMPUTE=separate). */
+Test(cuda_epilogue, gpt2_with_gelu_grad_bgrad_trains_as_on_the_cpu) {
+  mn_test_require_cuda_build();
+  mn_model_config c = mn_test_tiny_gpt2();
+  c.hidden_size = 256;
+  c.head_dim = 64;
+  c.intermediate_size = 4096;
+  c.max_positions = 128;
+  mn_graph *g = NULL;
+  cr_assert_eq(mn_model_build(&c, 1, 128, NULL, &g), MN_OK, "%s", mn_last_error());
+  if (!mn_test_cuda_device_present()) {
+    mn_graph_free(g);
+    mn_test_require_cuda_device();
+  }
+  const mn_test_range ranges[] = {
+      {"input_ids", 0, 50}, {"labels", 0, 50}, {"position_ids", 0, 128}, {NULL, 0, 0}};
+  mn_test_check_cuda_model(g, true, ranges, 41);
+  mn_session *s[2];
+  for (int i = 0; i < 2; i++) {
+    if (i) setenv("MN_RECOMPUTE", "separate", 1);
+    s[i] = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
+    unsetenv("MN_RECOMPUTE");
+  }
+  mn_rng r = mn_rng_new(43);
+  mn_test_init_normal(g, s, 2, &r, 0.02f, true);
+  uint32_t ids[128], pos[128], labels[128];
+  for (uint32_t t = 0; t < 128; t++) {
+    ids[t] = (t * 7u + 3u) % 50u;
+    labels[t] = (t * 11u + 5u) % 50u;
+    pos[t] = t;
+  }
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(mn_session_set_input_u32(s[i], "input_ids", ids, 128), MN_OK);
+    cr_assert_eq(mn_session_set_input_u32(s[i], "position_ids", pos, 128), MN_OK);
+    cr_assert_eq(mn_session_set_input_u32(s[i], "labels", labels, 128), MN_OK);
+    cr_assert_eq(mn_session_set_adamw(s[i], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK);
+  }
+  for (int step = 0; step < 3; step++) {
+    float a = mn_test_step_loss(s[0]), b = mn_test_step_loss(s[1]);
+    cr_assert(a == b, "step %d: loss %.9g vs %.9g", step, (double)a, (double)b);
+  }
+  mn_test_assert_same_params(g, s[0], s[1], 0, "after 3 steps, GELU recomputed apart");
+  for (int i = 0; i < 2; i++)
+    mn_session_free(s[i]);
+  mn_graph_free(g);
 }

@@ -121,3 +121,42 @@ Test(recompute, training_is_unchanged) {
     mn_graph_free(g[i]);
   }
 }
+
+/* GPT-2 at a width where gelu_grad stays a kernel of its own (the cost model prices cuBLASLt's
+ * DGELU epilogue out above about 70 columns at this many tokens x MLP columns). */
+static mn_graph *wide_gpt2(void) {
+  mn_model_config c = mn_test_tiny_gpt2();
+  c.hidden_size = 256;
+  c.head_dim = 64;
+  c.intermediate_size = 4096;
+  c.max_positions = 128;
+  mn_graph *g = NULL;
+  cr_assert_eq(mn_model_build(&c, 1, 128, NULL, &g), MN_OK, "%s", mn_last_error());
+  return g;
+}
+
+/* Node ops of the bf16 training plan of g (CPU backend). */
+static size_t count_in_plan(const mn_graph *g, mn_op op, int variant) {
+  mn_session *s = build(g, MN_PRECISION_BF16, NULL);
+  const mn_graph *pg = s->plan->graph;
+  size_t n = 0;
+  for (size_t i = 0; i < pg->num_nodes; i++)
+    n += pg->nodes[i].op == op && (variant < 0 || pg->nodes[i].attrs.variant == variant);
+  mn_session_free(s);
+  return n;
+}
+
+/* The first layer's GELU, read late by c_proj's weight gradient, is recomputed by the kernel
+ * that makes its gradient and its bias gradient (gelu_grad_bgrad variant 1, gelu(x) its value
+ * 2), not by a GELU of its own; MN_RECOMPUTE=separate keeps that GELU apart. */
+Test(recompute, gelu_is_recomputed_by_its_gradients_kernel) {
+  mn_graph *g = wide_gpt2();
+  cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 1), 1, "layer 0 recomputes in it");
+  cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 0), 1, "layer 1's GELU is still live");
+  cr_assert_eq(count_in_plan(g, MN_OP_GELU, -1), 2, "the forward's GELUs only");
+  setenv("MN_RECOMPUTE", "separate", 1);
+  cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 1), 0);
+  cr_assert_eq(count_in_plan(g, MN_OP_GELU, -1), 3, "and one recomputed");
+  unsetenv("MN_RECOMPUTE");
+  mn_graph_free(g);
+}

@@ -184,8 +184,10 @@ template <long long N, class IO> __device__ void mn_convert(const IO &io) {
 // row of that chunk, two rows loaded before either is stored, and add their sums in a fixed
 // order through shared memory. With CH > 1, p[3] receives one double partial per chunk and
 // column, in the layout mn_red_sum_rows_final adds in a fixed order; with CH == 1 p[3] is the
-// sums themselves.
-template <int OP, long long ROWS, long long NCOL, int CH, int VEC, int CT, int LANES, class IO>
+// sums themselves. With AOP >= 0, p[4] receives row AOP of a alone (gelu_grad's forward GELU,
+// recomputed for the backward where its gradient reads the same input).
+template <int OP, long long ROWS, long long NCOL, int CH, int VEC, int CT, int LANES, int AOP,
+          class IO>
 __device__ void mn_pw_map_colsum(const IO &io) {
   static_assert(mn_pw_num_inputs(OP) == 2 && (mn_pw_flags(OP) & MN_PW_SCALAR) == 0,
                 "a row of two element-wise inputs");
@@ -227,6 +229,15 @@ __device__ void mn_pw_map_colsum(const IO &io) {
           mn_pw_st8(out, i / 8, v);
         else
           out[i] = v[0];
+        if constexpr (AOP >= 0) {
+#pragma unroll
+          for (int j = 0; j < VEC; j++)
+            v[j] = mn_pw_apply<AOP>(va[u][j], 0.0f, 0.0f, 0.0, 0.0f);
+          if constexpr (VEC == 8)
+            mn_pw_st8(mn_out<4>(io), i / 8, v);
+          else
+            mn_out<4>(io)[i] = v[0];
+        }
       }
     }
     for (; r < r1; r += LANES) {
@@ -248,6 +259,15 @@ __device__ void mn_pw_map_colsum(const IO &io) {
         mn_pw_st8(out, i / 8, v);
       else
         out[i] = v[0];
+      if constexpr (AOP >= 0) {
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+          v[j] = mn_pw_apply<AOP>(va[j], 0.0f, 0.0f, 0.0, 0.0f);
+        if constexpr (VEC == 8)
+          mn_pw_st8(mn_out<4>(io), i / 8, v);
+        else
+          mn_out<4>(io)[i] = v[0];
+      }
     }
   }
 #pragma unroll

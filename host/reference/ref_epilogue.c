@@ -63,12 +63,15 @@ mn_status mn_ref_MATMUL_AT_BGRAD(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* gelu_grad(x, dy); value 1 sums its rows before the value is stored. */
+/* gelu_grad(x, dy); value 1 sums its rows before the value is stored; variant 1: value 2 is
+ * gelu(x). */
 mn_status mn_ref_GELU_GRAD_BGRAD(const mn_ref_ctx *c) {
   size_t n = mn_ref_numel(c), cols = mn_ref_last_dim(&c->node->type);
   float *o = mn_ref_out_f32(c);
   mn_ref_pw_loop(MN_PW_GELU_GRAD, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), NULL, 0.0, o, n);
   mn_ref_column_sums(o, n / cols, cols, c->extra_out[0]);
+  if (c->node->attrs.variant == 1)
+    mn_ref_pw_loop(MN_PW_GELU, mn_ref_in_f32(c, 0), NULL, NULL, 0.0, c->extra_out[1], n);
   return MN_OK;
 }
 
