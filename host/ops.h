@@ -110,7 +110,7 @@ enum {
   /* a^T b, and as value 1 the column sums of a (variant 0) or of b (variant 1): the bias    */    \
   /* gradient that cuBLASLt's BGRAD epilogues reduce while reading that operand             */     \
   X(MATMUL_AT_BGRAD, "matmul_at_bgrad", 2, MN_OPF_MULTI_OUTPUT)                                    \
-  /* gelu_grad(x, dy), and as value 1 its column sums (float, before storage rounding): the  */    \
+  /* gelu_grad(x, dy), and as value 1 its column sums (of the value as stored): the          */    \
   /* bias gradient of the product that fed the GELU, summed while the gradient is made; with */    \
   /* variant 1 also gelu(x) as value 2 (the recomputed activation, optimizer/recompute.h)    */    \
   X(GELU_GRAD_BGRAD, "gelu_grad_bgrad", 2, MN_OPF_MULTI_OUTPUT)                                    \

@@ -178,9 +178,21 @@ template <long long N, class IO> __device__ void mn_convert(const IO &io) {
   }
 }
 
-// out = f(a, b) of row OP over ROWS x NCOL, and the column sums of the float results (before
-// out's storage rounds them). Block (x, y) takes CT x VEC adjacent columns of the rows
-// [ROWS y / CH, ROWS (y + 1) / CH); its LANES row lanes of CT threads each take every LANES-th
+// v as storage S keeps it: rounded to 2 bytes and back, or for fp32 v itself, through an empty
+// asm so that the compiler cannot fuse v's last product into the sum that adds it (sums of the
+// same stored values are then the same bits in every kernel that makes them).
+template <int S> __device__ __forceinline__ float mn_as_stored(float v) {
+  if constexpr (S == MN_DEV_F32) {
+    asm("" : "+f"(v));
+    return v;
+  } else {
+    return mn_lp_load<S>(mn_lp_round<S>(v));
+  }
+}
+
+// out = f(a, b) of row OP over ROWS x NCOL, and the column sums of the values as out stores
+// them (what sum_rows reading out would add). Block (x, y) takes CT x VEC adjacent columns of the
+// rows [ROWS y / CH, ROWS (y + 1) / CH); its LANES row lanes of CT threads each take every LANES-th
 // row of that chunk, two rows loaded before either is stored, and add their sums in a fixed
 // order through shared memory. With CH > 1, p[3] receives one double partial per chunk and
 // column, in the layout mn_red_sum_rows_final adds in a fixed order; with CH == 1 p[3] is the
@@ -222,7 +234,7 @@ __device__ void mn_pw_map_colsum(const IO &io) {
 #pragma unroll
         for (int j = 0; j < VEC; j++) {
           v[j] = mn_pw_apply<OP>(va[u][j], vb[u][j], 0.0f, 0.0, 0.0f);
-          acc[j] += v[j];
+          acc[j] += mn_as_stored<mn_io_storage<IO, 0>::value>(v[j]);
         }
         const long long i = (r + u * LANES) * NCOL + col;
         if constexpr (VEC == 8)
@@ -253,7 +265,7 @@ __device__ void mn_pw_map_colsum(const IO &io) {
 #pragma unroll
       for (int j = 0; j < VEC; j++) {
         v[j] = mn_pw_apply<OP>(va[j], vb[j], 0.0f, 0.0, 0.0f);
-        acc[j] += v[j];
+        acc[j] += mn_as_stored<mn_io_storage<IO, 0>::value>(v[j]);
       }
       if constexpr (VEC == 8)
         mn_pw_st8(out, i / 8, v);

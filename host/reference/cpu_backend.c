@@ -234,7 +234,8 @@ static mn_status cpu_step(mn_session *s) {
                     .node = node,
                     .error = msg,
                     .error_size = sizeof msg,
-                    .micro_step = s->micro_steps};
+                    .micro_step = s->micro_steps,
+                    .out_storage = mn_plan_buffer_of(p, id)->storage};
     c.out = buffer_ptr(s, p->node_buffer[id]);
     mn_status rc = MN_OK;
     for (int k = 0; k < node->num_inputs; k++) {

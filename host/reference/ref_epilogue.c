@@ -4,6 +4,7 @@
  * so an optimized graph gives bit for bit what the unoptimized one gives on the CPU. */
 #include "host/pointwise.h"
 #include "host/reference/ref_shared.h"
+#include "host/storage.h"
 
 /* The activation's row in host/pointwise.h; -1 for none. */
 static int act_row(mn_act act) {
@@ -63,12 +64,13 @@ mn_status mn_ref_MATMUL_AT_BGRAD(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
-/* gelu_grad(x, dy); value 1 sums its rows before the value is stored; variant 1: value 2 is
- * gelu(x). */
+/* gelu_grad(x, dy); value 1 sums its rows as stored (as sum_rows reading the stored value
+ * would); variant 1: value 2 is gelu(x). */
 mn_status mn_ref_GELU_GRAD_BGRAD(const mn_ref_ctx *c) {
   size_t n = mn_ref_numel(c), cols = mn_ref_last_dim(&c->node->type);
   float *o = mn_ref_out_f32(c);
   mn_ref_pw_loop(MN_PW_GELU_GRAD, mn_ref_in_f32(c, 0), mn_ref_in_f32(c, 1), NULL, 0.0, o, n);
+  mn_storage_round_n(c->out_storage, o, n);
   mn_ref_column_sums(o, n / cols, cols, c->extra_out[0]);
   if (c->node->attrs.variant == 1)
     mn_ref_pw_loop(MN_PW_GELU, mn_ref_in_f32(c, 0), NULL, NULL, 0.0, c->extra_out[1], n);

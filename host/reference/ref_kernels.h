@@ -17,7 +17,8 @@ typedef struct mn_ref_ctx {
   void *extra_out[MN_MAX_EXTRA_OUTPUTS]; /* multi-output nodes: the buffers of values 1.. */
   const void *in[MN_MAX_INPUTS];         /* inputs' buffers, in node->inputs order */
   char *error;                           /* runtime failures (bad indices) write a message here */
-  uint64_t micro_step; /* the session's micro-step counter (MN_OPF_RANDOM ops, host/ops.h) */
+  uint64_t micro_step;  /* the session's micro-step counter (MN_OPF_RANDOM ops, host/ops.h) */
+  mn_dtype out_storage; /* how the node's buffer stores its value (F32 unless low precision) */
   size_t error_size;
 } mn_ref_ctx;
 
