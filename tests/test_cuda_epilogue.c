@@ -536,11 +536,7 @@ Test(cuda_epilogue, group_norm_silu) {
  * (MN_RECOMPUTE=separate). */
 Test(cuda_epilogue, gpt2_with_gelu_grad_bgrad_trains_as_on_the_cpu) {
   mn_test_require_cuda_build();
-  mn_model_config c = mn_test_tiny_gpt2();
-  c.hidden_size = 256;
-  c.head_dim = 64;
-  c.intermediate_size = 4096;
-  c.max_positions = 128;
+  mn_model_config c = mn_test_wide_mlp_gpt2();
   mn_graph *g = NULL;
   cr_assert_eq(mn_model_build(&c, 1, 128, NULL, &g), MN_OK, "%s", mn_last_error());
   if (!mn_test_cuda_device_present()) {

@@ -122,14 +122,9 @@ Test(recompute, training_is_unchanged) {
   }
 }
 
-/* GPT-2 at a width where gelu_grad stays a kernel of its own (the cost model prices cuBLASLt's
- * DGELU epilogue out above about 70 columns at this many tokens x MLP columns). */
+/* GPT-2 at a width where gelu_grad stays a kernel of its own, 128 tokens. */
 static mn_graph *wide_gpt2(void) {
-  mn_model_config c = mn_test_tiny_gpt2();
-  c.hidden_size = 256;
-  c.head_dim = 64;
-  c.intermediate_size = 4096;
-  c.max_positions = 128;
+  mn_model_config c = mn_test_wide_mlp_gpt2();
   mn_graph *g = NULL;
   cr_assert_eq(mn_model_build(&c, 1, 128, NULL, &g), MN_OK, "%s", mn_last_error());
   return g;

@@ -190,6 +190,45 @@ template <int S> __device__ __forceinline__ float mn_as_stored(float v) {
   }
 }
 
+// One row's VEC elements of a and b at element i (8 a 16-byte access, or 1).
+template <int VEC, class A, class B>
+__device__ __forceinline__ void mn_colsum_load(A a, B b, long long i, float (&va)[VEC],
+                                               float (&vb)[VEC]) {
+  if constexpr (VEC == 8) {
+    mn_pw_ld8(a, i / 8, va);
+    mn_pw_ld8(b, i / 8, vb);
+  } else {
+    va[0] = a[i];
+    vb[0] = b[i];
+  }
+}
+
+// f(a, b) of row OP stored at p[0][i..], added as stored into acc; with AOP >= 0 row AOP of a
+// alone stored at p[4][i..].
+template <int OP, int AOP, int VEC, class IO>
+__device__ __forceinline__ void mn_colsum_emit(const IO &io, long long i, const float (&va)[VEC],
+                                               const float (&vb)[VEC], float (&acc)[VEC]) {
+  float v[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; j++) {
+    v[j] = mn_pw_apply<OP>(va[j], vb[j], 0.0f, 0.0, 0.0f);
+    acc[j] += mn_as_stored<mn_io_storage<IO, 0>::value>(v[j]);
+  }
+  if constexpr (VEC == 8)
+    mn_pw_st8(mn_out<0>(io), i / 8, v);
+  else
+    mn_out<0>(io)[i] = v[0];
+  if constexpr (AOP >= 0) {
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+      v[j] = mn_pw_apply<AOP>(va[j], 0.0f, 0.0f, 0.0, 0.0f);
+    if constexpr (VEC == 8)
+      mn_pw_st8(mn_out<4>(io), i / 8, v);
+    else
+      mn_out<4>(io)[i] = v[0];
+  }
+}
+
 // out = f(a, b) of row OP over ROWS x NCOL, and the column sums of the values as out stores
 // them (what sum_rows reading out would add). Block (x, y) takes CT x VEC adjacent columns of the
 // rows [ROWS y / CH, ROWS (y + 1) / CH); its LANES row lanes of CT threads each take every LANES-th
@@ -206,7 +245,6 @@ __device__ void mn_pw_map_colsum(const IO &io) {
   static_assert(VEC == 1 || (VEC == 8 && NCOL % 8 == 0), "8 columns a thread need rows of 8k");
   constexpr int U = 2, COLS = CT * VEC;
   __shared__ float sums[LANES][COLS];
-  auto out = mn_out<0>(io);
   auto a = mn_in<1>(io);
   auto b = mn_in<2>(io);
   const int ct = threadIdx.x % CT, lane = threadIdx.x / CT;
@@ -218,68 +256,16 @@ __device__ void mn_pw_map_colsum(const IO &io) {
     for (; r + (U - 1) * LANES < r1; r += U * LANES) {
       float va[U][VEC], vb[U][VEC];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const long long i = (r + u * LANES) * NCOL + col;
-        if constexpr (VEC == 8) {
-          mn_pw_ld8(a, i / 8, va[u]);
-          mn_pw_ld8(b, i / 8, vb[u]);
-        } else {
-          va[u][0] = a[i];
-          vb[u][0] = b[i];
-        }
-      }
+      for (int u = 0; u < U; u++)
+        mn_colsum_load<VEC>(a, b, (r + u * LANES) * NCOL + col, va[u], vb[u]);
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        float v[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; j++) {
-          v[j] = mn_pw_apply<OP>(va[u][j], vb[u][j], 0.0f, 0.0, 0.0f);
-          acc[j] += mn_as_stored<mn_io_storage<IO, 0>::value>(v[j]);
-        }
-        const long long i = (r + u * LANES) * NCOL + col;
-        if constexpr (VEC == 8)
-          mn_pw_st8(out, i / 8, v);
-        else
-          out[i] = v[0];
-        if constexpr (AOP >= 0) {
-#pragma unroll
-          for (int j = 0; j < VEC; j++)
-            v[j] = mn_pw_apply<AOP>(va[u][j], 0.0f, 0.0f, 0.0, 0.0f);
-          if constexpr (VEC == 8)
-            mn_pw_st8(mn_out<4>(io), i / 8, v);
-          else
-            mn_out<4>(io)[i] = v[0];
-        }
-      }
+      for (int u = 0; u < U; u++)
+        mn_colsum_emit<OP, AOP, VEC>(io, (r + u * LANES) * NCOL + col, va[u], vb[u], acc);
     }
     for (; r < r1; r += LANES) {
-      const long long i = r * NCOL + col;
-      float va[VEC], vb[VEC], v[VEC];
-      if constexpr (VEC == 8) {
-        mn_pw_ld8(a, i / 8, va);
-        mn_pw_ld8(b, i / 8, vb);
-      } else {
-        va[0] = a[i];
-        vb[0] = b[i];
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; j++) {
-        v[j] = mn_pw_apply<OP>(va[j], vb[j], 0.0f, 0.0, 0.0f);
-        acc[j] += mn_as_stored<mn_io_storage<IO, 0>::value>(v[j]);
-      }
-      if constexpr (VEC == 8)
-        mn_pw_st8(out, i / 8, v);
-      else
-        out[i] = v[0];
-      if constexpr (AOP >= 0) {
-#pragma unroll
-        for (int j = 0; j < VEC; j++)
-          v[j] = mn_pw_apply<AOP>(va[j], 0.0f, 0.0f, 0.0, 0.0f);
-        if constexpr (VEC == 8)
-          mn_pw_st8(mn_out<4>(io), i / 8, v);
-        else
-          mn_out<4>(io)[i] = v[0];
-      }
+      float va[VEC], vb[VEC];
+      mn_colsum_load<VEC>(a, b, r * NCOL + col, va, vb);
+      mn_colsum_emit<OP, AOP, VEC>(io, r * NCOL + col, va, vb, acc);
     }
   }
 #pragma unroll

@@ -77,6 +77,15 @@ mn_model_config mn_test_tiny_gpt2(void) {
                            .tie_word_embeddings = true};
 }
 
+mn_model_config mn_test_wide_mlp_gpt2(void) {
+  mn_model_config c = mn_test_tiny_gpt2();
+  c.hidden_size = 256;
+  c.head_dim = 64;
+  c.intermediate_size = 4096;
+  c.max_positions = 128;
+  return c;
+}
+
 mn_model_config mn_test_tiny_llama(void) {
   return (mn_model_config){.family = MN_MODEL_LLAMA,
                            .vocab_size = 61,

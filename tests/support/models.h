@@ -41,6 +41,11 @@ mn_node mn_test_block(mn_graph *g, const mn_test_block_config *c, const mn_test_
 mn_model_config mn_test_tiny_gpt2(void);
 mn_model_config mn_test_tiny_llama(void);
 
+/* The tiny GPT-2 at width 256 (4 heads of 64), MLP 4096 and 128 positions: at 128 tokens wide
+ * enough that gelu_grad stays a kernel of its own (the cost model prices cuBLASLt's DGELU
+ * epilogue out), so the bias gradient and the recomputed GELU ride on it (gelu_grad_bgrad). */
+mn_model_config mn_test_wide_mlp_gpt2(void);
+
 /* A language model of `layers` blocks: u32 inputs "tokens" and "labels" [batch, seq], an
  * embedding "embed_tokens.weight" [vocab, D] that is also the (tied) output head, a final
  * rms_norm "norm.weight", and the sparse cross-entropy of the logits as the one output. Check
