@@ -239,6 +239,8 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
 #define COLSUM_LANES    8
 #define COLSUM_BLOCKS   512
 #define COLSUM_MIN_ROWS 32
+/* Rows of a chunk at most: a lane adds at most COLSUM_MAX_ROWS / COLSUM_LANES values in float. */
+#define COLSUM_MAX_ROWS 4096
 
 /* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1 (chunks of
  * rows write double partials to scratch, which mn_red_sum_rows_final adds in a fixed order)
@@ -253,6 +255,8 @@ mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
   int64_t ch = COLSUM_BLOCKS / col_blocks;
   if (ch > rows / COLSUM_MIN_ROWS) ch = rows / COLSUM_MIN_ROWS;
+  if (ch < (rows + COLSUM_MAX_ROWS - 1) / COLSUM_MAX_ROWS)
+    ch = (rows + COLSUM_MAX_ROWS - 1) / COLSUM_MAX_ROWS;
   if (ch > 65535) ch = 65535;
   if (ch < 1) ch = 1;
   bool act = c->node->attrs.variant == 1;

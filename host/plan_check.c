@@ -140,10 +140,13 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
     return extra->type.rank >= 1 && extra->type.rank <= 2 &&
            mn_tensor_type_numel(&extra->type) == last_dim(summed);
   }
-  case MN_OP_GELU_GRAD_BGRAD:
+  case MN_OP_GELU_GRAD_BGRAD: {
     if (extra->attrs.variant == 2) return mn_type_same_shape(&extra->type, &producer->type);
-    return extra->type.rank >= 1 && extra->type.rank <= 2 &&
-           mn_tensor_type_numel(&extra->type) == last_dim(&producer->type);
+    int64_t n = last_dim(&producer->type);
+    /* [N] or [1, N], as sum_rows makes it */
+    return (extra->type.rank == 1 && extra->type.shape[0] == n) ||
+           (extra->type.rank == 2 && extra->type.shape[0] == 1 && extra->type.shape[1] == n);
+  }
   default: return false;
   }
 }

@@ -75,8 +75,13 @@ bool mn_storage_reads_low(mn_op op, int k) {
 /* Ops that produce or sum weight gradients: a value of theirs whose every reader is a
  * parameter gradient (or such a value) is a partial weight gradient, kept in fp32 so that the
  * sum is accumulated in fp32. */
-static bool makes_weight_gradients(mn_op op) {
-  switch (op) {
+static bool makes_weight_gradients(const mn_graph *g, const mn_node_rec *n) {
+  /* the column sums of a bias-gradient pair (optimizer/bgrad.h) stand for a sum_rows */
+  if (n->op == MN_OP_EXTRA_OUTPUT && n->attrs.variant == 1) {
+    mn_op producer = g->nodes[n->inputs[0]].op;
+    return producer == MN_OP_MATMUL_AT_BGRAD || producer == MN_OP_GELU_GRAD_BGRAD;
+  }
+  switch (n->op) {
   case MN_OP_MATMUL_AT:
   case MN_OP_MATMUL_AT_BGRAD:
   case MN_OP_SUM_ROWS:
@@ -121,7 +126,7 @@ static mn_status mark_weight_gradients(const mn_plan *p, bool *weight_grad) {
   for (size_t i = 0; i < p->num_params; i++)
     if (p->params[i].grad != MN_NO_NODE) weight_grad[p->params[i].grad] = true;
   for (size_t i = n; i-- > 0;) {
-    if (weight_grad[i] || !makes_weight_gradients(g->nodes[i].op) ||
+    if (weight_grad[i] || !makes_weight_gradients(g, &g->nodes[i]) ||
         mn_plan_buffer_of(p, (mn_node)i)->role != MN_BUF_ACTIVATION || first[i] == first[i + 1])
       continue;
     bool all = true;

@@ -130,6 +130,7 @@ static int pair_gelu(pass *p, mn_node s, size_t *made) {
   if (dn->op != MN_OP_GELU_GRAD || dn->type.dtype != MN_F32 || !gelu_sums_wanted()) return 0;
   if (!p->work && !(p->work = mn_graph_clone(p->in))) return -1;
   p->work->nodes[d].op = MN_OP_GELU_GRAD_BGRAD;
+  p->work->nodes[d].attrs = (mn_op_attrs){0}; /* variant 0: no value 2 */
   mn_node_rec *sum = &p->work->nodes[s];
   sum->op = MN_OP_EXTRA_OUTPUT;
   sum->inputs[0] = d;

@@ -54,7 +54,8 @@ static mn_node first_late_reader(const mn_graph *g, const mn_readers *u, mn_node
   return late;
 }
 
-/* Whether node `from` reads, directly or not, a reader of `value` at or after node `late`. */
+/* Whether node `from` of g reads, directly or not, a reader of `value` at or after node `late`
+ * (readers as u lists them; g may have grown past them, seen and stack hold g's nodes). */
 static bool reads_late_reader(const mn_graph *g, const mn_readers *u, mn_node value, mn_node late,
                               mn_node from, bool *seen, mn_node *stack) {
   for (size_t i = 0; i < g->num_nodes; i++)
@@ -82,11 +83,13 @@ static bool gelu_joins_its_gradient(void) {
   return !(env && strcmp(env, "separate") == 0);
 }
 
-/* For a GELU i recomputed before `late`: the gelu_grad_bgrad (variant 0) that reads i's input as
- * its x and reads none of i's late readers, which can then write gelu(x) as its value 2: the
- * backward reads x once for both, in one kernel. MN_NO_NODE when there is none. */
-static mn_node gelu_partner(const mn_graph *g, const mn_readers *u, mn_node i, mn_node late,
-                            bool *seen, mn_node *stack) {
+/* For a GELU i of `in` recomputed before `late`: the gelu_grad_bgrad (variant 0) that reads i's
+ * input as its x and, in `work` (in with the rewrites so far, which add edges), reads none of
+ * i's late readers, which can then write gelu(x) as its value 2: the backward reads x once for
+ * both, in one kernel. MN_NO_NODE when there is none. */
+static mn_node gelu_partner(const mn_graph *in, const mn_graph *work, const mn_readers *u,
+                            mn_node i, mn_node late, bool *seen, mn_node *stack) {
+  const mn_graph *g = in;
   const mn_node_rec *n = &g->nodes[i];
   if (n->op != MN_OP_GELU || n->num_inputs != 1 || !gelu_joins_its_gradient()) return MN_NO_NODE;
   mn_node x = n->inputs[0];
@@ -96,7 +99,8 @@ static mn_node gelu_partner(const mn_graph *g, const mn_readers *u, mn_node i, m
     if (p->op != MN_OP_GELU_GRAD_BGRAD || p->attrs.variant != 0 || p->inputs[0] != x ||
         !mn_type_same_shape(&p->type, &n->type))
       continue;
-    if (!reads_late_reader(g, u, i, late, j, seen, stack)) return j;
+    if (work->nodes[j].attrs.variant == 0 && !reads_late_reader(work, u, i, late, j, seen, stack))
+      return j;
   }
   return MN_NO_NODE;
 }
@@ -106,8 +110,9 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
   const mn_graph *in = *g;
   size_t n = in->num_nodes;
   mn_readers u;
-  bool *seen = malloc((n ? n : 1) * sizeof *seen);
-  mn_node *stack = malloc((n ? n : 1) * sizeof *stack);
+  /* each recomputed value appends one node to the work graph */
+  bool *seen = malloc((2 * n + 1) * sizeof *seen);
+  mn_node *stack = malloc((2 * n + 1) * sizeof *stack);
   if (!mn_readers_init(&u, in) || !seen || !stack) {
     mn_readers_free(&u);
     free(seen);
@@ -131,8 +136,8 @@ mn_status mn_recompute_activations(mn_graph **g, size_t *made) {
     mn_node ins[MN_MAX_INPUTS];
     for (int k = 0; k < src->num_inputs; k++)
       ins[k] = src->inputs[k];
-    mn_node partner = gelu_partner(in, &u, (mn_node)i, late, seen, stack), again;
-    if (partner != MN_NO_NODE && work->nodes[partner].attrs.variant == 0) {
+    mn_node partner = gelu_partner(in, work, &u, (mn_node)i, late, seen, stack), again;
+    if (partner != MN_NO_NODE) {
       mn_op_attrs value2 = {.variant = 2};
       again = mn_graph_append(work, MN_OP_EXTRA_OUTPUT, &partner, 1, &type, &value2, NULL);
       if (again != MN_NO_NODE) work->nodes[partner].attrs.variant = 1;

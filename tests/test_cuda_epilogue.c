@@ -443,8 +443,9 @@ Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
 
 /* ------------------------------------------------------------------ gelu_grad_bgrad */
 
-/* Rows of 8k columns (8 a thread) and odd rows (one a thread); row chunks summed through
- * partials and, for 3 rows, in one pass; a GPT-2-wide row of 3072 over 1024 rows. */
+/* Rows of 8k columns (8 a thread) and of odd length (one a thread); under 64 rows summed in one
+ * pass ([37, 24], [5, 9, 13], [3, 40]), from 64 through per-chunk partials ([2, 64, 256],
+ * [256, 13], [1024, 3072]: GPT-2's row of 3072); with and without gelu(x) as value 2. */
 Test(cuda_epilogue, gelu_grad_bgrad_values_and_sums) {
   mn_test_require_cuda_build();
   check(gelu_bgrad_graph(MN_SHAPE(37, 24)), "gelu_grad_bgrad [37, 24]", 700);
@@ -456,6 +457,10 @@ Test(cuda_epilogue, gelu_grad_bgrad_values_and_sums) {
   check(gelu_bgrad_graph_with(MN_SHAPE(5, 9, 13), true), "gelu_grad_bgrad and gelu [5, 9, 13]",
         707);
   check(gelu_bgrad_graph_with(MN_SHAPE(3, 40), true), "gelu_grad_bgrad and gelu [3, 40]", 708);
+  check(gelu_bgrad_graph(MN_SHAPE(256, 13)), "gelu_grad_bgrad [256, 13]", 709);
+  check(gelu_bgrad_graph_with(MN_SHAPE(256, 13), true), "gelu_grad_bgrad and gelu [256, 13]", 710);
+  check(gelu_bgrad_graph_with(MN_SHAPE(1024, 3072), true), "gelu_grad_bgrad and gelu [1024, 3072]",
+        711);
   /* The gradient and the sums stored as bf16 (8 values an access through the 2-byte stores). */
   mn_graph *g = gelu_bgrad_graph(MN_SHAPE(1024, 3072));
   mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
@@ -551,6 +556,16 @@ Test(cuda_epilogue, gpt2_with_gelu_grad_bgrad_trains_as_on_the_cpu) {
     if (i) setenv("MN_RECOMPUTE", "separate", 1);
     s[i] = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
     unsetenv("MN_RECOMPUTE");
+    /* the plans differ as they should: layer 0's GELU in the kernel (variant 1), or apart */
+    const mn_graph *pg = mn_session_plan(s[i])->graph;
+    size_t joined = 0, plain = 0;
+    for (size_t n = 0; n < pg->num_nodes; n++)
+      if (pg->nodes[n].op == MN_OP_GELU_GRAD_BGRAD) {
+        joined += pg->nodes[n].attrs.variant == 1;
+        plain += pg->nodes[n].attrs.variant == 0;
+      }
+    cr_assert_eq(joined, i ? 0u : 1u, "plan %d: %zu gelu_grad_bgrad with gelu(x)", i, joined);
+    cr_assert_eq(plain, i ? 2u : 1u, "plan %d: %zu gelu_grad_bgrad alone", i, plain);
   }
   mn_rng r = mn_rng_new(43);
   mn_test_init_normal(g, s, 2, &r, 0.02f, true);
