@@ -235,10 +235,11 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
  * about COLSUM_BLOCKS of them in all (4 a multiprocessor of an H100, 32 warps), each chunk of
  * rows at least COLSUM_MIN_ROWS long. One lane a block (128 threads, 8 columns a thread, 16
  * warps an SM) ran GPT-2's [16384, 3072] at 146 us against 110 us for gelu_grad alone. */
-#define COLSUM_CT       32
-#define COLSUM_LANES    8
-#define COLSUM_BLOCKS   512
-#define COLSUM_MIN_ROWS 32
+#define COLSUM_CT            32
+#define COLSUM_LANES         8
+#define COLSUM_BLOCKS        512
+#define COLSUM_BLOCKS_PER_SM 4
+#define COLSUM_MIN_ROWS      32
 /* Rows of a chunk at most: a lane adds at most COLSUM_MAX_ROWS / COLSUM_LANES values in float. */
 #define COLSUM_MAX_ROWS 4096
 
@@ -269,6 +270,10 @@ mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
                        (int)MN_PW_GELU_GRAD, (long long)rows, (long long)ncol, (int)ch, vec,
                        COLSUM_CT, COLSUM_LANES, act ? (int)MN_PW_GELU : -1);
   if (k < 0) return mn_cu_oom(c);
+  /* COLSUM_BLOCKS fill an H100 in one wave only at 4 blocks a multiprocessor (64 registers a
+   * thread); left free, GPT-2's bf16 instance that also writes gelu(x) took 69 for sm_90a and an
+   * SM held 3 (504 blocks over 396 places); bounded, it takes 60 and spills nothing. */
+  mn_cu_kernel_min_blocks(c, k, COLSUM_BLOCKS_PER_SM);
   mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_node_arg(sums),
                        act ? mn_cu_node_arg(gelu) : mn_cu_out(c)};
   int nargs = act ? 5 : 4;
