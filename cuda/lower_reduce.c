@@ -205,6 +205,28 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   return st != MN_OK ? st : mean_of_counted_rows(c, scratch, r.rows);
 }
 
+/* The row chunks of a column sum over `rows` rows in col_blocks column blocks: about `blocks`
+ * blocks in all, each chunk at least min_rows long and, with max_rows, at most that; 1 to
+ * 65535 chunks. */
+static int64_t row_chunks(int64_t rows, unsigned col_blocks, int64_t blocks, int64_t min_rows,
+                          int64_t max_rows) {
+  int64_t ch = blocks / col_blocks;
+  if (ch > rows / min_rows) ch = rows / min_rows;
+  if (max_rows && ch < (rows + max_rows - 1) / max_rows) ch = (rows + max_rows - 1) / max_rows;
+  if (ch > 65535) ch = 65535;
+  return ch < 1 ? 1 : ch;
+}
+
+/* The ch double partials of each of ncol columns (scratch, chunk-major) added in a fixed order
+ * into sums. */
+static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg partials,
+                              int64_t ncol, int64_t ch) {
+  int k = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
+  if (k < 0) return mn_cu_oom(c);
+  mn_cu_arg args[2] = {sums, partials};
+  return mn_cu_launch(c, k, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, args);
+}
+
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
@@ -212,10 +234,7 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   int64_t ncol = last_dim(t), rows = mn_tensor_type_numel(t) / ncol;
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
-  int64_t ch = 512 / col_blocks;
-  if (ch > rows / 16) ch = rows / 16;
-  if (ch > 65535) ch = 65535;
-  if (ch < 1) ch = 1;
+  int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);
   int k1 = mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
                         (long long)rows, (long long)ncol, (int)ch, block);
   if (ch == 1) {
@@ -225,10 +244,7 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   mn_cu_arg scratch = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
   mn_cu_arg args[2] = {scratch, mn_cu_in(c, 0)};
   mn_status st = mn_cu_launch(c, k1, col_blocks, (unsigned)ch, 1, 0, 2, args);
-  if (st != MN_OK) return st;
-  int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
-  mn_cu_arg fin[2] = {mn_cu_out(c), scratch};
-  return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
+  return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
 }
 
 /* gelu_grad_bgrad's first pass: blocks of COLSUM_CT column threads by COLSUM_LANES row lanes,
@@ -254,12 +270,7 @@ mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   int64_t ncol = last_dim(&c->node->type), rows = mn_cu_numel(c) / ncol;
   int vec = ncol % 8 == 0 ? 8 : 1;
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
-  int64_t ch = COLSUM_BLOCKS / col_blocks;
-  if (ch > rows / COLSUM_MIN_ROWS) ch = rows / COLSUM_MIN_ROWS;
-  if (ch < (rows + COLSUM_MAX_ROWS - 1) / COLSUM_MAX_ROWS)
-    ch = (rows + COLSUM_MAX_ROWS - 1) / COLSUM_MAX_ROWS;
-  if (ch > 65535) ch = 65535;
-  if (ch < 1) ch = 1;
+  int64_t ch = row_chunks(rows, col_blocks, COLSUM_BLOCKS, COLSUM_MIN_ROWS, COLSUM_MAX_ROWS);
   bool act = c->node->attrs.variant == 1;
   mn_node gelu = act ? mn_plan_extra_output(c->plan, c->id, 2) : MN_NO_NODE;
   if (act && gelu == MN_NO_NODE)
@@ -280,9 +291,5 @@ mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, nargs, args);
   args[3] = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
   mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, nargs, args);
-  if (st != MN_OK) return st;
-  int k2 = mn_cu_kernel(c, 256, "mn_red_sum_rows_final<%lldLL, %d>", (long long)ncol, (int)ch);
-  if (k2 < 0) return mn_cu_oom(c);
-  mn_cu_arg fin[2] = {mn_cu_node_arg(sums), args[3]};
-  return mn_cu_launch(c, k2, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, fin);
+  return st != MN_OK ? st : add_partials(c, mn_cu_node_arg(sums), args[3], ncol, ch);
 }

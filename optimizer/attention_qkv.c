@@ -2,9 +2,9 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "host/error.h"
+#include "optimizer/pass_switch.h"
 #include "optimizer/readers.h"
 
 /* The one reader of i (read in one slot), or MN_NO_NODE. */
@@ -164,17 +164,6 @@ static bool match(const mn_graph *g, const mn_readers *r, mn_node f, qkv_match *
   return m->sum != MN_NO_NODE && (inner == MN_NO_NODE || !is_output(g, inner));
 }
 
-/* MN_OPTIMIZE_OFF names this pass. */
-static bool turned_off(void) {
-  const char *list = getenv("MN_OPTIMIZE_OFF");
-  if (!list) return false;
-  const char *name = "attention_qkv";
-  size_t len = strlen(name);
-  for (const char *p = list; (p = strstr(p, name)) != NULL; p += len)
-    if ((p == list || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return true;
-  return false;
-}
-
 static void rewrite(mn_graph *w, const mn_readers *r, const qkv_match *m) {
   mn_node_rec *f = &w->nodes[m->f];
   f->op = MN_OP_QKV_CAUSAL_ATTENTION;
@@ -203,7 +192,7 @@ static void rewrite(mn_graph *w, const mn_readers *r, const qkv_match *m) {
 
 mn_status mn_attention_read_qkv_in_place(mn_graph **g, size_t *made) {
   *made = 0;
-  if (turned_off()) return MN_OK;
+  if (mn_optimize_pass_off("attention_qkv")) return MN_OK;
   const mn_graph *in = *g;
   mn_readers r = {0};
   mn_graph *work = NULL;

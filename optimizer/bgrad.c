@@ -1,9 +1,9 @@
 #include "optimizer/bgrad.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "host/error.h"
+#include "optimizer/pass_switch.h"
 
 typedef struct pass {
   const mn_graph *in;
@@ -116,18 +116,13 @@ static bool pair(pass *p, mn_node s, size_t *made) {
   return true;
 }
 
-/* MN_GELU_BGRAD=0 leaves gelu_grad's sums to the products (A/B runs). */
-static bool gelu_sums_wanted(void) {
-  const char *env = getenv("MN_GELU_BGRAD");
-  return !(env && strcmp(env, "0") == 0);
-}
-
 /* Sum s of a gelu_grad's value rides on that kernel (gelu_grad_bgrad): 1 when paired, 0 when
  * s sums something else, -1 out of memory. */
 static int pair_gelu(pass *p, mn_node s, size_t *made) {
   mn_node d = current(p)->nodes[s].inputs[0];
   const mn_node_rec *dn = &current(p)->nodes[d];
-  if (dn->op != MN_OP_GELU_GRAD || dn->type.dtype != MN_F32 || !gelu_sums_wanted()) return 0;
+  if (dn->op != MN_OP_GELU_GRAD || dn->type.dtype != MN_F32 || mn_optimize_pass_off("gelu_bgrad"))
+    return 0;
   if (!p->work && !(p->work = mn_graph_clone(p->in))) return -1;
   p->work->nodes[d].op = MN_OP_GELU_GRAD_BGRAD;
   p->work->nodes[d].attrs = (mn_op_attrs){0}; /* variant 0: no value 2 */

@@ -18,7 +18,7 @@
  * A sum of a gelu_grad's value is paired with that gelu_grad first (gelu_grad_bgrad, value 1
  * its column sums): the kernel that makes the gradient sums it as it goes, and the weight
  * gradient's product runs without the epilogue, which slowed GPT-2's [768, 3072] products
- * from about 590 to 470 TFLOP/s on an H100 (docs/performance.md). MN_GELU_BGRAD=0 turns this
+ * from about 590 to 470 TFLOP/s on an H100 (docs/performance.md). MN_OPTIMIZE_OFF=gelu_bgrad turns this
  * pairing off. */
 #ifndef MN_OPTIMIZER_BGRAD_H
 #define MN_OPTIMIZER_BGRAD_H

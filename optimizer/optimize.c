@@ -14,6 +14,7 @@
 #include "optimizer/extract.h"
 #include "optimizer/fusion.h"
 #include "optimizer/loss_grad.h"
+#include "optimizer/pass_switch.h"
 #include "optimizer/recompute.h"
 #include "optimizer/report.h"
 #include "optimizer/rewrite.h"
@@ -23,13 +24,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* MN_RECOMPUTE=0 keeps every activation instead (A/B runs of memory against time; "separate"
- * in recompute.c). */
-static bool recompute_wanted(void) {
-  const char *env = getenv("MN_RECOMPUTE");
-  return !(env && strcmp(env, "0") == 0);
 }
 
 static size_t count_dispatches(const mn_graph *g) {
@@ -196,7 +190,7 @@ mn_status mn_optimize_graph_limits(const char *fn, mn_graph **g, const mn_sessio
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fuse_loss_gradients(&out, &sr->loss_gradients);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL && opts->precision != MN_PRECISION_F32 &&
-      recompute_wanted())
+      !mn_optimize_pass_off("recompute"))
     st = mn_recompute_activations(&out, &sr->recomputed);
   if (st == MN_OK && stage == MN_OPTIMIZE_FULL)
     st = mn_fold_scales_into_products(&out, &sr->scales_folded);

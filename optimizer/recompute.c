@@ -1,9 +1,9 @@
 #include "optimizer/recompute.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "host/error.h"
+#include "optimizer/pass_switch.h"
 #include "optimizer/readers.h"
 
 static bool cheap_activation(const mn_node_rec *n) {
@@ -77,25 +77,20 @@ static bool reads_late_reader(const mn_graph *g, const mn_readers *u, mn_node va
   return false;
 }
 
-/* MN_RECOMPUTE=separate recomputes GELU in a kernel of its own (A/B runs). */
-static bool gelu_joins_its_gradient(void) {
-  const char *env = getenv("MN_RECOMPUTE");
-  return !(env && strcmp(env, "separate") == 0);
-}
-
 /* For a GELU i of `in` recomputed before `late`: the gelu_grad_bgrad (variant 0) that reads i's
  * input as its x and, in `work` (in with the rewrites so far, which add edges), reads none of
  * i's late readers, which can then write gelu(x) as its value 2: the backward reads x once for
  * both, in one kernel. MN_NO_NODE when there is none. */
 static mn_node gelu_partner(const mn_graph *in, const mn_graph *work, const mn_readers *u,
                             mn_node i, mn_node late, bool *seen, mn_node *stack) {
-  const mn_graph *g = in;
-  const mn_node_rec *n = &g->nodes[i];
-  if (n->op != MN_OP_GELU || n->num_inputs != 1 || !gelu_joins_its_gradient()) return MN_NO_NODE;
+  const mn_node_rec *n = &in->nodes[i];
+  if (n->op != MN_OP_GELU || n->num_inputs != 1 ||
+      mn_optimize_pass_off("recompute_gelu_in_gradient"))
+    return MN_NO_NODE;
   mn_node x = n->inputs[0];
   for (size_t r = u->start[x]; r < u->start[x + 1]; r++) {
     mn_node j = u->readers[r];
-    const mn_node_rec *p = &g->nodes[j];
+    const mn_node_rec *p = &in->nodes[j];
     if (p->op != MN_OP_GELU_GRAD_BGRAD || p->attrs.variant != 0 || p->inputs[0] != x ||
         !mn_type_same_shape(&p->type, &n->type))
       continue;

@@ -11,8 +11,9 @@
  * A GELU whose gradient's kernel reads the same input (gelu_grad_bgrad, optimizer/bgrad.h) is
  * recomputed by that kernel instead, as its value 2: the backward then reads the
  * pre-activation once for both and launches one kernel fewer, provided that kernel reads none
- * of the GELU's late readers (it would have to run after itself). MN_RECOMPUTE=separate keeps
- * the GELU a kernel of its own, MN_RECOMPUTE=0 recomputes nothing (A/B runs).
+ * of the GELU's late readers (it would have to run after itself). MN_OPTIMIZE_OFF=
+ * recompute_gelu_in_gradient keeps the GELU a kernel of its own, MN_OPTIMIZE_OFF=recompute
+ * recomputes nothing (A/B runs, optimizer/pass_switch.h).
  *
  * Only for low-precision sessions (mn_optimize_graph_limits decides): there the bar is
  * PyTorch's autocast peak; fp32 sessions keep their step times. */

@@ -538,7 +538,7 @@ Test(cuda_epilogue, group_norm_silu) {
 /* GPT-2 wide enough that gelu_grad stays a kernel of its own (test_recompute.c): c_fc's bias
  * gradient rides on it and layer 0's recomputed GELU is its value 2. bf16 training on CUDA
  * follows the CPU's, and is bit for bit that of the plan that recomputes the GELU apart
- * (MN_RECOMPUTE=separate). */
+ * (MN_OPTIMIZE_OFF=recompute_gelu_in_gradient). */
 Test(cuda_epilogue, gpt2_with_gelu_grad_bgrad_trains_as_on_the_cpu) {
   mn_test_require_cuda_build();
   mn_model_config c = mn_test_wide_mlp_gpt2();
@@ -553,9 +553,9 @@ Test(cuda_epilogue, gpt2_with_gelu_grad_bgrad_trains_as_on_the_cpu) {
   mn_test_check_cuda_model(g, true, ranges, 41);
   mn_session *s[2];
   for (int i = 0; i < 2; i++) {
-    if (i) setenv("MN_RECOMPUTE", "separate", 1);
+    if (i) setenv("MN_OPTIMIZE_OFF", "recompute_gelu_in_gradient", 1);
     s[i] = mn_test_session_precision(g, MN_BACKEND_CUDA, MN_PRECISION_BF16, true);
-    unsetenv("MN_RECOMPUTE");
+    unsetenv("MN_OPTIMIZE_OFF");
     /* the plans differ as they should: layer 0's GELU in the kernel (variant 1), or apart */
     const mn_graph *pg = mn_session_plan(s[i])->graph;
     size_t joined = 0, plain = 0;

@@ -143,15 +143,54 @@ static size_t count_in_plan(const mn_graph *g, mn_op op, int variant) {
 
 /* The first layer's GELU, read late by c_proj's weight gradient, is recomputed by the kernel
  * that makes its gradient and its bias gradient (gelu_grad_bgrad variant 1, gelu(x) its value
- * 2), not by a GELU of its own; MN_RECOMPUTE=separate keeps that GELU apart. */
+ * 2), not by a GELU of its own; MN_OPTIMIZE_OFF=recompute_gelu_in_gradient
+ * keeps that GELU apart. */
 Test(recompute, gelu_is_recomputed_by_its_gradients_kernel) {
   mn_graph *g = wide_gpt2();
   cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 1), 1, "layer 0 recomputes in it");
   cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 0), 1, "layer 1's GELU is still live");
   cr_assert_eq(count_in_plan(g, MN_OP_GELU, -1), 2, "the forward's GELUs only");
-  setenv("MN_RECOMPUTE", "separate", 1);
+  setenv("MN_OPTIMIZE_OFF", "recompute_gelu_in_gradient", 1);
   cr_assert_eq(count_in_plan(g, MN_OP_GELU_GRAD_BGRAD, 1), 0);
   cr_assert_eq(count_in_plan(g, MN_OP_GELU, -1), 3, "and one recomputed");
-  unsetenv("MN_RECOMPUTE");
+  unsetenv("MN_OPTIMIZE_OFF");
+  mn_graph_free(g);
+}
+
+/* On the CPU too, the GELU that gelu_grad_bgrad recomputes (and the bias sums it adds as
+ * stored) give a bf16 training step bit for bit that of the plan with the GELU apart and, with
+ * every pass of the two off, that of plain gelu_grad and sum_rows. */
+Test(recompute, gelu_recomputed_in_its_gradients_kernel_trains_bitwise) {
+  mn_graph *g = wide_gpt2();
+  static const char *const off[3] = {NULL, "recompute_gelu_in_gradient", "gelu_bgrad"};
+  uint32_t ids[128], pos[128], labels[128];
+  for (uint32_t t = 0; t < 128; t++) {
+    ids[t] = (t * 7u + 3u) % 50u;
+    labels[t] = (t * 11u + 5u) % 50u;
+    pos[t] = t;
+  }
+  mn_session *s[3];
+  for (int i = 0; i < 3; i++) {
+    if (off[i]) setenv("MN_OPTIMIZE_OFF", off[i], 1);
+    s[i] = build(g, MN_PRECISION_BF16, NULL);
+    unsetenv("MN_OPTIMIZE_OFF");
+  }
+  mn_rng r = mn_rng_new(9);
+  mn_test_init_normal(g, s, 3, &r, 0.02f, true);
+  float loss[3];
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(mn_session_set_input_u32(s[i], "input_ids", ids, 128), MN_OK);
+    cr_assert_eq(mn_session_set_input_u32(s[i], "position_ids", pos, 128), MN_OK);
+    cr_assert_eq(mn_session_set_input_u32(s[i], "labels", labels, 128), MN_OK);
+    cr_assert_eq(mn_session_set_adamw(s[i], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f), MN_OK);
+    loss[i] = mn_test_step_loss(s[i]);
+  }
+  for (int i = 1; i < 3; i++) {
+    cr_assert(loss[i] == loss[0], "MN_OPTIMIZE_OFF=%s: loss %.9g vs %.9g", off[i], (double)loss[i],
+              (double)loss[0]);
+    mn_test_assert_same_params(g, s[0], s[i], 0, off[i]);
+  }
+  for (int i = 0; i < 3; i++)
+    mn_session_free(s[i]);
   mn_graph_free(g);
 }
