@@ -89,7 +89,11 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
   float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
   mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
                  &st->misc->error, st->shadow}};
-  return mn_cu_launch_kernel(st, (uint32_t)st->opt_update, grid, 256, 0, &io);
+  /* The update takes four elements a thread where it can (optimizer.cuh). */
+  size_t update_blocks = (n + 1023) / 1024;
+  if (update_blocks > 4096) update_blocks = 4096;
+  const unsigned update_grid[3] = {(unsigned)(update_blocks ? update_blocks : 1), 1, 1};
+  return mn_cu_launch_kernel(st, (uint32_t)st->opt_update, update_grid, 256, 0, &io);
 }
 
 /* F16 training: the gradients are unscaled before the optimizer reads them, and the scaler

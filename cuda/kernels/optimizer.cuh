@@ -79,12 +79,44 @@ __device__ void mn_opt_update(const IO &io) {
   const unsigned kind = sc->kind;
   const double lr = sc->lr;
   if (kind == MN_DEV_OPTIM_SGD) {
+    auto sgd = [&](float &gi, float &wi) {
+      if (clip) gi = (float)(gi * coef);
+      wi = (float)(wi - lr * gi);
+    };
+    // Four elements a thread, as Adam below: a small model's update is a few waves of blocks
+    // whose one element a thread left the step waiting on load latency.
+    if constexpr (N % 4 == 0) {
+      bool aligned =
+          ((reinterpret_cast<unsigned long long>(w) | reinterpret_cast<unsigned long long>(g)) &
+           15ull) == 0;
+      if constexpr (LOW)
+        aligned = aligned && (reinterpret_cast<unsigned long long>(lw.p) & 7ull) == 0;
+      if (aligned) {
+        for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < N / 4;
+             q += (long long)gridDim.x * blockDim.x) {
+          float4 g4 = reinterpret_cast<const float4 *>(g)[q];
+          float4 w4 = reinterpret_cast<const float4 *>(w)[q];
+          sgd(g4.x, w4.x);
+          sgd(g4.y, w4.y);
+          sgd(g4.z, w4.z);
+          sgd(g4.w, w4.w);
+          if (clip) reinterpret_cast<float4 *>(g)[q] = g4;
+          reinterpret_cast<float4 *>(w)[q] = w4;
+          if constexpr (LOW) {
+            constexpr int S = mn_io_storage<IO, 7>::value;
+            reinterpret_cast<uint2 *>(lw.p)[q] =
+                make_uint2(mn_lp_round2<S>(w4.x, w4.y), mn_lp_round2<S>(w4.z, w4.w));
+          }
+        }
+        return;
+      }
+    }
     MN_FOR_EACH(i, N) {
-      float gi = clip ? (float)(g[i] * coef) : g[i];
+      float gi = g[i], wi = w[i];
+      sgd(gi, wi);
       if (clip) g[i] = gi;
-      const float nw = (float)(w[i] - lr * gi);
-      w[i] = nw;
-      if constexpr (LOW) lw[i] = nw;
+      w[i] = wi;
+      if constexpr (LOW) lw[i] = wi;
     }
     return;
   }
