@@ -7,6 +7,7 @@
  * way (small instances, mostly shared with other ops), so that decision never needs a
  * second compile. */
 #include "cuda/emit.h"
+#include "cuda/lower_skinny.h"
 #include "host/error.h"
 #include "host/pointwise.h"
 
@@ -97,6 +98,7 @@ mn_status mn_cu_lower_MATMUL_BIAS_ACT(const mn_cu_op_ctx *c) {
                    mn_op_name(c->node->op), (int)act);
   }
   d.bias = mn_cu_in(c, 2);
+  if (act != MN_ACT_SILU && mn_cu_skinny_applies(c, &d)) return mn_cu_skinny_matmul(c, &d);
   bool low = low_precision(c);
   /* cuBLASLt's bf16 relu epilogue measured off the storage table where the biased sum cancels
    * (relu masks moved; 5.5% norm-wise in an MLP's weight gradient, docs/performance.md): in low

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cuda/emit.h"
+#include "cuda/lower_skinny.h"
 #include "host/error.h"
 #include "host/pointwise.h"
 
@@ -150,6 +151,7 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
   if (mn_plan_buffer_of(c->plan, c->node->inputs[1])->pitch)
     d.ldb = mn_cu_row_pitch(c->plan, c->node->inputs[1]);
   if (mn_plan_buffer_of(c->plan, c->id)->pitch) d.ldc = mn_cu_row_pitch(c->plan, c->id);
+  if (mn_cu_skinny_applies(c, &d)) return mn_cu_skinny_matmul(c, &d);
   /* A decoding step (m of a few rows) would copy the whole weight to save nothing. */
   if (d.ldb == 0 && 2.0 * (double)m * (double)n * (double)k >= PAD_MIN_FLOPS) {
     mn_status st = pad_head_product(c, &d);

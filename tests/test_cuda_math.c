@@ -3,6 +3,9 @@
  * on both backends with the same random data. Backward ops are reached through
  * training graphs whose loss multiplies the op's output by an input, so that the
  * upstream gradient is not uniform. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
 
@@ -79,6 +82,65 @@ Test(cuda_math, matmul_at) {
   check_binary(mn_matmul_at, MN_SHAPE(2, 33, 17), MN_SHAPE(66, 9), -1, 1, 10);
   /* Leading dims laid out differently on the two sides: the gradients need a reshape. */
   check_binary(mn_matmul_at, MN_SHAPE(3, 4, 5), MN_SHAPE(2, 6, 7), -1, 1, 11);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* ------------------------------------------------------------------ skinny products */
+
+/* act(x w + b) with x [m, k] and w [k, n]: the epilogue of the skinny kernels. */
+static mn_graph *dense_layer(int64_t m, int64_t k, int64_t n, mn_node (*act)(mn_graph *, mn_node)) {
+  mn_graph *g = mn_graph_new();
+  mn_node x = mn_parameter(g, "x", MN_SHAPE(m, k));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(k, n)), b = mn_parameter(g, "b", MN_SHAPE(n));
+  mn_node y = mn_bias_add(g, mn_matmul(g, x, w), b);
+  if (act) y = act(g, y);
+  mn_node t = mn_input(g, "t", MN_SHAPE(m, n));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, y, t)}, 1);
+  return g;
+}
+
+/* Products with n (A not transposed) or k of at most 16 and at most 16 MFLOP run as
+ * mn_mm_narrow / mn_mm_short_k in fp32 sessions (lower_skinny.h), cuBLASLt otherwise. */
+Test(cuda_math, skinny_products_take_their_kernels) {
+  mn_test_require_cuda_build();
+  mn_graph *g = dense_layer(128, 512, 10, NULL);
+  char *f32 = mn_test_plan_source(g, true, MN_PRECISION_F32);
+  char *bf16 = mn_test_plan_source(g, true, MN_PRECISION_BF16);
+  /* The classifier (n 10) and its input gradient (k 10); the weight gradient's k is 128. */
+  cr_assert(strstr(f32, "mn_mm_narrow<8, 128LL, 10, 512LL, 512LL, 10LL, 10LL, false, -1, true,"),
+            "%s", f32);
+  cr_assert(
+      strstr(f32, "mn_mm_short_k<128LL, 512LL, 10, 10LL, 10LL, 512LL, false, true, -1, false"));
+  cr_assert_null(strstr(bf16, "mn_mm_narrow<"));
+  cr_assert_null(strstr(bf16, "mn_mm_short_k<"));
+  free(f32);
+  free(bf16);
+  mn_graph_free(g);
+  g = dense_layer(128, 512, 17, NULL);
+  f32 = mn_test_plan_source(g, true, MN_PRECISION_F32);
+  cr_assert_null(strstr(f32, "mn_mm_narrow<"));
+  free(f32);
+  mn_graph_free(g);
+}
+
+Test(cuda_math, skinny_products) {
+  mn_test_require_cuda_build();
+  mn_node (*acts[])(mn_graph *, mn_node) = {NULL, mn_relu, mn_gelu, mn_silu};
+  /* An MLP's classifier, the widest narrow product (n 16), a single column, a shape whose rows
+   * leave a block's warps idle; each with every activation, so the fused bias_relu and
+   * bias_gelu and the unfused silu all meet the kernels. */
+  const int64_t shapes[][3] = {{128, 512, 10}, {37, 33, 16}, {5, 100, 1}, {1001, 70, 3}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++) {
+      mn_graph *g = dense_layer(shapes[s][0], shapes[s][1], shapes[s][2], acts[a]);
+      mn_test_check_cuda(g, true, NULL, 40 + 4 * s + a);
+      mn_graph_free(g);
+    }
+  /* k of at most 16 on every side: a transposed B (k 12), a transposed A (k 9), k 16 and 1. */
+  check_binary(mn_matmul_bt, MN_SHAPE(64, 12), MN_SHAPE(300, 12), -1, 1, 60);
+  check_binary(mn_matmul_at, MN_SHAPE(9, 70), MN_SHAPE(9, 20), -1, 1, 61);
+  check_binary(mn_matmul, MN_SHAPE(3, 50, 16), MN_SHAPE(16, 40), -1, 1, 62);
+  check_binary(mn_matmul, MN_SHAPE(200, 1), MN_SHAPE(1, 33), -1, 1, 63);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
