@@ -134,9 +134,25 @@ static bool conflict(const access *x, const access *y) {
   return false;
 }
 
-int mn_cu_schedule_streams(void) {
+/* The FLOPs of the program's cuBLASLt products. */
+static double product_flops(const cuda_state *st) {
+  double flops = 0;
+  for (size_t i = 0; i < st->prog.num_cmds; i++) {
+    const mn_cu_cmd *c = &st->prog.cmds[i];
+    if (c->kind == MN_CU_CMD_MATMUL)
+      flops += 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k *
+               (double)(c->mm.batch > 1 ? c->mm.batch : 1);
+  }
+  return flops;
+}
+
+int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s) {
   const char *env = getenv("MN_CUDA_STREAMS");
-  int n = env && *env ? atoi(env) : MN_CU_DEFAULT_STREAMS;
+  int n = MN_CU_DEFAULT_STREAMS;
+  if (env && *env)
+    n = atoi(env);
+  else if (s->plan->update_bytes > 0 && product_flops(st) < MN_CU_SMALL_STEP_FLOPS)
+    n = MN_CU_SMALL_STEP_STREAMS;
   return n < 1 ? 1 : n > MN_CU_MAX_STREAMS ? MN_CU_MAX_STREAMS : n;
 }
 
@@ -204,7 +220,7 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
 
 mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
   mn_cu_lanes *ln = &st->lanes;
-  int streams = mn_cu_schedule_streams();
+  int streams = mn_cu_schedule_streams(st, s);
   mn_status rc = mn_cu_schedule_build(st, s, streams);
   ln->stream[0] = st->stream;
   ln->workspace[0] = st->workspace;

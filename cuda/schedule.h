@@ -6,12 +6,19 @@
 #include "cuda/cuda_state.h"
 
 #define MN_CU_DEFAULT_STREAMS 1
+/* Training steps whose products add up to fewer FLOPs than this wait on launches and
+ * latencies, not on the card, and take MN_CU_SMALL_STEP_STREAMS: the MLP 784-512-512-10 TF32
+ * step went from 0.0617 to 0.0584 ms with two streams and the Llama block step from 1.29 to
+ * 1.25 ms, while GPT-2 bf16 (14 TFLOP) went from 32.90 to 33.45 ms (one H100, 2026-11-28). */
+#define MN_CU_SMALL_STEP_FLOPS   1e11
+#define MN_CU_SMALL_STEP_STREAMS 2
 
-/* The number of streams a capture spreads the program over: MN_CUDA_STREAMS from the
- * environment (at most MN_CU_MAX_STREAMS), else MN_CU_DEFAULT_STREAMS. One chain is the
- * default because it measured faster: GPT-2 bf16 on an H100, 47.90-47.99 ms against
- * 48.82-48.93 ms with 4 streams (docs/performance.md). */
-int mn_cu_schedule_streams(void);
+/* The number of streams a capture of s spreads the program over: MN_CUDA_STREAMS from the
+ * environment (at most MN_CU_MAX_STREAMS); else MN_CU_SMALL_STEP_STREAMS for a small training
+ * step (above); else MN_CU_DEFAULT_STREAMS. One chain is the default because it measured
+ * faster for large steps: GPT-2 bf16 on an H100, 47.90-47.99 ms against 48.82-48.93 ms with 4
+ * streams (docs/performance.md). */
+int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s);
 
 /* Assigns the program's commands to `streams` streams from their conflicts, into st->lanes
  * (the buffers, scratch and staging must be in place: addresses are compared). */

@@ -117,19 +117,32 @@ Test(cuda_runtime, processes_sharing_the_cache_never_see_a_partial_file) {
   mn_tmp_dir_remove(&t);
 }
 
-static void feed_mlp(mn_session *s, mn_rng *r) {
-  float x[4 * 8], w1[8 * 16], b1[16], w2[16 * 3], t[4 * 3];
-  mn_rng_fill(r, x, 32, -1, 1);
-  mn_rng_fill(r, t, 12, -1, 1);
-  mn_rng_fill(r, w1, 128, -0.5f, 0.5f);
-  mn_rng_fill(r, b1, 16, -0.5f, 0.5f);
-  mn_rng_fill(r, w2, 48, -0.5f, 0.5f);
-  cr_assert_eq(mn_session_set_input(s, "x", x, 32), MN_OK);
-  cr_assert_eq(mn_session_set_input(s, "t", t, 12), MN_OK);
-  cr_assert_eq(mn_session_set_parameter(s, "w1", w1, 128), MN_OK);
-  cr_assert_eq(mn_session_set_parameter(s, "b1", b1, 16), MN_OK);
-  cr_assert_eq(mn_session_set_parameter(s, "w2", w2, 48), MN_OK);
+/* Random inputs and parameters for mlp_graph(batch, in, hidden, out). */
+static void feed_mlp_sized(mn_session *s, mn_rng *r, size_t batch, size_t in, size_t hidden,
+                           size_t out) {
+  const size_t nx = batch * in, nt = batch * out, nw1 = in * hidden, nw2 = hidden * out;
+  float *x = malloc(nx * sizeof *x), *t = malloc(nt * sizeof *t), *w1 = malloc(nw1 * sizeof *w1),
+        *b1 = malloc(hidden * sizeof *b1), *w2 = malloc(nw2 * sizeof *w2);
+  cr_assert(x && t && w1 && b1 && w2);
+  mn_rng_fill(r, x, nx, -1, 1);
+  mn_rng_fill(r, t, nt, -1, 1);
+  mn_rng_fill(r, w1, nw1, -0.5f, 0.5f);
+  mn_rng_fill(r, b1, hidden, -0.5f, 0.5f);
+  mn_rng_fill(r, w2, nw2, -0.5f, 0.5f);
+  cr_assert_eq(mn_session_set_input(s, "x", x, nx), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "t", t, nt), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "w1", w1, nw1), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "b1", b1, hidden), MN_OK);
+  cr_assert_eq(mn_session_set_parameter(s, "w2", w2, nw2), MN_OK);
+  free(x);
+  free(t);
+  free(w1);
+  free(b1);
+  free(w2);
 }
+
+/* The same for mlp_graph(4, 8, 16, 3). */
+static void feed_mlp(mn_session *s, mn_rng *r) { feed_mlp_sized(s, r, 4, 8, 16, 3); }
 
 Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture) {
   mn_test_require_cuda_device();
@@ -251,10 +264,12 @@ Test(cuda_runtime, profile_step_rejects_what_it_cannot_profile) {
  * profiling launches no step graph and leaves the session usable. */
 Test(cuda_runtime, profile_step_times_every_op_outside_the_step_graph) {
   mn_test_require_cuda_device();
-  mn_graph *g = mlp_graph(4, 8, 16, 3);
+  /* Wider than 16 on both sides of the forward products, which then stay with cuBLASLt (narrower
+   * ones run as skinny kernels, lower_skinny.h). */
+  mn_graph *g = mlp_graph(4, 32, 64, 24);
   mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);
   mn_rng r = mn_rng_new(4);
-  feed_mlp(s, &r);
+  feed_mlp_sized(s, &r, 4, 32, 64, 24);
   cr_assert_eq(mn_session_set_learning_rate(s, 0.1f), MN_OK);
   cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
   FILE *f = tmpfile();
@@ -310,10 +325,14 @@ static mn_graph *two_branch_graph(void) {
   return g;
 }
 
+/* streams 0: MN_CUDA_STREAMS unset (the default for a small training step). */
 static void step_two_branches(int streams, size_t *width, float *w1, float *w2) {
   char value[8];
   snprintf(value, sizeof value, "%d", streams);
-  setenv("MN_CUDA_STREAMS", value, 1);
+  if (streams > 0)
+    setenv("MN_CUDA_STREAMS", value, 1);
+  else
+    unsetenv("MN_CUDA_STREAMS");
   mn_graph *g = two_branch_graph();
   mn_session_options o = mn_session_options_default();
   o.backend = MN_BACKEND_CUDA;
@@ -356,6 +375,11 @@ Test(cuda_runtime, independent_branches_become_sibling_graph_nodes) {
   step_two_branches(4, &dag_width, dag_w1, dag_w2);
   cr_assert_eq(chain_width, 1u, "MN_CUDA_STREAMS=1 captures one chain, width %zu", chain_width);
   cr_assert_geq(dag_width, 2u, "the branches were not captured as siblings (width %zu)", dag_width);
+  /* A step this small (under MN_CU_SMALL_STEP_FLOPS) takes two streams by default. */
+  static float small_w1[32 * 48], small_w2[32 * 48];
+  size_t small_width = 0;
+  step_two_branches(0, &small_width, small_w1, small_w2);
+  cr_assert_eq(small_width, 2u, "a small step's default graph has width %zu", small_width);
   for (size_t i = 0; i < 32 * 48; i++) {
     cr_assert_leq(fabsf(dag_w1[i] - chain_w1[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w1[i])),
                   "w1[%zu]: %g vs %g", i, dag_w1[i], chain_w1[i]);
