@@ -17,7 +17,12 @@ static bool switched_off(void) {
   return env && strcmp(env, "0") == 0;
 }
 
-static bool narrow(const mn_cu_matmul_desc *d) { return d->n <= MN_CU_SKINNY_MAX && !d->trans_a; }
+static bool short_k(const mn_cu_matmul_desc *d) { return d->k <= MN_CU_SKINNY_MAX; }
+
+/* A warp walks k alone, so a long k stays with cuBLASLt, which splits it. */
+static bool narrow(const mn_cu_matmul_desc *d) {
+  return d->n <= MN_CU_SKINNY_MAX && !d->trans_a && d->k <= MN_CU_SKINNY_NARROW_MAX_K;
+}
 
 bool mn_cu_skinny_applies(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   switch (d->epilogue) {
@@ -30,7 +35,7 @@ bool mn_cu_skinny_applies(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   return !switched_off() && mn_cu_low_storage(c->plan) == MN_DEV_F32 && d->batch <= 1 &&
          d->beta == 0.0f && d->m > 0 && d->n > 0 && d->k > 0 &&
          2.0 * (double)d->m * (double)d->n * (double)d->k <= MN_CU_SKINNY_MAX_FLOPS &&
-         (narrow(d) || d->k <= MN_CU_SKINNY_MAX);
+         (short_k(d) || narrow(d));
 }
 
 /* The pointwise row of the epilogue's activation, -1 for none. */
@@ -57,7 +62,7 @@ mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d)
   int act = act_code(d->epilogue);
   unsigned alpha = float_bits(d->alpha);
   mn_cu_arg args[4] = {d->c, d->a, d->b, bias ? d->bias : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
-  if (narrow(d)) {
+  if (!short_k(d)) {
     int k = mn_cu_kernel(c, 32 * NARROW_WARPS,
                          "mn_mm_narrow<%d, %lldLL, %d, %lldLL, %lldLL, %lldLL, %lldLL, %s, %d, %s, "
                          "%uu>",

@@ -9,8 +9,11 @@
 
 #include "cuda/emit.h"
 
-/* The widest n (with A not transposed) or k the skinny kernels take. */
+/* The widest n (with A not transposed) or k the skinny kernels take; a product with both
+ * that small takes the thread-per-element kernel, whose threads each walk a short k. */
 #define MN_CU_SKINNY_MAX 16
+/* The longest k of the warp-per-row kernel (256 steps a lane). */
+#define MN_CU_SKINNY_NARROW_MAX_K 8192
 /* Above this many FLOPs a product stays with cuBLASLt, whose tensor cores then pay: a LoRA
  * adapter's [8192, 576] x [576, 16] (151 MFLOP) is left alone. */
 #define MN_CU_SKINNY_MAX_FLOPS 16e6

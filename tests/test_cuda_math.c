@@ -87,6 +87,15 @@ Test(cuda_math, matmul_at) {
 
 /* ------------------------------------------------------------------ skinny products */
 
+/* mse(0.5 (a b), t): the scale folds into the product as its alpha (optimizer/scale_fold.h). */
+static mn_graph *half_product(int64_t m, int64_t k, int64_t n) {
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_parameter(g, "a", MN_SHAPE(m, k)), b = mn_parameter(g, "b", MN_SHAPE(k, n));
+  mn_node t = mn_input(g, "t", MN_SHAPE(m, n));
+  mn_set_outputs(g, (mn_node[]){mn_mse_loss(g, mn_scale(g, mn_matmul(g, a, b), 0.5f), t)}, 1);
+  return g;
+}
+
 /* act(x w + b) with x [m, k] and w [k, n]: the epilogue of the skinny kernels. */
 static mn_graph *dense_layer(int64_t m, int64_t k, int64_t n, mn_node (*act)(mn_graph *, mn_node)) {
   mn_graph *g = mn_graph_new();
@@ -116,11 +125,23 @@ Test(cuda_math, skinny_products_take_their_kernels) {
   free(f32);
   free(bf16);
   mn_graph_free(g);
-  g = dense_layer(128, 512, 17, NULL);
+  /* A scale folded into the product is the kernel's alpha (0.5: 0x3f000000). */
+  g = half_product(64, 40, 8);
   f32 = mn_test_plan_source(g, true, MN_PRECISION_F32);
-  cr_assert_null(strstr(f32, "mn_mm_narrow<"));
+  cr_assert(
+      strstr(f32, "mn_mm_narrow<8, 64LL, 8, 40LL, 40LL, 8LL, 8LL, false, -1, false, 1056964608u>"),
+      "%s", f32);
   free(f32);
   mn_graph_free(g);
+  /* n 17; then k 20000, which a warp would walk alone. */
+  const int64_t wide[][3] = {{128, 512, 17}, {1, 20000, 8}};
+  for (size_t i = 0; i < 2; i++) {
+    g = dense_layer(wide[i][0], wide[i][1], wide[i][2], NULL);
+    f32 = mn_test_plan_source(g, true, MN_PRECISION_F32);
+    cr_assert_null(strstr(f32, "mn_mm_narrow<"), "%s", f32);
+    free(f32);
+    mn_graph_free(g);
+  }
 }
 
 Test(cuda_math, skinny_products) {
@@ -141,6 +162,16 @@ Test(cuda_math, skinny_products) {
   check_binary(mn_matmul_at, MN_SHAPE(9, 70), MN_SHAPE(9, 20), -1, 1, 61);
   check_binary(mn_matmul, MN_SHAPE(3, 50, 16), MN_SHAPE(16, 40), -1, 1, 62);
   check_binary(mn_matmul, MN_SHAPE(200, 1), MN_SHAPE(1, 33), -1, 1, 63);
+  /* A scale folded into the product (its alpha), and the forward alone in an inference session. */
+  const int64_t scaled[][3] = {{64, 40, 8}, {64, 12, 40}};
+  for (size_t s = 0; s < 2; s++) {
+    mn_graph *g = half_product(scaled[s][0], scaled[s][1], scaled[s][2]);
+    mn_test_check_cuda(g, true, NULL, 64 + s);
+    mn_graph_free(g);
+  }
+  mn_graph *g = dense_layer(96, 300, 12, mn_gelu);
+  mn_test_check_cuda(g, false, NULL, 66);
+  mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 

@@ -381,6 +381,12 @@ Test(cuda_runtime, independent_branches_become_sibling_graph_nodes) {
   step_two_branches(0, &small_width, small_w1, small_w2);
   cr_assert_geq(small_width, 2u, "a small step's default graph has width %zu", small_width);
   for (size_t i = 0; i < 32 * 48; i++) {
+    cr_assert_leq(fabsf(small_w1[i] - chain_w1[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w1[i])),
+                  "w1[%zu]: %g vs %g", i, small_w1[i], chain_w1[i]);
+    cr_assert_leq(fabsf(small_w2[i] - chain_w2[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w2[i])),
+                  "w2[%zu]: %g vs %g", i, small_w2[i], chain_w2[i]);
+  }
+  for (size_t i = 0; i < 32 * 48; i++) {
     cr_assert_leq(fabsf(dag_w1[i] - chain_w1[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w1[i])),
                   "w1[%zu]: %g vs %g", i, dag_w1[i], chain_w1[i]);
     cr_assert_leq(fabsf(dag_w2[i] - chain_w2[i]), 1e-6f * fmaxf(1.0f, fabsf(chain_w2[i])),
