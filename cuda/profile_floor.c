@@ -197,6 +197,21 @@ static double attention_flops(const mn_graph *g, const mn_node_rec *n) {
   return units * 2.0 * rows * heads * tk * d * (causal ? 0.5 : 1.0);
 }
 
+/* The FLOPs of a product node that runs as a kernel of ours (a skinny product, lower_skinny.h)
+ * rather than as a cuBLASLt command, which counts its own; 0 for other nodes. */
+static double own_product_flops(const cuda_state *st, const mn_graph *g, mn_node id) {
+  const mn_node_rec *n = &g->nodes[id];
+  bool at = n->op == MN_OP_MATMUL_AT;
+  if (!at && n->op != MN_OP_MATMUL && n->op != MN_OP_MATMUL_BT && n->op != MN_OP_MATMUL_BIAS_ACT)
+    return 0;
+  for (size_t i = 0; i < st->prog.num_cmds; i++)
+    if (st->prog.cmds[i].node == id && st->prog.cmds[i].kind == MN_CU_CMD_MATMUL) return 0;
+  const mn_tensor_type *a = &g->nodes[n->inputs[0]].type;
+  double last = a->rank ? (double)a->shape[a->rank - 1] : 1.0;
+  double k = at ? (last > 0 ? (double)mn_tensor_type_numel(a) / last : 0) : last;
+  return 2.0 * (double)mn_tensor_type_numel(&n->type) * k;
+}
+
 void mn_cu_command_work(const cuda_state *st, const mn_session *s, size_t cmd, bool first_of_node,
                         double *flops, double *bytes) {
   *flops = 0;
@@ -220,7 +235,8 @@ void mn_cu_command_work(const cuda_state *st, const mn_session *s, size_t cmd, b
   }
   if (!first_of_node) return;
   const mn_node_rec *n = &p->graph->nodes[c->node];
-  if (c->kind == MN_CU_CMD_LAUNCH) *flops = attention_flops(p->graph, n);
+  if (c->kind == MN_CU_CMD_LAUNCH)
+    *flops = attention_flops(p->graph, n) + own_product_flops(st, p->graph, c->node);
   for (int i = 0; i < n->num_inputs; i++)
     *bytes += stored_bytes(p, n->inputs[i]);
   *bytes += stored_bytes(p, c->node);
