@@ -43,14 +43,79 @@ template <int BLOCK, long long N, class IO> __device__ void mn_opt_sumsq(const I
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// Applies update(g, m, v, w) to every element in place (m and v only WITH_MOMENTS; SGD's are
+// dummies), writing the gradient back when clipping rewrote it and the weights' low-precision
+// copy (io.p[7]) beside them. Four elements a thread at a time with 16-byte loads and stores
+// where the vectors allow it (the update block's are laid out 256-byte aligned; a misaligned
+// shadow falls back): more loads in flight a thread and a quarter of the loop's instructions,
+// which a small model's update, a wave or two of blocks, waits on. The same arithmetic per
+// element either way, so the same bits.
+template <long long N, bool WITH_MOMENTS, class IO, class Update>
+__device__ __forceinline__ void mn_opt_each(const IO &io, float *w, float *g, float *m, float *v,
+                                            bool clip, Update update) {
+  constexpr bool LOW = mn_io_storage<IO, 7>::value != MN_DEV_F32;
+  auto lw = mn_out<7>(io);
+  if constexpr (N % 4 == 0) {
+    unsigned long long addresses =
+        reinterpret_cast<unsigned long long>(w) | reinterpret_cast<unsigned long long>(g);
+    if constexpr (WITH_MOMENTS)
+      addresses |=
+          reinterpret_cast<unsigned long long>(m) | reinterpret_cast<unsigned long long>(v);
+    bool aligned = (addresses & 15ull) == 0;
+    if constexpr (LOW)
+      aligned = aligned && (reinterpret_cast<unsigned long long>(lw.p) & 7ull) == 0;
+    if (aligned) {
+      for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < N / 4;
+           q += (long long)gridDim.x * blockDim.x) {
+        float4 g4 = reinterpret_cast<const float4 *>(g)[q];
+        float4 w4 = reinterpret_cast<const float4 *>(w)[q];
+        float4 m4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v4 = m4;
+        if constexpr (WITH_MOMENTS) {
+          m4 = reinterpret_cast<const float4 *>(m)[q];
+          v4 = reinterpret_cast<const float4 *>(v)[q];
+        }
+        update(g4.x, m4.x, v4.x, w4.x);
+        update(g4.y, m4.y, v4.y, w4.y);
+        update(g4.z, m4.z, v4.z, w4.z);
+        update(g4.w, m4.w, v4.w, w4.w);
+        if (clip) reinterpret_cast<float4 *>(g)[q] = g4;
+        if constexpr (WITH_MOMENTS) {
+          reinterpret_cast<float4 *>(m)[q] = m4;
+          reinterpret_cast<float4 *>(v)[q] = v4;
+        }
+        reinterpret_cast<float4 *>(w)[q] = w4;
+        if constexpr (LOW) {
+          constexpr int S = mn_io_storage<IO, 7>::value;
+          reinterpret_cast<uint2 *>(lw.p)[q] =
+              make_uint2(mn_lp_round2<S>(w4.x, w4.y), mn_lp_round2<S>(w4.z, w4.w));
+        }
+      }
+      return;
+    }
+  }
+  MN_FOR_EACH(i, N) {
+    float gi = g[i], wi = w[i], mi = 0.0f, vi = 0.0f;
+    if constexpr (WITH_MOMENTS) {
+      mi = m[i];
+      vi = v[i];
+    }
+    update(gi, mi, vi, wi);
+    if (clip) g[i] = gi;
+    if constexpr (WITH_MOMENTS) {
+      m[i] = mi;
+      v[i] = vi;
+    }
+    w[i] = wi;
+    if constexpr (LOW) lw[i] = wi;
+  }
+}
+
 // io: params, grads, m, v (NULL for SGD), scalars, norm partials (NULL: no clipping),
 // the error record: after a failed kernel (NaN rows) nothing is updated, nor on an F16 step
 // whose gradients overflowed. In a low-precision session io.p[7] is the weights'
 // low-precision copy, written in the same pass.
 template <int BLOCK, long long N, int PARTIALS, class IO>
 __device__ void mn_opt_update(const IO &io) {
-  constexpr bool LOW = mn_io_storage<IO, 7>::value != MN_DEV_F32;
-  auto lw = mn_out<7>(io);
   float *w = mn_arg<float>(io, 0);
   float *g = mn_arg<float>(io, 1);
   float *m = mn_arg<float>(io, 2);
@@ -79,45 +144,10 @@ __device__ void mn_opt_update(const IO &io) {
   const unsigned kind = sc->kind;
   const double lr = sc->lr;
   if (kind == MN_DEV_OPTIM_SGD) {
-    auto sgd = [&](float &gi, float &wi) {
+    mn_opt_each<N, false>(io, w, g, m, v, clip, [&](float &gi, float &, float &, float &wi) {
       if (clip) gi = (float)(gi * coef);
       wi = (float)(wi - lr * gi);
-    };
-    // Four elements a thread, as Adam below: a small model's update is a few waves of blocks
-    // whose one element a thread left the step waiting on load latency.
-    if constexpr (N % 4 == 0) {
-      bool aligned =
-          ((reinterpret_cast<unsigned long long>(w) | reinterpret_cast<unsigned long long>(g)) &
-           15ull) == 0;
-      if constexpr (LOW)
-        aligned = aligned && (reinterpret_cast<unsigned long long>(lw.p) & 7ull) == 0;
-      if (aligned) {
-        for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < N / 4;
-             q += (long long)gridDim.x * blockDim.x) {
-          float4 g4 = reinterpret_cast<const float4 *>(g)[q];
-          float4 w4 = reinterpret_cast<const float4 *>(w)[q];
-          sgd(g4.x, w4.x);
-          sgd(g4.y, w4.y);
-          sgd(g4.z, w4.z);
-          sgd(g4.w, w4.w);
-          if (clip) reinterpret_cast<float4 *>(g)[q] = g4;
-          reinterpret_cast<float4 *>(w)[q] = w4;
-          if constexpr (LOW) {
-            constexpr int S = mn_io_storage<IO, 7>::value;
-            reinterpret_cast<uint2 *>(lw.p)[q] =
-                make_uint2(mn_lp_round2<S>(w4.x, w4.y), mn_lp_round2<S>(w4.z, w4.w));
-          }
-        }
-        return;
-      }
-    }
-    MN_FOR_EACH(i, N) {
-      float gi = g[i], wi = w[i];
-      sgd(gi, wi);
-      if (clip) g[i] = gi;
-      w[i] = wi;
-      if constexpr (LOW) lw[i] = wi;
-    }
+    });
     return;
   }
   if (kind != MN_DEV_OPTIM_ADAM && kind != MN_DEV_OPTIM_ADAMW) return;
@@ -125,7 +155,7 @@ __device__ void mn_opt_update(const IO &io) {
   const double decay = kind == MN_DEV_OPTIM_ADAMW ? 1.0 - lr * (double)sc->weight_decay : 1.0;
   const double step_size = lr / sc->bias_correction1, bc2_sqrt = sqrt(sc->bias_correction2);
   // One element's update: its gradient (clipped), moments and weight in place.
-  auto adam = [&](float &gi, float &mi, float &vi, float &wi) {
+  mn_opt_each<N, true>(io, w, g, m, v, clip, [&](float &gi, float &mi, float &vi, float &wi) {
     if (clip) gi = (float)(gi * coef);
     double mk = beta1 * mi + (1.0 - beta1) * gi;
     double vk = beta2 * vi + (1.0 - beta2) * (double)gi * gi;
@@ -133,50 +163,7 @@ __device__ void mn_opt_update(const IO &io) {
     vi = (float)vk;
     double denom = sqrt((double)vi) / bc2_sqrt + eps;
     wi = (float)(wi * decay - step_size * mi / denom);
-  };
-  // Four elements a thread at a time, 16-byte loads and stores (the update block's vectors are
-  // laid out 256-byte aligned; a misaligned shadow falls back): more loads in flight a thread,
-  // a quarter of the loop's instructions; the same arithmetic per element, so the same bits.
-  if constexpr (N % 4 == 0) {
-    bool aligned =
-        ((reinterpret_cast<unsigned long long>(w) | reinterpret_cast<unsigned long long>(g) |
-          reinterpret_cast<unsigned long long>(m) | reinterpret_cast<unsigned long long>(v)) &
-         15ull) == 0;
-    if constexpr (LOW)
-      aligned = aligned && (reinterpret_cast<unsigned long long>(lw.p) & 7ull) == 0;
-    if (aligned) {
-      for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < N / 4;
-           q += (long long)gridDim.x * blockDim.x) {
-        float4 g4 = reinterpret_cast<const float4 *>(g)[q];
-        float4 m4 = reinterpret_cast<const float4 *>(m)[q];
-        float4 v4 = reinterpret_cast<const float4 *>(v)[q];
-        float4 w4 = reinterpret_cast<const float4 *>(w)[q];
-        adam(g4.x, m4.x, v4.x, w4.x);
-        adam(g4.y, m4.y, v4.y, w4.y);
-        adam(g4.z, m4.z, v4.z, w4.z);
-        adam(g4.w, m4.w, v4.w, w4.w);
-        if (clip) reinterpret_cast<float4 *>(g)[q] = g4;
-        reinterpret_cast<float4 *>(m)[q] = m4;
-        reinterpret_cast<float4 *>(v)[q] = v4;
-        reinterpret_cast<float4 *>(w)[q] = w4;
-        if constexpr (LOW) {
-          constexpr int S = mn_io_storage<IO, 7>::value;
-          reinterpret_cast<uint2 *>(lw.p)[q] =
-              make_uint2(mn_lp_round2<S>(w4.x, w4.y), mn_lp_round2<S>(w4.z, w4.w));
-        }
-      }
-      return;
-    }
-  }
-  MN_FOR_EACH(i, N) {
-    float gi = g[i], mi = m[i], vi = v[i], wi = w[i];
-    adam(gi, mi, vi, wi);
-    if (clip) g[i] = gi;
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if constexpr (LOW) lw[i] = wi;
-  }
+  });
 }
 
 // ---- F16 loss scaling (host/storage.h, mn_loss_scaler; docs/precision.md)
