@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda/device_abi.h"
 #include "host/plan.h"
@@ -245,6 +246,16 @@ static inline int64_t mn_cu_numel(const mn_cu_op_ctx *c) {
 static inline unsigned mn_cu_blocks(int64_t n, unsigned block) {
   int64_t b = (n + block - 1) / block;
   return b < 1 ? 1u : (unsigned)b;
+}
+/* The bits of f, for a kernel template argument read back with __uint_as_float. */
+static inline unsigned mn_cu_float_bits(float f) {
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+/* The FLOPs of product d: a multiply-add per output element and reduced element, per batch. */
+static inline double mn_cu_matmul_flops(const mn_cu_matmul_desc *d) {
+  return 2.0 * (double)d->m * (double)d->n * (double)d->k * (double)(d->batch > 1 ? d->batch : 1);
 }
 
 #define MN_CU_DECLARE_LOWER(e, name, arity, flags) mn_status mn_cu_lower_##e(const mn_cu_op_ctx *c);

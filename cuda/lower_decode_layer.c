@@ -3,8 +3,6 @@
  * merges its own splits, the o product with the residual, the normalized gate/up products with
  * SwiGLU, and the down product with the residual. q, the attention's partial results and output,
  * the residual after attention (x1) and the SwiGLU output (h) live in fp32 scratch. */
-#include <string.h>
-
 #include "cuda/emit.h"
 #include "cuda/lower_attention.h"
 #include "host/decode_layer.h"
@@ -19,12 +17,6 @@
 #define DL_SPLIT 128
 
 static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-static unsigned float_bits(float f) {
-  unsigned u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 static unsigned blocks_of(int64_t warps) {
   return (unsigned)((warps + MN_DL_WARPS_HOST - 1) / MN_DL_WARPS_HOST);
@@ -118,7 +110,7 @@ mn_status mn_cu_lower_LLAMA_DECODE_LAYER(const mn_cu_op_ctx *c) {
                         {.kind = MN_CU_ARG_SCRATCH, .offset = cnt_at}};
   mn_cu_arg x1 = {.kind = MN_CU_ARG_SCRATCH, .offset = x1_at};
   mn_cu_arg h = {.kind = MN_CU_ARG_SCRATCH, .offset = h_at};
-  unsigned eps = float_bits(at->eps), theta = float_bits(at->theta);
+  unsigned eps = mn_cu_float_bits(at->eps), theta = mn_cu_float_bits(at->theta);
   /* The norms' weights join the input rows in shared memory where they fit. */
   bool mma = use_mma(c, b, dim, q_dim, ff, hd);
   bool nws = (b + 1) * dim * 4 + (mma ? DL_MMA_RED_BYTES : 0) <= DL_SMEM_LIMIT;

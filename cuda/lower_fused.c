@@ -25,7 +25,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cuda/emit.h"
 #include "cuda/lower_norm.h"
@@ -55,12 +54,6 @@ static void put(text *t, const char *fmt, ...) {
     t->full = true;
   else
     t->len += (size_t)n;
-}
-
-static unsigned float_bits(float f) {
-  unsigned u;
-  memcpy(&u, &f, sizeof u);
-  return u;
 }
 
 static int arity(const mn_fused_instr *in) { return mn_op_table[in->op].arity; }
@@ -128,7 +121,7 @@ static void element_function(text *t, const char *name, const mn_fused_prog *p, 
       else
         put(t, "0.0f");
     }
-    put(t, ", 0.0, __uint_as_float(0x%08xu));\n", float_bits(in->scale));
+    put(t, ", 0.0, __uint_as_float(0x%08xu));\n", mn_cu_float_bits(in->scale));
     if (r + 1 < p->num_instrs) put(t, "    asm(\"\" : \"+f\"(t%d));\n", r);
   }
   for (int o = 0; o < f->num_outs; o++) {
@@ -288,7 +281,7 @@ static void row_kernel(text *t, const mn_fused_prog *p, int ni, int row) {
   pointers(t, p, ni);
   put(t, "  %s<BLOCK, RPB, ROWS, VEC, N, ITEMS, CACHE, %s, 0x%08xu>(\n      in%d, ",
       grad ? "mn_norm_grad_x_with" : "mn_norm_fwd_with", center ? "true" : "false",
-      float_bits(op->eps), op->args[1]);
+      mn_cu_float_bits(op->eps), op->args[1]);
   if (!grad) {
     if (center)
       put(t, "in%d, ", op->args[2]);

@@ -14,12 +14,6 @@
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 
-static unsigned float_bits(float f) {
-  unsigned u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 /* cuBLASLt keeps a matrix whose rows are not a multiple of 16 bytes off its fast kernels.
  * Measured on GPT-2's 50257-wide logits (H200, TF32, docs/performance.md): copying the
  * transposed A of matmul_at into scratch with a padded row pitch took that product from
@@ -152,12 +146,12 @@ static mn_status matmul(const mn_cu_op_ctx *c, bool trans_a, bool trans_b, int64
     d.ldb = mn_cu_row_pitch(c->plan, c->node->inputs[1]);
   if (mn_plan_buffer_of(c->plan, c->id)->pitch) d.ldc = mn_cu_row_pitch(c->plan, c->id);
   if (mn_cu_skinny_applies(c, &d)) return mn_cu_skinny_matmul(c, &d);
+  double flops = mn_cu_matmul_flops(&d);
   /* A decoding step (m of a few rows) would copy the whole weight to save nothing. */
-  if (d.ldb == 0 && 2.0 * (double)m * (double)n * (double)k >= PAD_MIN_FLOPS) {
+  if (d.ldb == 0 && flops >= PAD_MIN_FLOPS) {
     mn_status st = pad_head_product(c, &d);
     if (st != MN_OK) return st;
   }
-  double flops = 2.0 * (double)m * (double)n * (double)k;
   /* A is stored [k, m] here. */
   if (split_rows(c, &d)) return matmul_split_rows(c, &d);
   pad_plan pa = {k, m, (m + PAD_PITCH - 1) / PAD_PITCH * PAD_PITCH};
@@ -202,7 +196,7 @@ static mn_status pointwise(const mn_cu_op_ctx *c, mn_pw_code code) {
   float attr = (flags & MN_PW_ATTR) ? c->node->attrs.scale : 0.0f;
   int64_t n = mn_cu_numel(c);
   int k = mn_cu_kernel(c, PW_BLOCK, "mn_pw_map<%d, %lldLL, %uu>", (int)code, (long long)n,
-                       float_bits(attr));
+                       mn_cu_float_bits(attr));
   mn_cu_arg args[4] = {mn_cu_out(c)};
   for (int i = 0; i < nargs_in; i++)
     args[1 + i] = mn_cu_in(c, i);
@@ -236,8 +230,9 @@ mn_status mn_cu_lower_BROADCAST_ADD(const mn_cu_op_ctx *c) { return add_row(c); 
  * arguments, the micro-step is read from the per-step scalars, never captured. */
 static mn_status dropout(const mn_cu_op_ctx *c) {
   int64_t n = mn_cu_numel(c);
-  int k = mn_cu_kernel(c, PW_BLOCK, "mn_dropout<%lldLL, %lluull, %uu>", (long long)n,
-                       (unsigned long long)c->node->attrs.seed, float_bits(c->node->attrs.scale));
+  int k =
+      mn_cu_kernel(c, PW_BLOCK, "mn_dropout<%lldLL, %lluull, %uu>", (long long)n,
+                   (unsigned long long)c->node->attrs.seed, mn_cu_float_bits(c->node->attrs.scale));
   if (k < 0) return mn_cu_oom(c);
   mn_cu_arg args[3] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_scalars_arg()};
   unsigned blocks = mn_cu_blocks((n + 3) / 4, PW_BLOCK);

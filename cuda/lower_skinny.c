@@ -34,8 +34,7 @@ bool mn_cu_skinny_applies(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   }
   return !switched_off() && mn_cu_low_storage(c->plan) == MN_DEV_F32 && d->batch <= 1 &&
          d->beta == 0.0f && d->m > 0 && d->n > 0 && d->k > 0 &&
-         2.0 * (double)d->m * (double)d->n * (double)d->k <= MN_CU_SKINNY_MAX_FLOPS &&
-         (short_k(d) || narrow(d));
+         mn_cu_matmul_flops(d) <= MN_CU_SKINNY_MAX_FLOPS && (short_k(d) || narrow(d));
 }
 
 /* The pointwise row of the epilogue's activation, -1 for none. */
@@ -47,12 +46,6 @@ static int act_code(mn_cu_epilogue e) {
   }
 }
 
-static unsigned float_bits(float f) {
-  unsigned u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
 mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
   /* Dense row pitches: A [m, k] or [k, m], B [k, n] or [n, k], C [m, n]. */
   long long lda = d->lda ? d->lda : (d->trans_a ? d->m : d->k);
@@ -60,7 +53,7 @@ mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d)
   long long ldc = d->ldc ? d->ldc : d->n;
   bool bias = d->epilogue != MN_CU_EPI_NONE;
   int act = act_code(d->epilogue);
-  unsigned alpha = float_bits(d->alpha);
+  unsigned alpha = mn_cu_float_bits(d->alpha);
   mn_cu_arg args[4] = {d->c, d->a, d->b, bias ? d->bias : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
   if (!short_k(d)) {
     int k = mn_cu_kernel(c, 32 * NARROW_WARPS,

@@ -3,7 +3,6 @@
  * (embedding.cuh). Shapes, eps, theta and static offsets become template constants;
  * launch shapes are chosen here from the shapes. */
 #include <stdio.h>
-#include <string.h>
 
 #include "cuda/emit.h"
 #include "cuda/lower_norm.h"
@@ -34,12 +33,6 @@ typedef struct norm_gw_shape {
   int warps, blocks;
 } norm_gw_shape;
 static const norm_gw_shape NORM_GW_SHAPES[] = {{768, 8, 264}, {1024, 4, 396}};
-
-static unsigned float_bits(float f) {
-  unsigned u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 static int64_t last_dim(const mn_tensor_type *t) { return t->shape[t->rank - 1]; }
 
@@ -98,7 +91,7 @@ static mn_status lower_norm_rows(const mn_cu_op_ctx *c, const char *kernel, bool
   unsigned rpb = rows_per_block(&k);
   int kid = mn_cu_kernel(c, k.block * rpb, "%s<%u, %u, %lld, %d, %lld, %d, %s, %s, %uu>", kernel,
                          k.block, rpb, (long long)k.rows, k.vec, (long long)k.n, k.items,
-                         tf(k.cache), tf(center), float_bits(c->node->attrs.eps));
+                         tf(k.cache), tf(center), mn_cu_float_bits(c->node->attrs.eps));
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), third, mn_cu_out(c)};
   return mn_cu_launch(c, kid, mn_cu_blocks(k.rows, rpb), 1, 1, 0, 4, args);
 }
@@ -150,7 +143,7 @@ static mn_status lower_norm_grad_w(const mn_cu_op_ctx *c, bool center) {
   }
   int64_t chunks = (k.rows + chunk - 1) / chunk;
   mn_cu_arg part = mn_cu_scratch(c, (size_t)(chunks * k.n) * sizeof(double));
-  unsigned eps = float_bits(c->node->attrs.eps);
+  unsigned eps = mn_cu_float_bits(c->node->attrs.eps);
   int k1 = gw ? mn_cu_kernel(c, 32u * (unsigned)gw->warps,
                              "mn_norm_grad_w_rows<%d, %lld, %s, %uu, %lld, %lld>", gw->warps,
                              (long long)k.n, tf(center), eps, (long long)k.rows, (long long)chunk)
@@ -193,7 +186,7 @@ static mn_status lower_rope(const mn_cu_op_ctx *c, int dir, rope_pos from) {
   int kid = mn_cu_kernel(c, 256, "mn_rope_apply<%lld, %lld, %lld, %d, %d, %d, %s, %s, %uu>",
                          (long long)rows, (long long)seq, (long long)d, a->head_dim, dir,
                          from == ROPE_STATIC ? a->pos_offset : 0, tf(dyn), tf(per_row),
-                         float_bits(a->theta));
+                         mn_cu_float_bits(a->theta));
   mn_cu_arg args[3] = {mn_cu_in(c, 0), mn_cu_out(c),
                        from != ROPE_STATIC ? mn_cu_in(c, 1) : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
   return mn_cu_launch(c, kid, grid_for(rows * (a->head_dim / 2), 256), 1, 1, 0, 3, args);

@@ -11,7 +11,6 @@
  * kernel gradient accumulates later chunks with beta 1. A 1x1 conv with stride 1 and no
  * padding reads x and writes dx directly. */
 #include <limits.h>
-#include <string.h>
 
 #include "cuda/emit.h"
 #include "host/error.h"
@@ -87,12 +86,6 @@ static unsigned reduce_block(int64_t units) {
   if (units <= 4096) return 256;
   if (units <= 16384) return 512;
   return 1024;
-}
-
-static unsigned eps_bits(float eps) {
-  uint32_t u;
-  memcpy(&u, &eps, sizeof u);
-  return (unsigned)u;
 }
 
 /* ---------------------------------------------------------------- conv2d */
@@ -314,7 +307,7 @@ static mn_status gn_launch(const mn_cu_op_ctx *c, const char *name, mn_cu_arg th
   if (st != MN_OK) return st;
   int k = mn_cu_kernel(c, g.block, "%s<%u, %d, %lld, %lldLL, %lld, %uu%s>", name, g.block, g.vec,
                        (long long)g.d.c, (long long)(g.d.h * g.d.w), (long long)g.groups,
-                       eps_bits(c->node->attrs.eps), more);
+                       mn_cu_float_bits(c->node->attrs.eps), more);
   mn_cu_arg args[4] = {mn_cu_in(c, 0), mn_cu_in(c, 1), third, mn_cu_out(c)};
   return mn_cu_launch(c, k, (unsigned)(g.d.n * g.groups), 1, 1, 0, 4, args);
 }
@@ -374,7 +367,7 @@ mn_status mn_cu_lower_GROUP_NORM_GRAD_W(const mn_cu_op_ctx *c) {
   int64_t stats = 2 * g.d.n * g.groups, partial_at = round_up(stats, 64);
   mn_cu_scratch(c, (size_t)(partial_at + g.d.n * g.d.c) * sizeof(float));
   int k = mn_cu_kernel(c, g.block, "mn_vis_group_stats<%u, %d, %lldLL, %uu>", g.block, g.vec,
-                       (long long)g.count, eps_bits(c->node->attrs.eps));
+                       (long long)g.count, mn_cu_float_bits(c->node->attrs.eps));
   mn_cu_arg args[2] = {mn_cu_in(c, 0), mn_cu_scratch(c, 0)};
   st = mn_cu_launch(c, k, (unsigned)(g.d.n * g.groups), 1, 1, 0, 2, args);
   if (st != MN_OK) return st;

@@ -270,8 +270,7 @@ static mn_status tune(cuda_state *st, const mn_session *s, const mn_cu_matmul_de
                       const uint32_t align[3]) {
   /* A product whose plain result goes to scratch is not timed: scratch is sized after the
    * algorithms are chosen (fit_scratch in cuda_backend.c). */
-  if (d->batch > 1 || mp->plain_to_fallback ||
-      2.0 * (double)d->m * (double)d->n * (double)d->k < mn_cu_tune_min_flops())
+  if (d->batch > 1 || mp->plain_to_fallback || mn_cu_matmul_flops(d) < mn_cu_tune_min_flops())
     return MN_OK;
   cublasLtMatmulHeuristicResult_t cand[MN_TUNE_MAX_CANDIDATES];
   int found = 0;

@@ -180,8 +180,7 @@ static void print_products(const mn_session *s, const double *med, FILE *out) {
     if (c->kind != MN_CU_CMD_MATMUL || mn_cu_cmd_skipped(st, i)) continue;
     char what[160];
     describe(st, s, i, what, sizeof what);
-    group_add(sh, &num, what, med[i],
-              2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k * (double)c->mm.batch);
+    group_add(sh, &num, what, med[i], mn_cu_matmul_flops(&c->mm));
   }
   qsort(sh, num, sizeof *sh, by_group_ms_desc);
   fprintf(out, "PROFILE products by shape:\n");

@@ -222,9 +222,7 @@ void mn_cu_command_work(const cuda_state *st, const mn_session *s, size_t cmd, b
     return;
   }
   const mn_cu_cmd *c = &st->prog.cmds[cmd];
-  if (c->kind == MN_CU_CMD_MATMUL)
-    *flops = 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k *
-             (double)(c->mm.batch > 0 ? c->mm.batch : 1);
+  if (c->kind == MN_CU_CMD_MATMUL) *flops = mn_cu_matmul_flops(&c->mm);
   if (c->kind == MN_CU_CMD_MEMSET) {
     *bytes = (double)c->bytes;
     return;

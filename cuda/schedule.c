@@ -139,9 +139,7 @@ static double product_flops(const cuda_state *st) {
   double flops = 0;
   for (size_t i = 0; i < st->prog.num_cmds; i++) {
     const mn_cu_cmd *c = &st->prog.cmds[i];
-    if (c->kind == MN_CU_CMD_MATMUL)
-      flops += 2.0 * (double)c->mm.m * (double)c->mm.n * (double)c->mm.k *
-               (double)(c->mm.batch > 1 ? c->mm.batch : 1);
+    if (c->kind == MN_CU_CMD_MATMUL) flops += mn_cu_matmul_flops(&c->mm);
   }
   return flops;
 }
