@@ -89,21 +89,18 @@ __global__ void __launch_bounds__(THREADS)
     }
     __syncthreads();
   }
-  // acc[j][e] is C(wm + g + 8 (e >= 2), wn + 8 j + 2 t + (e & 1)) of the tile.
-  auto at = [&](int j, int e, int &r, int &c) {
-    r = wm + g + (e >= 2 ? 8 : 0);
-    c = wn + 8 * j + 2 * t + (e & 1);
-  };
-  if (SPLIT > 1) {
-    float *mine = work + ((size_t)tile * SPLIT + part) * BM * BN;
+  // f(acc[j][e], row, column) for each of the thread's 16 values: acc[j][e] is
+  // C(wm + g + 8 (e >= 2), wn + 8 j + 2 t + (e & 1)) of the tile.
+  auto each = [&](auto f) {
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int r, c;
-        at(j, e, r, c);
-        mine[r * BN + c] = acc[j][e];
-      }
+      for (int e = 0; e < 4; e++)
+        f(acc[j][e], wm + g + (e >= 2 ? 8 : 0), wn + 8 * j + 2 * t + (e & 1));
+  };
+  if (SPLIT > 1) {
+    float *mine = work + ((size_t)tile * SPLIT + part) * BM * BN;
+    each([&](float &v, int r, int c) { mine[r * BN + c] = v; });
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1u) == SPLIT - 1;
@@ -111,27 +108,17 @@ __global__ void __launch_bounds__(THREADS)
     if (!last) return;
     __threadfence();
     const float *parts = work + (size_t)tile * SPLIT * BM * BN;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int r, c;
-        at(j, e, r, c);
-        float s = 0.f;
-        for (int p = 0; p < SPLIT; p++)
-          s += __ldcg(parts + (size_t)p * BM * BN + r * BN + c);
-        acc[j][e] = s;
-      }
+    each([&](float &v, int r, int c) {
+      float s = 0.f;
+      for (int p = 0; p < SPLIT; p++)
+        s += __ldcg(parts + (size_t)p * BM * BN + r * BN + c);
+      v = s;
+    });
     if (threadIdx.x == 0) counters[tile] = 0u;
   }
-#pragma unroll
-  for (int j = 0; j < 4; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int r, c;
-      at(j, e, r, c);
-      C[(size_t)(m0 + r) * N + n0 + c] = fmaxf(acc[j][e] + bias[n0 + c], 0.f);
-    }
+  each([&](float &v, int r, int c) {
+    C[(size_t)(m0 + r) * N + n0 + c] = fmaxf(v + bias[n0 + c], 0.f);
+  });
 }
 
 struct lt_product {
