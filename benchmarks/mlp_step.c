@@ -2,29 +2,12 @@
  * cross-entropy, SGD. Prints one BENCH line (milliseconds per step, build times) for
  * scripts/gpu-test.sh; benchmarks/torch_steps.py times the same step in PyTorch. */
 #include "benchmarks/common/step_bench.h"
+#include "benchmarks/mlp_graph.h"
 
-enum { B = 128, IN = 784, H = 512, OUT = 10 };
-
-static mn_graph *mlp_graph(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node h = mn_input(g, "x", MN_SHAPE(B, IN));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(B));
-  const int64_t dims[] = {IN, H, H, OUT};
-  for (int l = 0; l < 3; l++) {
-    char wn[32], bn[32];
-    snprintf(wn, sizeof wn, "%d.weight", 2 * l);
-    snprintf(bn, sizeof bn, "%d.bias", 2 * l);
-    mn_node w = mn_parameter(g, wn, MN_SHAPE(dims[l], dims[l + 1]));
-    mn_node b = mn_parameter(g, bn, MN_SHAPE(dims[l + 1]));
-    h = mn_bias_add(g, mn_matmul(g, h, w), b);
-    if (l < 2) h = mn_relu(g, h);
-  }
-  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, h, labels)}, 1);
-  return g;
-}
+enum { B = MLP_BATCH, IN = MLP_IN, H = MLP_HIDDEN, OUT = MLP_OUT };
 
 int main(int argc, char **argv) {
-  bench_step b = bench_step_begin(argc, argv, mlp_graph);
+  bench_step b = bench_step_begin(argc, argv, bench_mlp_graph);
   mn_session *s = b.s;
   float *x = malloc(sizeof(float) * B * IN);
   uint32_t labels[B];

@@ -4,9 +4,9 @@
  * threads a block, the template instance). scripts/kernel-sass.sh disassembles the cubin and
  * prints each kernel's registers, spills and instruction mix beside its template.
  *
- * Models: gpt2 and smollm2 (the step benchmarks' configs, lm_configs.h, loss only), and
+ * Models: gpt2 and smollm2 (the step benchmarks' configs, lm_configs.h, loss only),
  * attention-gpt2 / attention-smollm2 (bench_attention's graphs: causal attention between scaled
- * q, k, v parameters and an MSE loss).
+ * q, k, v parameters and an MSE loss), and mlp (bench_mlp_step's graph; --precision f32).
  *
  * usage: bench_plan_kernels MODEL [--precision bf16|f32] [--arch sm_90] [--batch B] [--seq T]
  *                          [--out DIR] */
@@ -14,6 +14,7 @@
 
 #include "benchmarks/bench_util.h"
 #include "benchmarks/lm_configs.h"
+#include "benchmarks/mlp_graph.h"
 
 #ifdef MN_WITH_CUDA
 #include "cuda/jit.h"
@@ -37,6 +38,7 @@ static mn_graph *attention_graph(int64_t batch, int64_t seq, int heads, int kv_h
 
 static mn_graph *model_graph(const char *name, int64_t batch, int64_t seq) {
   bool gpt2 = strstr(name, "gpt2") != NULL;
+  if (strcmp(name, "mlp") == 0) return bench_mlp_graph();
   if (strncmp(name, "attention-", 10) == 0)
     return attention_graph(batch ? batch : (gpt2 ? 16 : 8), seq, gpt2 ? 12 : 9, gpt2 ? 12 : 3);
   mn_model_config cfg;
@@ -81,11 +83,11 @@ int main(int argc, char **argv) {
     else
       model = argv[i];
   }
-  bool known =
-      model && (strcmp(model, "gpt2") == 0 || strcmp(model, "smollm2") == 0 ||
-                strcmp(model, "attention-gpt2") == 0 || strcmp(model, "attention-smollm2") == 0);
+  bool known = model && (strcmp(model, "gpt2") == 0 || strcmp(model, "smollm2") == 0 ||
+                         strcmp(model, "attention-gpt2") == 0 ||
+                         strcmp(model, "attention-smollm2") == 0 || strcmp(model, "mlp") == 0);
   if (!known || (strcmp(prec, "bf16") && strcmp(prec, "f32")) || batch < 0 || seq < 1) {
-    fprintf(stderr, "usage: bench_plan_kernels gpt2|smollm2|attention-gpt2|attention-smollm2 "
+    fprintf(stderr, "usage: bench_plan_kernels gpt2|smollm2|attention-gpt2|attention-smollm2|mlp "
                     "[--precision bf16|f32] [--arch sm_90] [--batch B] [--seq T] [--out DIR]\n");
     return 2;
   }

@@ -5,6 +5,7 @@
  * loss-scaler state in, runs the scaler's kernels around the program and the update
  * (loss_scale.c), and writes the device's scaler out with the loss. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda_state.h"
@@ -129,23 +130,81 @@ static mn_status note_copy_node(cuda_state *st, mn_cu_staged *sg) {
   return MN_OK;
 }
 
-/* The error record, the loss and the scaler into the host's readback, by one kernel. */
-static mn_status enqueue_readback(cuda_state *st, const mn_session *s, bool scaled) {
+/* The error record, the loss and the scaler into the host's readback, by one kernel;
+ * `beside_update`: the scalars, when it runs beside the optimizer update (readback.cuh). */
+static mn_status enqueue_readback(cuda_state *st, const mn_session *s, bool scaled,
+                                  void *beside_update) {
   const mn_plan *p = s->plan;
   mn_cu_readback *h = st->dev_readback;
   mn_ptrs io = {{&st->misc->error,
                  p->loss != MN_NO_NODE ? st->arena + mn_plan_buffer_of(p, p->loss)->offset : NULL,
-                 scaled ? &st->misc->scaler : NULL, &h->error, &h->loss, &h->scaler}};
+                 scaled ? &st->misc->scaler : NULL, &h->error, &h->loss, &h->scaler,
+                 beside_update}};
   const unsigned grid[3] = {1, 1, 1};
   return mn_cu_launch_kernel(st, (uint32_t)st->readback_kernel, grid, MN_CU_READBACK_BLOCK, 0, &io);
 }
 
+static bool program_reads_scalars(const cuda_state *st) {
+  for (size_t i = 0; i < st->prog.num_cmds; i++) {
+    const mn_cu_cmd *c = &st->prog.cmds[i];
+    for (int a = 0; c->kind == MN_CU_CMD_LAUNCH && a < c->num_args; a++)
+      if (c->args[a].kind == MN_CU_ARG_SCALARS) return true;
+  }
+  return false;
+}
+
+/* A step on several streams (a small one, schedule.h) waits on every node of its longest
+ * chain, so two nodes that need not be on it move to stream 1: the scalars' copy, which only
+ * the optimizer reads when no program kernel does, runs beside the forward pass (an H2D node
+ * first in a graph cost 2.3 us, docs/performance.md), and the readback beside the update.
+ * Not for F16 steps (the scaler's kernels read and write the scalars around the program) nor
+ * data-parallel ones (their collectives order the end of the step). MN_CUDA_SIDE=0: one chain
+ * at both ends, for comparison. */
+static cudaStream_t side_stream(const cuda_state *st, bool scaled) {
+  const char *env = getenv("MN_CUDA_SIDE");
+  if ((env && strcmp(env, "0") == 0) || st->lanes.streams < 2 || scaled || st->dp) return NULL;
+  return program_reads_scalars(st) ? NULL : st->lanes.stream[1];
+}
+
+/* `from` waits for what `to` has enqueued so far. */
+static mn_status edge(cudaEvent_t ev, cudaStream_t from, cudaStream_t to) {
+  mn_status rc = mn_cu_check(cudaEventRecord(ev, from), "ordering the capture");
+  return rc == MN_OK ? mn_cu_check(cudaStreamWaitEvent(to, ev, 0), "ordering the capture") : rc;
+}
+
+static mn_status copy_scalars(cuda_state *st, cudaStream_t stream) {
+  return mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
+                                     cudaMemcpyHostToDevice, stream),
+                     "copying scalars");
+}
+
+/* The update, and the readback after it or beside it on `side`; joined back. */
+static mn_status enqueue_end(cuda_state *st, const mn_session *s, unsigned key, bool scaled,
+                             cudaStream_t side) {
+  bool update = ((key & 1u) && st->opt_update >= 0) || scaled;
+  if (!side) {
+    mn_status rc = update ? mn_cu_enqueue_update(st, s, key) : MN_OK;
+    if (rc == MN_OK && st->dp) rc = mn_cu_dp_loss(st, s);
+    return rc == MN_OK ? enqueue_readback(st, s, scaled, NULL) : rc;
+  }
+  cudaStream_t main = st->stream;
+  mn_status rc = edge(st->lanes.edge[0], main, side);
+  if (rc == MN_OK) {
+    st->stream = side;
+    rc = enqueue_readback(st, s, scaled, update ? &st->misc->scalars : NULL);
+    st->stream = main;
+  }
+  if (rc == MN_OK && update) rc = mn_cu_enqueue_update(st, s, key);
+  /* Joined also after a failure, so that the capture can end. */
+  mn_status joined = edge(st->lanes.edge[1], side, main);
+  return rc != MN_OK ? rc : joined;
+}
+
 static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
-  mn_status rc =
-      mn_cu_check(cudaMemcpyAsync(&st->misc->scalars, st->host_scalars, sizeof *st->host_scalars,
-                                  cudaMemcpyHostToDevice, st->stream),
-                  "copying scalars");
   bool scaled = mn_cu_scaled(s);
+  cudaStream_t side = side_stream(st, scaled);
+  mn_status rc = side ? edge(st->lanes.edge[0], st->stream, side) : MN_OK;
+  if (rc == MN_OK) rc = copy_scalars(st, side ? side : st->stream);
   if (rc == MN_OK && scaled)
     rc = mn_cu_check(cudaMemcpyAsync(&st->misc->scaler_host, st->host_scaler,
                                      sizeof *st->host_scaler, cudaMemcpyHostToDevice, st->stream),
@@ -158,19 +217,21 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
                      "copying an input");
     if (rc == MN_OK) rc = note_copy_node(st, sg);
   }
+  /* The host rewrites the staging and the scalars once this event has passed. */
+  if (rc == MN_OK && side) rc = edge(st->lanes.edge[1], st->stream, side);
   if (rc == MN_OK)
-    rc = mn_cu_check(
-        cudaEventRecordWithFlags(st->inputs_consumed, st->stream, cudaEventRecordExternal),
-        "recording the input event");
+    rc = mn_cu_check(cudaEventRecordWithFlags(st->inputs_consumed, side ? side : st->stream,
+                                              cudaEventRecordExternal),
+                     "recording the input event");
   if (rc == MN_OK && scaled) rc = mn_cu_scaler_enqueue_begin(st, s);
   /* Gradient buckets go to NCCL as soon as the commands that finish them have run. */
   bool overlap = mn_cu_dp_overlaps(st, s, key);
   mn_cu_dp_capture_begin(st);
   if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s, overlap ? mn_cu_dp_after_cmd : NULL);
-  if (rc == MN_OK && (((key & 1u) && st->opt_update >= 0) || scaled))
-    rc = mn_cu_enqueue_update(st, s, key);
-  if (rc == MN_OK && st->dp) rc = mn_cu_dp_loss(st, s);
-  if (rc == MN_OK) rc = enqueue_readback(st, s, scaled);
+  if (rc == MN_OK)
+    rc = enqueue_end(st, s, key, scaled, side);
+  else if (side)
+    edge(st->lanes.edge[1], side, st->stream); /* so that the capture can end */
   mn_status joined = mn_cu_dp_capture_end(st);
   return rc != MN_OK ? rc : joined;
 }
@@ -209,6 +270,9 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
   }
   size_t nodes = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
+  /* For reading a step's nodes and edges where no profiler shows them (docs/performance.md). */
+  const char *dot = getenv("MN_CUDA_GRAPH_DOT");
+  if (dot && *dot) cudaGraphDebugDotPrint(graph, dot, cudaGraphDebugDotFlagsKernelNodeParams);
   st->graph_width = mn_cu_graph_width(graph);
   rc = mn_cu_check(cudaGraphInstantiate(&st->exec, graph, 0), "instantiating the step graph");
   /* Nodes are enabled as instantiated; the graph stays while its copies' nodes are used. */

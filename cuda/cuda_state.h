@@ -54,6 +54,7 @@ typedef struct mn_cu_lanes {
   cudaStream_t stream[MN_CU_MAX_STREAMS];
   void *workspace[MN_CU_MAX_STREAMS];
   cudaEvent_t fork, join[MN_CU_MAX_STREAMS];
+  cudaEvent_t edge[2]; /* the step's side branches on stream 1 (capture.c) */
   cudaEvent_t *events;
   size_t num_events;
   bool active; /* the program is being enqueued: the other streams have not joined yet */

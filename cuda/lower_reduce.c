@@ -2,6 +2,9 @@
  * cuda/kernels/reduce.cuh, reduce_loss.cuh and (element-wise loss gradients)
  * pointwise.cuh. Whole-tensor sums go through per-block double partials in scratch and
  * one finishing block, never atomics, so every result is reproducible bit for bit. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda/emit.h"
 #include "host/error.h"
 #include "host/pointwise.h"
@@ -184,6 +187,26 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
 /* The loss (the mean of the row partials over the counted rows) and, as extra value 1, its
  * gradient, from one pass over the logits (optimizer/loss_grad.h); the gradient may be written over
  * them. */
+/* A batch of at most SMALL_LOSS_ROWS rows of at most SMALL_LOSS_N classes takes one block
+ * (mn_loss_sparse_ce_small): its three kernels are three waits on the critical path of a
+ * step that is all waits. MN_CUDA_SMALL_LOSS=0 keeps the three kernels, for comparison. */
+#define SMALL_LOSS_ROWS 1024
+#define SMALL_LOSS_N    1024
+
+static bool small_loss(const row_cfg *r) {
+  const char *env = getenv("MN_CUDA_SMALL_LOSS");
+  if (env && strcmp(env, "0") == 0) return false;
+  return r->rows <= SMALL_LOSS_ROWS && r->n <= SMALL_LOSS_N && r->g == 32;
+}
+
+/* Lanes a row of the small loss: about two float4 loads each, 4 to 32. */
+static int small_loss_group(int64_t n) {
+  int g = 4;
+  while (g < 32 && (int64_t)g * 8 < n)
+    g *= 2;
+  return g;
+}
+
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
   mn_node grad = mn_plan_extra_output(c->plan, c->id, 1);
@@ -191,13 +214,24 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its gradient",
                    c->id, mn_op_name(c->node->op));
   mn_cu_arg scratch = sparse_scratch(c, r.rows);
+  long long xp = (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
+            op = (long long)mn_cu_row_pitch(c->plan, grad);
+  if (small_loss(&r)) {
+    int k =
+        mn_cu_kernel(c, SMALL_LOSS_ROWS,
+                     "mn_loss_sparse_ce_small<%d, %d, %lldLL, %lldLL, %uu, %uu, %lldLL, %lldLL>",
+                     SMALL_LOSS_ROWS, small_loss_group(r.n), (long long)r.rows, (long long)r.n,
+                     (unsigned)c->id, (unsigned)c->node->inputs[1], xp, op);
+    mn_cu_arg args[8] = {mn_cu_node_arg(grad),     mn_cu_in(c, 0),    mn_cu_in(c, 1),
+                         mn_cu_in(c, 2),           mn_cu_error_arg(), scratch,
+                         sparse_partials(scratch), mn_cu_out(c)};
+    return mn_cu_launch(c, k, 1, 1, 1, 0, 8, args);
+  }
   mn_status st = count_labels(c, scratch, r.rows);
   if (st != MN_OK) return st;
   int k = mn_cu_kernel(c, (unsigned)r.block,
                        "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
-                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
-                       (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
-                       (long long)mn_cu_row_pitch(c->plan, grad));
+                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op);
   mn_cu_arg args[7] = {mn_cu_node_arg(grad),    mn_cu_in(c, 0),    mn_cu_in(c, 1),
                        mn_cu_in(c, 2),          mn_cu_error_arg(), scratch,
                        sparse_partials(scratch)};

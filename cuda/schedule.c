@@ -237,6 +237,10 @@ mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
   if (rc == MN_OK && !ln->fork)
     rc = mn_cu_check(cudaEventCreateWithFlags(&ln->fork, cudaEventDisableTiming),
                      "creating an event");
+  for (int e = 0; rc == MN_OK && e < 2; e++)
+    if (!ln->edge[e])
+      rc = mn_cu_check(cudaEventCreateWithFlags(&ln->edge[e], cudaEventDisableTiming),
+                       "creating an event");
   size_t n = st->prog.num_cmds;
   if (rc == MN_OK && ln->num_events < n) {
     cudaEvent_t *ev = realloc(ln->events, n * sizeof *ev);
@@ -417,6 +421,8 @@ void mn_cu_lanes_free(cuda_state *st) {
   for (int l = 0; l < MN_CU_MAX_STREAMS; l++)
     if (ln->join[l]) cudaEventDestroy(ln->join[l]);
   if (ln->fork) cudaEventDestroy(ln->fork);
+  for (int e = 0; e < 2; e++)
+    if (ln->edge[e]) cudaEventDestroy(ln->edge[e]);
   for (size_t i = 0; i < ln->num_events; i++)
     cudaEventDestroy(ln->events[i]);
   free(ln->events);

@@ -1,8 +1,11 @@
 #include "cuda/storage_layout.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda/emit.h"
+#include "host/memplan.h"
 #include "host/storage.h"
 
 /* Rows of at least this many values whose rows are not 16-byte multiples: cuBLASLt keeps such
@@ -63,10 +66,26 @@ bool mn_cu_pitch_rows(mn_plan *p) {
   return any;
 }
 
+/* A plan whose buffers take at most this much without sharing keeps each in memory of its
+ * own: what sharing saves is nothing on a GPU, and a buffer written where an earlier one was
+ * read orders the writer after every reader, which on several streams (schedule.h) put the MLP
+ * step's weight-gradient branch back on its critical path (the ReLU gradient's output took the
+ * memory of the loss gradient that the third layer's weight gradient reads).
+ * MN_CUDA_SHARE_MEMORY=1 shares anyway, for comparison. */
+#define APART_MAX_BYTES ((size_t)64 << 20)
+
+static bool buffers_apart(const mn_plan *p) {
+  const char *env = getenv("MN_CUDA_SHARE_MEMORY");
+  if (env && strcmp(env, "1") == 0) return false;
+  return mn_memplan_unplanned_bytes(p) <= APART_MAX_BYTES;
+}
+
 mn_status mn_cu_size_plan(mn_plan *p) {
   bool padded = mn_cu_pitch_rows(p);
-  if (mn_cu_low_storage(p) == MN_DEV_F32 && !padded) return MN_OK;
-  return mn_plan_store_narrow(p);
+  mn_status rc = MN_OK;
+  if (mn_cu_low_storage(p) != MN_DEV_F32 || padded) rc = mn_plan_store_narrow(p);
+  if (rc == MN_OK && buffers_apart(p)) rc = mn_memplan_layout(p, MN_LAYOUT_ONE_PER_BUFFER);
+  return rc;
 }
 
 bool mn_cu_in_update_block(const mn_plan *p, const mn_buffer_desc *d) {

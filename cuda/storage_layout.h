@@ -20,8 +20,9 @@
 bool mn_cu_pitch_rows(mn_plan *p);
 
 /* A plan (mn_plan_set_precision done) as the backend stores it: padded rows, then every
- * low-precision buffer at 2 bytes a value and the arena planned again (mn_plan_store_narrow).
- * An fp32 plan without padded rows is left as it is. */
+ * low-precision buffer at 2 bytes a value and the arena planned again (mn_plan_store_narrow);
+ * a small plan (at most 64 MiB of buffers) then gives every buffer memory of its own. A large
+ * fp32 plan without padded rows is left as it is. */
 mn_status mn_cu_size_plan(mn_plan *p);
 
 /* Whether buffer d lies in the update block (the parameters the optimizer updates). */

@@ -4,6 +4,7 @@
  * out-of-range label and of labels that are all MN_IGNORE_LABEL. */
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/session_util.h"
 
 typedef mn_node (*binary_fn)(mn_graph *, mn_node, mn_node);
 
@@ -369,4 +370,49 @@ Test(cuda_reduce, every_label_ignored_training) {
 Test(cuda_reduce, every_label_ignored_training_bf16) {
   mn_test_require_cuda_build();
   expect_all_ignored_error(true, MN_PRECISION_BF16);
+}
+
+/* A small training step runs on two streams with the readback beside the optimizer update
+ * (cuda/capture.c), which then reports the step a failure skipped: a failed AdamW step must
+ * leave the step count, and so the bias corrections of the steps after it, as the CPU's. Steps:
+ * good, a label out of range, good, good; the logits against the CPU's at 1e-5. */
+Test(cuda_reduce, a_failed_step_beside_the_update_counts_adamw_steps_as_the_cpu) {
+  mn_test_require_cuda_build();
+  mn_graph *g = mn_graph_new();
+  mn_node logits = mn_parameter(g, "logits", MN_SHAPE(2, 3, 37));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(2, 3));
+  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
+  mn_test_require_cuda_device();
+  mn_session *s[2] = {mn_test_session(g, MN_BACKEND_CPU, true),
+                      mn_test_session(g, MN_BACKEND_CUDA, true)};
+  float w[2 * 3 * 37], got[2][2 * 3 * 37];
+  mn_rng rng = mn_rng_new(9);
+  mn_rng_fill(&rng, w, 2 * 3 * 37, -1, 1);
+  const uint32_t good[6] = {0, 36, 5, 1, 2, 3}, bad[6] = {0, 36, 5, 1, 2, 37};
+  for (int b = 0; b < 2; b++) {
+    cr_assert_eq(mn_session_set_adamw(s[b], 0.05f, 0.9f, 0.999f, 1e-8f, 0.01f), MN_OK);
+    cr_assert_eq(mn_session_set_parameter(s[b], "logits", w, 2 * 3 * 37), MN_OK, "%s",
+                 mn_last_error());
+    for (int step = 0; step < 4; step++) {
+      cr_assert_eq(mn_session_set_input_u32(s[b], "labels", step == 1 ? bad : good, 6), MN_OK, "%s",
+                   mn_last_error());
+      mn_status st = mn_session_step(s[b]);
+      if (st == MN_OK) st = mn_session_wait(s[b]);
+      if (step == 1)
+        mn_assert_error(st, MN_ERR_INVALID_ARGUMENT, "37");
+      else
+        cr_assert_eq(st, MN_OK, "backend %d, step %d: %s", b, step, mn_last_error());
+    }
+    cr_assert_eq(mn_session_read_param(s[b], "logits", got[b], 2 * 3 * 37), MN_OK, "%s",
+                 mn_last_error());
+  }
+  mn_session_stats stats;
+  cr_assert_eq(mn_session_get_stats(s[1], &stats), MN_OK);
+  cr_expect_geq(stats.graph_width, 2u, "the step was captured as one chain");
+  for (int i = 0; i < 2 * 3 * 37; i++)
+    cr_assert_float_eq(got[1][i], got[0][i], 1e-5f * (1.0f + fabsf(got[0][i])),
+                       "logits[%d]: CUDA %.9g, CPU %.9g", i, (double)got[1][i], (double)got[0][i]);
+  mn_session_free(s[0]);
+  mn_session_free(s[1]);
+  mn_graph_free(g);
 }

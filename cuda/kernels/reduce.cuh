@@ -89,20 +89,39 @@ __device__ void mn_red_all_final(const IO &io) {
   if (threadIdx.x == 0) mn_out<0>(io)[0] = mn_red_finish<OP, N>(acc);
 }
 
-// Row groups: G threads per row (G == 32: a warp per row, BLOCK / 32 rows per block,
-// no block barriers; G == BLOCK: a block per row). A group's threads all take the same
-// branches, so a group may leave early without stranding a barrier or a shuffle.
-template <int G> __device__ __forceinline__ float mn_red_gsum(float v, float *sh) {
-  if constexpr (G == 32)
-    return mn_warp_sum(v);
+// Row groups: G threads per row (G < 32: aligned parts of a warp, several rows per warp;
+// G == 32: a warp per row, BLOCK / 32 rows per block, no block barriers; G == BLOCK: a block
+// per row). A group's threads all take the same branches, so a group may leave early without
+// stranding a barrier or a shuffle: a group narrower than a warp shuffles among its own lanes.
+template <int G> __device__ __forceinline__ unsigned mn_red_group_mask() {
+  if constexpr (G >= 32)
+    return 0xffffffffu;
   else
+    return ((1u << G) - 1u) << ((threadIdx.x & 31u) & ~(unsigned)(G - 1));
+}
+template <int G> __device__ __forceinline__ float mn_red_gsum(float v, float *sh) {
+  if constexpr (G < 32) {
+    const unsigned m = mn_red_group_mask<G>();
+    for (int o = G / 2; o > 0; o >>= 1)
+      v += __shfl_xor_sync(m, v, o, G);
+    return v;
+  } else if constexpr (G == 32) {
+    return mn_warp_sum(v);
+  } else {
     return mn_block_sum<G>(v, sh);
+  }
 }
 template <int G> __device__ __forceinline__ float mn_red_gmax(float v, float *sh) {
-  if constexpr (G == 32)
+  if constexpr (G < 32) {
+    const unsigned m = mn_red_group_mask<G>();
+    for (int o = G / 2; o > 0; o >>= 1)
+      v = fmaxf(v, __shfl_xor_sync(m, v, o, G));
+    return v;
+  } else if constexpr (G == 32) {
     return mn_warp_max(v);
-  else
+  } else {
     return mn_block_max<G>(v, sh);
+  }
 }
 
 // Visits the elements of one row of N that thread `lane` of a G-thread group owns,
