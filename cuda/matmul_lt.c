@@ -342,6 +342,14 @@ static mn_status prepare_one(cuda_state *st, const mn_session *s, const mn_cu_cm
                                        sizeof align_c);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                        sizeof align_c);
+  /* Experiments only: which split-k reductions the heuristic may choose (a
+   * cublasLtReductionScheme_t mask; 0: products in one kernel, 1: reduced in place). */
+  const char *schemes = getenv("MN_CUDA_SPLITK_MASK");
+  if (schemes && *schemes) {
+    uint32_t mask = (uint32_t)strtoul(schemes, NULL, 0);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                         sizeof mask);
+  }
   int found = 0;
   if (d->epilogue != MN_CU_EPI_NONE) rc = try_epilogue(st, s, cmd, mp, pref);
   if (rc == MN_OK && !mp->fused && d->c_fallback.kind != MN_CU_ARG_NONE) {

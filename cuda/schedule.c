@@ -144,6 +144,36 @@ static double product_flops(const cuda_state *st) {
   return flops;
 }
 
+/* Programs longer than this are scheduled without heights (O(n^2) conflict tests). */
+#define HEIGHT_MAX_CMDS 4096
+
+/* Each command's longest chain of conflicting commands to the end of the program (1: no later
+ * command waits for it); all 0 for a long program. NULL when out of memory. */
+static size_t *heights(const cuda_state *st, const access *acc, size_t n) {
+  size_t *h = calloc(n ? n : 1, sizeof *h);
+  if (!h || n > HEIGHT_MAX_CMDS) return h;
+  for (size_t i = n; i-- > 0;) {
+    if (mn_cu_cmd_skipped(st, i)) continue;
+    size_t longest = 0;
+    for (size_t k = i + 1; k < n; k++)
+      if (h[k] > longest && !mn_cu_cmd_skipped(st, k) && conflict(&acc[i], &acc[k])) longest = h[k];
+    h[i] = longest + 1;
+  }
+  return h;
+}
+
+/* Whether a later command that also waits for command `dep` has a longer way to the end than
+ * command i: it, not i, should continue dep's stream. The MLP step's weight-gradient products
+ * took the chain after the loss and the ReLU gradients (program order puts them first), so the
+ * input-gradient chain, the step's critical path, waited on them at every layer. */
+static bool longer_way_after(const cuda_state *st, const access *acc, const size_t *height,
+                             size_t n, size_t i, size_t dep) {
+  for (size_t k = i + 1; k < n; k++)
+    if (height[k] > height[i] && !mn_cu_cmd_skipped(st, k) && conflict(&acc[k], &acc[dep]))
+      return true;
+  return false;
+}
+
 int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s) {
   const char *env = getenv("MN_CUDA_STREAMS");
   int n = MN_CU_DEFAULT_STREAMS;
@@ -174,12 +204,18 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
     free(acc);
     return MN_OK;
   }
+  for (size_t i = 0; i < n; i++)
+    if (!mn_cu_cmd_skipped(st, i)) accesses(st, s, i, &acc[i]);
+  size_t *height = heights(st, acc, n);
+  if (!height) {
+    free(acc);
+    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of memory (the stream schedule)");
+  }
   /* tail[l]: the last command given to stream l (+1; 0: none yet). */
   size_t tail[MN_CU_MAX_STREAMS] = {0};
   for (size_t i = 0; i < n; i++) {
     ln->lane[i] = -1;
     if (mn_cu_cmd_skipped(st, i)) continue;
-    accesses(st, s, i, &acc[i]);
     /* latest[l]: the latest command of stream l that command i must follow (+1); earlier ones
      * of that stream precede it anyway. */
     size_t latest[MN_CU_MAX_STREAMS] = {0};
@@ -199,7 +235,9 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
     /* Continue the chain of the newest dependency when it ends its stream; else an unused
      * stream; else the one idle longest (its last command is the oldest). */
     int lane = -1;
-    if (newest_lane >= 0 && tail[newest_lane] == newest) lane = newest_lane;
+    if (newest_lane >= 0 && tail[newest_lane] == newest &&
+        !longer_way_after(st, acc, height, n, i, newest - 1))
+      lane = newest_lane;
     for (int l = 0; lane < 0 && l < streams; l++)
       if (tail[l] == 0) lane = l;
     if (lane < 0) {
@@ -212,6 +250,7 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
       if (l != lane && latest[l]) ln->wait[i * (size_t)streams + (size_t)l] = latest[l];
     tail[lane] = i + 1;
   }
+  free(height);
   free(acc);
   return MN_OK;
 }
