@@ -154,6 +154,21 @@ mn_status mn_cu_lower_MATMUL_DGELU(const mn_cu_op_ctx *c) {
   return MN_OK;
 }
 
+/* relu_grad(x, a op(b)): in the skinny kernel where it runs one (lower_skinny.h); cuBLASLt has
+ * no epilogue that reads x, so otherwise the product and then relu_grad over it, which is what
+ * the two ops compute (relu_grad selects values, so rounding the product to a low-precision
+ * storage before or after it gives the same bits). */
+mn_status mn_cu_lower_MATMUL_DRELU(const mn_cu_op_ctx *c) {
+  mn_cu_matmul_desc d = product(c);
+  if (mn_cu_skinny_applies(c, &d))
+    return mn_cu_skinny_matmul_gated(c, &d, MN_OP_RELU_GRAD, mn_cu_in(c, 2));
+  mn_status st = mn_cu_matmul(c, &d);
+  mn_node self = c->id;
+  if (st == MN_OK)
+    st = lower_as(c, MN_OP_RELU_GRAD, self, (const mn_node[]){c->node->inputs[2], self}, 2);
+  return st;
+}
+
 /* a [.., M]^T b [.., N] as matmul_at (no row-pitch padding of a: the epilogue reads a or b
  * as stored), and the column sums of a (variant 0) or b (variant 1) into the buffer of the
  * extra_output node holding value 1. */

@@ -46,7 +46,10 @@ static int act_code(mn_cu_epilogue e) {
   }
 }
 
-mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
+/* d's launch, its value gated by pointwise row `gate` (-1: none) of the element of g at the
+ * same place. */
+static mn_status skinny_launch(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d, int gate,
+                               mn_cu_arg g) {
   /* Dense row pitches: A [m, k] or [k, m], B [k, n] or [n, k], C [m, n]. */
   long long lda = d->lda ? d->lda : (d->trans_a ? d->m : d->k);
   long long ldb = d->ldb ? d->ldb : (d->trans_b ? d->k : d->n);
@@ -54,22 +57,32 @@ mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d)
   bool bias = d->epilogue != MN_CU_EPI_NONE;
   int act = act_code(d->epilogue);
   unsigned alpha = mn_cu_float_bits(d->alpha);
-  mn_cu_arg args[4] = {d->c, d->a, d->b, bias ? d->bias : (mn_cu_arg){.kind = MN_CU_ARG_NONE}};
+  mn_cu_arg none = {.kind = MN_CU_ARG_NONE};
+  mn_cu_arg args[5] = {d->c, d->a, d->b, bias ? d->bias : none, gate >= 0 ? g : none};
   if (!short_k(d)) {
     int k = mn_cu_kernel(c, 32 * NARROW_WARPS,
-                         "mn_mm_narrow<%d, %lldLL, %d, %lldLL, %lldLL, %lldLL, %lldLL, %s, %d, %s, "
-                         "%uu>",
+                         "mn_mm_narrow<%d, %lldLL, %d, %lldLL, %lldLL, %lldLL, %lldLL, %s, %d, %d, "
+                         "%s, %uu>",
                          NARROW_WARPS, (long long)d->m, (int)d->n, (long long)d->k, lda, ldb, ldc,
-                         d->trans_b ? "true" : "false", act, bias ? "true" : "false", alpha);
+                         d->trans_b ? "true" : "false", act, gate, bias ? "true" : "false", alpha);
     unsigned blocks = mn_cu_blocks(d->m, NARROW_WARPS);
-    return mn_cu_launch(c, k, blocks, 1, 1, 0, 4, args);
+    return mn_cu_launch(c, k, blocks, 1, 1, 0, 5, args);
   }
   int k = mn_cu_kernel(c, SHORT_K_BLOCK,
-                       "mn_mm_short_k<%lldLL, %lldLL, %d, %lldLL, %lldLL, %lldLL, %s, %s, %d, %s, "
-                       "%uu>",
+                       "mn_mm_short_k<%lldLL, %lldLL, %d, %lldLL, %lldLL, %lldLL, %s, %s, %d, %d, "
+                       "%s, %uu>",
                        (long long)d->m, (long long)d->n, (int)d->k, lda, ldb, ldc,
-                       d->trans_a ? "true" : "false", d->trans_b ? "true" : "false", act,
+                       d->trans_a ? "true" : "false", d->trans_b ? "true" : "false", act, gate,
                        bias ? "true" : "false", alpha);
   unsigned blocks = mn_cu_blocks(d->m * d->n, SHORT_K_BLOCK);
-  return mn_cu_launch(c, k, blocks < SHORT_K_BLOCKS ? blocks : SHORT_K_BLOCKS, 1, 1, 0, 4, args);
+  return mn_cu_launch(c, k, blocks < SHORT_K_BLOCKS ? blocks : SHORT_K_BLOCKS, 1, 1, 0, 5, args);
+}
+
+mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d) {
+  return skinny_launch(c, d, -1, (mn_cu_arg){.kind = MN_CU_ARG_NONE});
+}
+
+mn_status mn_cu_skinny_matmul_gated(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d, mn_op gate,
+                                    mn_cu_arg g) {
+  return skinny_launch(c, d, mn_pw_code_of_op(gate), g);
 }

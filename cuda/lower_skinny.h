@@ -27,4 +27,10 @@ bool mn_cu_skinny_applies(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d);
  * must hold). */
 mn_status mn_cu_skinny_matmul(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d);
 
+/* The same, each element of the product then passed through the binary pointwise op `gate`
+ * (a gradient: gate(g, value), g at the same place as the value, row pitch d->ldc), as
+ * matmul_drelu's relu_grad(x, a op(b)). d has no epilogue of its own. */
+mn_status mn_cu_skinny_matmul_gated(const mn_cu_op_ctx *c, const mn_cu_matmul_desc *d, mn_op gate,
+                                    mn_cu_arg g);
+
 #endif

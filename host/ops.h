@@ -107,6 +107,7 @@ enum {
   /* picks op(b): 0 b, 1 b transposed (as matmul_bt)                                       */      \
   X(MATMUL_BIAS_ACT, "matmul_bias_act", 3, 0) /* act(a op(b) + bias[N]), act: attrs.act */         \
   X(MATMUL_DGELU, "matmul_dgelu", 3, 0)       /* (a, b, pre): gelu_grad(pre, a op(b)) */           \
+  X(MATMUL_DRELU, "matmul_drelu", 3, 0)       /* (a, b, x): relu_grad(x, a op(b)) */               \
   /* a^T b, and as value 1 the column sums of a (variant 0) or of b (variant 1): the bias    */    \
   /* gradient that cuBLASLt's BGRAD epilogues reduce while reading that operand             */     \
   X(MATMUL_AT_BGRAD, "matmul_at_bgrad", 2, MN_OPF_MULTI_OUTPUT)                                    \

@@ -86,6 +86,7 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
            mn_tensor_type_numel(bias) == n && r->attrs.act >= 0 && r->attrs.act < MN_ACT_COUNT;
   }
   case MN_OP_MATMUL_DGELU:
+  case MN_OP_MATMUL_DRELU:
     return product_ok(g, r, &n) && r->attrs.act == MN_ACT_NONE &&
            mn_type_same_shape(&g->nodes[r->inputs[2]].type, &r->type) &&
            g->nodes[r->inputs[2]].type.dtype == MN_F32;

@@ -64,6 +64,7 @@ bool mn_storage_reads_low(mn_op op, int k) {
   case MN_OP_MATMUL_BT:
   case MN_OP_MATMUL_AT_BGRAD:
   case MN_OP_MATMUL_DGELU: /* the pre-activation is an activation already */
+  case MN_OP_MATMUL_DRELU:
   case MN_OP_CONV2D:
   case MN_OP_CONV2D_GRAD_INPUT:
   case MN_OP_CONV2D_GRAD_KERNEL: return k < 2;

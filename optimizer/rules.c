@@ -194,6 +194,9 @@ static bool dgelu_ok(mn_egraph *eg, const mn_match *m) {
          same_type(out, eg_class_type(eg, m->vars[0]));
 }
 
+/* relu_grad(x, a op(b)): as gelu_grad's, x in place of pre. */
+static bool drelu_ok(mn_egraph *eg, const mn_match *m) { return dgelu_ok(eg, m); }
+
 static void dgelu_variant(mn_egraph *eg, const mn_match *m, int entry, mn_op_attrs *out) {
   (void)entry;
   out->variant = eg->nodes[m->nodes[2]].op == MN_OP_MATMUL_BT;
@@ -288,6 +291,21 @@ static const mn_rule rule_table[] = {
      .lhs = "(gelu_grad ?pre (matmul_bt ?a ?b))",
      .rhs = "(matmul_dgelu ?a ?b ?pre)",
      .cond = dgelu_ok,
+     .attrs = dgelu_variant,
+     .flags = MN_RULE_FULL_ONLY},
+    /* No cuBLASLt epilogue takes relu's gradient from x (DRELU reads a bit mask that the
+     * forward would have to write): the CUDA backend folds it into its skinny products, where
+     * an MLP's classifier gradient ends, and runs the two ops otherwise. */
+    {.name = "matmul-drelu",
+     .lhs = "(relu_grad ?x (matmul ?a ?b))",
+     .rhs = "(matmul_drelu ?a ?b ?x)",
+     .cond = drelu_ok,
+     .attrs = dgelu_variant,
+     .flags = MN_RULE_FULL_ONLY},
+    {.name = "matmul-bt-drelu",
+     .lhs = "(relu_grad ?x (matmul_bt ?a ?b))",
+     .rhs = "(matmul_drelu ?a ?b ?x)",
+     .cond = drelu_ok,
      .attrs = dgelu_variant,
      .flags = MN_RULE_FULL_ONLY},
     /* Pays only where nothing else reads the normalized value: in training silu_grad does,

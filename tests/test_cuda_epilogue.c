@@ -56,8 +56,9 @@ static mn_graph *bias_act_graph(const int64_t *sa, int ra, int64_t n, int varian
   return g;
 }
 
-/* gelu_grad(pre, a op(b)), pre of the product's shape. */
-static mn_graph *dgelu_graph(const int64_t *sa, int ra, int64_t n, int variant) {
+/* op (matmul_dgelu: gelu_grad(pre, a op(b)); matmul_drelu: relu_grad(x, a op(b))), pre or x
+ * of the product's shape. */
+static mn_graph *gated_graph(mn_op op, const int64_t *sa, int ra, int64_t n, int variant) {
   mn_graph *g = mn_graph_new();
   int64_t k = sa[ra - 1];
   int64_t so[MN_MAX_RANK];
@@ -67,10 +68,12 @@ static mn_graph *dgelu_graph(const int64_t *sa, int ra, int64_t n, int variant) 
   mn_node a = mn_input(g, "a", sa, ra);
   mn_node b = variant ? mn_input(g, "b", MN_SHAPE(n, k)) : mn_input(g, "b", MN_SHAPE(k, n));
   mn_node pre = mn_input(g, "pre", so, ra);
-  mn_node y = raw(g, MN_OP_MATMUL_DGELU, (mn_node[]){a, b, pre}, 3, so, ra,
-                  (mn_op_attrs){.variant = variant});
+  mn_node y = raw(g, op, (mn_node[]){a, b, pre}, 3, so, ra, (mn_op_attrs){.variant = variant});
   set_outputs(g, &y, 1);
   return g;
+}
+static mn_graph *dgelu_graph(const int64_t *sa, int ra, int64_t n, int variant) {
+  return gated_graph(MN_OP_MATMUL_DGELU, sa, ra, n, variant);
 }
 
 /* a [.., M]^T b [.., N] and the column sums of a (variant 0) or b (variant 1), both outputs. */
@@ -422,6 +425,52 @@ Test(cuda_epilogue, matmul_dgelu_every_variant) {
 }
 
 /* ------------------------------------------------------------------ matmul_at_bgrad */
+
+#ifdef MN_WITH_CUDA
+/* The matrix products and kernel launches of g's program (fp32). */
+static void program_counts(const mn_graph *g, size_t *products, size_t *launches) {
+  mn_plan *plan = lower(g);
+  mn_cu_program prog;
+  cr_assert_eq(mn_cu_program_build(plan, false, &prog), MN_OK, "%s", mn_last_error());
+  *products = *launches = 0;
+  for (size_t i = 0; i < prog.num_cmds; i++) {
+    *products += prog.cmds[i].kind == MN_CU_CMD_MATMUL;
+    *launches += prog.cmds[i].kind == MN_CU_CMD_LAUNCH;
+  }
+  mn_cu_program_free(&prog);
+  mn_plan_free(plan);
+}
+#endif
+
+/* relu_grad(x, a op(b)): one skinny kernel where a side is at most 16 (the MLP classifier's
+ * input gradient [128, 10] x [512, 10]^T, k 10; a 9-wide product, n 9), else cuBLASLt's
+ * product and the relu_grad kernel; against the CPU in fp32 and TF32. */
+Test(cuda_epilogue, matmul_drelu_skinny_and_not) {
+  mn_test_require_cuda_build();
+  static const struct {
+    int64_t a[3];
+    int rank;
+    int64_t n;
+    int variant;
+    bool skinny;
+  } cases[] = {{{128, 10}, 2, 512, 1, true},
+               {{37, 29}, 2, 9, 0, true},
+               {{4, 33, 96}, 3, 128, 0, false},
+               {{4, 33, 96}, 3, 128, 1, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mn_graph *g =
+        gated_graph(MN_OP_MATMUL_DRELU, cases[i].a, cases[i].rank, cases[i].n, cases[i].variant);
+#ifdef MN_WITH_CUDA
+    size_t products = 0, launches = 0;
+    program_counts(g, &products, &launches);
+    cr_assert_eq(products, cases[i].skinny ? 0u : 1u, "case %zu", i);
+    cr_assert_eq(launches, 1u, "case %zu: the skinny kernel, or the relu_grad kernel", i);
+#endif
+    char what[64];
+    snprintf(what, sizeof what, "drelu case %zu", i);
+    check(g, what, 530 + (uint64_t)i);
+  }
+}
 
 Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
   mn_test_require_cuda_build();

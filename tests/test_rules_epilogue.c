@@ -55,7 +55,8 @@ static size_t count_variant(const mn_graph *g, mn_op op, int variant) {
 /* Nodes that multiply matrices in the forward direction: each is one product computed. */
 static size_t products(const mn_graph *g) {
   return mn_test_count_op(g, MN_OP_MATMUL) + mn_test_count_op(g, MN_OP_MATMUL_BT) +
-         mn_test_count_op(g, MN_OP_MATMUL_BIAS_ACT) + mn_test_count_op(g, MN_OP_MATMUL_DGELU);
+         mn_test_count_op(g, MN_OP_MATMUL_BIAS_ACT) + mn_test_count_op(g, MN_OP_MATMUL_DGELU) +
+         mn_test_count_op(g, MN_OP_MATMUL_DRELU);
 }
 
 /* Full-stage optimization of g: `rule` fired `fired` times and `op` is left `left` times.
@@ -211,8 +212,9 @@ static void outputs(mn_graph *g, const mn_node *outs, size_t n) {
 
 Test(rules_epilogue, ops_without_vjp_are_made_in_the_full_stage_only) {
   static const char *const full_only[] = {
-      "matmul-bias",  "matmul-bt-bias",  "matmul-bias-relu", "matmul-bias-gelu",
-      "matmul-dgelu", "matmul-bt-dgelu", "group-norm-silu",  "relu-grad-of-output"};
+      "matmul-bias",     "matmul-bt-bias",     "matmul-bias-relu", "matmul-bias-gelu",
+      "matmul-dgelu",    "matmul-bt-dgelu",    "matmul-drelu",     "matmul-bt-drelu",
+      "group-norm-silu", "relu-grad-of-output"};
   cr_assert_null(mn_rules_compile_error());
   size_t n;
   const mn_rule *rules = mn_rule_table(&n);
@@ -444,6 +446,42 @@ Test(rules_epilogue, matmul_dgelu) {
   cr_assert_eq(products(o), 1);
   mn_graph_free(o);
   infer_agree(g);
+  mn_graph_free(g);
+}
+
+/* ---------------------------------------------------------------- ReLU gradient */
+
+/* relu_grad(x, a op(b)) becomes matmul_drelu in both layouts, and gives on the CPU the bits of
+ * the two ops (infer_agree). */
+Test(rules_epilogue, matmul_drelu) {
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_input(g, "a", MN_SHAPE(2, 4, 6)), x = mn_input(g, "x", MN_SHAPE(2, 4, 5));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(6, 5)), wt = mn_parameter(g, "wt", MN_SHAPE(5, 6));
+  mn_node outs[] = {
+      mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, mn_matmul(g, a, w), MN_SHAPE(2, 4, 5))),
+      mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, mn_matmul_bt(g, a, wt), MN_SHAPE(2, 4, 5)))};
+  outputs(g, outs, 2);
+  mn_graph *o = expect_full(g, "matmul-drelu", 1, MN_OP_MATMUL_DRELU, 2);
+  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DRELU, 0), 1);
+  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DRELU, 1), 1);
+  cr_assert_eq(products(o), 2);
+  mn_graph_free(o);
+  expect(g, "matmul-bt-drelu", 1, MN_OP_RELU_GRAD, 0);
+  dispatches d = infer_agree(g);
+  cr_assert_eq(d.on, d.off - 2, "%zu -> %zu dispatches", d.off, d.on);
+  mn_graph_free(g);
+
+  /* x of another shape, or a gradient typed apart from its product: left alone. */
+  g = mn_graph_new();
+  a = mn_input(g, "a", MN_SHAPE(8, 8));
+  x = mn_input(g, "x", MN_SHAPE(8, 8));
+  mn_node x64 = mn_input(g, "x64", MN_SHAPE(64));
+  w = mn_parameter(g, "w", MN_SHAPE(8, 8));
+  mn_node q = mn_matmul_bt(g, a, w);
+  mn_node bad[] = {mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x64, q, MN_SHAPE(8, 8))),
+                   mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, q, MN_SHAPE(64)))};
+  outputs(g, bad, 2);
+  expect(g, "matmul-bt-drelu", 0, MN_OP_MATMUL_DRELU, 0);
   mn_graph_free(g);
 }
 
@@ -817,11 +855,13 @@ static void check_mlp_plan(const mn_graph *g, bool conv1d) {
     if (strstr(name, "bias"))
       cr_assert_eq(pg->nodes[p->params[i].grad].op, MN_OP_EXTRA_OUTPUT, "%s", name);
   }
-  /* relu_grad reads the layer's output, so no pre-activation is kept. */
-  cr_assert_eq(mn_test_count_op(pg, MN_OP_RELU_GRAD), 1);
+  /* relu_grad reads the layer's output, so no pre-activation is kept, and it gates the
+   * product that makes its gradient (matmul_drelu). */
+  cr_assert_eq(mn_test_count_op(pg, MN_OP_RELU_GRAD), 0);
+  cr_assert_eq(count_variant(pg, MN_OP_MATMUL_DRELU, conv1d ? 1 : 0), 1);
   for (size_t i = 0; i < pg->num_nodes; i++)
-    if (pg->nodes[i].op == MN_OP_RELU_GRAD)
-      cr_assert_eq(pg->nodes[pg->nodes[i].inputs[0]].attrs.act, MN_ACT_RELU);
+    if (pg->nodes[i].op == MN_OP_MATMUL_DRELU)
+      cr_assert_eq(pg->nodes[pg->nodes[i].inputs[2]].attrs.act, MN_ACT_RELU);
   cr_assert_eq(products(pg), 3, "two forward products and dx of layer 2");
   mn_plan_free(p);
 }

@@ -9,21 +9,26 @@
 //    totals (a + b == b + a in floats, so the order is fixed: the same bits on every run).
 //  - mn_mm_short_k: K <= 16. A thread per element of C, k in order.
 // Both finish as cuBLASLt's epilogues do: alpha times the sum, plus the bias row, then the
-// activation (a pointwise row of host/pointwise.h; ACT < 0: none), stored once.
+// activation (a pointwise row of host/pointwise.h; ACT < 0: none), or a gradient's gate
+// GATE(g, value) with g the element of G at the same place (matmul_drelu: relu_grad; GATE < 0:
+// none), stored once.
 //
-// io: C, A, B, the bias row (NULL when BIAS is false). A is [M, K] at row pitch LDA, or [K, M]
-// when TA; B is [K, N] at row pitch LDB, or [N, K] when TB; C is [M, N] at row pitch LDC.
+// io: C, A, B, the bias row (NULL when BIAS is false), G (NULL when GATE < 0). A is [M, K] at
+// row pitch LDA, or [K, M] when TA; B is [K, N] at row pitch LDB, or [N, K] when TB; C and G are
+// [M, N] at row pitch LDC.
 
-template <int ACT, bool BIAS, unsigned ALPHA, class Bias>
-__device__ __forceinline__ float mn_mm_finish(float sum, Bias bias, long long j) {
+template <int ACT, int GATE, bool BIAS, unsigned ALPHA, class Bias, class Gate>
+__device__ __forceinline__ float mn_mm_finish(float sum, Bias bias, Gate gate, long long at,
+                                              long long j) {
   float v = sum * __uint_as_float(ALPHA);
   if constexpr (BIAS) v += bias[j];
   if constexpr (ACT >= 0) v = mn_pw_apply<ACT>(v, 0.0f, 0.0f, 0.0, 0.0f);
+  if constexpr (GATE >= 0) v = mn_pw_apply<GATE>((float)gate[at], v, 0.0f, 0.0, 0.0f);
   return v;
 }
 
 template <int WARPS, long long M, int N, long long K, long long LDA, long long LDB, long long LDC,
-          bool TB, int ACT, bool BIAS, unsigned ALPHA, class IO>
+          bool TB, int ACT, int GATE, bool BIAS, unsigned ALPHA, class IO>
 __device__ void mn_mm_narrow(const IO &io) {
   static_assert(N >= 1 && N <= 16, "mn_mm_narrow: N of 1 to 16");
   auto c = mn_out<0>(io);
@@ -51,11 +56,13 @@ __device__ void mn_mm_narrow(const IO &io) {
       acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
     if (lane == j) mine = acc[j];
   }
-  if (lane < N) c[row * LDC + lane] = mn_mm_finish<ACT, BIAS, ALPHA>(mine, bias, lane);
+  if (lane < N)
+    c[row * LDC + lane] =
+        mn_mm_finish<ACT, GATE, BIAS, ALPHA>(mine, bias, mn_in<4>(io), row * LDC + lane, lane);
 }
 
 template <long long M, long long N, int K, long long LDA, long long LDB, long long LDC, bool TA,
-          bool TB, int ACT, bool BIAS, unsigned ALPHA, class IO>
+          bool TB, int ACT, int GATE, bool BIAS, unsigned ALPHA, class IO>
 __device__ void mn_mm_short_k(const IO &io) {
   static_assert(K >= 1 && K <= 16, "mn_mm_short_k: K of 1 to 16");
   auto c = mn_out<0>(io);
@@ -68,6 +75,6 @@ __device__ void mn_mm_short_k(const IO &io) {
 #pragma unroll
     for (int k = 0; k < K; k++)
       sum += a[TA ? k * LDA + i : i * LDA + k] * b[TB ? j * LDB + k : k * LDB + j];
-    c[i * LDC + j] = mn_mm_finish<ACT, BIAS, ALPHA>(sum, bias, j);
+    c[i * LDC + j] = mn_mm_finish<ACT, GATE, BIAS, ALPHA>(sum, bias, mn_in<4>(io), i * LDC + j, j);
   }
 }
