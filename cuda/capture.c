@@ -166,7 +166,7 @@ static cudaStream_t side_stream(const cuda_state *st, bool scaled) {
   return program_reads_scalars(st) ? NULL : st->lanes.stream[1];
 }
 
-/* `from` waits for what `to` has enqueued so far. */
+/* `to` waits for what `from` has enqueued so far. */
 static mn_status edge(cudaEvent_t ev, cudaStream_t from, cudaStream_t to) {
   mn_status rc = mn_cu_check(cudaEventRecord(ev, from), "ordering the capture");
   return rc == MN_OK ? mn_cu_check(cudaStreamWaitEvent(to, ev, 0), "ordering the capture") : rc;

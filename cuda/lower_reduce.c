@@ -187,16 +187,19 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
 /* The loss (the mean of the row partials over the counted rows) and, as extra value 1, its
  * gradient, from one pass over the logits (optimizer/loss_grad.h); the gradient may be written over
  * them. */
-/* A batch of at most SMALL_LOSS_ROWS rows of at most SMALL_LOSS_N classes takes one block
- * (mn_loss_sparse_ce_small): its three kernels are three waits on the critical path of a
- * step that is all waits. MN_CUDA_SMALL_LOSS=0 keeps the three kernels, for comparison. */
-#define SMALL_LOSS_ROWS 1024
-#define SMALL_LOSS_N    1024
+/* A batch of at most SMALL_LOSS_ROWS rows of at most SMALL_LOSS_N classes and at most
+ * SMALL_LOSS_VALUES logits in all takes one block (mn_loss_sparse_ce_small): its three kernels
+ * are three waits on the critical path of a step that is all waits. More logits than that are
+ * more work than one SM should take alone (the MLP's 128 x 10 is what was measured).
+ * MN_CUDA_SMALL_LOSS=0 keeps the three kernels, for comparison. */
+#define SMALL_LOSS_ROWS   1024
+#define SMALL_LOSS_N      1024
+#define SMALL_LOSS_VALUES 65536
 
 static bool small_loss(const row_cfg *r) {
   const char *env = getenv("MN_CUDA_SMALL_LOSS");
   if (env && strcmp(env, "0") == 0) return false;
-  return r->rows <= SMALL_LOSS_ROWS && r->n <= SMALL_LOSS_N && r->g == 32;
+  return r->rows <= SMALL_LOSS_ROWS && r->n <= SMALL_LOSS_N && r->rows * r->n <= SMALL_LOSS_VALUES;
 }
 
 /* Lanes a row of the small loss: about two float4 loads each, 4 to 32. */

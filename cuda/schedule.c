@@ -168,6 +168,7 @@ static size_t *heights(const cuda_state *st, const access *acc, size_t n) {
  * input-gradient chain, the step's critical path, waited on them at every layer. */
 static bool longer_way_after(const cuda_state *st, const access *acc, const size_t *height,
                              size_t n, size_t i, size_t dep) {
+  if (n > HEIGHT_MAX_CMDS) return false; /* no heights */
   for (size_t k = i + 1; k < n; k++)
     if (height[k] > height[i] && !mn_cu_cmd_skipped(st, k) && conflict(&acc[k], &acc[dep]))
       return true;
