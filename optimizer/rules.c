@@ -186,18 +186,16 @@ static void with_act(mn_egraph *eg, const mn_match *m, int entry, mn_op_attrs *o
   out->act = act_of(eg->nodes[m->nodes[0]].op);
 }
 
-/* gelu_grad(pre, a op(b)), variables pre, a, b: pre, the product and the gradient share one
- * F32 type. */
-static bool dgelu_ok(mn_egraph *eg, const mn_match *m) {
+/* gelu_grad(pre, a op(b)) or relu_grad(x, a op(b)), variables pre (or x), a, b: pre, the
+ * product and the gradient share one F32 type. */
+static bool gated_product_ok(mn_egraph *eg, const mn_match *m) {
   const mn_tensor_type *out = node_type(eg, m->nodes[0]);
   return matched_product_ok(eg, m, 2, 1, 2) && same_type(out, node_type(eg, m->nodes[2])) &&
          same_type(out, eg_class_type(eg, m->vars[0]));
 }
 
-/* relu_grad(x, a op(b)): as gelu_grad's, x in place of pre. */
-static bool drelu_ok(mn_egraph *eg, const mn_match *m) { return dgelu_ok(eg, m); }
-
-static void dgelu_variant(mn_egraph *eg, const mn_match *m, int entry, mn_op_attrs *out) {
+/* variant 1 where the product is matmul_bt. */
+static void gated_product_variant(mn_egraph *eg, const mn_match *m, int entry, mn_op_attrs *out) {
   (void)entry;
   out->variant = eg->nodes[m->nodes[2]].op == MN_OP_MATMUL_BT;
 }
@@ -284,14 +282,14 @@ static const mn_rule rule_table[] = {
     {.name = "matmul-dgelu",
      .lhs = "(gelu_grad ?pre (matmul ?a ?b))",
      .rhs = "(matmul_dgelu ?a ?b ?pre)",
-     .cond = dgelu_ok,
-     .attrs = dgelu_variant,
+     .cond = gated_product_ok,
+     .attrs = gated_product_variant,
      .flags = MN_RULE_FULL_ONLY},
     {.name = "matmul-bt-dgelu",
      .lhs = "(gelu_grad ?pre (matmul_bt ?a ?b))",
      .rhs = "(matmul_dgelu ?a ?b ?pre)",
-     .cond = dgelu_ok,
-     .attrs = dgelu_variant,
+     .cond = gated_product_ok,
+     .attrs = gated_product_variant,
      .flags = MN_RULE_FULL_ONLY},
     /* No cuBLASLt epilogue takes relu's gradient from x (DRELU reads a bit mask that the
      * forward would have to write): the CUDA backend folds it into its skinny products, where
@@ -299,14 +297,14 @@ static const mn_rule rule_table[] = {
     {.name = "matmul-drelu",
      .lhs = "(relu_grad ?x (matmul ?a ?b))",
      .rhs = "(matmul_drelu ?a ?b ?x)",
-     .cond = drelu_ok,
-     .attrs = dgelu_variant,
+     .cond = gated_product_ok,
+     .attrs = gated_product_variant,
      .flags = MN_RULE_FULL_ONLY},
     {.name = "matmul-bt-drelu",
      .lhs = "(relu_grad ?x (matmul_bt ?a ?b))",
      .rhs = "(matmul_drelu ?a ?b ?x)",
-     .cond = drelu_ok,
-     .attrs = dgelu_variant,
+     .cond = gated_product_ok,
+     .attrs = gated_product_variant,
      .flags = MN_RULE_FULL_ONLY},
     /* Pays only where nothing else reads the normalized value: in training silu_grad does,
      * and extraction then keeps group_norm and silu apart (docs/optimizer.md). */

@@ -135,6 +135,9 @@ static void check_sparse_ignoring(const int64_t *shape, int rank, uint64_t seed)
 Test(cuda_reduce, sparse_cross_entropy_with_ignored_labels) {
   mn_test_require_cuda_build();
   check_sparse_ignoring(MN_SHAPE(40, 1), 41);
+  /* The one-block loss (at most 65536 logits) with lane groups of 16 and of 32. */
+  check_sparse_ignoring(MN_SHAPE(20, 100), 45);
+  check_sparse_ignoring(MN_SHAPE(40, 300), 46);
   check_sparse_ignoring(MN_SHAPE(3, 5, 7), 42);
   check_sparse_ignoring(MN_SHAPE(2, 64, 768), 43);
   check_sparse_ignoring(MN_SHAPE(2, 64, 50257), 44);

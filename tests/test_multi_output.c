@@ -196,4 +196,11 @@ Test(multi_output, plan_refuses_types_the_kernels_cannot_take) {
   mn_node pre = mn_input(g, "pre", MN_SHAPE(M, N + 1));
   raw(g, MN_OP_MATMUL_DGELU, (mn_node[]){a, w, pre}, 3, (int64_t[]){M, N}, 2, 1);
   expect_refused(g, "has types its kernel cannot take");
+
+  g = mn_graph_new(); /* a ReLU input of another shape */
+  a = mn_input(g, "a", MN_SHAPE(M, K));
+  w = mn_input(g, "w", MN_SHAPE(K, N));
+  mn_node gate = mn_input(g, "x", MN_SHAPE(M + 1, N));
+  raw(g, MN_OP_MATMUL_DRELU, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
+  expect_refused(g, "has types its kernel cannot take");
 }

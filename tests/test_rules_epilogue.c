@@ -400,31 +400,37 @@ Test(rules_epilogue, pre_activation_with_another_user_is_not_recomputed) {
 
 /* ---------------------------------------------------------------- GELU gradient */
 
-Test(rules_epilogue, matmul_dgelu) {
+/* grad_op(x, a op(b)) in both layouts becomes `fused` by `rule` and `bt_rule` (variants 0 and
+ * 1), and gives on the CPU the bits of the two ops (infer_agree). */
+static void expect_gated_product(mn_op grad_op, mn_op fused, const char *rule,
+                                 const char *bt_rule) {
   mn_graph *g = mn_graph_new();
-  mn_node a = mn_input(g, "a", MN_SHAPE(2, 4, 6)), pre = mn_input(g, "pre", MN_SHAPE(2, 4, 5));
+  mn_node a = mn_input(g, "a", MN_SHAPE(2, 4, 6)), x = mn_input(g, "x", MN_SHAPE(2, 4, 5));
   mn_node w = mn_parameter(g, "w", MN_SHAPE(6, 5)), wt = mn_parameter(g, "wt", MN_SHAPE(5, 6));
-  mn_node outs[] = {
-      mn_exp(g, raw2(g, MN_OP_GELU_GRAD, pre, mn_matmul(g, a, w), MN_SHAPE(2, 4, 5))),
-      mn_exp(g, raw2(g, MN_OP_GELU_GRAD, pre, mn_matmul_bt(g, a, wt), MN_SHAPE(2, 4, 5)))};
+  mn_node outs[] = {mn_exp(g, raw2(g, grad_op, x, mn_matmul(g, a, w), MN_SHAPE(2, 4, 5))),
+                    mn_exp(g, raw2(g, grad_op, x, mn_matmul_bt(g, a, wt), MN_SHAPE(2, 4, 5)))};
   outputs(g, outs, 2);
-  mn_graph *o = expect_full(g, "matmul-dgelu", 1, MN_OP_MATMUL_DGELU, 2);
-  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DGELU, 0), 1);
-  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DGELU, 1), 1);
+  mn_graph *o = expect_full(g, rule, 1, fused, 2);
+  cr_assert_eq(count_variant(o, fused, 0), 1);
+  cr_assert_eq(count_variant(o, fused, 1), 1);
   cr_assert_eq(products(o), 2);
   mn_graph_free(o);
-  expect(g, "matmul-bt-dgelu", 1, MN_OP_GELU_GRAD, 0);
+  expect(g, bt_rule, 1, grad_op, 0);
   dispatches d = infer_agree(g);
   cr_assert_eq(d.on, d.off - 2, "%zu -> %zu dispatches", d.off, d.on);
   mn_graph_free(g);
+}
+
+Test(rules_epilogue, matmul_dgelu) {
+  expect_gated_product(MN_OP_GELU_GRAD, MN_OP_MATMUL_DGELU, "matmul-dgelu", "matmul-bt-dgelu");
 
   /* The gradient is an output; pre of another shape; a gradient typed apart from its
    * product. */
-  g = mn_graph_new();
-  a = mn_input(g, "a", MN_SHAPE(8, 8));
-  pre = mn_input(g, "pre", MN_SHAPE(8, 8));
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_input(g, "a", MN_SHAPE(8, 8));
+  mn_node pre = mn_input(g, "pre", MN_SHAPE(8, 8));
   mn_node pre64 = mn_input(g, "pre64", MN_SHAPE(64));
-  w = mn_parameter(g, "w", MN_SHAPE(8, 8));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(8, 8));
   mn_node p = mn_matmul(g, a, w), q = mn_matmul_bt(g, a, w);
   mn_node bad[] = {raw2(g, MN_OP_GELU_GRAD, pre, p, MN_SHAPE(8, 8)),
                    mn_exp(g, raw2(g, MN_OP_GELU_GRAD, pre64, q, MN_SHAPE(8, 8))),
@@ -442,7 +448,7 @@ Test(rules_epilogue, matmul_dgelu) {
   p = mn_matmul(g, a, mn_parameter(g, "w", MN_SHAPE(8, 8)));
   mn_node shared[] = {mn_exp(g, raw2(g, MN_OP_GELU_GRAD, pre, p, MN_SHAPE(8, 8))), mn_tanh(g, p)};
   outputs(g, shared, 2);
-  o = expect_full(g, "matmul-dgelu", 1, MN_OP_MATMUL_DGELU, 0);
+  mn_graph *o = expect_full(g, "matmul-dgelu", 1, MN_OP_MATMUL_DGELU, 0);
   cr_assert_eq(products(o), 1);
   mn_graph_free(o);
   infer_agree(g);
@@ -454,29 +460,14 @@ Test(rules_epilogue, matmul_dgelu) {
 /* relu_grad(x, a op(b)) becomes matmul_drelu in both layouts, and gives on the CPU the bits of
  * the two ops (infer_agree). */
 Test(rules_epilogue, matmul_drelu) {
-  mn_graph *g = mn_graph_new();
-  mn_node a = mn_input(g, "a", MN_SHAPE(2, 4, 6)), x = mn_input(g, "x", MN_SHAPE(2, 4, 5));
-  mn_node w = mn_parameter(g, "w", MN_SHAPE(6, 5)), wt = mn_parameter(g, "wt", MN_SHAPE(5, 6));
-  mn_node outs[] = {
-      mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, mn_matmul(g, a, w), MN_SHAPE(2, 4, 5))),
-      mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, mn_matmul_bt(g, a, wt), MN_SHAPE(2, 4, 5)))};
-  outputs(g, outs, 2);
-  mn_graph *o = expect_full(g, "matmul-drelu", 1, MN_OP_MATMUL_DRELU, 2);
-  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DRELU, 0), 1);
-  cr_assert_eq(count_variant(o, MN_OP_MATMUL_DRELU, 1), 1);
-  cr_assert_eq(products(o), 2);
-  mn_graph_free(o);
-  expect(g, "matmul-bt-drelu", 1, MN_OP_RELU_GRAD, 0);
-  dispatches d = infer_agree(g);
-  cr_assert_eq(d.on, d.off - 2, "%zu -> %zu dispatches", d.off, d.on);
-  mn_graph_free(g);
+  expect_gated_product(MN_OP_RELU_GRAD, MN_OP_MATMUL_DRELU, "matmul-drelu", "matmul-bt-drelu");
 
   /* x of another shape, or a gradient typed apart from its product: left alone. */
-  g = mn_graph_new();
-  a = mn_input(g, "a", MN_SHAPE(8, 8));
-  x = mn_input(g, "x", MN_SHAPE(8, 8));
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_input(g, "a", MN_SHAPE(8, 8));
+  mn_node x = mn_input(g, "x", MN_SHAPE(8, 8));
   mn_node x64 = mn_input(g, "x64", MN_SHAPE(64));
-  w = mn_parameter(g, "w", MN_SHAPE(8, 8));
+  mn_node w = mn_parameter(g, "w", MN_SHAPE(8, 8));
   mn_node q = mn_matmul_bt(g, a, w);
   mn_node bad[] = {mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x64, q, MN_SHAPE(8, 8))),
                    mn_exp(g, raw2(g, MN_OP_RELU_GRAD, x, q, MN_SHAPE(64)))};
