@@ -57,13 +57,31 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   return MN_OK;
 }
 
+/* The update kernel over elements [first, first + count) of the flat block, on st->stream. */
+static mn_status launch_update(cuda_state *st, const mn_session *s, int kernel, long long first,
+                               long long count, bool clipped) {
+  const mn_plan *p = s->plan;
+  size_t n = p->update_bytes / sizeof(float);
+  float *params = (float *)(st->arena + p->update_params_offset) + first;
+  float *grads = (float *)(st->arena + p->update_grads_offset) + first;
+  float *m = st->adam ? st->adam + first : NULL, *v = st->adam ? st->adam + n + first : NULL;
+  /* A part is whole parameters of an F32 session (update_split.h): no weight copies. */
+  mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, clipped ? st->norm_partials : NULL,
+                 &st->misc->error, first ? NULL : st->shadow}};
+  /* The update takes four elements a thread where it can (optimizer.cuh). */
+  long long blocks = (count + 1023) / 1024;
+  if (blocks > 4096) blocks = 4096;
+  const unsigned grid[3] = {(unsigned)(blocks ? blocks : 1), 1, 1};
+  return mn_cu_launch_kernel(st, (uint32_t)kernel, grid, 256, 0, &io);
+}
+
 /* The optimizer kernels of capture key `key` (nothing without an optimizer); `reduced`: the
- * gradients' all-reduce is in the graph already (an F16 step, mn_cu_enqueue_update). */
+ * gradients' all-reduce is in the graph already (an F16 step, mn_cu_enqueue_update). After a
+ * split update's early part (split_enqueued), the update is its late part. */
 static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned key,
                                    bool reduced) {
   if (!(key & 1u) || st->opt_update < 0) return MN_OK;
   const mn_plan *p = s->plan;
-  float *params = (float *)(st->arena + p->update_params_offset);
   float *grads = (float *)(st->arena + p->update_grads_offset);
   size_t n = p->update_bytes / sizeof(float);
   size_t blocks = (n + 255) / 256;
@@ -87,14 +105,10 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
     mn_status rc = mn_cu_launch_kernel(st, (uint32_t)st->opt_sumsq, norm_grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
   }
-  float *m = st->adam, *v = st->adam ? st->adam + n : NULL;
-  mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, (key & 2u) ? st->norm_partials : NULL,
-                 &st->misc->error, st->shadow}};
-  /* The update takes four elements a thread where it can (optimizer.cuh). */
-  size_t update_blocks = (n + 1023) / 1024;
-  if (update_blocks > 4096) update_blocks = 4096;
-  const unsigned update_grid[3] = {(unsigned)(update_blocks ? update_blocks : 1), 1, 1};
-  return mn_cu_launch_kernel(st, (uint32_t)st->opt_update, update_grid, 256, 0, &io);
+  if (st->split_enqueued)
+    return launch_update(st, s, st->split.late.kernel, st->split.late.first, st->split.late.count,
+                         false);
+  return launch_update(st, s, st->opt_update, 0, (long long)n, (key & 2u) != 0);
 }
 
 /* F16 training: the gradients are unscaled before the optimizer reads them, and the scaler
@@ -200,9 +214,51 @@ static mn_status enqueue_end(cuda_state *st, const mn_session *s, unsigned key, 
   return rc != MN_OK ? rc : joined;
 }
 
+/* The byte ranges of a part's weights and gradients on the device. */
+static void part_ranges(const cuda_state *st, const mn_plan *p, const mn_cu_update_part *part,
+                        uintptr_t lo[2], uintptr_t hi[2]) {
+  size_t at = (size_t)part->first * sizeof(float), bytes = (size_t)part->count * sizeof(float);
+  lo[0] = (uintptr_t)(st->arena + p->update_params_offset + at);
+  lo[1] = (uintptr_t)(st->arena + p->update_grads_offset + at);
+  hi[0] = lo[0] + bytes;
+  hi[1] = lo[1] + bytes;
+}
+
+/* 1 + the command after which the early part of a split update runs in the capture of `key`,
+ * or 0 for one update at the end (update_split.h says which steps split). */
+static size_t split_after(const cuda_state *st, const mn_session *s, unsigned key, bool scaled) {
+  const mn_cu_lanes *ln = &st->lanes;
+  if (st->split.early.kernel < 0 || ln->streams < 2 || ln->streams >= MN_CU_MAX_STREAMS ||
+      !ln->stream[ln->streams] || !ln->part[0] || scaled || st->dp || !(key & 1u) ||
+      (key & (2u | 8u | MN_CU_KEY_REDUCE)) || st->opt_update < 0)
+    return 0;
+  uintptr_t lo[2], hi[2];
+  part_ranges(st, s->plan, &st->split.early, lo, hi);
+  size_t early = mn_cu_schedule_last_touch(st, s, lo, hi, 2, true);
+  part_ranges(st, s->plan, &st->split.late, lo, hi);
+  size_t late = mn_cu_schedule_last_touch(st, s, lo, hi, 2, false);
+  return early && early < late ? early : 0;
+}
+
+/* After command `cmd` of the program: the early part once everything it waits for is in. */
+static mn_status early_update_after(cuda_state *st, const mn_session *s, size_t cmd) {
+  if (cmd + 1 != st->split_after) return MN_OK;
+  mn_cu_lanes *ln = &st->lanes;
+  cudaStream_t part = ln->stream[ln->streams], origin = st->stream;
+  mn_status rc = mn_cu_lanes_wait_all(st, ln->part[0], part);
+  if (rc != MN_OK) return rc;
+  st->split_enqueued = true;
+  st->stream = part;
+  rc = launch_update(st, s, st->split.early.kernel, st->split.early.first, st->split.early.count,
+                     false);
+  st->stream = origin;
+  return rc;
+}
+
 static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key) {
   bool scaled = mn_cu_scaled(s);
   cudaStream_t side = side_stream(st, scaled);
+  st->split_after = split_after(st, s, key, scaled);
   mn_status rc = side ? edge(st->lanes.edge[0], st->stream, side) : MN_OK;
   if (rc == MN_OK) rc = copy_scalars(st, side ? side : st->stream);
   if (rc == MN_OK && scaled)
@@ -227,13 +283,20 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
   /* Gradient buckets go to NCCL as soon as the commands that finish them have run. */
   bool overlap = mn_cu_dp_overlaps(st, s, key);
   mn_cu_dp_capture_begin(st);
-  if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s, overlap ? mn_cu_dp_after_cmd : NULL);
+  mn_cu_after_cmd after = overlap           ? mn_cu_dp_after_cmd
+                          : st->split_after ? early_update_after
+                                            : NULL;
+  if (rc == MN_OK) rc = mn_cu_enqueue_program(st, s, after);
   if (rc == MN_OK)
     rc = enqueue_end(st, s, key, scaled, side);
   else if (side)
     edge(st->lanes.edge[1], side, st->stream); /* so that the capture can end */
+  /* The early part's stream joins back, also after a failure. */
+  mn_status parted = st->split_enqueued
+                         ? edge(st->lanes.part[1], st->lanes.stream[st->lanes.streams], st->stream)
+                         : MN_OK;
   mn_status joined = mn_cu_dp_capture_end(st);
-  return rc != MN_OK ? rc : joined;
+  return rc != MN_OK ? rc : parted != MN_OK ? parted : joined;
 }
 
 /* A copy's node is only as good as the graph that holds it. */
@@ -253,6 +316,9 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
                    "starting the capture");
   if (rc != MN_OK) return rc;
   rc = enqueue_step(st, s, key);
+  /* Outside a capture (the profiler's update) the update is one kernel again. */
+  st->split_after = 0;
+  st->split_enqueued = false;
   if (rc != MN_OK) forget_copies_unless_kept(st);
   char msg[2048];
   snprintf(msg, sizeof msg, "%s", mn_last_error());

@@ -3,6 +3,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/emit.h"
+#include "cuda/update_split.h"
 #include "host/error.h"
 
 mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, char **source) {
@@ -11,7 +12,8 @@ mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, 
   mn_status st = mn_cu_program_build(p, allow_tf32, &prog);
   if (st != MN_OK) return st;
   int sumsq, update, accumulate;
-  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate);
+  mn_cu_update_split split;
+  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate, &split);
   int readback;
   if (st == MN_OK) st = mn_cu_program_add_readback(&prog, p, &readback);
   if (st == MN_OK && !(*source = mn_cu_program_source(&prog)))

@@ -257,6 +257,7 @@ static mn_status cuda_create(mn_session *s) {
   cuda_state *st = calloc(1, sizeof *st);
   if (!st) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
   s->backend_state = st;
+  st->split.early.kernel = st->split.late.kernel = -1;
   st->device = s->options.device;
   const char *overlap = getenv("MN_CUDA_OVERLAP");
   st->overlap = !(overlap && strcmp(overlap, "0") == 0);
@@ -273,7 +274,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
   if (rc == MN_OK)
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
-                                     &st->opt_update, &st->opt_accumulate);
+                                     &st->opt_update, &st->opt_accumulate, &st->split);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);

@@ -8,6 +8,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/device_abi.h"
 #include "cuda/emit.h"
+#include "cuda/update_split.h"
 
 /* What the step graph's last node (kernels/readback.cuh) writes into pinned host memory. */
 typedef struct mn_cu_readback {
@@ -55,6 +56,9 @@ typedef struct mn_cu_lanes {
   void *workspace[MN_CU_MAX_STREAMS];
   cudaEvent_t fork, join[MN_CU_MAX_STREAMS];
   cudaEvent_t edge[2]; /* the step's side branches on stream 1 (capture.c) */
+  /* The early part of a split update (update_split.h): on stream[streams], forked by part[0]
+   * and joined back by part[1]. */
+  cudaEvent_t part[2];
   cudaEvent_t *events;
   size_t num_events;
   bool active; /* the program is being enqueued: the other streams have not joined yet */
@@ -115,6 +119,11 @@ typedef struct cuda_state {
   cudaLibrary_t library;
   cudaKernel_t *kernels;
   int opt_sumsq, opt_update, opt_accumulate; /* kernel indices, -1 for inference */
+  mn_cu_update_split split;
+  /* During a capture: 1 + the command after which the early part runs (0: one update), and
+   * whether it was enqueued (then the update at the end is the late part). */
+  size_t split_after;
+  bool split_enqueued;
 
   mn_cu_lanes lanes;
   size_t graph_width; /* the most nodes of the captured graph at one depth (1: a chain) */

@@ -257,6 +257,13 @@ static inline unsigned mn_cu_float_bits(float f) {
 static inline double mn_cu_matmul_flops(const mn_cu_matmul_desc *d) {
   return 2.0 * (double)d->m * (double)d->n * (double)d->k * (double)(d->batch > 1 ? d->batch : 1);
 }
+/* The FLOPs of the program's cuBLASLt products. */
+static inline double mn_cu_program_product_flops(const mn_cu_program *prog) {
+  double flops = 0;
+  for (size_t i = 0; i < prog->num_cmds; i++)
+    if (prog->cmds[i].kind == MN_CU_CMD_MATMUL) flops += mn_cu_matmul_flops(&prog->cmds[i].mm);
+  return flops;
+}
 
 #define MN_CU_DECLARE_LOWER(e, name, arity, flags) mn_status mn_cu_lower_##e(const mn_cu_op_ctx *c);
 MN_OP_LIST(MN_CU_DECLARE_LOWER)
@@ -272,9 +279,12 @@ void mn_cu_program_free(mn_cu_program *prog);
 #define MN_CU_READBACK_BLOCK 32
 mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int *kernel);
 /* Declares the optimizer kernels (kernels/optimizer.cuh) of a training plan that has
- * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
+ * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1, and
+ * *split to the parts of a split update (update_split.h). */
+struct mn_cu_update_split;
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
-                                      int *sumsq, int *update, int *accumulate);
+                                      int *sumsq, int *update, int *accumulate,
+                                      struct mn_cu_update_split *split);
 
 #define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, the generated templates,

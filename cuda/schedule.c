@@ -134,16 +134,6 @@ static bool conflict(const access *x, const access *y) {
   return false;
 }
 
-/* The FLOPs of the program's cuBLASLt products. */
-static double product_flops(const cuda_state *st) {
-  double flops = 0;
-  for (size_t i = 0; i < st->prog.num_cmds; i++) {
-    const mn_cu_cmd *c = &st->prog.cmds[i];
-    if (c->kind == MN_CU_CMD_MATMUL) flops += mn_cu_matmul_flops(&c->mm);
-  }
-  return flops;
-}
-
 /* Programs longer than this are scheduled without heights (O(n^2) conflict tests). */
 #define HEIGHT_MAX_CMDS 4096
 
@@ -175,12 +165,33 @@ static bool longer_way_after(const cuda_state *st, const access *acc, const size
   return false;
 }
 
+static bool reports_errors(const mn_cu_cmd *c) {
+  for (int k = 0; c->kind == MN_CU_CMD_LAUNCH && k < c->num_args; k++)
+    if (c->args[k].kind == MN_CU_ARG_ERROR) return true;
+  return false;
+}
+
+size_t mn_cu_schedule_last_touch(const cuda_state *st, const mn_session *s, const uintptr_t *lo,
+                                 const uintptr_t *hi, int n, bool errors) {
+  access ranges = {.n = 0}, a;
+  for (int r = 0; r < n; r++)
+    add(&ranges, lo[r], hi[r], true);
+  for (size_t i = st->prog.num_cmds; i-- > 0;) {
+    if (mn_cu_cmd_skipped(st, i)) continue;
+    if (errors && reports_errors(&st->prog.cmds[i])) return i + 1;
+    accesses(st, s, i, &a);
+    if (conflict(&ranges, &a)) return i + 1;
+  }
+  return 0;
+}
+
 int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s) {
   const char *env = getenv("MN_CUDA_STREAMS");
   int n = MN_CU_DEFAULT_STREAMS;
   if (env && *env)
     n = atoi(env);
-  else if (s->plan->update_bytes > 0 && product_flops(st) < MN_CU_SMALL_STEP_FLOPS)
+  else if (s->plan->update_bytes > 0 &&
+           mn_cu_program_product_flops(&st->prog) < MN_CU_SMALL_STEP_FLOPS)
     n = MN_CU_SMALL_STEP_STREAMS;
   return n < 1 ? 1 : n > MN_CU_MAX_STREAMS ? MN_CU_MAX_STREAMS : n;
 }
@@ -270,6 +281,16 @@ mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s) {
       rc = mn_cu_check(cudaMalloc(&ln->workspace[l], st->workspace_bytes), "a cuBLASLt workspace");
   }
   if (rc != MN_OK || streams == 1) return rc;
+  /* A split update's early part runs on a stream that no command of the program uses. */
+  if (st->split.early.kernel >= 0 && streams < MN_CU_MAX_STREAMS) {
+    if (!ln->stream[streams])
+      rc = mn_cu_check(cudaStreamCreateWithFlags(&ln->stream[streams], cudaStreamNonBlocking),
+                       "creating a stream");
+    for (int e = 0; rc == MN_OK && e < 2; e++)
+      if (!ln->part[e])
+        rc = mn_cu_check(cudaEventCreateWithFlags(&ln->part[e], cudaEventDisableTiming),
+                         "creating an event");
+  }
   for (int l = 0; rc == MN_OK && l < streams; l++)
     if (!ln->join[l])
       rc = mn_cu_check(cudaEventCreateWithFlags(&ln->join[l], cudaEventDisableTiming),
@@ -461,8 +482,10 @@ void mn_cu_lanes_free(cuda_state *st) {
   for (int l = 0; l < MN_CU_MAX_STREAMS; l++)
     if (ln->join[l]) cudaEventDestroy(ln->join[l]);
   if (ln->fork) cudaEventDestroy(ln->fork);
-  for (int e = 0; e < 2; e++)
+  for (int e = 0; e < 2; e++) {
     if (ln->edge[e]) cudaEventDestroy(ln->edge[e]);
+    if (ln->part[e]) cudaEventDestroy(ln->part[e]);
+  }
   for (size_t i = 0; i < ln->num_events; i++)
     cudaEventDestroy(ln->events[i]);
   free(ln->events);

@@ -24,6 +24,12 @@ int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s);
  * (the buffers, scratch and staging must be in place: addresses are compared). */
 mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams);
 
+/* 1 + the last command of the program (skipped ones left out) that touches any of the n byte
+ * ranges [lo[r], hi[r]) of the device, or, with `errors`, may report into the error record;
+ * 0 when none does. */
+size_t mn_cu_schedule_last_touch(const cuda_state *st, const mn_session *s, const uintptr_t *lo,
+                                 const uintptr_t *hi, int n, bool errors);
+
 /* Before a capture (nothing may be allocated while one runs): the schedule, and the streams,
  * events and cuBLASLt workspaces it needs. */
 mn_status mn_cu_lanes_prepare(cuda_state *st, const mn_session *s);
