@@ -7,6 +7,7 @@
  * way (small instances, mostly shared with other ops), so that decision never needs a
  * second compile. */
 #include "cuda/emit.h"
+#include "cuda/lower_colsum.h"
 #include "cuda/lower_skinny.h"
 #include "host/error.h"
 #include "host/pointwise.h"
@@ -167,6 +168,29 @@ mn_status mn_cu_lower_MATMUL_DRELU(const mn_cu_op_ctx *c) {
   if (st == MN_OK)
     st = lower_as(c, MN_OP_RELU_GRAD, self, (const mn_node[]){c->node->inputs[2], self}, 2);
   return st;
+}
+
+/* matmul_drelu and the column sums of its value into the extra_output node of value 1: where
+ * a skinny kernel runs the product, it gates the product as matmul_drelu's does and sum_rows
+ * reads the value after it (a kernel that reads, which the products reading the gradient need
+ * not wait for); otherwise cuBLASLt's product, then the ReLU gradient's kernel, which sums the
+ * columns as it writes them, so that the weight gradient's product needs no bias-gradient
+ * kernel after it. */
+mn_status mn_cu_lower_MATMUL_DRELU_BGRAD(const mn_cu_op_ctx *c) {
+  mn_node sums = mn_plan_extra_output(c->plan, c->id, 1);
+  if (sums == MN_NO_NODE)
+    return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its sums",
+                   c->id, mn_op_name(c->node->op));
+  mn_cu_matmul_desc d = product(c);
+  mn_node self = c->id;
+  if (mn_cu_skinny_applies(c, &d)) {
+    mn_status st = mn_cu_skinny_matmul_gated(c, &d, MN_OP_RELU_GRAD, mn_cu_in(c, 2));
+    return st != MN_OK ? st : lower_as(c, MN_OP_SUM_ROWS, sums, &self, 1);
+  }
+  mn_status st = mn_cu_matmul(c, &d);
+  return st != MN_OK ? st
+                     : mn_cu_pointwise_colsum(c, MN_PW_RELU_GRAD, mn_cu_in(c, 2), mn_cu_out(c),
+                                              sums, MN_NO_NODE);
 }
 
 /* a [.., M]^T b [.., N] as matmul_at (no row-pitch padding of a: the epilogue reads a or b

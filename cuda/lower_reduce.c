@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/emit.h"
+#include "cuda/lower_colsum.h"
 #include "host/error.h"
 #include "host/pointwise.h"
 
@@ -264,11 +265,26 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
   return mn_cu_launch(c, k, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, args);
 }
 
+/* Up to this many rows, sum_rows is one kernel of SUM_LANES row lanes by SUM_LANE_COLS columns
+ * a block: row chunks would take a second kernel to add them, and a thread a column (one chunk)
+ * waits on its loads one after another (a small step's bias gradient, 128 rows). */
+#define SUM_SMALL_ROWS 256
+#define SUM_LANES      32
+#define SUM_LANE_COLS  32
+
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   const mn_tensor_type *t = mn_cu_in_type(c, 0);
   int64_t ncol = last_dim(t), rows = mn_tensor_type_numel(t) / ncol;
+  if (rows <= SUM_SMALL_ROWS) {
+    int k =
+        mn_cu_kernel(c, SUM_LANES * SUM_LANE_COLS, "mn_red_sum_rows_lanes<%lldLL, %lldLL, %d, %d>",
+                     (long long)rows, (long long)ncol, SUM_LANE_COLS, SUM_LANES);
+    if (k < 0) return mn_cu_oom(c);
+    mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
+    return mn_cu_launch(c, k, mn_cu_blocks(ncol, SUM_LANE_COLS), 1, 1, 0, 2, args);
+  }
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
   int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);
@@ -284,10 +300,11 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
 }
 
-/* gelu_grad_bgrad's first pass: blocks of COLSUM_CT column threads by COLSUM_LANES row lanes,
- * about COLSUM_BLOCKS of them in all (4 a multiprocessor of an H100, 32 warps), each chunk of
- * rows at least COLSUM_MIN_ROWS long. One lane a block (128 threads, 8 columns a thread, 16
- * warps an SM) ran GPT-2's [16384, 3072] at 146 us against 110 us for gelu_grad alone. */
+/* A pointwise gradient's column sums (gelu_grad_bgrad, matmul_drelu_bgrad), first pass: blocks
+ * of COLSUM_CT column threads by COLSUM_LANES row lanes, about COLSUM_BLOCKS of them in all (4 a
+ * multiprocessor of an H100, 32 warps), each chunk of rows at least COLSUM_MIN_ROWS long. One lane
+ * a block (128 threads, 8 columns a thread, 16 warps an SM) ran GPT-2's [16384, 3072] at 146 us
+ * against 110 us for gelu_grad alone. */
 #define COLSUM_CT            32
 #define COLSUM_LANES         8
 #define COLSUM_BLOCKS        512
@@ -295,38 +312,49 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
 #define COLSUM_MIN_ROWS      32
 /* Rows of a chunk at most: a lane adds at most COLSUM_MAX_ROWS / COLSUM_LANES values in float. */
 #define COLSUM_MAX_ROWS 4096
+/* Up to this many rows, one pass of COLSUM_SMALL_LANES row lanes by COLSUM_CT columns a block,
+ * one column a thread: chunks would take a second kernel to add them, on the critical path of
+ * a small step (an MLP's batch of 128 rows). */
+#define COLSUM_SMALL_ROWS  256
+#define COLSUM_SMALL_LANES 32
 
-/* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1 (chunks of
- * rows write double partials to scratch, which mn_red_sum_rows_final adds in a fixed order)
- * and for variant 1 gelu(x) into that of value 2. */
+mn_status mn_cu_pointwise_colsum(const mn_cu_op_ctx *c, int op, mn_cu_arg x, mn_cu_arg dy,
+                                 mn_node sums, mn_node act) {
+  int64_t ncol = last_dim(&c->node->type), rows = mn_cu_numel(c) / ncol;
+  bool small = rows <= COLSUM_SMALL_ROWS;
+  int vec = ncol % 8 == 0 && !small ? 8 : 1, lanes = small ? COLSUM_SMALL_LANES : COLSUM_LANES;
+  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
+  int64_t ch =
+      small ? 1 : row_chunks(rows, col_blocks, COLSUM_BLOCKS, COLSUM_MIN_ROWS, COLSUM_MAX_ROWS);
+  int k = mn_cu_kernel(c, (unsigned)(COLSUM_CT * lanes),
+                       "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d, %d>", op,
+                       (long long)rows, (long long)ncol, (int)ch, vec, COLSUM_CT, lanes,
+                       act != MN_NO_NODE ? (int)MN_PW_GELU : -1);
+  if (k < 0) return mn_cu_oom(c);
+  /* COLSUM_BLOCKS fill an H100 in one wave only at 4 blocks a multiprocessor (64 registers a
+   * thread); left free, GPT-2's bf16 instance that also writes gelu(x) took 69 for sm_90a and an
+   * SM held 3 (504 blocks over 396 places); bounded, it takes 60 and spills nothing. */
+  if (!small) mn_cu_kernel_min_blocks(c, k, COLSUM_BLOCKS_PER_SM);
+  mn_cu_arg args[5] = {mn_cu_out(c), x, dy, mn_cu_node_arg(sums),
+                       act != MN_NO_NODE ? mn_cu_node_arg(act) : mn_cu_out(c)};
+  int nargs = act != MN_NO_NODE ? 5 : 4;
+  if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, nargs, args);
+  args[3] = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
+  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, nargs, args);
+  return st != MN_OK ? st : add_partials(c, mn_cu_node_arg(sums), args[3], ncol, ch);
+}
+
+/* gelu_grad(x, dy) over [rows, N], its column sums into the extra_output of value 1 and for
+ * variant 1 gelu(x) into that of value 2. */
 mn_status mn_cu_lower_GELU_GRAD_BGRAD(const mn_cu_op_ctx *c) {
   mn_node sums = mn_plan_extra_output(c->plan, c->id, 1);
   if (sums == MN_NO_NODE)
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for its sums",
                    c->id, mn_op_name(c->node->op));
-  int64_t ncol = last_dim(&c->node->type), rows = mn_cu_numel(c) / ncol;
-  int vec = ncol % 8 == 0 ? 8 : 1;
-  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
-  int64_t ch = row_chunks(rows, col_blocks, COLSUM_BLOCKS, COLSUM_MIN_ROWS, COLSUM_MAX_ROWS);
   bool act = c->node->attrs.variant == 1;
   mn_node gelu = act ? mn_plan_extra_output(c->plan, c->id, 2) : MN_NO_NODE;
   if (act && gelu == MN_NO_NODE)
     return mn_fail(MN_ERR_STATE, "cuda backend: node %u (%s) has no extra_output for gelu(x)",
                    c->id, mn_op_name(c->node->op));
-  int k = mn_cu_kernel(c, COLSUM_CT * COLSUM_LANES,
-                       "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d, %d>",
-                       (int)MN_PW_GELU_GRAD, (long long)rows, (long long)ncol, (int)ch, vec,
-                       COLSUM_CT, COLSUM_LANES, act ? (int)MN_PW_GELU : -1);
-  if (k < 0) return mn_cu_oom(c);
-  /* COLSUM_BLOCKS fill an H100 in one wave only at 4 blocks a multiprocessor (64 registers a
-   * thread); left free, GPT-2's bf16 instance that also writes gelu(x) took 69 for sm_90a and an
-   * SM held 3 (504 blocks over 396 places); bounded, it takes 60 and spills nothing. */
-  mn_cu_kernel_min_blocks(c, k, COLSUM_BLOCKS_PER_SM);
-  mn_cu_arg args[5] = {mn_cu_out(c), mn_cu_in(c, 0), mn_cu_in(c, 1), mn_cu_node_arg(sums),
-                       act ? mn_cu_node_arg(gelu) : mn_cu_out(c)};
-  int nargs = act ? 5 : 4;
-  if (ch == 1) return mn_cu_launch(c, k, col_blocks, 1, 1, 0, nargs, args);
-  args[3] = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
-  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, nargs, args);
-  return st != MN_OK ? st : add_partials(c, mn_cu_node_arg(sums), args[3], ncol, ch);
+  return mn_cu_pointwise_colsum(c, MN_PW_GELU_GRAD, mn_cu_in(c, 0), mn_cu_in(c, 1), sums, gelu);
 }

@@ -413,6 +413,7 @@ mn_fused_prog *mn_fused_prog_dup(const mn_fused_prog *p) {
 int mn_node_num_extra_outputs(const mn_node_rec *n) {
   switch (n->op) {
   case MN_OP_MATMUL_AT_BGRAD:
+  case MN_OP_MATMUL_DRELU_BGRAD:
   case MN_OP_SPARSE_CROSS_ENTROPY_LOSS_GRAD: return 1;
   case MN_OP_GELU_GRAD_BGRAD: return 1 + (n->attrs.variant == 1); /* and gelu(x) */
   case MN_OP_CAUSAL_ATTENTION:

@@ -115,6 +115,9 @@ enum {
   /* bias gradient of the product that fed the GELU, summed while the gradient is made; with */    \
   /* variant 1 also gelu(x) as value 2 (the recomputed activation, optimizer/recompute.h)    */    \
   X(GELU_GRAD_BGRAD, "gelu_grad_bgrad", 2, MN_OPF_MULTI_OUTPUT)                                    \
+  /* (a, b, x): relu_grad(x, a op(b)) as matmul_drelu, and as value 1 its column sums (of the */   \
+  /* value as stored): the bias gradient of the layer whose ReLU this is                   */      \
+  X(MATMUL_DRELU_BGRAD, "matmul_drelu_bgrad", 3, MN_OPF_MULTI_OUTPUT)                              \
   X(EXTRA_OUTPUT, "extra_output", 1, MN_OPF_EXTRA_OUTPUT) /* value attrs.variant of input 0 */
 
 /* Ops emitted only by autodiff: gradients that are not a short chain of forward ops.

@@ -87,6 +87,7 @@ static bool node_ok(const mn_graph *g, const mn_node_rec *r) {
   }
   case MN_OP_MATMUL_DGELU:
   case MN_OP_MATMUL_DRELU:
+  case MN_OP_MATMUL_DRELU_BGRAD:
     return product_ok(g, r, &n) && r->attrs.act == MN_ACT_NONE &&
            mn_type_same_shape(&g->nodes[r->inputs[2]].type, &r->type) &&
            g->nodes[r->inputs[2]].type.dtype == MN_F32;
@@ -141,8 +142,11 @@ bool mn_plan_extra_type_ok(const mn_graph *g, const mn_node_rec *producer,
     return extra->type.rank >= 1 && extra->type.rank <= 2 &&
            mn_tensor_type_numel(&extra->type) == last_dim(summed);
   }
-  case MN_OP_GELU_GRAD_BGRAD: {
-    if (extra->attrs.variant == 2) return mn_type_same_shape(&extra->type, &producer->type);
+  case MN_OP_GELU_GRAD_BGRAD:
+  case MN_OP_MATMUL_DRELU_BGRAD: {
+    if (extra->attrs.variant == 2)
+      return producer->op == MN_OP_GELU_GRAD_BGRAD &&
+             mn_type_same_shape(&extra->type, &producer->type);
     int64_t n = last_dim(&producer->type);
     /* [N] or [1, N], as sum_rows makes it */
     return (extra->type.rank == 1 && extra->type.shape[0] == n) ||

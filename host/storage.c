@@ -65,6 +65,7 @@ bool mn_storage_reads_low(mn_op op, int k) {
   case MN_OP_MATMUL_AT_BGRAD:
   case MN_OP_MATMUL_DGELU: /* the pre-activation is an activation already */
   case MN_OP_MATMUL_DRELU:
+  case MN_OP_MATMUL_DRELU_BGRAD:
   case MN_OP_CONV2D:
   case MN_OP_CONV2D_GRAD_INPUT:
   case MN_OP_CONV2D_GRAD_KERNEL: return k < 2;
@@ -80,7 +81,8 @@ static bool makes_weight_gradients(const mn_graph *g, const mn_node_rec *n) {
   /* the column sums of a bias-gradient pair (optimizer/bgrad.h) stand for a sum_rows */
   if (n->op == MN_OP_EXTRA_OUTPUT && n->attrs.variant == 1) {
     mn_op producer = g->nodes[n->inputs[0]].op;
-    return producer == MN_OP_MATMUL_AT_BGRAD || producer == MN_OP_GELU_GRAD_BGRAD;
+    return producer == MN_OP_MATMUL_AT_BGRAD || producer == MN_OP_GELU_GRAD_BGRAD ||
+           producer == MN_OP_MATMUL_DRELU_BGRAD;
   }
   switch (n->op) {
   case MN_OP_MATMUL_AT:

@@ -116,16 +116,18 @@ static bool pair(pass *p, mn_node s, size_t *made) {
   return true;
 }
 
-/* Sum s of a gelu_grad's value rides on that kernel (gelu_grad_bgrad): 1 when paired, 0 when
- * s sums something else, -1 out of memory. */
-static int pair_gelu(pass *p, mn_node s, size_t *made) {
+/* Sum s of a gelu_grad's or matmul_drelu's value rides on that kernel (gelu_grad_bgrad,
+ * matmul_drelu_bgrad): 1 when paired, 0 when s sums something else, -1 out of memory. */
+static int pair_gradient(pass *p, mn_node s, size_t *made) {
   mn_node d = current(p)->nodes[s].inputs[0];
   const mn_node_rec *dn = &current(p)->nodes[d];
-  if (dn->op != MN_OP_GELU_GRAD || dn->type.dtype != MN_F32 || mn_optimize_pass_off("gelu_bgrad"))
-    return 0;
+  bool gelu = dn->op == MN_OP_GELU_GRAD && !mn_optimize_pass_off("gelu_bgrad");
+  bool drelu = dn->op == MN_OP_MATMUL_DRELU && !mn_optimize_pass_off("drelu_bgrad");
+  if (!(gelu || drelu) || dn->type.dtype != MN_F32) return 0;
   if (!p->work && !(p->work = mn_graph_clone(p->in))) return -1;
-  p->work->nodes[d].op = MN_OP_GELU_GRAD_BGRAD;
-  p->work->nodes[d].attrs = (mn_op_attrs){0}; /* variant 0: no value 2 */
+  p->work->nodes[d].op = gelu ? MN_OP_GELU_GRAD_BGRAD : MN_OP_MATMUL_DRELU_BGRAD;
+  /* gelu_grad_bgrad's variant 0: no value 2; matmul_drelu keeps its product's layout. */
+  if (gelu) p->work->nodes[d].attrs = (mn_op_attrs){0};
   mn_node_rec *sum = &p->work->nodes[s];
   sum->op = MN_OP_EXTRA_OUTPUT;
   sum->inputs[0] = d;
@@ -151,8 +153,8 @@ mn_status mn_fuse_bias_gradients(mn_graph **g, size_t *made) {
   }
   for (size_t s = 0; s < p.in->num_nodes && st == MN_OK; s++) {
     if (!sum_ok(p.in, &p.in->nodes[s])) continue;
-    int gelu = pair_gelu(&p, (mn_node)s, made);
-    if (gelu < 0 || (gelu == 0 && !pair(&p, (mn_node)s, made)))
+    int paired = pair_gradient(&p, (mn_node)s, made);
+    if (paired < 0 || (paired == 0 && !pair(&p, (mn_node)s, made)))
       st = mn_fail(MN_ERR_OUT_OF_MEMORY, "optimizer: out of memory fusing bias gradients");
   }
   /* A pair's product now stands where its sum stood, which may precede the product's own

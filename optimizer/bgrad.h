@@ -18,8 +18,12 @@
  * A sum of a gelu_grad's value is paired with that gelu_grad first (gelu_grad_bgrad, value 1
  * its column sums): the kernel that makes the gradient sums it as it goes, and the weight
  * gradient's product runs without the epilogue, which slowed GPT-2's [768, 3072] products
- * from about 590 to 470 TFLOP/s on an H100 (docs/performance.md). MN_OPTIMIZE_OFF=gelu_bgrad turns this
- * pairing off. */
+ * from about 590 to 470 TFLOP/s on an H100 (docs/performance.md). MN_OPTIMIZE_OFF=gelu_bgrad turns
+ * this pairing off. A sum of a matmul_drelu's value is paired with it the same way
+ * (matmul_drelu_bgrad): where the product is cuBLASLt's, the ReLU gradient's kernel sums the
+ * columns, and the weight gradient's product that follows needs no bias-gradient kernel after
+ * it (an MLP's first layer, where it ended the step's longest chain). MN_OPTIMIZE_OFF=drelu_bgrad
+ * turns it off. */
 #ifndef MN_OPTIMIZER_BGRAD_H
 #define MN_OPTIMIZER_BGRAD_H
 

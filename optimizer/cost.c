@@ -9,7 +9,8 @@ static double flops(mn_op op, const mn_tensor_type *out, const mn_tensor_type *c
   case MN_OP_MATMUL:
   case MN_OP_MATMUL_BT:
   case MN_OP_MATMUL_BIAS_ACT:
-  case MN_OP_MATMUL_DRELU: return 2.0 * outs * (double)(a->rank ? a->shape[a->rank - 1] : 1);
+  case MN_OP_MATMUL_DRELU:
+  case MN_OP_MATMUL_DRELU_BGRAD: return 2.0 * outs * (double)(a->rank ? a->shape[a->rank - 1] : 1);
   case MN_OP_MATMUL_DGELU:
     return MN_COST_DGELU_SLOWDOWN * 2.0 * outs * (double)(a->rank ? a->shape[a->rank - 1] : 1);
   case MN_OP_MATMUL_AT:

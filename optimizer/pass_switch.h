@@ -1,5 +1,6 @@
 /* Turning optimizer passes off for A/B runs: MN_OPTIMIZE_OFF lists pass names, comma-separated
- * (attention_qkv, gelu_bgrad, recompute, recompute_gelu_in_gradient; README "Environment"). */
+ * (attention_qkv, gelu_bgrad, drelu_bgrad, recompute, recompute_gelu_in_gradient; README
+ * "Environment"). */
 #ifndef MN_OPTIMIZER_PASS_SWITCH_H
 #define MN_OPTIMIZER_PASS_SWITCH_H
 

@@ -76,6 +76,15 @@ static mn_graph *dgelu_graph(const int64_t *sa, int ra, int64_t n, int variant) 
   return gated_graph(MN_OP_MATMUL_DGELU, sa, ra, n, variant);
 }
 
+/* matmul_drelu_bgrad: relu_grad(x, a op(b)) and its column sums, both outputs. */
+static mn_graph *drelu_bgrad_graph(const int64_t *sa, int ra, int64_t n, int variant) {
+  mn_graph *g = gated_graph(MN_OP_MATMUL_DRELU_BGRAD, sa, ra, n, variant);
+  mn_node y = g->outputs[0];
+  mn_node sums = raw(g, MN_OP_EXTRA_OUTPUT, &y, 1, &n, 1, (mn_op_attrs){.variant = 1});
+  set_outputs(g, (mn_node[]){y, sums}, 2);
+  return g;
+}
+
 /* a [.., M]^T b [.., N] and the column sums of a (variant 0) or b (variant 1), both outputs. */
 static mn_graph *at_bgrad_graph(const int64_t *sa, int ra, const int64_t *sb, int rb, int variant) {
   mn_graph *g = mn_graph_new();
@@ -292,9 +301,13 @@ Test(cuda_epilogue, lowering_offers_each_epilogue_with_its_fallback) {
   assert_lowering(g, MN_OP_MATMUL_DGELU, MN_CU_EPI_DGELU, MN_OP_INPUT, 2);
   mn_graph_free(g);
   /* The column sums of a [K, M] (the stored A, transposed) or of b [K, N] (the stored B);
-   * sum_rows over 33 rows takes two launches. */
+   * sum_rows over 33 rows takes one launch, over 300 two (row chunks, then their sums). */
   for (int variant = 0; variant < 2; variant++) {
     g = at_bgrad_graph(MN_SHAPE(3, 11, 17), MN_SHAPE(33, 9), variant);
+    assert_lowering(g, MN_OP_MATMUL_AT_BGRAD, variant ? MN_CU_EPI_BGRAD_B : MN_CU_EPI_BGRAD_A,
+                    MN_OP_EXTRA_OUTPUT, 2);
+    mn_graph_free(g);
+    g = at_bgrad_graph(MN_SHAPE(3, 100, 17), MN_SHAPE(300, 9), variant);
     assert_lowering(g, MN_OP_MATMUL_AT_BGRAD, variant ? MN_CU_EPI_BGRAD_B : MN_CU_EPI_BGRAD_A,
                     MN_OP_EXTRA_OUTPUT, 3);
     mn_graph_free(g);
@@ -472,6 +485,46 @@ Test(cuda_epilogue, matmul_drelu_skinny_and_not) {
   }
 }
 
+/* matmul_drelu with its column sums: the gated skinny kernel then sum_rows (one kernel up to
+ * 256 rows, else two), or cuBLASLt's product then the ReLU gradient's kernel summing the columns
+ * (one pass up to 256 rows, 1 column a thread; past that 8 a thread in row chunks added by a second
+ * kernel); against the CPU in fp32 and TF32, and the cuBLASLt path in bf16. */
+Test(cuda_epilogue, matmul_drelu_bgrad_values_and_sums) {
+  mn_test_require_cuda_build();
+  static const struct {
+    int64_t a[3];
+    int rank;
+    int64_t n;
+    int variant;
+    bool skinny;
+    size_t launches;
+  } cases[] = {{{128, 10}, 2, 512, 1, true, 2},    {{37, 29}, 2, 9, 0, true, 2},
+               {{4, 33, 96}, 3, 128, 0, false, 1}, {{4, 33, 96}, 3, 128, 1, false, 1},
+               {{3, 200, 40}, 3, 96, 0, false, 2}, {{300, 24}, 2, 41, 1, false, 2},
+               {{300, 24}, 2, 13, 1, true, 3}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mn_graph *g = drelu_bgrad_graph(cases[i].a, cases[i].rank, cases[i].n, cases[i].variant);
+#ifdef MN_WITH_CUDA
+    size_t products = 0, launches = 0;
+    program_counts(g, &products, &launches);
+    cr_assert_eq(products, cases[i].skinny ? 0u : 1u, "case %zu", i);
+    cr_assert_eq(launches, cases[i].launches, "case %zu: %zu launches", i, launches);
+#endif
+    char what[64];
+    snprintf(what, sizeof what, "drelu_bgrad case %zu", i);
+    check(g, what, 540 + (uint64_t)i);
+  }
+  mn_graph *g = drelu_bgrad_graph(MN_SHAPE(3, 200, 40), 96, 0);
+  mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
+  if (mn_test_cuda_device_present()) {
+    double err = mn_test_compare_cuda_precision(g, false, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
+                                                NULL, 549);
+    cr_log_info("matmul_drelu_bgrad in bf16: largest norm-wise difference %.3g", err);
+  }
+  mn_graph_free(g);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
 Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
   mn_test_require_cuda_build();
   for (int variant = 0; variant < 2; variant++) {
@@ -561,7 +614,9 @@ Test(cuda_epilogue, every_epilogue_switched_off_runs_its_fallback) {
   unsetenv("MN_CUDA_EPILOGUES_OFF");
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 #ifdef MN_WITH_CUDA
-  mn_graph *g = at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), 1);
+  /* 300 rows: sum_rows in row chunks and their sums, a kernel more than the fused product's
+   * (up to 256 rows sum_rows is one kernel, as many as cuBLASLt's BGRAD kernel in fp32). */
+  mn_graph *g = at_bgrad_graph(MN_SHAPE(3, 100, 256), MN_SHAPE(3, 100, 96), 1);
   size_t fused = graph_nodes_with(g, NULL), other = graph_nodes_with(g, "dgelu"),
          off = graph_nodes_with(g, "bgrad");
   cr_expect_eq(other, fused, "switching off another epilogue changed the graph: %zu -> %zu nodes",

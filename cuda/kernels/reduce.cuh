@@ -306,6 +306,30 @@ __device__ void mn_red_sum_rows(const IO &io) {
     mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
 }
 
+// sum_rows of a few rows in one kernel: a block of CT columns by LANES row lanes, each lane
+// adding every LANES-th row of its column in double, then the LANES sums of a column added in
+// lane order, so that a column's sum is the same every run.
+template <long long ROWS, long long NCOL, int CT, int LANES, class IO>
+__device__ void mn_red_sum_rows_lanes(const IO &io) {
+  __shared__ double sh[LANES][CT];
+  const int ct = threadIdx.x % CT, lane = threadIdx.x / CT;
+  const long long col = (long long)blockIdx.x * CT + ct;
+  double acc = 0.0;
+  if (col < NCOL) {
+    const auto x = mn_in<1>(io) + col;
+    for (long long r = lane; r < ROWS; r += LANES)
+      acc += (double)x[r * NCOL];
+  }
+  sh[lane][ct] = acc;
+  __syncthreads();
+  if (lane == 0 && col < NCOL) {
+    double t = 0.0;
+    for (int l = 0; l < LANES; l++)
+      t += sh[l][ct];
+    mn_out<0>(io)[col] = (float)t;
+  }
+}
+
 // The CH partials of each column: a block of 256 threads takes 32 columns, its 8 warps
 // each sum every 8th chunk, and one warp adds the 8 sums in order.
 template <long long NCOL, int CH, class IO> __device__ void mn_red_sum_rows_final(const IO &io) {

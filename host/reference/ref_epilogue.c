@@ -62,6 +62,17 @@ mn_status mn_ref_MATMUL_DRELU(const mn_ref_ctx *c) {
   return MN_OK;
 }
 
+/* matmul_drelu; value 1 sums its rows as stored. */
+mn_status mn_ref_MATMUL_DRELU_BGRAD(const mn_ref_ctx *c) {
+  size_t m, n;
+  product(c, &m, &n);
+  float *o = mn_ref_out_f32(c);
+  mn_ref_pw_loop(MN_PW_RELU_GRAD, mn_ref_in_f32(c, 2), o, NULL, 0.0, o, m * n);
+  mn_storage_round_n(c->out_storage, o, m * n);
+  mn_ref_column_sums(o, m, n, c->extra_out[0]);
+  return MN_OK;
+}
+
 /* a [K, M] transposed times b [K, N]; value 1 sums the K rows of a or b as sum_rows does. */
 mn_status mn_ref_MATMUL_AT_BGRAD(const mn_ref_ctx *c) {
   const mn_tensor_type *ta = mn_ref_in_type(c, 0), *tb = mn_ref_in_type(c, 1);
