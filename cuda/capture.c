@@ -245,9 +245,10 @@ static mn_status early_update_after(cuda_state *st, const mn_session *s, size_t 
   if (cmd + 1 != st->split_after) return MN_OK;
   mn_cu_lanes *ln = &st->lanes;
   cudaStream_t part = ln->stream[ln->streams], origin = st->stream;
+  /* Joined back at the end even when forking it fails half way (enqueue_step). */
+  st->split_enqueued = true;
   mn_status rc = mn_cu_lanes_wait_all(st, ln->part[0], part);
   if (rc != MN_OK) return rc;
-  st->split_enqueued = true;
   st->stream = part;
   rc = launch_update(st, s, st->split.early.kernel, st->split.early.first, st->split.early.count,
                      false);

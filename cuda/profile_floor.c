@@ -202,7 +202,8 @@ static double attention_flops(const mn_graph *g, const mn_node_rec *n) {
 static double own_product_flops(const cuda_state *st, const mn_graph *g, mn_node id) {
   const mn_node_rec *n = &g->nodes[id];
   bool at = n->op == MN_OP_MATMUL_AT;
-  if (!at && n->op != MN_OP_MATMUL && n->op != MN_OP_MATMUL_BT && n->op != MN_OP_MATMUL_BIAS_ACT)
+  if (!at && n->op != MN_OP_MATMUL && n->op != MN_OP_MATMUL_BT && n->op != MN_OP_MATMUL_BIAS_ACT &&
+      n->op != MN_OP_MATMUL_DRELU && n->op != MN_OP_MATMUL_DRELU_BGRAD)
     return 0;
   for (size_t i = 0; i < st->prog.num_cmds; i++)
     if (st->prog.cmds[i].node == id && st->prog.cmds[i].kind == MN_CU_CMD_MATMUL) return 0;

@@ -514,14 +514,19 @@ Test(cuda_epilogue, matmul_drelu_bgrad_values_and_sums) {
     snprintf(what, sizeof what, "drelu_bgrad case %zu", i);
     check(g, what, 540 + (uint64_t)i);
   }
-  mn_graph *g = drelu_bgrad_graph(MN_SHAPE(3, 200, 40), 96, 0);
-  mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
-  if (mn_test_cuda_device_present()) {
-    double err = mn_test_compare_cuda_precision(g, false, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
-                                                NULL, 549);
-    cr_log_info("matmul_drelu_bgrad in bf16: largest norm-wise difference %.3g", err);
+  /* bf16: 132 rows (one pass of 32 row lanes) and 600 (row chunks). */
+  const int64_t lead[2] = {4, 3}, rows[2] = {33, 200}, k[2] = {96, 40}, n[2] = {128, 96};
+  for (int i = 0; i < 2; i++) {
+    mn_graph *g = drelu_bgrad_graph(MN_SHAPE(lead[i], rows[i], k[i]), n[i], i);
+    mn_test_assert_compiles_precision(g, false, MN_PRECISION_BF16);
+    if (mn_test_cuda_device_present()) {
+      double err = mn_test_compare_cuda_precision(g, false, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
+                                                  NULL, 549 + (uint64_t)i);
+      cr_log_info("matmul_drelu_bgrad of %lld rows in bf16: largest norm-wise difference %.3g",
+                  (long long)(lead[i] * rows[i]), err);
+    }
+    mn_graph_free(g);
   }
-  mn_graph_free(g);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 

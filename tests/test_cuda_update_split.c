@@ -112,3 +112,10 @@ Test(cuda_update_split, adamw_steps_split_as_one_update) { compare(ADAMW, false,
 Test(cuda_update_split, a_failed_step_updates_neither_part) { compare(ADAMW, true, true); }
 
 Test(cuda_update_split, clipping_keeps_one_update) { compare(SGD_CLIPPED, false, false); }
+
+/* With the readback on the session's stream after the late part (MN_CUDA_SIDE=0). */
+Test(cuda_update_split, a_failed_step_with_the_readback_on_the_main_chain) {
+  setenv("MN_CUDA_SIDE", "0", 1);
+  compare(ADAMW, true, true);
+  unsetenv("MN_CUDA_SIDE");
+}
