@@ -9,11 +9,14 @@
 
 enum { MLP_BATCH = 128, MLP_IN = 784, MLP_HIDDEN = 512, MLP_OUT = 10 };
 
-static inline mn_graph *bench_mlp_graph(void) {
+/* in-hidden-hidden-out with biases and ReLU: input "x" [batch, in], u32 "labels" [batch],
+ * parameters "<2l>.weight" [fan_in, fan_out] and "<2l>.bias" (torch.nn.Sequential's names),
+ * softmax cross-entropy. Also the tests' MLP (tests/support/models.h). */
+static inline mn_graph *bench_relu_mlp(int64_t batch, int64_t in, int64_t hidden, int64_t out) {
   mn_graph *g = mn_graph_new();
-  mn_node h = mn_input(g, "x", MN_SHAPE(MLP_BATCH, MLP_IN));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(MLP_BATCH));
-  const int64_t dims[] = {MLP_IN, MLP_HIDDEN, MLP_HIDDEN, MLP_OUT};
+  mn_node h = mn_input(g, "x", MN_SHAPE(batch, in));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch));
+  const int64_t dims[] = {in, hidden, hidden, out};
   for (int l = 0; l < 3; l++) {
     char wn[32], bn[32];
     snprintf(wn, sizeof wn, "%d.weight", 2 * l);
@@ -25,6 +28,10 @@ static inline mn_graph *bench_mlp_graph(void) {
   }
   mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, h, labels)}, 1);
   return g;
+}
+
+static inline mn_graph *bench_mlp_graph(void) {
+  return bench_relu_mlp(MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT);
 }
 
 #endif

@@ -455,34 +455,46 @@ static void program_counts(const mn_graph *g, size_t *products, size_t *launches
 }
 #endif
 
+/* A product gated by relu_grad: a of shape a[0..rank), n outputs, b stored [n, k] for variant
+ * 1; whether a skinny kernel runs it, and the launches its lowering makes. */
+typedef struct drelu_case {
+  int64_t a[3];
+  int rank;
+  int64_t n;
+  int variant;
+  bool skinny;
+  size_t launches;
+} drelu_case;
+
+/* Each case as matmul_drelu (or, with sums, matmul_drelu_bgrad): its program's products and
+ * launches, then its values against the CPU. */
+static void check_drelu_cases(const drelu_case *cases, size_t count, bool sums, uint64_t seed) {
+  for (size_t i = 0; i < count; i++) {
+    const drelu_case *c = &cases[i];
+    mn_graph *g = sums ? drelu_bgrad_graph(c->a, c->rank, c->n, c->variant)
+                       : gated_graph(MN_OP_MATMUL_DRELU, c->a, c->rank, c->n, c->variant);
+#ifdef MN_WITH_CUDA
+    size_t products = 0, launches = 0;
+    program_counts(g, &products, &launches);
+    cr_assert_eq(products, c->skinny ? 0u : 1u, "case %zu", i);
+    cr_assert_eq(launches, c->launches, "case %zu: %zu launches", i, launches);
+#endif
+    char what[64];
+    snprintf(what, sizeof what, "%s case %zu", sums ? "drelu_bgrad" : "drelu", i);
+    check(g, what, seed + (uint64_t)i);
+  }
+}
+
 /* relu_grad(x, a op(b)): one skinny kernel where a side is at most 16 (the MLP classifier's
  * input gradient [128, 10] x [512, 10]^T, k 10; a 9-wide product, n 9), else cuBLASLt's
  * product and the relu_grad kernel; against the CPU in fp32 and TF32. */
 Test(cuda_epilogue, matmul_drelu_skinny_and_not) {
   mn_test_require_cuda_build();
-  static const struct {
-    int64_t a[3];
-    int rank;
-    int64_t n;
-    int variant;
-    bool skinny;
-  } cases[] = {{{128, 10}, 2, 512, 1, true},
-               {{37, 29}, 2, 9, 0, true},
-               {{4, 33, 96}, 3, 128, 0, false},
-               {{4, 33, 96}, 3, 128, 1, false}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    mn_graph *g =
-        gated_graph(MN_OP_MATMUL_DRELU, cases[i].a, cases[i].rank, cases[i].n, cases[i].variant);
-#ifdef MN_WITH_CUDA
-    size_t products = 0, launches = 0;
-    program_counts(g, &products, &launches);
-    cr_assert_eq(products, cases[i].skinny ? 0u : 1u, "case %zu", i);
-    cr_assert_eq(launches, 1u, "case %zu: the skinny kernel, or the relu_grad kernel", i);
-#endif
-    char what[64];
-    snprintf(what, sizeof what, "drelu case %zu", i);
-    check(g, what, 530 + (uint64_t)i);
-  }
+  static const drelu_case cases[] = {{{128, 10}, 2, 512, 1, true, 1},
+                                     {{37, 29}, 2, 9, 0, true, 1},
+                                     {{4, 33, 96}, 3, 128, 0, false, 1},
+                                     {{4, 33, 96}, 3, 128, 1, false, 1}};
+  check_drelu_cases(cases, sizeof cases / sizeof cases[0], false, 530);
 }
 
 /* matmul_drelu with its column sums: the gated skinny kernel then sum_rows (one kernel up to
@@ -491,29 +503,12 @@ Test(cuda_epilogue, matmul_drelu_skinny_and_not) {
  * kernel); against the CPU in fp32 and TF32, and the cuBLASLt path in bf16. */
 Test(cuda_epilogue, matmul_drelu_bgrad_values_and_sums) {
   mn_test_require_cuda_build();
-  static const struct {
-    int64_t a[3];
-    int rank;
-    int64_t n;
-    int variant;
-    bool skinny;
-    size_t launches;
-  } cases[] = {{{128, 10}, 2, 512, 1, true, 2},    {{37, 29}, 2, 9, 0, true, 2},
-               {{4, 33, 96}, 3, 128, 0, false, 1}, {{4, 33, 96}, 3, 128, 1, false, 1},
-               {{3, 200, 40}, 3, 96, 0, false, 2}, {{300, 24}, 2, 41, 1, false, 2},
-               {{300, 24}, 2, 13, 1, true, 3}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    mn_graph *g = drelu_bgrad_graph(cases[i].a, cases[i].rank, cases[i].n, cases[i].variant);
-#ifdef MN_WITH_CUDA
-    size_t products = 0, launches = 0;
-    program_counts(g, &products, &launches);
-    cr_assert_eq(products, cases[i].skinny ? 0u : 1u, "case %zu", i);
-    cr_assert_eq(launches, cases[i].launches, "case %zu: %zu launches", i, launches);
-#endif
-    char what[64];
-    snprintf(what, sizeof what, "drelu_bgrad case %zu", i);
-    check(g, what, 540 + (uint64_t)i);
-  }
+  static const drelu_case cases[] = {
+      {{128, 10}, 2, 512, 1, true, 2},    {{37, 29}, 2, 9, 0, true, 2},
+      {{4, 33, 96}, 3, 128, 0, false, 1}, {{4, 33, 96}, 3, 128, 1, false, 1},
+      {{3, 200, 40}, 3, 96, 0, false, 2}, {{300, 24}, 2, 41, 1, false, 2},
+      {{300, 24}, 2, 13, 1, true, 3}};
+  check_drelu_cases(cases, sizeof cases / sizeof cases[0], true, 540);
   /* bf16: 132 rows (one pass of 32 row lanes) and 600 (row chunks). */
   const int64_t lead[2] = {4, 3}, rows[2] = {33, 200}, k[2] = {96, 40}, n[2] = {128, 96};
   for (int i = 0; i < 2; i++) {

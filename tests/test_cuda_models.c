@@ -65,21 +65,7 @@ static void compare_training(const mn_graph *g, configure_fn configure, feed_fn 
 enum { MLP_B = 32, MLP_IN = 64, MLP_H = 128, MLP_OUT = 10 };
 
 static mn_graph *mlp(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(MLP_B, MLP_IN));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(MLP_B));
-  mn_node h = x;
-  const int64_t dims[] = {MLP_IN, MLP_H, MLP_H, MLP_OUT};
-  for (int l = 0; l < 3; l++) {
-    char wn[32], bn[32];
-    snprintf(wn, sizeof wn, "fc%d.weight", l);
-    snprintf(bn, sizeof bn, "fc%d.bias", l);
-    mn_node w = mn_parameter(g, wn, MN_SHAPE(dims[l], dims[l + 1]));
-    mn_node b = mn_parameter(g, bn, MN_SHAPE(dims[l + 1]));
-    h = mn_bias_add(g, mn_matmul(g, h, w), b);
-    if (l < 2) h = mn_relu(g, h);
-  }
-  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, h, labels)}, 1);
+  mn_graph *g = mn_test_relu_mlp(MLP_B, MLP_IN, MLP_H, MLP_OUT);
   cr_assert_eq(mn_graph_status(g), MN_OK, "%s", mn_graph_error(g));
   return g;
 }

@@ -5,33 +5,17 @@
  * failed (neither part updates) and against the CPU; steps that need every gradient before
  * any update (clipping) keep one. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "tests/support/cuda_check.h"
 #include "tests/support/mn_test.h"
+#include "tests/support/models.h"
 #include "tests/support/session_util.h"
 
 enum { BATCH = 64, IN = 96, HIDDEN = 80, OUT = 10 };
 
 /* 96-80-80-10 with biases and ReLU, softmax cross-entropy. */
-static mn_graph *mlp(void) {
-  mn_graph *g = mn_graph_new();
-  mn_node h = mn_input(g, "x", MN_SHAPE(BATCH, IN));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(BATCH));
-  const int64_t dims[] = {IN, HIDDEN, HIDDEN, OUT};
-  for (int l = 0; l < 3; l++) {
-    char wn[16], bn[16];
-    snprintf(wn, sizeof wn, "w%d", l);
-    snprintf(bn, sizeof bn, "b%d", l);
-    mn_node w = mn_parameter(g, wn, MN_SHAPE(dims[l], dims[l + 1]));
-    mn_node b = mn_parameter(g, bn, MN_SHAPE(dims[l + 1]));
-    h = mn_bias_add(g, mn_matmul(g, h, w), b);
-    if (l < 2) h = mn_relu(g, h);
-  }
-  mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, h, labels)}, 1);
-  return g;
-}
+static mn_graph *mlp(void) { return mn_test_relu_mlp(BATCH, IN, HIDDEN, OUT); }
 
 typedef enum optim { SGD, ADAMW, SGD_CLIPPED } optim;
 

@@ -1,5 +1,7 @@
 #include "tests/support/models.h"
 
+#include "benchmarks/mlp_graph.h"
+
 #include <stdio.h>
 
 const mn_test_block_config mn_test_tiny_block = MN_TEST_BLOCK_CONFIG(16, 4, 2, 4, 24);
@@ -55,6 +57,10 @@ mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, 
   mn_node loss = mn_sparse_cross_entropy_loss(g, logits, labels);
   mn_set_outputs(g, &loss, 1);
   return g;
+}
+
+mn_graph *mn_test_relu_mlp(int64_t batch, int64_t in, int64_t hidden, int64_t out) {
+  return bench_relu_mlp(batch, in, hidden, out);
 }
 
 mn_graph *mn_test_two_block_lm(void) {

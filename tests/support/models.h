@@ -58,4 +58,9 @@ mn_graph *mn_test_lm(const mn_test_block_config *c, int64_t batch, int64_t seq, 
 enum { MN_TEST_TB_B = 2, MN_TEST_TB_T = 40, MN_TEST_TB_V = 97 };
 mn_graph *mn_test_two_block_lm(void);
 
+/* An MLP classifier in-hidden-hidden-out with biases and ReLU, the benchmarks' graph
+ * (benchmarks/mlp_graph.h): input "x" [batch, in], u32 "labels" [batch], parameters
+ * "<2l>.weight" [fan_in, fan_out] and "<2l>.bias", softmax cross-entropy. */
+mn_graph *mn_test_relu_mlp(int64_t batch, int64_t in, int64_t hidden, int64_t out);
+
 #endif
