@@ -13,7 +13,8 @@ mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, 
   if (st != MN_OK) return st;
   int sumsq, update, accumulate;
   mn_cu_update_split split;
-  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate, &split);
+  st = mn_cu_program_add_optimizer(&prog, p, training, &sumsq, &update, &accumulate);
+  if (st == MN_OK) st = mn_cu_update_split_declare(&prog, p, training, &split);
   int readback;
   if (st == MN_OK) st = mn_cu_program_add_readback(&prog, p, &readback);
   if (st == MN_OK && !(*source = mn_cu_program_source(&prog)))

@@ -274,7 +274,8 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_program_build(s->plan, s->options.allow_tf32, &st->prog);
   if (rc == MN_OK)
     rc = mn_cu_program_add_optimizer(&st->prog, s->plan, s->training, &st->opt_sumsq,
-                                     &st->opt_update, &st->opt_accumulate, &st->split);
+                                     &st->opt_update, &st->opt_accumulate);
+  if (rc == MN_OK) rc = mn_cu_update_split_declare(&st->prog, s->plan, s->training, &st->split);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);

@@ -8,7 +8,6 @@
 
 #include "cuda/kernel_sources.h"
 #include "cuda/loss_scale.h"
-#include "cuda/update_split.h"
 #include "host/error.h"
 #include "host/storage.h"
 
@@ -316,10 +315,8 @@ mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int 
 }
 
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
-                                      int *sumsq, int *update, int *accumulate,
-                                      mn_cu_update_split *split) {
+                                      int *sumsq, int *update, int *accumulate) {
   *sumsq = *update = *accumulate = -1;
-  split->early.kernel = split->late.kernel = -1;
   int begin, unscale, end;
   mn_status st = mn_cu_program_add_loss_scaler(prog, p, training, &begin, &unscale, &end);
   if (st != MN_OK) return st;
@@ -334,7 +331,7 @@ mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, boo
   *accumulate = mn_cu_kernel(&c, 256, "mn_opt_accumulate<%lldLL>", n);
   if (*sumsq < 0 || *update < 0 || *accumulate < 0)
     return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  return mn_cu_update_split_declare(prog, p, split);
+  return MN_OK;
 }
 
 void mn_cu_program_free(mn_cu_program *prog) {

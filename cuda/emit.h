@@ -279,12 +279,9 @@ void mn_cu_program_free(mn_cu_program *prog);
 #define MN_CU_READBACK_BLOCK 32
 mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int *kernel);
 /* Declares the optimizer kernels (kernels/optimizer.cuh) of a training plan that has
- * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1, and
- * *split to the parts of a split update (update_split.h). */
-struct mn_cu_update_split;
+ * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
-                                      int *sumsq, int *update, int *accumulate,
-                                      struct mn_cu_update_split *split);
+                                      int *sumsq, int *update, int *accumulate);
 
 #define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, the generated templates,

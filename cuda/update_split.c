@@ -60,12 +60,12 @@ static mn_cu_update_part part(const mn_cu_op_ctx *c, long long first, long long 
   return (mn_cu_update_part){.first = first, .count = count, .kernel = k};
 }
 
-mn_status mn_cu_update_split_declare(mn_cu_program *prog, const mn_plan *p,
+mn_status mn_cu_update_split_declare(mn_cu_program *prog, const mn_plan *p, bool training,
                                      mn_cu_update_split *split) {
   const mn_cu_update_part none = {.kernel = -1};
   *split = (mn_cu_update_split){none, none};
   const char *env = getenv("MN_CUDA_SPLIT_UPDATE");
-  if ((env && strcmp(env, "0") == 0) || p->update_bytes == 0 ||
+  if ((env && strcmp(env, "0") == 0) || !training || p->update_bytes == 0 ||
       mn_cu_low_storage(p) != MN_DEV_F32 ||
       mn_cu_program_product_flops(prog) >= MN_CU_SMALL_STEP_FLOPS)
     return MN_OK;

@@ -30,10 +30,10 @@ typedef struct mn_cu_update_split {
 #define MN_CU_UPDATE_SPLIT_MIN_SHARE 0.125
 
 /* Declares the two parts' update kernels for a small training program (products under
- * MN_CU_SMALL_STEP_FLOPS, F32 storage, two parameters or more) once its commands and whole
- * update are declared (mn_cu_program_add_optimizer calls it); otherwise both kernels are -1.
- * MN_CUDA_SPLIT_UPDATE=0 turns it off. */
-mn_status mn_cu_update_split_declare(mn_cu_program *prog, const mn_plan *p,
+ * MN_CU_SMALL_STEP_FLOPS, F32 storage, two parameters or more), right after its whole update
+ * (mn_cu_program_add_optimizer), so that a session and an offline compile of the plan declare
+ * the same kernels; otherwise both kernels are -1. MN_CUDA_SPLIT_UPDATE=0 turns it off. */
+mn_status mn_cu_update_split_declare(mn_cu_program *prog, const mn_plan *p, bool training,
                                      mn_cu_update_split *split);
 
 #endif
