@@ -57,17 +57,17 @@ mn_status mn_cu_enqueue_cmd(cuda_state *st, const mn_session *s, size_t i) {
   return MN_OK;
 }
 
-/* The update kernel over elements [first, first + count) of the flat block, on st->stream. */
+/* The update kernel over elements [first, first + count) of the flat block, on st->stream;
+ * `shadow`: the weights' low-precision copy it also writes (NULL: none). */
 static mn_status launch_update(cuda_state *st, const mn_session *s, int kernel, long long first,
-                               long long count, bool clipped) {
+                               long long count, bool clipped, void *shadow) {
   const mn_plan *p = s->plan;
   size_t n = p->update_bytes / sizeof(float);
   float *params = (float *)(st->arena + p->update_params_offset) + first;
   float *grads = (float *)(st->arena + p->update_grads_offset) + first;
   float *m = st->adam ? st->adam + first : NULL, *v = st->adam ? st->adam + n + first : NULL;
-  /* A part is whole parameters of an F32 session (update_split.h): no weight copies. */
   mn_ptrs io = {{params, grads, m, v, &st->misc->scalars, clipped ? st->norm_partials : NULL,
-                 &st->misc->error, first ? NULL : st->shadow}};
+                 &st->misc->error, shadow}};
   /* The update takes four elements a thread where it can (optimizer.cuh). */
   long long blocks = (count + 1023) / 1024;
   if (blocks > 4096) blocks = 4096;
@@ -105,10 +105,11 @@ static mn_status enqueue_optimizer(cuda_state *st, const mn_session *s, unsigned
     mn_status rc = mn_cu_launch_kernel(st, (uint32_t)st->opt_sumsq, norm_grid, 256, 0, &io);
     if (rc != MN_OK) return rc;
   }
+  /* A part is whole parameters of an F32 session (update_split.h): no weight copies. */
   if (st->split_enqueued)
     return launch_update(st, s, st->split.late.kernel, st->split.late.first, st->split.late.count,
-                         false);
-  return launch_update(st, s, st->opt_update, 0, (long long)n, (key & 2u) != 0);
+                         false, NULL);
+  return launch_update(st, s, st->opt_update, 0, (long long)n, (key & 2u) != 0, st->shadow);
 }
 
 /* F16 training: the gradients are unscaled before the optimizer reads them, and the scaler
@@ -251,7 +252,7 @@ static mn_status early_update_after(cuda_state *st, const mn_session *s, size_t 
   if (rc != MN_OK) return rc;
   st->stream = part;
   rc = launch_update(st, s, st->split.early.kernel, st->split.early.first, st->split.early.count,
-                     false);
+                     false, NULL);
   st->stream = origin;
   return rc;
 }

@@ -265,25 +265,26 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
   return mn_cu_launch(c, k, mn_cu_blocks(ncol, 32), 1, 1, 0, 2, args);
 }
 
-/* Up to this many rows, sum_rows is one kernel of SUM_LANES row lanes by SUM_LANE_COLS columns
- * a block: row chunks would take a second kernel to add them, and a thread a column (one chunk)
- * waits on its loads one after another (a small step's bias gradient, 128 rows). */
-#define SUM_SMALL_ROWS 256
-#define SUM_LANES      32
-#define SUM_LANE_COLS  32
+/* Up to SMALL_SUM_ROWS rows, a column sum (sum_rows, and the pointwise gradients' below) is one
+ * kernel of SMALL_SUM_LANES row lanes by 32 columns a block, a column a thread: row chunks would
+ * take a second kernel to add them, and a thread a column alone waits on its loads one after
+ * another (a small step's bias gradient, 128 rows, on its critical path). */
+#define SMALL_SUM_ROWS  256
+#define SMALL_SUM_LANES 32
+#define SMALL_SUM_COLS  32
 
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   const mn_tensor_type *t = mn_cu_in_type(c, 0);
   int64_t ncol = last_dim(t), rows = mn_tensor_type_numel(t) / ncol;
-  if (rows <= SUM_SMALL_ROWS) {
-    int k =
-        mn_cu_kernel(c, SUM_LANES * SUM_LANE_COLS, "mn_red_sum_rows_lanes<%lldLL, %lldLL, %d, %d>",
-                     (long long)rows, (long long)ncol, SUM_LANE_COLS, SUM_LANES);
+  if (rows <= SMALL_SUM_ROWS) {
+    int k = mn_cu_kernel(c, SMALL_SUM_LANES * SMALL_SUM_COLS,
+                         "mn_red_sum_rows_lanes<%lldLL, %lldLL, %d, %d>", (long long)rows,
+                         (long long)ncol, SMALL_SUM_COLS, SMALL_SUM_LANES);
     if (k < 0) return mn_cu_oom(c);
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
-    return mn_cu_launch(c, k, mn_cu_blocks(ncol, SUM_LANE_COLS), 1, 1, 0, 2, args);
+    return mn_cu_launch(c, k, mn_cu_blocks(ncol, SMALL_SUM_COLS), 1, 1, 0, 2, args);
   }
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
@@ -312,23 +313,19 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
 #define COLSUM_MIN_ROWS      32
 /* Rows of a chunk at most: a lane adds at most COLSUM_MAX_ROWS / COLSUM_LANES values in float. */
 #define COLSUM_MAX_ROWS 4096
-/* Up to this many rows, one pass of COLSUM_SMALL_LANES row lanes by COLSUM_CT columns a block,
- * one column a thread: chunks would take a second kernel to add them, on the critical path of
- * a small step (an MLP's batch of 128 rows). */
-#define COLSUM_SMALL_ROWS  256
-#define COLSUM_SMALL_LANES 32
 
 mn_status mn_cu_pointwise_colsum(const mn_cu_op_ctx *c, int op, mn_cu_arg x, mn_cu_arg dy,
                                  mn_node sums, mn_node act) {
   int64_t ncol = last_dim(&c->node->type), rows = mn_cu_numel(c) / ncol;
-  bool small = rows <= COLSUM_SMALL_ROWS;
-  int vec = ncol % 8 == 0 && !small ? 8 : 1, lanes = small ? COLSUM_SMALL_LANES : COLSUM_LANES;
-  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(COLSUM_CT * vec));
+  bool small = rows <= SMALL_SUM_ROWS;
+  int vec = ncol % 8 == 0 && !small ? 8 : 1, lanes = small ? SMALL_SUM_LANES : COLSUM_LANES;
+  int ct = small ? SMALL_SUM_COLS : COLSUM_CT;
+  unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)(ct * vec));
   int64_t ch =
       small ? 1 : row_chunks(rows, col_blocks, COLSUM_BLOCKS, COLSUM_MIN_ROWS, COLSUM_MAX_ROWS);
-  int k = mn_cu_kernel(c, (unsigned)(COLSUM_CT * lanes),
+  int k = mn_cu_kernel(c, (unsigned)(ct * lanes),
                        "mn_pw_map_colsum<%d, %lldLL, %lldLL, %d, %d, %d, %d, %d>", op,
-                       (long long)rows, (long long)ncol, (int)ch, vec, COLSUM_CT, lanes,
+                       (long long)rows, (long long)ncol, (int)ch, vec, ct, lanes,
                        act != MN_NO_NODE ? (int)MN_PW_GELU : -1);
   if (k < 0) return mn_cu_oom(c);
   /* COLSUM_BLOCKS fill an H100 in one wave only at 4 blocks a multiprocessor (64 registers a

@@ -203,4 +203,70 @@ Test(multi_output, plan_refuses_types_the_kernels_cannot_take) {
   mn_node gate = mn_input(g, "x", MN_SHAPE(M + 1, N));
   raw(g, MN_OP_MATMUL_DRELU, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
   expect_refused(g, "has types its kernel cannot take");
+
+  g = mn_graph_new(); /* matmul_drelu_bgrad: sums of the wrong length */
+  a = mn_input(g, "a", MN_SHAPE(M, K));
+  w = mn_input(g, "w", MN_SHAPE(K, N));
+  gate = mn_input(g, "x", MN_SHAPE(M, N));
+  p = raw(g, MN_OP_MATMUL_DRELU_BGRAD, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){N + 1}, 1, 1);
+  expect_refused(g, "does not have the type of value 1");
+
+  g = mn_graph_new(); /* matmul_drelu_bgrad: a ReLU input of another shape */
+  a = mn_input(g, "a", MN_SHAPE(M, K));
+  w = mn_input(g, "w", MN_SHAPE(K, N));
+  gate = mn_input(g, "x", MN_SHAPE(M, N + 1));
+  p = raw(g, MN_OP_MATMUL_DRELU_BGRAD, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){N}, 1, 1);
+  expect_refused(g, "has types its kernel cannot take");
+
+  g = mn_graph_new(); /* matmul_drelu_bgrad writes no value 2 (gelu_grad_bgrad's gelu(x)) */
+  a = mn_input(g, "a", MN_SHAPE(M, K));
+  w = mn_input(g, "w", MN_SHAPE(K, N));
+  gate = mn_input(g, "x", MN_SHAPE(M, N));
+  p = raw(g, MN_OP_MATMUL_DRELU_BGRAD, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){N}, 1, 1);
+  raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){M, N}, 2, 2);
+  expect_refused(g, "reads no extra value");
+}
+
+/* matmul_drelu_bgrad on the CPU: value 0 is relu_grad(x, a b) and value 1 its column sums. */
+Test(multi_output, matmul_drelu_bgrad_values_on_the_cpu) {
+  mn_graph *g = mn_graph_new();
+  mn_node a = mn_input(g, "a", MN_SHAPE(M, K)), w = mn_input(g, "w", MN_SHAPE(K, N));
+  mn_node gate = mn_input(g, "x", MN_SHAPE(M, N));
+  mn_node p = raw(g, MN_OP_MATMUL_DRELU_BGRAD, (mn_node[]){a, w, gate}, 3, (int64_t[]){M, N}, 2, 0);
+  mn_node sums = raw(g, MN_OP_EXTRA_OUTPUT, &p, 1, (int64_t[]){N}, 1, 1);
+  mn_set_outputs(g, (mn_node[]){p, sums}, 2);
+  mn_session_options o = mn_session_options_default();
+  o.backend = MN_BACKEND_CPU;
+  o.optimize = false;
+  mn_session *s = NULL;
+  cr_assert_eq(mn_build_inference_session(g, &o, &s), MN_OK, "%s", mn_last_error());
+  float va[M * K], vw[K * N], vx[M * N], got[M * N], got_sums[N];
+  mn_rng r = mn_rng_new(3);
+  mn_rng_fill(&r, va, M * K, -1, 1);
+  mn_rng_fill(&r, vw, K * N, -1, 1);
+  mn_rng_fill(&r, vx, M * N, -1, 1);
+  cr_assert_eq(mn_session_set_input(s, "a", va, M * K), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "w", vw, K * N), MN_OK);
+  cr_assert_eq(mn_session_set_input(s, "x", vx, M * N), MN_OK);
+  cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+  cr_assert_eq(mn_session_read_output_by_index(s, 0, got, M * N), MN_OK);
+  cr_assert_eq(mn_session_read_output_by_index(s, 1, got_sums, N), MN_OK);
+  for (int j = 0; j < N; j++) {
+    double col = 0;
+    for (int i = 0; i < M; i++) {
+      double prod = 0;
+      for (int k = 0; k < K; k++)
+        prod += (double)va[i * K + k] * vw[k * N + j];
+      float want = vx[i * N + j] > 0 ? (float)prod : 0.0f;
+      cr_assert_float_eq(got[i * N + j], want, 1e-5f, "[%d, %d]", i, j);
+      col += got[i * N + j];
+    }
+    cr_assert_float_eq(got_sums[j], (float)col, 1e-5f, "sum of column %d", j);
+  }
+  mn_session_free(s);
+  mn_graph_free(g);
 }
