@@ -156,10 +156,6 @@ static mn_status plan_buckets(cuda_state *st, const mn_session *s) {
     dispatch_of[i] = SIZE_MAX;
   for (size_t i = 0; i < p->num_dispatches; i++)
     dispatch_of[p->dispatches[i].node] = i;
-  /* A command credited to an extra value (matmul_drelu_bgrad's sums) is its producer's. */
-  for (size_t i = 0; i < nodes; i++)
-    if (p->graph->nodes[i].op == MN_OP_EXTRA_OUTPUT && dispatch_of[i] == SIZE_MAX)
-      dispatch_of[i] = dispatch_of[p->graph->nodes[i].inputs[0]];
   mn_status rc = MN_OK;
   for (size_t b = 0; b < dp->num_buckets && rc == MN_OK; b++) {
     merge_runs(d, dp, b);

@@ -245,17 +245,24 @@ mn_status mn_cu_schedule_build(cuda_state *st, const mn_session *s, int streams)
       }
     }
     /* Continue the chain of the newest dependency when it ends its stream; else an unused
-     * stream; else the one idle longest (its last command is the oldest). */
-    int lane = -1;
-    if (newest_lane >= 0 && tail[newest_lane] == newest &&
-        !longer_way_after(st, acc, height, n, i, newest - 1))
-      lane = newest_lane;
+     * stream; else the one idle longest (its last command is the oldest). A stream left to a
+     * later command with a longer way is not taken as the idle one either: with the MLP's bias
+     * sums credited to a node of their own, they and the second weight gradient left the
+     * input-gradient chain its stream, then took it back as the idle one and put that chain
+     * behind them on the other stream (0.0593 ms against 0.0531, H200). */
+    int lane = -1, kept = -1;
+    if (newest_lane >= 0 && tail[newest_lane] == newest) {
+      if (longer_way_after(st, acc, height, n, i, newest - 1))
+        kept = newest_lane;
+      else
+        lane = newest_lane;
+    }
     for (int l = 0; lane < 0 && l < streams; l++)
       if (tail[l] == 0) lane = l;
     if (lane < 0) {
-      lane = 0;
-      for (int l = 1; l < streams; l++)
-        if (tail[l] < tail[lane]) lane = l;
+      for (int l = 0; l < streams; l++)
+        if (l != kept && (lane < 0 || tail[l] < tail[lane])) lane = l;
+      if (lane < 0) lane = kept;
     }
     ln->lane[i] = lane;
     for (int l = 0; l < streams; l++)
