@@ -273,6 +273,36 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 #define SMALL_SUM_LANES 32
 #define SMALL_SUM_COLS  32
 
+/* Many rows of 8k columns: 32 column threads of 8 columns by 8 row lanes a block, about 512
+ * blocks in all, each chunk at least 32 rows (mn_red_sum_rows_vec). MN_CUDA_SUM_ROWS_VEC=0: a
+ * thread a column, for comparison. */
+#define SUM_VEC_CT     32
+#define SUM_VEC_LANES  8
+#define SUM_VEC_BLOCKS 512
+#define SUM_VEC_MIN    32
+
+static bool sum_rows_vec(void) {
+  const char *env = getenv("MN_CUDA_SUM_ROWS_VEC");
+  return !env || strcmp(env, "0") != 0;
+}
+
+static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {
+  unsigned col_blocks = mn_cu_blocks(ncol, SUM_VEC_CT * 8);
+  int64_t ch = row_chunks(rows, col_blocks, SUM_VEC_BLOCKS, SUM_VEC_MIN, 0);
+  int k =
+      mn_cu_kernel(c, SUM_VEC_CT * SUM_VEC_LANES, "mn_red_sum_rows_vec<%lldLL, %lldLL, %d, %d, %d>",
+                   (long long)rows, (long long)ncol, (int)ch, SUM_VEC_CT, SUM_VEC_LANES);
+  if (k < 0) return mn_cu_oom(c);
+  if (ch == 1) {
+    mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
+    return mn_cu_launch(c, k, col_blocks, 1, 1, 0, 2, args);
+  }
+  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
+  mn_cu_arg args[2] = {scratch, mn_cu_in(c, 0)};
+  mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, 2, args);
+  return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
+}
+
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
@@ -286,6 +316,7 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
     return mn_cu_launch(c, k, mn_cu_blocks(ncol, SMALL_SUM_COLS), 1, 1, 0, 2, args);
   }
+  if (ncol % 8 == 0 && sum_rows_vec()) return sum_rows_vec8(c, rows, ncol);
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
   int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);
