@@ -274,8 +274,8 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 #define SMALL_SUM_COLS  32
 
 /* Many rows of 8k columns: 32 column threads of 8 columns by 8 row lanes a block, about 512
- * blocks in all, each chunk at least 32 rows (mn_red_sum_rows_vec). MN_CUDA_SUM_ROWS_VEC=0: a
- * thread a column, for comparison. */
+ * blocks in all, each chunk at least 32 rows (mn_red_sum_rows_vec), with MN_CUDA_SUM_ROWS_VEC=1;
+ * else a thread a column. Opt-in until it has been measured on a GPU. */
 #define SUM_VEC_CT     32
 #define SUM_VEC_LANES  8
 #define SUM_VEC_BLOCKS 512
@@ -283,7 +283,7 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 
 static bool sum_rows_vec(void) {
   const char *env = getenv("MN_CUDA_SUM_ROWS_VEC");
-  return !env || strcmp(env, "0") != 0;
+  return env && strcmp(env, "1") == 0;
 }
 
 static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {

@@ -130,14 +130,14 @@ CUDA_TEST(norms_many_rows) {
 }
 
 /* MN_CUDA_NORM_VEC8=1: rows of 8k floats in vectors of 8 (576: a warp, the third vector of
- * a lane only for 8 lanes; 768: a warp; 16384: a block, 32 floats a thread cached; 16392:
- * re-read), a residual add fused before the norm, and GPT-2's width in bf16. */
+ * a lane only for 8 lanes; 768: a warp; 16384: 1024 threads, 16 floats a thread cached;
+ * 32776: re-read), a residual add fused before the norm, and GPT-2's width in bf16. */
 CUDA_TEST(norms_eight_wide) {
   setenv("MN_CUDA_NORM_VEC8", "1", 1);
   check_norm(false, MN_SHAPE(2, 24, 576), 1e-5f, 60);
   check_norm(true, MN_SHAPE(2, 64, 768), 1e-5f, 61);
   check_norm(true, MN_SHAPE(3, 16384), 1e-5f, 62);
-  check_norm(false, MN_SHAPE(2, 16392), 1e-5f, 63);
+  check_norm(false, MN_SHAPE(2, 32776), 1e-5f, 63);
   mn_graph *g = mn_graph_new();
   mn_node x = mn_parameter(g, "x", MN_SHAPE(3, 40, 768));
   mn_node r = mn_parameter(g, "r", MN_SHAPE(3, 40, 768));

@@ -343,17 +343,19 @@ __device__ void mn_red_sum_rows_vec(const IO &io) {
         acc[j] += (double)v[j];
     }
   }
+  // Column ct * 8 + j of the block at slot j * CT + ct: a warp's stores land side by side.
 #pragma unroll
   for (int j = 0; j < 8; j++)
-    sh[lane][ct * 8 + j] = acc[j];
+    sh[lane][j * CT + ct] = acc[j];
   __syncthreads();
   for (int c = threadIdx.x; c < COLS; c += CT * LANES) {
     const long long at = (long long)blockIdx.x * COLS + c;
     if (at >= NCOL) continue;
+    const int slot = (c % 8) * CT + c / 8;
     double t = 0.0;
 #pragma unroll
     for (int l = 0; l < LANES; l++)
-      t += sh[l][c];
+      t += sh[l][slot];
     if constexpr (CH == 1)
       mn_out<0>(io)[at] = (float)t;
     else
