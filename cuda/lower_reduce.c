@@ -286,12 +286,10 @@ static bool sum_rows_vec(void) {
   return env && strcmp(env, "1") == 0;
 }
 
-static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {
-  unsigned col_blocks = mn_cu_blocks(ncol, SUM_VEC_CT * 8);
-  int64_t ch = row_chunks(rows, col_blocks, SUM_VEC_BLOCKS, SUM_VEC_MIN, 0);
-  int k =
-      mn_cu_kernel(c, SUM_VEC_CT * SUM_VEC_LANES, "mn_red_sum_rows_vec<%lldLL, %lldLL, %d, %d, %d>",
-                   (long long)rows, (long long)ncol, (int)ch, SUM_VEC_CT, SUM_VEC_LANES);
+/* Kernel k of sum_rows over col_blocks x ch blocks: into the sums when ch is 1, else into
+ * chunk partials that add_partials adds. */
+static mn_status launch_sum_rows(const mn_cu_op_ctx *c, int k, unsigned col_blocks, int64_t ch,
+                                 int64_t ncol) {
   if (k < 0) return mn_cu_oom(c);
   if (ch == 1) {
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
@@ -301,6 +299,15 @@ static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol
   mn_cu_arg args[2] = {scratch, mn_cu_in(c, 0)};
   mn_status st = mn_cu_launch(c, k, col_blocks, (unsigned)ch, 1, 0, 2, args);
   return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
+}
+
+static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {
+  unsigned col_blocks = mn_cu_blocks(ncol, SUM_VEC_CT * 8);
+  int64_t ch = row_chunks(rows, col_blocks, SUM_VEC_BLOCKS, SUM_VEC_MIN, 0);
+  int k =
+      mn_cu_kernel(c, SUM_VEC_CT * SUM_VEC_LANES, "mn_red_sum_rows_vec<%lldLL, %lldLL, %d, %d, %d>",
+                   (long long)rows, (long long)ncol, (int)ch, SUM_VEC_CT, SUM_VEC_LANES);
+  return launch_sum_rows(c, k, col_blocks, ch, ncol);
 }
 
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
@@ -320,16 +327,9 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
   int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);
-  int k1 = mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
-                        (long long)rows, (long long)ncol, (int)ch, block);
-  if (ch == 1) {
-    mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
-    return mn_cu_launch(c, k1, col_blocks, 1, 1, 0, 2, args);
-  }
-  mn_cu_arg scratch = mn_cu_scratch(c, (size_t)ch * (size_t)ncol * sizeof(double));
-  mn_cu_arg args[2] = {scratch, mn_cu_in(c, 0)};
-  mn_status st = mn_cu_launch(c, k1, col_blocks, (unsigned)ch, 1, 0, 2, args);
-  return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
+  int k = mn_cu_kernel(c, (unsigned)block, "mn_red_sum_rows<%lldLL, %lldLL, %d, %d>",
+                       (long long)rows, (long long)ncol, (int)ch, block);
+  return launch_sum_rows(c, k, col_blocks, ch, ncol);
 }
 
 /* A pointwise gradient's column sums (gelu_grad_bgrad, matmul_drelu_bgrad), first pass: blocks
