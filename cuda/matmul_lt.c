@@ -149,16 +149,15 @@ static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias
     break;
   case MN_CU_EPI_BGRAD_A:
     if (!d->trans_a) return "bias gradient of an A that is not transposed";
-    if ((double)d->m * (double)d->n < bgrad_min_outputs())
-      return "fewer outputs than MN_CUDA_BGRAD_MIN_OUTPUTS";
     break;
   case MN_CU_EPI_BGRAD_B:
     if (d->trans_b) return "bias gradient of a transposed B";
-    if ((double)d->m * (double)d->n < bgrad_min_outputs())
-      return "fewer outputs than MN_CUDA_BGRAD_MIN_OUTPUTS";
     break;
   default: break;
   }
+  bool bgrad = d->epilogue == MN_CU_EPI_BGRAD_A || d->epilogue == MN_CU_EPI_BGRAD_B;
+  if (bgrad && (double)d->m * (double)d->n < bgrad_min_outputs())
+    return "fewer outputs than MN_CUDA_BGRAD_MIN_OUTPUTS";
   return NULL;
 }
 
