@@ -5,7 +5,7 @@
 #
 # usage: scripts/gpu-test.sh [--offline DEB_DIR] [--build-dir DIR] [--log-dir DIR] [--no-bench]
 #                            [--tests REGEX] [--no-ctest] [--lm] [--lora] [--quality] [--decode]
-#                            [--sanitize] [--attention]
+#                            [--sanitize] [--sanitizer-wheel WHL] [--attention]
 #   --offline DEB_DIR  air-gapped nodes: unpack the Debian packages of cJSON and Criterion
 #                      (and their dependencies) found in DEB_DIR into a private prefix
 #                      instead of installing them; see README "GPU machines".
@@ -53,6 +53,11 @@
 #                      runs again with no kernel instrumented and reads TOOL ERROR when that
 #                      stops too (still a failure of the script, not a finding in our kernels).
 #                      For the sanitizer alone: --sanitize --no-bench --no-ctest.
+#                      MN_SANITIZE_TOOLS picks the tools (say racecheck alone).
+#   --sanitizer-wheel WHL  use the compute-sanitizer inside PyPI's nvidia-cuda-sanitizer-api
+#                      wheel WHL (unpacked into the build folder) before any other. The
+#                      toolkit's 2025.3.1 stops racecheck with an internal error on sm_90;
+#                      the wheel's 2026.4.0 (13.5.25) runs it (2026-11-28).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,6 +72,7 @@ decode=0
 attention=0
 run_ctest=1
 sanitize=0
+wheel=""
 filter=()
 suites=""
 while [ $# -gt 0 ]; do
@@ -83,7 +89,8 @@ while [ $# -gt 0 ]; do
     --no-ctest) run_ctest=0; shift ;;
     --tests) filter=(-R "$2"); suites=$2; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
-    -h|--help) sed -n 2,40p "$0"; exit 0 ;;
+    --sanitizer-wheel) wheel=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+    -h|--help) sed -n 2,60p "$0"; exit 0 ;;
     *) echo "gpu-test.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -104,6 +111,16 @@ export NCCL_NVLS_ENABLE=0
 # compute-sanitizer: PATH first, then the toolkit's bin folders. Looked for before the build,
 # so that a missing one stops the run at once.
 sanitizer=""
+if [ "$sanitize" = 1 ] && [ -n "$wheel" ]; then
+  [ -f "$wheel" ] || { echo "gpu-test.sh: no wheel $wheel" >&2; exit 1; }
+  mkdir -p "$build/sanitizer-wheel"
+  python3 -m zipfile -e "$wheel" "$build/sanitizer-wheel"
+  wheel_bin=$(dirname "$(find "$build/sanitizer-wheel" -path '*compute-sanitizer/compute-sanitizer' | head -n1)")
+  [ "$wheel_bin" != . ] || { echo "gpu-test.sh: no compute-sanitizer in $wheel" >&2; exit 1; }
+  # zipfile keeps no file modes.
+  find "$wheel_bin" -maxdepth 1 -type f -exec chmod +x {} +
+  PATH=$wheel_bin:$PATH
+fi
 if [ "$sanitize" = 1 ]; then
   for c in "$(command -v compute-sanitizer 2>/dev/null || true)" \
     "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer; do
@@ -339,7 +356,8 @@ fi
 # call's status itself. racecheck (shared-memory hazards) looks at our kernels only (mn_kN,
 # from NVRTC): cuBLASLt's are NVIDIA's, and the slowest to instrument; memcheck checks all,
 # cuBLASLt's included, where a wrong leading dimension of ours would show.
-# MN_SANITIZER_ARGS adds options (say --leak-check full) to every run.
+# MN_SANITIZER_ARGS adds options (say --leak-check full) to every run; MN_SANITIZE_TOOLS
+# picks the tools (default "memcheck racecheck").
 sanitize_rc=0
 : >"$logs/sanitize.log"
 
@@ -387,6 +405,8 @@ sanitize_filter() {
 sanitize_limit() {
   case "$1" in
     test_cuda_models | test_cuda_attention | test_cuda_vision) echo 150 ;;
+    # Under racecheck (2026.4) its eleven tests printed nothing within 90 s on an H200.
+    test_cuda_reduce) echo 300 ;;
     *) echo 90 ;;
   esac
 }
@@ -471,7 +491,7 @@ if [ "$sanitize" = 1 ]; then
   done
   [ "${#exes[@]}" -gt 0 ] || { echo "no GPU suite in $build/tests matches" >&2; sanitize_rc=1; }
   sanitize_t0=$(date +%s)
-  for tool in memcheck racecheck; do
+  for tool in ${MN_SANITIZE_TOOLS:-memcheck racecheck}; do
     for exe in "${exes[@]+"${exes[@]}"}"; do sanitize_suite "$exe" "$tool"; done
   done
   sanitize_secs=$(($(date +%s) - sanitize_t0))
