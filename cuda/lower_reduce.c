@@ -273,19 +273,6 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 #define SMALL_SUM_LANES 32
 #define SMALL_SUM_COLS  32
 
-/* Many rows of 8k columns: 32 column threads of 8 columns by 8 row lanes a block, about 512
- * blocks in all, each chunk at least 32 rows (mn_red_sum_rows_vec), with MN_CUDA_SUM_ROWS_VEC=1;
- * else a thread a column. Opt-in until it has been measured on a GPU. */
-#define SUM_VEC_CT     32
-#define SUM_VEC_LANES  8
-#define SUM_VEC_BLOCKS 512
-#define SUM_VEC_MIN    32
-
-static bool sum_rows_vec(void) {
-  const char *env = getenv("MN_CUDA_SUM_ROWS_VEC");
-  return env && strcmp(env, "1") == 0;
-}
-
 /* Kernel k of sum_rows over col_blocks x ch blocks: into the sums when ch is 1, else into
  * chunk partials that add_partials adds. */
 static mn_status launch_sum_rows(const mn_cu_op_ctx *c, int k, unsigned col_blocks, int64_t ch,
@@ -301,15 +288,6 @@ static mn_status launch_sum_rows(const mn_cu_op_ctx *c, int k, unsigned col_bloc
   return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
 }
 
-static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {
-  unsigned col_blocks = mn_cu_blocks(ncol, SUM_VEC_CT * 8);
-  int64_t ch = row_chunks(rows, col_blocks, SUM_VEC_BLOCKS, SUM_VEC_MIN, 0);
-  int k =
-      mn_cu_kernel(c, SUM_VEC_CT * SUM_VEC_LANES, "mn_red_sum_rows_vec<%lldLL, %lldLL, %d, %d, %d>",
-                   (long long)rows, (long long)ncol, (int)ch, SUM_VEC_CT, SUM_VEC_LANES);
-  return launch_sum_rows(c, k, col_blocks, ch, ncol);
-}
-
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
@@ -323,7 +301,6 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
     return mn_cu_launch(c, k, mn_cu_blocks(ncol, SMALL_SUM_COLS), 1, 1, 0, 2, args);
   }
-  if (ncol % 8 == 0 && sum_rows_vec()) return sum_rows_vec8(c, rows, ncol);
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
   int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);

@@ -3,8 +3,6 @@
  * (embedding.cuh). Shapes, eps, theta and static offsets become template constants;
  * launch shapes are chosen here from the shapes. */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/emit.h"
 #include "cuda/lower_norm.h"
@@ -52,12 +50,7 @@ static int vec_for(int64_t n) { return n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
 
 /* Launch shape of a row norm over x (see norm.cuh): `block` threads per row, each owning
  * ITEMS vectors of VEC floats, aiming at 16 (VEC 4) or 8 floats per thread so that a row
- * of up to 16384 floats stays in registers between passes. With MN_CUDA_NORM_VEC8=1, rows
- * of 8k floats take vectors of 8 (one 16-byte access of bf16), and rows of up to 1024 one
- * warp with up to 32 floats a thread (wider blocks keep 16: at 1024 threads a thread has 64
- * registers): GPT-2's 768 one warp a row instead of two (8-byte accesses of bf16 and a block
- * barrier in each statistic); its fused norm kernels ran at 1.5x their bandwidth floor on an
- * H100. */
+ * of up to 16384 floats stays in registers between passes. */
 typedef struct norm_cfg {
   int64_t n, rows;
   int vec, items;
@@ -74,16 +67,14 @@ static mn_status norm_config(const mn_cu_op_ctx *c, const mn_tensor_type *x, nor
                    "norm kernels' limits (%lld floats, %d rows)",
                    c->id, mn_op_name(c->node->op), (long long)k->n, (long long)k->rows,
                    (long long)MAX_NORM_WIDTH, INT32_MAX);
-  const char *env = getenv("MN_CUDA_NORM_VEC8");
-  bool eight = env && strcmp(env, "1") == 0 && k->n % 8 == 0;
-  k->vec = eight ? 8 : vec_for(k->n);
-  int64_t nv = k->n / k->vec, per_thread = k->vec == 1 ? 8 : eight && k->n > 1024 ? 2 : 4;
+  k->vec = vec_for(k->n);
+  int64_t nv = k->n / k->vec, per_thread = k->vec == 1 ? 8 : 4;
   int64_t b = (nv + per_thread - 1) / per_thread;
   b = (b + 31) / 32 * 32;
   b = b < 32 ? 32 : b > 1024 ? 1024 : b;
   k->block = (unsigned)b;
   k->items = (int)((nv + b - 1) / b);
-  k->cache = k->items * k->vec <= (eight && k->block == 32 ? 32 : 16);
+  k->cache = k->items * k->vec <= 16;
   return MN_OK;
 }
 

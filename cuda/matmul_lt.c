@@ -123,15 +123,6 @@ static bool switched_off(mn_cu_epilogue e) {
   return false;
 }
 
-/* MN_CUDA_BGRAD_MIN_OUTPUTS=N: bias-gradient products of fewer than N outputs (m n) run as a
- * plain product and sum_rows. GPT-2's [768, 768] and [768, 2304] weight gradients ran at 331
- * and 431 TFLOP/s with the epilogue on an H100, the plain ones of their size at 720-840
- * (docs/performance.md); this measures where the line falls. 0 (the default): none. */
-static double bgrad_min_outputs(void) {
-  const char *env = getenv("MN_CUDA_BGRAD_MIN_OUTPUTS");
-  return env && *env ? strtod(env, NULL) : 0.0;
-}
-
 /* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
  * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
  * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
@@ -155,9 +146,6 @@ static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias
     break;
   default: break;
   }
-  bool bgrad = d->epilogue == MN_CU_EPI_BGRAD_A || d->epilogue == MN_CU_EPI_BGRAD_B;
-  if (bgrad && (double)d->m * (double)d->n < bgrad_min_outputs())
-    return "fewer outputs than MN_CUDA_BGRAD_MIN_OUTPUTS";
   return NULL;
 }
 

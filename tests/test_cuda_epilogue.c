@@ -626,31 +626,6 @@ Test(cuda_epilogue, every_epilogue_switched_off_runs_its_fallback) {
 #endif
 }
 
-/* MN_CUDA_BGRAD_MIN_OUTPUTS=N: a bias-gradient product of fewer than N outputs (here 256 x 96 =
- * 24576) runs plain with its sum_rows fallback, the same values; one of N outputs or more keeps
- * the epilogue (the step graph's nodes say which ran). */
-Test(cuda_epilogue, bgrad_below_min_outputs_runs_its_fallback) {
-  mn_test_require_cuda_build();
-  setenv("MN_CUDA_BGRAD_MIN_OUTPUTS", "24577", 1);
-  for (int variant = 0; variant < 2; variant++)
-    check(at_bgrad_graph(MN_SHAPE(3, 100, 256), MN_SHAPE(3, 100, 96), variant),
-          "matmul_at_bgrad below the minimum", 840 + (uint64_t)variant);
-  unsetenv("MN_CUDA_BGRAD_MIN_OUTPUTS");
-  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
-#ifdef MN_WITH_CUDA
-  mn_graph *g = at_bgrad_graph(MN_SHAPE(3, 100, 256), MN_SHAPE(3, 100, 96), 1);
-  size_t fused = graph_nodes_with(g, NULL), off = graph_nodes_with(g, "bgrad");
-  setenv("MN_CUDA_BGRAD_MIN_OUTPUTS", "24577", 1);
-  size_t below = graph_nodes_with(g, NULL);
-  setenv("MN_CUDA_BGRAD_MIN_OUTPUTS", "24576", 1);
-  size_t at = graph_nodes_with(g, NULL);
-  unsetenv("MN_CUDA_BGRAD_MIN_OUTPUTS");
-  cr_expect_eq(below, off, "below the minimum: %zu nodes, the fallback's %zu", below, off);
-  cr_expect_eq(at, fused, "at the minimum: %zu nodes, the fused product's %zu", at, fused);
-  mn_graph_free(g);
-#endif
-}
-
 /* ------------------------------------------------------------------ group_norm + silu */
 
 Test(cuda_epilogue, group_norm_silu) {

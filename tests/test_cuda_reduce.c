@@ -275,30 +275,6 @@ Test(cuda_reduce, sum_rows_shapes) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
-/* MN_CUDA_SUM_ROWS_VEC=1: columns of 8k, 16 bytes a load (264: a block's columns cut short;
- * 768: row chunks, at 300 and at a GPT-2 batch's 16384 rows, and in bf16; 65792: 257 column
- * blocks, one chunk, no partials). */
-Test(cuda_reduce, sum_rows_eight_wide) {
-  mn_test_require_cuda_build();
-  setenv("MN_CUDA_SUM_ROWS_VEC", "1", 1);
-  const int64_t shapes[][2] = {{300, 264}, {300, 768}, {300, 65792}, {16384, 768}};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    mn_graph *g = mn_graph_new();
-    mn_node x = mn_input(g, "x", MN_SHAPE(shapes[i][0], shapes[i][1]));
-    mn_node row = mn_parameter(g, "row", MN_SHAPE(1, shapes[i][1]));
-    mn_test_finish_training_graph(g, mn_broadcast_add(g, x, row));
-    mn_test_check_cuda(g, true, NULL, 70 + i);
-    if (i == 1 && mn_test_cuda_device_present()) {
-      double e = mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
-                                                NULL, 75);
-      cr_log_info("sum_rows of 300 rows of 768 in bf16, 8-wide: largest relative error %.3g", e);
-    }
-    mn_graph_free(g);
-  }
-  unsetenv("MN_CUDA_SUM_ROWS_VEC");
-  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
-}
-
 /* ------------------------------------------------------------------ label errors */
 
 /* Steps a CUDA session whose labels hold one value >= C and expects wait to fail. */

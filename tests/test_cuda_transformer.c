@@ -129,30 +129,6 @@ CUDA_TEST(norms_many_rows) {
   check_norm(false, MN_SHAPE(2, 1024, 576), 1e-5f, 53);
 }
 
-/* MN_CUDA_NORM_VEC8=1: rows of 8k floats in vectors of 8 (576: a warp, the third vector of
- * a lane only for 8 lanes; 768: a warp; 16384: 1024 threads, 16 floats a thread cached;
- * 32776: re-read), a residual add fused before the norm, and GPT-2's width in bf16. */
-CUDA_TEST(norms_eight_wide) {
-  setenv("MN_CUDA_NORM_VEC8", "1", 1);
-  check_norm(false, MN_SHAPE(2, 24, 576), 1e-5f, 60);
-  check_norm(true, MN_SHAPE(2, 64, 768), 1e-5f, 61);
-  check_norm(true, MN_SHAPE(3, 16384), 1e-5f, 62);
-  check_norm(false, MN_SHAPE(2, 32776), 1e-5f, 63);
-  mn_graph *g = mn_graph_new();
-  mn_node x = mn_parameter(g, "x", MN_SHAPE(3, 40, 768));
-  mn_node r = mn_parameter(g, "r", MN_SHAPE(3, 40, 768));
-  mn_node y = norm_of(g, true, mn_add(g, x, r), MN_SHAPE(3, 40, 768), 1e-5f);
-  mn_test_finish_training_graph(g, y);
-  check(g, true, NULL, 77);
-  if (compare_pass && mn_test_cuda_device_present()) {
-    double e =
-        mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL, NULL, 78);
-    cr_log_info("layer_norm of a residual sum, 8-wide, bf16: largest relative error %.3g", e);
-  }
-  mn_graph_free(g);
-  unsetenv("MN_CUDA_NORM_VEC8");
-}
-
 /* The weight gradient of a parameter shared by two norms: the two gradients add. */
 CUDA_TEST(norm_weight_shared) {
   mn_graph *g = mn_graph_new();

@@ -240,10 +240,7 @@ template <int VEC> __device__ __forceinline__ void mn_ld_vec(const float *p, flo
 }
 
 template <int VEC> __device__ __forceinline__ void mn_st_vec(float *p, const float *v) {
-  if constexpr (VEC == 8) {
-    mn_st_vec<4>(p, v);
-    mn_st_vec<4>(p + 4, v + 4);
-  } else if constexpr (VEC == 4)
+  if constexpr (VEC == 4)
     *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
   else if constexpr (VEC == 2)
     *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
@@ -280,11 +277,7 @@ __device__ __forceinline__ void mn_ld_vec(mn_lp_ptr<S, C> p, float *v) {
 
 template <int VEC, int S>
 __device__ __forceinline__ void mn_st_vec(mn_lp_ptr<S, false> p, const float *v) {
-  if constexpr (VEC == 8)
-    *reinterpret_cast<uint4 *>(p.p) =
-        make_uint4(mn_lp_round2<S>(v[0], v[1]), mn_lp_round2<S>(v[2], v[3]),
-                   mn_lp_round2<S>(v[4], v[5]), mn_lp_round2<S>(v[6], v[7]));
-  else if constexpr (VEC == 4)
+  if constexpr (VEC == 4)
     mn_st4(p, 0, make_float4(v[0], v[1], v[2], v[3]));
   else if constexpr (VEC == 2)
     *reinterpret_cast<unsigned *>(p.p) = mn_lp_round2<S>(v[0], v[1]);
