@@ -168,6 +168,33 @@ mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   return mn_cu_launch(c, k, r.grid, 1, 1, 0, 4, args);
 }
 
+/* The sparse loss gradient's rows a block and the shared memory of its stage. A block of one
+ * row group (G == BLOCK: rows of more than 1024 values) takes up to LOSS_ROWS_PER_BLOCK rows one
+ * after another, at least LOSS_ROW_BLOCKS blocks in all, and when its rows can be held in
+ * registers (16-bit, 16-byte chunks, at most 8 a lane) the next row's loads go into a stage of
+ * shared memory while this one is worked on (mn_loss_sparse_ce_pipe). Whether the rows are 16-bit
+ * is known when the kernel is compiled: a stage given to an fp32 session goes unused. */
+#define LOSS_ROWS_PER_BLOCK 8
+#define LOSS_ROW_BLOCKS     128
+
+typedef struct loss_rows {
+  int per_block;
+  unsigned grid;
+  size_t stage; /* bytes, 0: none */
+} loss_rows;
+
+static loss_rows loss_rows_of(const row_cfg *r, long long xp, long long op) {
+  loss_rows lr = {.per_block = 1, .grid = r->grid};
+  if (r->g != r->block) return lr;
+  while (lr.per_block < LOSS_ROWS_PER_BLOCK && r->rows / (2 * lr.per_block) >= LOSS_ROW_BLOCKS)
+    lr.per_block *= 2;
+  lr.grid = mn_cu_blocks(r->rows, (unsigned)lr.per_block);
+  long long chunks = (xp + 8LL * r->g - 1) / (8LL * r->g);
+  if (lr.per_block > 1 && xp == op && xp % 8 == 0 && chunks <= 8)
+    lr.stage = (size_t)chunks * (size_t)r->g * 16;
+  return lr;
+}
+
 mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   row_cfg r = input_rows(c);
   mn_cu_arg scratch = sparse_scratch(c, 0);
@@ -175,14 +202,17 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
   if (st != MN_OK) return st;
   /* The logits and their gradient may have padded rows (the same pitch: both are padded when
    * every op touching them reads the pitch, and they have one width). */
-  int k = mn_cu_kernel(c, (unsigned)r.block,
-                       "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
-                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id,
-                       (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
-                       (long long)mn_cu_row_pitch(c->plan, c->id));
+  long long xp = (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
+            op = (long long)mn_cu_row_pitch(c->plan, c->id);
+  loss_rows lr = loss_rows_of(&r, xp, op);
+  int k =
+      mn_cu_kernel(c, (unsigned)r.block,
+                   "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %s>",
+                   r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op,
+                   lr.per_block, lr.stage ? "true" : "false");
   mn_cu_arg args[6] = {mn_cu_out(c),   mn_cu_in(c, 0),    mn_cu_in(c, 1),
                        mn_cu_in(c, 2), mn_cu_error_arg(), scratch};
-  return mn_cu_launch(c, k, r.grid, 1, 1, 0, 6, args);
+  return mn_cu_launch(c, k, lr.grid, 1, 1, lr.stage, 6, args);
 }
 
 /* The loss (the mean of the row partials over the counted rows) and, as extra value 1, its
@@ -233,13 +263,16 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   }
   mn_status st = count_labels(c, scratch, r.rows);
   if (st != MN_OK) return st;
-  int k = mn_cu_kernel(c, (unsigned)r.block,
-                       "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL>",
-                       r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op);
+  loss_rows lr = loss_rows_of(&r, xp, op);
+  int k = mn_cu_kernel(
+      c, (unsigned)r.block,
+      "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %s>", r.block,
+      r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op, lr.per_block,
+      lr.stage ? "true" : "false");
   mn_cu_arg args[7] = {mn_cu_node_arg(grad),    mn_cu_in(c, 0),    mn_cu_in(c, 1),
                        mn_cu_in(c, 2),          mn_cu_error_arg(), scratch,
                        sparse_partials(scratch)};
-  st = mn_cu_launch(c, k, r.grid, 1, 1, 0, 7, args);
+  st = mn_cu_launch(c, k, lr.grid, 1, 1, lr.stage, 7, args);
   return st != MN_OK ? st : mean_of_counted_rows(c, scratch, r.rows);
 }
 
@@ -273,6 +306,14 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 #define SMALL_SUM_LANES 32
 #define SMALL_SUM_COLS  32
 
+/* Many rows of 8k columns: 32 column threads of 8 columns by 8 row lanes a block, each lane 8
+ * rows in flight (4 of fp32: the same bytes), about 512 blocks in all, each
+ * chunk at least 128 rows (mn_red_sum_rows_vec); other widths a thread a column. */
+#define SUM_VEC_CT     32
+#define SUM_VEC_LANES  8
+#define SUM_VEC_BLOCKS 512
+#define SUM_VEC_MIN    128
+
 /* Kernel k of sum_rows over col_blocks x ch blocks: into the sums when ch is 1, else into
  * chunk partials that add_partials adds. */
 static mn_status launch_sum_rows(const mn_cu_op_ctx *c, int k, unsigned col_blocks, int64_t ch,
@@ -288,6 +329,15 @@ static mn_status launch_sum_rows(const mn_cu_op_ctx *c, int k, unsigned col_bloc
   return st != MN_OK ? st : add_partials(c, mn_cu_out(c), scratch, ncol, ch);
 }
 
+static mn_status sum_rows_vec8(const mn_cu_op_ctx *c, int64_t rows, int64_t ncol) {
+  unsigned col_blocks = mn_cu_blocks(ncol, SUM_VEC_CT * 8);
+  int64_t ch = row_chunks(rows, col_blocks, SUM_VEC_BLOCKS, SUM_VEC_MIN, 0);
+  int k =
+      mn_cu_kernel(c, SUM_VEC_CT * SUM_VEC_LANES, "mn_red_sum_rows_vec<%lldLL, %lldLL, %d, %d, %d>",
+                   (long long)rows, (long long)ncol, (int)ch, SUM_VEC_CT, SUM_VEC_LANES);
+  return launch_sum_rows(c, k, col_blocks, ch, ncol);
+}
+
 /* x [.., N] summed over every leading index into N values: column blocks by row chunks,
  * about 512 blocks in all, each chunk at least 16 rows. */
 mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
@@ -301,6 +351,7 @@ mn_status mn_cu_lower_SUM_ROWS(const mn_cu_op_ctx *c) {
     mn_cu_arg args[2] = {mn_cu_out(c), mn_cu_in(c, 0)};
     return mn_cu_launch(c, k, mn_cu_blocks(ncol, SMALL_SUM_COLS), 1, 1, 0, 2, args);
   }
+  if (ncol % 8 == 0) return sum_rows_vec8(c, rows, ncol);
   int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
   unsigned col_blocks = mn_cu_blocks(ncol, (unsigned)block);
   int64_t ch = row_chunks(rows, col_blocks, 512, 16, 0);

@@ -123,6 +123,21 @@ static bool switched_off(mn_cu_epilogue e) {
   return false;
 }
 
+/* A bias-gradient product whose dy holds at least this many values, in rows of 8k, runs plain
+ * and its column sums as a pass of their own (mn_red_sum_rows_vec, at the card's bandwidth):
+ * with the epilogue GPT-2's [768, 2304], [768, 768] and [3072, 768] weight gradients ran at 441,
+ * 349 and 579 TFLOP/s on an H200, the plain products around them at 674-699
+ * (docs/performance.md). Smaller ones keep it, where the sums' two launches cost more than it
+ * does. MN_CUDA_BGRAD_PLAIN_MIN=N moves the line, so that one can be timed against the other. */
+#define BGRAD_PLAIN_MIN 4194304.0
+
+static bool bgrad_runs_plain(const mn_cu_matmul_desc *d) {
+  const char *env = getenv("MN_CUDA_BGRAD_PLAIN_MIN");
+  double min = env && *env ? strtod(env, NULL) : BGRAD_PLAIN_MIN;
+  int64_t cols = d->epilogue == MN_CU_EPI_BGRAD_B ? d->n : d->m;
+  return cols % 8 == 0 && (double)d->k * (double)cols >= min;
+}
+
 /* The restrictions cuBLASLt documents for these epilogues, checked here rather than left
  * to the heuristic: vectors 16-byte aligned; the gelu input's leading dimension (our row
  * pitch, since our rows are its columns) a multiple of 8 and at least its row count n;
@@ -140,9 +155,11 @@ static const char *epilogue_ruled_out(const mn_cu_matmul_desc *d, uintptr_t bias
     break;
   case MN_CU_EPI_BGRAD_A:
     if (!d->trans_a) return "bias gradient of an A that is not transposed";
+    if (bgrad_runs_plain(d)) return "a bias gradient large enough for a pass of its own";
     break;
   case MN_CU_EPI_BGRAD_B:
     if (d->trans_b) return "bias gradient of a transposed B";
+    if (bgrad_runs_plain(d)) return "a bias gradient large enough for a pass of its own";
     break;
   default: break;
   }

@@ -525,21 +525,31 @@ Test(cuda_epilogue, matmul_drelu_bgrad_values_and_sums) {
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
+/* Every variant's shapes twice: with cuBLASLt's BGRAD epilogue (MN_CUDA_BGRAD_PLAIN_MIN past
+ * any dy here) and as the plain product and sum_rows that a large dy takes (the line at one
+ * value: widths of 8k only), then one dy of 4M values (4096 x 1024) past the default line. */
 Test(cuda_epilogue, matmul_at_bgrad_every_variant) {
   mn_test_require_cuda_build();
-  for (int variant = 0; variant < 2; variant++) {
-    char what[64];
-    snprintf(what, sizeof what, "matmul_at_bgrad variant %d", variant);
-    /* K 37, M 24, N 40. */
-    check(at_bgrad_graph(MN_SHAPE(37, 24), MN_SHAPE(37, 40), variant), what,
-          600 + (uint64_t)variant);
-    /* Leading dims flattened into K (33), laid out differently on the two sides; M 17. */
-    check(at_bgrad_graph(MN_SHAPE(3, 11, 17), MN_SHAPE(33, 9), variant), what,
-          610 + (uint64_t)variant);
-    /* A weight gradient's shape: K = B * T rows. */
-    check(at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), variant), what,
-          620 + (uint64_t)variant);
+  static const char *lines[2] = {"1e18", "1"};
+  for (int plain = 0; plain < 2; plain++) {
+    setenv("MN_CUDA_BGRAD_PLAIN_MIN", lines[plain], 1);
+    for (int variant = 0; variant < 2; variant++) {
+      char what[64];
+      snprintf(what, sizeof what, "matmul_at_bgrad variant %d%s", variant, plain ? ", plain" : "");
+      uint64_t seed = 600 + (uint64_t)variant + 100 * (uint64_t)plain;
+      /* K 37, M 24, N 40. */
+      check(at_bgrad_graph(MN_SHAPE(37, 24), MN_SHAPE(37, 40), variant), what, seed);
+      /* Leading dims flattened into K (33), laid out differently on the two sides; M 17. */
+      check(at_bgrad_graph(MN_SHAPE(3, 11, 17), MN_SHAPE(33, 9), variant), what, seed + 10);
+      /* A weight gradient's shape: K = B * T rows. */
+      check(at_bgrad_graph(MN_SHAPE(2, 64, 256), MN_SHAPE(2, 64, 96), variant), what, seed + 20);
+    }
   }
+  unsetenv("MN_CUDA_BGRAD_PLAIN_MIN");
+  check(at_bgrad_graph(MN_SHAPE(4, 1024, 64), MN_SHAPE(4, 1024, 1024), 1),
+        "matmul_at_bgrad of a 4096 x 1024 dy (b)", 630);
+  check(at_bgrad_graph(MN_SHAPE(4, 1024, 1024), MN_SHAPE(4, 1024, 64), 0),
+        "matmul_at_bgrad of a 4096 x 1024 dy (a)", 631);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 

@@ -146,14 +146,17 @@ Test(cuda_reduce, sparse_cross_entropy_with_ignored_labels) {
 
 /* Logits made by a product, so that a bf16 plan stores them in bf16 and the loss gradient,
  * written over them, takes the row held in registers (kernels/reduce_loss.cuh): vocabularies
- * of GPT-2 (50257, a row of 7 chunks a lane, the last cut by the end of the row), one chunk
+ * of GPT-2 (50257, padded to 50304: a row of 7 chunks a lane, the last cut by the row), one chunk
  * (768), and one not a multiple of 8 wide (1003), a third of the labels ignored; against the
- * CPU in bf16 at MN_TEST_BF16_TOL. */
-static void check_sparse_of_product(int64_t classes, uint64_t seed) {
+ * CPU in bf16 at MN_TEST_BF16_TOL. Rows of a [batch, seq] input. */
+static void check_sparse_of_product(int64_t classes, int64_t batch, int64_t seq, uint64_t seed) {
   mn_graph *g = mn_graph_new();
-  mn_node x = mn_input(g, "x", MN_SHAPE(2, 48, 32));
-  mn_node logits = mn_matmul(g, x, mn_parameter(g, "w", MN_SHAPE(32, classes)));
-  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(2, 48));
+  mn_node x = mn_input(g, "x", MN_SHAPE(batch, seq, 32));
+  /* A tied head's layout, [classes, 32]: both products of the backward read the logits'
+   * gradient as a row-pitched operand, so a padded row pitch reaches the loss (storage_layout.c).
+   */
+  mn_node logits = mn_matmul_bt(g, x, mn_parameter(g, "w", MN_SHAPE(classes, 32)));
+  mn_node labels = mn_input_u32(g, "labels", MN_SHAPE(batch, seq));
   mn_set_outputs(g, (mn_node[]){mn_sparse_cross_entropy_loss(g, logits, labels)}, 1);
   mn_test_assert_compiles_precision(g, true, MN_PRECISION_BF16);
   if (mn_test_cuda_device_present()) {
@@ -161,8 +164,9 @@ static void check_sparse_of_product(int64_t classes, uint64_t seed) {
         {"x", -1, 1}, {"w", -0.5, 0.5}, {"labels", 0, (double)classes}, {NULL, 0, 0}};
     double e = mn_test_compare_cuda_ignoring(g, true, MN_PRECISION_BF16, MN_TEST_BF16_TOL, r,
                                              "labels", 0.35, seed);
-    cr_log_info("%lld classes from a product, bf16 training: largest relative error %.3g",
-                (long long)classes, e);
+    cr_log_info("%lld rows of %lld classes from a product, bf16 training: largest relative error "
+                "%.3g",
+                (long long)(batch * seq), (long long)classes, e);
   }
   mn_graph_free(g);
 }
@@ -170,19 +174,27 @@ static void check_sparse_of_product(int64_t classes, uint64_t seed) {
 /* One test a width, so that a sanitizer run can take them one at a time. */
 Test(cuda_reduce, sparse_cross_entropy_of_bf16_logits_from_a_product_gpt2_vocabulary) {
   mn_test_require_cuda_build();
-  check_sparse_of_product(50257, 51);
+  check_sparse_of_product(50257, 2, 48, 51);
+  mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
+}
+
+/* 1001 rows: 4 rows a block, each row's loads staged in shared memory while the row before is
+ * worked on (mn_loss_sparse_ce_pipe), the last block one row. */
+Test(cuda_reduce, sparse_cross_entropy_of_bf16_logits_from_a_product_rows_a_block) {
+  mn_test_require_cuda_build();
+  check_sparse_of_product(50257, 7, 143, 54);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_reduce, sparse_cross_entropy_of_bf16_logits_from_a_product_one_chunk) {
   mn_test_require_cuda_build();
-  check_sparse_of_product(768, 52);
+  check_sparse_of_product(768, 2, 48, 52);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
 Test(cuda_reduce, sparse_cross_entropy_of_bf16_logits_from_a_product_odd_width) {
   mn_test_require_cuda_build();
-  check_sparse_of_product(1003, 53);
+  check_sparse_of_product(1003, 2, 48, 53);
   mn_test_require_cuda_device(); /* reports the GPU comparisons as skipped */
 }
 
@@ -253,10 +265,11 @@ Test(cuda_reduce, sum_rows_gpt2_batch) {
 }
 
 /* The row's gradient is sum_rows of [rows, cols]: 40 rows in one kernel of 32 row lanes, 300 in
- * row chunks and their sums; in bf16 storage too. */
+ * row chunks and their sums, a column a thread or, in rows of 8k (8, 2312: a block's 256 columns
+ * cut by the row's end), 8 a thread; in bf16 storage too. */
 Test(cuda_reduce, sum_rows_shapes) {
   mn_test_require_cuda_build();
-  const int64_t cols[] = {1, 5, 255, 257, 50257}, rows[] = {40, 300};
+  const int64_t cols[] = {1, 5, 8, 255, 257, 2312, 50257}, rows[] = {40, 300};
   for (size_t r = 0; r < 2; r++)
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
       mn_graph *g = mn_graph_new();
@@ -264,11 +277,11 @@ Test(cuda_reduce, sum_rows_shapes) {
       mn_node row = mn_parameter(g, "row", MN_SHAPE(1, cols[i]));
       mn_test_finish_training_graph(g, mn_broadcast_add(g, x, row));
       mn_test_check_cuda(g, true, NULL, 37 + i + 10 * r);
-      if (cols[i] == 257 && mn_test_cuda_device_present()) {
+      if ((cols[i] == 257 || cols[i] == 2312) && mn_test_cuda_device_present()) {
         double e = mn_test_compare_cuda_precision(g, true, MN_PRECISION_BF16, 2 * MN_TEST_BF16_TOL,
-                                                  NULL, 60 + r);
-        cr_log_info("sum_rows of %lld rows in bf16: largest relative error %.3g",
-                    (long long)rows[r], e);
+                                                  NULL, 60 + r + 2 * i);
+        cr_log_info("sum_rows of %lld rows of %lld in bf16: largest relative error %.3g",
+                    (long long)rows[r], (long long)cols[i], e);
       }
       mn_graph_free(g);
     }

@@ -24,43 +24,6 @@
 // all three. WARPS warps of 16 rows each own a block of 16 * WARPS rows (the forward's warps RW
 // blocks of 16 rows each); tiles stream 64 rows.
 
-__device__ __forceinline__ void mn_cp_async16(void *dst, const void *src, bool valid) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  // A source size of 0 fills the 16 bytes with zeros: rows past the end of a head.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void mn_cp_async4(void *dst, const void *src, bool valid) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-// 16 bytes of which the first `bytes` (0 .. 16) come from src and the rest are zeros.
-__device__ __forceinline__ void mn_cp_async16_part(void *dst, const void *src, int bytes) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mn_cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void mn_cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// 2^x on the special-function unit alone. exp2f wraps the same instruction in a rescaling that
-// keeps results below 2^-126 as subnormals (3 more instructions an element); these kernels flush
-// them to zero instead, which no probability rounded to 16 bits can tell apart. All three kernels
-// use it, so the backward recomputes the forward's P bit for bit.
-__device__ __forceinline__ float mn_pipe_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Row strides of q and of k and v. QKV: the three are column blocks q | k | v of one tensor's
 // rows, (H + 2 KVH) * HD values wide (optimizer/attention_qkv.c), each argument pointing at its
 // block's first column; dQ and dK | dV go to the same blocks of the gradient. Otherwise each is
@@ -238,7 +201,7 @@ __device__ __forceinline__ void mn_pipe_softmax_tile(float (&s)[8][4], float (&a
     const float m_new = fmaxf(m[i], mn_quad_max(mx[i]) * scale2);
     // A row that has seen no key yet subtracts 0, so that -inf - -inf makes no NaN.
     m_sub[i] = m_new == mn_attn_neg_inf() ? 0.0f : m_new;
-    alpha[i] = mn_pipe_ex2(m[i] - m_sub[i]);
+    alpha[i] = mn_ex2(m[i] - m_sub[i]);
     m[i] = m_new;
     l[i] *= alpha[i];
   }
@@ -246,7 +209,7 @@ __device__ __forceinline__ void mn_pipe_softmax_tile(float (&s)[8][4], float (&a
   for (int n = 0; n < 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -m_sub[e >> 1]));
+      s[n][e] = mn_ex2(fmaf(s[n][e], scale2, -m_sub[e >> 1]));
       l[e >> 1] += s[n][e];
     }
 #pragma unroll
@@ -457,7 +420,7 @@ __device__ void mn_attn_pipe_dq_mma(const IO &io) {
       for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-          s[n][e] = mn_pipe_ex2(fmaf(s[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
+          s[n][e] = mn_ex2(fmaf(s[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
       if (masked)
         mn_pipe_set_unseen(
             s, rw, c0, lane, [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); }, 0.0f);
@@ -556,8 +519,8 @@ __device__ void mn_attn_pipe_dkv_mma(const IO &io) {
                      il2 = *reinterpret_cast<const float2 *>(st + BC + j0);
 #pragma unroll
         for (int e = 0; e < 4; e++)
-          p[n][e] = mn_pipe_ex2(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) *
-                    (e & 1 ? il2.y : il2.x);
+          p[n][e] =
+              mn_ex2(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) * (e & 1 ? il2.y : il2.x);
       }
       // Rows are keys here, columns queries (rows past T have zero statistics: zeroed too).
       if (masked)

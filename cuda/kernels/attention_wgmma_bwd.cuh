@@ -63,7 +63,7 @@ __device__ void mn_attn_wg_dq(const IO &io) {
     for (int n = 0; n < 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
-        p[n][e] = mn_pipe_ex2(fmaf(p[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
+        p[n][e] = mn_ex2(fmaf(p[n][e], scale2, -rm[e >> 1])) * ril[e >> 1];
     if (c0 + BC > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && c0 + BC - 1 > rw))
       mn_pipe_set_unseen(
           p, rw, c0, lane, [](int r, int c) { return mn_pipe_sees<MASK>(r, c, (int)S); }, 0.0f);
@@ -163,7 +163,7 @@ __device__ void mn_attn_wg_dkv(const IO &io) {
 #pragma unroll
       for (int e = 0; e < 4; e++)
         p[n][e] =
-            mn_pipe_ex2(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) * (e & 1 ? il2.y : il2.x);
+            mn_ex2(fmaf(p[n][e], scale2, -(e & 1 ? sm2.y : sm2.x))) * (e & 1 ? il2.y : il2.x);
     }
     // Rows are keys here, columns queries (rows past T have zero statistics: zeroed too).
     if (r0 + BC > (int)T || cw + 16 > (int)S || (MASK == MN_ATTN_MASK_CAUSAL && cw + 15 > r0))

@@ -156,6 +156,46 @@ __device__ __forceinline__ void mn_report(mn_dev_error *e, unsigned int what, un
 
 __device__ __forceinline__ float mn_nan() { return __int_as_float(0x7fffffff); }
 
+// Asynchronous copies from global into shared memory (sm_80 and later): a thread's copies
+// are committed as a group and waited for by that thread.
+__device__ __forceinline__ void mn_cp_async16(void *dst, const void *src, bool valid) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  // A source size of 0 fills the 16 bytes with zeros: rows past the end of a head.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void mn_cp_async4(void *dst, const void *src, bool valid) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+// 16 bytes of which the first `bytes` (0 .. 16) come from src and the rest are zeros.
+__device__ __forceinline__ void mn_cp_async16_part(void *dst, const void *src, int bytes) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mn_cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void mn_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 2^x on the special-function unit alone (relative error about 2^-22). exp2f wraps the same
+// instruction in a rescaling that keeps results below 2^-126 as subnormals (3 more instructions
+// an element); this flushes them to zero instead, which no probability rounded to 16 bits can
+// tell apart. The attention kernels all use it, so the backward recomputes the forward's P bit
+// for bit.
+__device__ __forceinline__ float mn_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Programmatic dependent launch (emit.h mn_cu_kernel_overlaps). mn_overlap_begin lets the next
 // kernel, when it is launched as a programmatic dependent, start its blocks now; that kernel
 // calls mn_overlap_wait before it touches anything an earlier kernel writes or reads, which

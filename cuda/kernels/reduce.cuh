@@ -306,6 +306,70 @@ __device__ void mn_red_sum_rows(const IO &io) {
     mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + col] = acc;
 }
 
+// sum_rows of many rows of 8k columns: block (x, y) takes CT x 8 adjacent columns of the rows
+// [ROWS y / CH, ROWS (y + 1) / CH), its LANES row lanes of CT threads each every LANES-th row of
+// that chunk, 16 bytes of a row a load and 128 bytes in flight; a lane adds its U values of a
+// column in float (bf16 or fp16 values: their float sum is exact but for the last bits) and that
+// sum into a double. The lanes' sums of a column are added in lane order through shared memory
+// into one double partial per chunk (CH > 1, for mn_red_sum_rows_final) or the sum itself
+// (CH == 1). A thread a column moves 64 bytes of bf16 a warp a row: GPT-2's sums ran at
+// 1.42 TB/s on an H200 that copies at 4.19. With 4 rows in flight, each value turned to double
+// and added as one, they ran at about 1.6 (docs/performance.md).
+template <long long ROWS, long long NCOL, int CH, int CT, int LANES, class IO>
+__device__ void mn_red_sum_rows_vec(const IO &io) {
+  static_assert(NCOL % 8 == 0, "8 columns a thread need rows of 8k");
+  // 16 bytes of values a row either way: 8 rows of 16-bit values, 4 of fp32.
+  constexpr int COLS = CT * 8, U = mn_io_storage<IO, 1>::value == MN_DEV_F32 ? 4 : 8;
+  __shared__ double sh[LANES][COLS];
+  const auto x = mn_in<1>(io);
+  const int ct = threadIdx.x % CT, lane = threadIdx.x / CT;
+  const long long col = ((long long)blockIdx.x * CT + ct) * 8;
+  const long long r0 = ROWS * blockIdx.y / CH, r1 = ROWS * (blockIdx.y + 1) / CH;
+  double acc[8] = {};
+  if (col < NCOL) {
+    long long r = r0 + lane;
+    for (; r + (U - 1) * LANES < r1; r += U * LANES) {
+      float v[U][8];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        mn_pw_ld8(x, ((r + u * LANES) * NCOL + col) / 8, v[u]);
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        float t = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          t += v[u][j];
+        acc[j] += (double)t;
+      }
+    }
+    for (; r < r1; r += LANES) {
+      float v[8];
+      mn_pw_ld8(x, (r * NCOL + col) / 8, v);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        acc[j] += (double)v[j];
+    }
+  }
+  // Column ct * 8 + j of the block at slot j * CT + ct: a warp's stores land side by side.
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    sh[lane][j * CT + ct] = acc[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < COLS; c += CT * LANES) {
+    const long long at = (long long)blockIdx.x * COLS + c;
+    if (at >= NCOL) continue;
+    const int slot = (c % 8) * CT + c / 8;
+    double t = 0.0;
+#pragma unroll
+    for (int l = 0; l < LANES; l++)
+      t += sh[l][slot];
+    if constexpr (CH == 1)
+      mn_out<0>(io)[at] = (float)t;
+    else
+      mn_arg<double>(io, 0)[(long long)blockIdx.y * NCOL + at] = t;
+  }
+}
+
 // sum_rows of a few rows in one kernel: a block of CT columns by LANES row lanes, each lane
 // adding every LANES-th row of its column in double, then the LANES sums of a column added in
 // lane order, so that a column's sum is the same every run.

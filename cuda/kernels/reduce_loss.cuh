@@ -135,55 +135,83 @@ template <int G, long long XP> __device__ constexpr int mn_loss_row_chunks() {
   return (int)((XP + 8LL * G - 1) / (8LL * G));
 }
 
-// The gradient of one counted row of 16-bit logits, their gradient written in place or into
-// rows of the same pitch: the row is read once, 8 values a load, into registers, which the
-// statistics and then the gradient read (the generic path reads it from memory twice, and a
-// GPT-2 row, 100 KB, is gone from L2 by the second pass). Values at N and past are the pad:
-// left out of the statistics, written as zeros. x and o: the row's first element.
-template <bool LOSS, int S, int G, long long N, long long XP, class IO>
-__device__ __forceinline__ void mn_loss_sparse_ce_cached(const IO &io, const unsigned short *x,
-                                                         unsigned short *o, int lane, float *sh,
-                                                         long long row, unsigned label, float k) {
-  constexpr int CH = mn_loss_row_chunks<G, XP>();
+// The larger of two 16-bit values in each half of a word; a NaN loses to a number (as fmaxf).
+template <int S> __device__ __forceinline__ unsigned mn_lp_max2(unsigned a, unsigned b) {
+#if __CUDA_ARCH__ >= 800
+  unsigned r;
+  if constexpr (S == MN_DEV_BF16)
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const float lo = fmaxf(mn_lp_load<S>((unsigned short)(a & 0xffffu)),
+                         mn_lp_load<S>((unsigned short)(b & 0xffffu)));
+  const float hi =
+      fmaxf(mn_lp_load<S>((unsigned short)(a >> 16)), mn_lp_load<S>((unsigned short)(b >> 16)));
+  return mn_lp_round2<S>(lo, hi);
+#endif
+}
+
+// The gradient of one counted row of 16-bit logits held in registers, 8 values a chunk: v,
+// as loaded by mn_loss_row_load or from the stage of mn_loss_sparse_ce_pipe. Their gradient is
+// written in place or into rows of the same pitch (the generic path reads the row from memory
+// twice, and a GPT-2 row, 100 KB, is gone from L2 by the second pass). Values at N and past are
+// the pad: set to -inf here, so that the max and the sum leave them out and the gradient writes
+// them as zeros with no test a value. The work a value is what bounded GPT-2's loss (824M logits
+// a step): here a max of two values an instruction, then the sum and the gradient each one
+// exponential in base 2 of x log2(e) - bias, one fused multiply-add before it; the label's -1
+// is stored after the row by the lane that holds it. Written with expf, an online max and a
+// test of the label a value, the kernel took 1.46 ms of the H200's GPT-2 step (2.3 TB/s,
+// docs/performance.md). x and o: the row's first element; after_max() is called once every
+// lane of the group has its values out of v's source (the block barrier of the max).
+template <bool LOSS, int S, int G, long long N, long long XP, int CH, class IO, class F>
+__device__ __forceinline__ void
+mn_loss_sparse_ce_held(const IO &io, uint4 (&v)[CH], const unsigned short *x, unsigned short *o,
+                       int lane, float *sh, long long row, unsigned label, float k, F after_max) {
+  constexpr float LOG2E = 1.4426950408889634f;
+  constexpr unsigned NEG = S == MN_DEV_BF16 ? 0xff80u : 0xfc00u; // -inf
   const float ninf = -__int_as_float(0x7f800000);
-  uint4 v[CH];
 #pragma unroll
   for (int c = 0; c < CH; c++) {
     const long long i = ((long long)c * G + lane) * 8;
-    v[c] = i < XP ? *reinterpret_cast<const uint4 *>(x + i) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  const float at_label = LOSS ? mn_lp_load<S>(x[label]) : 0.0f;
-  float m = ninf, s = 0.0f;
+    if ((long long)(c + 1) * G * 8 > N) {
+      unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
 #pragma unroll
-  for (int c = 0; c < CH; c++) {
-    const long long i = ((long long)c * G + lane) * 8;
-    const unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const float4 q = make_float4(mn_lp_load<S>((unsigned short)(w[2 * h] & 0xffffu)),
-                                   mn_lp_load<S>((unsigned short)(w[2 * h] >> 16)),
-                                   mn_lp_load<S>((unsigned short)(w[2 * h + 1] & 0xffffu)),
-                                   mn_lp_load<S>((unsigned short)(w[2 * h + 1] >> 16)));
-      const long long at = i + 4 * h;
-      if (at + 4 <= N) {
-        mn_red_online(q, 4, m, s);
-      } else {
-        const float e[4] = {q.x, q.y, q.z, q.w};
-        for (int j = 0; j < 4; j++)
-          if (at + j < N) mn_red_online(make_float4(e[j], 0.0f, 0.0f, 0.0f), 1, m, s);
-      }
+      for (int j = 0; j < 8; j++)
+        if (i + j >= N)
+          w[j / 2] = j % 2 ? (w[j / 2] & 0xffffu) | (NEG << 16) : (w[j / 2] & 0xffff0000u) | NEG;
+      v[c] = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
-  const float mx = mn_red_gmax<G>(m, sh);
-  s = m == ninf ? 0.0f : s * expf(m - mx);
-  const float ls = logf(mn_red_gsum<G>(s, sh));
-  if constexpr (LOSS) {
-    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - mx) - ls);
-    // The label's logit was read from memory, and a warp's shuffles order no memory: every
-    // lane's read comes before any lane's store over it (wider groups met at a block barrier).
-    __syncwarp(mn_red_group_mask<G>());
+  const float at_label = mn_lp_load<S>(x[label]);
+  unsigned mw = NEG | (NEG << 16);
+#pragma unroll
+  for (int c = 0; c < CH; c++)
+    mw = mn_lp_max2<S>(mw,
+                       mn_lp_max2<S>(mn_lp_max2<S>(v[c].x, v[c].y), mn_lp_max2<S>(v[c].z, v[c].w)));
+  const float mx = mn_red_gmax<G>(fmaxf(mn_lp_load<S>((unsigned short)(mw & 0xffffu)),
+                                        mn_lp_load<S>((unsigned short)(mw >> 16))),
+                                  sh);
+  after_max();
+  // A row of -inf only: its sum is zero, its log -inf, and the loss and gradient NaN.
+  const float bias = (mx == ninf ? 0.0f : mx) * LOG2E;
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      s += mn_ex2(fmaf(mn_lp_load<S>((unsigned short)(w[j] & 0xffffu)), LOG2E, -bias)) +
+           mn_ex2(fmaf(mn_lp_load<S>((unsigned short)(w[j] >> 16)), LOG2E, -bias));
   }
-  const long long l = label;
+  s = mn_red_gsum<G>(s, sh);
+  const float gbias = bias + log2f(s);
+  if constexpr (LOSS)
+    if (lane == 0) mn_arg<double>(io, 6)[row] = -(double)((at_label - mx) - logf(s));
+  // The label's logit was read from memory, and a warp's shuffles order no memory: every
+  // lane's read comes before any lane's store over it (wider groups met at a block barrier).
+  __syncwarp(mn_red_group_mask<G>());
 #pragma unroll
   for (int c = 0; c < CH; c++) {
     const long long i = ((long long)c * G + lane) * 8;
@@ -191,25 +219,34 @@ __device__ __forceinline__ void mn_loss_sparse_ce_cached(const IO &io, const uns
     const unsigned w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
     unsigned r[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const long long a = i + 2 * j;
-      const float lo = mn_lp_load<S>((unsigned short)(w[j] & 0xffffu)),
-                  hi = mn_lp_load<S>((unsigned short)(w[j] >> 16));
-      const float glo = a < N ? k * (expf((lo - mx) - ls) - (a == l ? 1.0f : 0.0f)) : 0.0f;
-      const float ghi = a + 1 < N ? k * (expf((hi - mx) - ls) - (a + 1 == l ? 1.0f : 0.0f)) : 0.0f;
-      r[j] = mn_lp_round2<S>(glo, ghi);
-    }
+    for (int j = 0; j < 4; j++)
+      r[j] = mn_lp_round2<S>(
+          k * mn_ex2(fmaf(mn_lp_load<S>((unsigned short)(w[j] & 0xffffu)), LOG2E, -gbias)),
+          k * mn_ex2(fmaf(mn_lp_load<S>((unsigned short)(w[j] >> 16)), LOG2E, -gbias)));
     *reinterpret_cast<uint4 *>(o + i) = make_uint4(r[0], r[1], r[2], r[3]);
+  }
+  // The same thread stored the label's chunk above, so this store lands after it.
+  if ((long long)(label / 8) % G == lane)
+    o[label] = mn_lp_round<S>(k * (mn_ex2(fmaf(at_label, LOG2E, -gbias)) - 1.0f));
+}
+
+// The chunks of a padded 16-bit row that lane `lane` of G holds (zeros past XP).
+template <int G, long long XP, int CH>
+__device__ __forceinline__ void mn_loss_row_load(const unsigned short *x, int lane,
+                                                 uint4 (&v)[CH]) {
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const long long i = ((long long)c * G + lane) * 8;
+    v[c] = i < XP ? *reinterpret_cast<const uint4 *>(x + i) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-// One row of mn_loss_sparse_ce_grad_rows, by the G lanes of its group.
-template <bool LOSS, int G, long long N, unsigned NODE, long long XP, long long OP, class IO>
-__device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long long row, int lane,
-                                                           float *sh) {
-  const unsigned label = mn_arg<const unsigned>(io, 2)[row];
-  const auto o = mn_out<0>(io) + row * OP;
-  // Padded rows: the pad is zero, which the product reading it along k sums.
+// A row whose label counts none of its logits: ignored (gradient and loss partial zero, the
+// logits not read) or out of range (reported, NaN); true when the row is done. First the pad
+// of a padded row is zeroed: the product reading the gradient along k sums it.
+template <bool LOSS, int G, long long N, unsigned NODE, long long OP, class IO, class O>
+__device__ __forceinline__ bool mn_loss_sparse_ce_uncounted(const IO &io, O o, long long row,
+                                                            int lane, unsigned label) {
   for (long long i = N + lane; i < OP; i += G)
     o[i] = 0.0f;
   if (label == MN_DEV_IGNORE_LABEL) {
@@ -217,7 +254,7 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long lo
       if (lane == 0) mn_arg<double>(io, 6)[row] = 0.0;
     for (long long i = lane; i < N; i += G)
       o[i] = 0.0f;
-    return;
+    return true;
   }
   if (label >= N) {
     if (lane == 0) {
@@ -226,16 +263,39 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long lo
     }
     for (long long i = lane; i < N; i += G)
       o[i] = mn_nan();
-    return;
+    return true;
   }
+  return false;
+}
+
+// Whether rows of XP 16-bit values (the same pitch in and out) fit mn_loss_sparse_ce_held.
+template <int SX, int SO, int G, long long XP, long long OP>
+__device__ constexpr bool mn_loss_held() {
+  return SX == SO && SX != MN_DEV_F32 && XP == OP && XP % 8 == 0 &&
+         mn_loss_row_chunks<G, XP>() <= 8;
+}
+
+// The scale of every gradient: dy over the counted rows.
+template <class IO> __device__ __forceinline__ float mn_loss_sparse_ce_scale(const IO &io) {
+  return (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
+}
+
+// One row of mn_loss_sparse_ce_grad_rows, by the G lanes of its group.
+template <bool LOSS, int G, long long N, unsigned NODE, long long XP, long long OP, class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long long row, int lane,
+                                                           float *sh) {
+  const unsigned label = mn_arg<const unsigned>(io, 2)[row];
+  const auto o = mn_out<0>(io) + row * OP;
+  if (mn_loss_sparse_ce_uncounted<LOSS, G, N, NODE, OP>(io, o, row, lane, label)) return;
   const auto x = mn_in<1>(io) + row * XP;
-  const float k = (float)((double)mn_in<3>(io)[0] / mn_arg<const double>(io, 5)[0]);
+  const float k = mn_loss_sparse_ce_scale(io);
   constexpr int SX = mn_io_storage<IO, 1>::value, SO = mn_io_storage<IO, 0>::value;
-  if constexpr (SX == SO && SX != MN_DEV_F32 && XP == OP && XP % 8 == 0 &&
-                mn_loss_row_chunks<G, XP>() <= 8) {
+  if constexpr (mn_loss_held<SX, SO, G, XP, OP>()) {
     if ((reinterpret_cast<unsigned long long>(x.p) & 15ull) == 0 &&
         (reinterpret_cast<unsigned long long>(o.p) & 15ull) == 0) {
-      mn_loss_sparse_ce_cached<LOSS, SX, G, N, XP>(io, x.p, o.p, lane, sh, row, label, k);
+      uint4 v[mn_loss_row_chunks<G, XP>()];
+      mn_loss_row_load<G, XP>(x.p, lane, v);
+      mn_loss_sparse_ce_held<LOSS, SX, G, N, XP>(io, v, x.p, o.p, lane, sh, row, label, k, [] {});
       return;
     }
   }
@@ -259,24 +319,93 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long lo
   });
 }
 
+// R rows a block of one group (G == BLOCK), each row held in registers: the next row's loads
+// are issued (cp.async, each thread its own chunks, into the dynamic shared memory the launch
+// gives: CH x G x 16 bytes) while this row is worked on, since a block of 1024 threads holding
+// a 100 KB row is alone on its SM and its loads would otherwise wait for its stores and
+// exponentials. The stage's chunks are read into registers before the max's block barrier and
+// refilled after it. Rows are R apart in the grid; x0 and o0 are the first row's elements.
+template <bool LOSS, int S, int G, long long ROWS, long long N, unsigned NODE, long long XP, int R,
+          class IO>
+__device__ __forceinline__ void mn_loss_sparse_ce_pipe(const IO &io, const unsigned short *x0,
+                                                       unsigned short *o0, float *sh) {
+  constexpr int CH = mn_loss_row_chunks<G, XP>();
+  extern __shared__ __align__(16) uint4 mn_loss_stage[];
+  const int lane = threadIdx.x;
+  const long long first = (long long)blockIdx.x * R;
+  const auto fetch = [&](long long row) {
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+      const long long i = ((long long)c * G + lane) * 8;
+      if (i < XP) mn_cp_async16(&mn_loss_stage[c * G + lane], x0 + row * XP + i, true);
+    }
+    mn_cp_commit();
+  };
+  const float k = mn_loss_sparse_ce_scale(io);
+  fetch(first);
+  for (int t = 0; t < R; t++) {
+    const long long row = first + t;
+    if (row >= ROWS) break;
+    const bool more = t + 1 < R && row + 1 < ROWS;
+    mn_cp_wait<0>();
+    const unsigned label = mn_arg<const unsigned>(io, 2)[row];
+    if (mn_loss_sparse_ce_uncounted<LOSS, G, N, NODE, XP>(io, mn_out<0>(io) + row * XP, row, lane,
+                                                          label)) {
+      if (more) fetch(row + 1);
+      continue;
+    }
+    uint4 v[CH];
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+      v[c] = ((long long)c * G + lane) * 8 < XP ? mn_loss_stage[c * G + lane]
+                                                : make_uint4(0u, 0u, 0u, 0u);
+    mn_loss_sparse_ce_held<LOSS, S, G, N, XP>(io, v, x0 + row * XP, o0 + row * XP, lane, sh, row,
+                                              label, k, [&] {
+                                                if (more) fetch(row + 1);
+                                              });
+  }
+}
+
+// Rows of groups of G lanes: BLOCK / G rows a block, or (G == BLOCK) R rows a block one after
+// another, pipelined when STAGE (the launch gives the stage's shared memory) and the rows are
+// held in registers.
 template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
-          long long OP, class IO>
+          long long OP, int R, bool STAGE, class IO>
 __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   __shared__ float sh[32];
-  const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
-  if (row < ROWS)
-    mn_loss_sparse_ce_grad_row<LOSS, G, N, NODE, XP, OP>(io, row, threadIdx.x % G, sh);
+  if constexpr (G < BLOCK) {
+    static_assert(R == 1 && !STAGE, "several rows a block: one row a group");
+    const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
+    if (row < ROWS)
+      mn_loss_sparse_ce_grad_row<LOSS, G, N, NODE, XP, OP>(io, row, threadIdx.x % G, sh);
+  } else {
+    constexpr int SX = mn_io_storage<IO, 1>::value, SO = mn_io_storage<IO, 0>::value;
+    if constexpr (STAGE && mn_loss_held<SX, SO, G, XP, OP>()) {
+      const unsigned short *x0 = mn_in<1>(io).p;
+      unsigned short *o0 = mn_out<0>(io).p;
+      if (((reinterpret_cast<unsigned long long>(x0) | reinterpret_cast<unsigned long long>(o0)) &
+           15ull) == 0) {
+        mn_loss_sparse_ce_pipe<LOSS, SX, G, ROWS, N, NODE, XP, R>(io, x0, o0, sh);
+        return;
+      }
+    }
+    for (int t = 0; t < R; t++) {
+      const long long row = (long long)blockIdx.x * R + t;
+      if (row >= ROWS) break;
+      mn_loss_sparse_ce_grad_row<LOSS, G, N, NODE, XP, OP>(io, row, threadIdx.x, sh);
+    }
+  }
 }
 
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
-          class IO>
+          int R, bool STAGE, class IO>
 __device__ void mn_loss_sparse_ce_grad(const IO &io) {
-  mn_loss_sparse_ce_grad_rows<false, BLOCK, G, ROWS, N, NODE, XP, OP>(io);
+  mn_loss_sparse_ce_grad_rows<false, BLOCK, G, ROWS, N, NODE, XP, OP, R, STAGE>(io);
 }
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
-          class IO>
+          int R, bool STAGE, class IO>
 __device__ void mn_loss_sparse_ce_loss_grad(const IO &io) {
-  mn_loss_sparse_ce_grad_rows<true, BLOCK, G, ROWS, N, NODE, XP, OP>(io);
+  mn_loss_sparse_ce_grad_rows<true, BLOCK, G, ROWS, N, NODE, XP, OP, R, STAGE>(io);
 }
 
 // sparse_cross_entropy_loss_grad of a small batch (at most BLOCK rows) in one block: the label
