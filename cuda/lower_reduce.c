@@ -170,28 +170,34 @@ mn_status mn_cu_lower_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
 
 /* The sparse loss gradient's rows a block and the shared memory of its stage. A block of one
  * row group (G == BLOCK: rows of more than 1024 values) takes up to LOSS_ROWS_PER_BLOCK rows one
- * after another, at least LOSS_ROW_BLOCKS blocks in all, and when its rows can be held in
- * registers (16-bit, 16-byte chunks, at most 8 a lane) the next row's loads go into a stage of
- * shared memory while this one is worked on (mn_loss_sparse_ce_pipe). Whether the rows are 16-bit
- * is known when the kernel is compiled: a stage given to an fp32 session goes unused. */
+ * after another, at least LOSS_ROW_BLOCKS blocks in all, and when its 16-bit rows can be held in
+ * registers (16-byte chunks, at most 8 a lane) the next row's loads go into a stage of shared
+ * memory while this one is worked on (mn_loss_sparse_ce_pipe). The stage holds at most
+ * LOSS_STAGE_BYTES, what a block may have on every card from sm_80 on (99 KB on sm_86, 89 and
+ * 120): 6 of the 7 chunks a lane of GPT-2's 50304-wide rows. fp32 rows take no stage. */
 #define LOSS_ROWS_PER_BLOCK 8
 #define LOSS_ROW_BLOCKS     128
+#define LOSS_STAGE_BYTES    (96 * 1024)
 
 typedef struct loss_rows {
   int per_block;
   unsigned grid;
-  size_t stage; /* bytes, 0: none */
+  int staged;   /* chunks a lane in the stage, 0: none */
+  size_t stage; /* its bytes */
 } loss_rows;
 
-static loss_rows loss_rows_of(const row_cfg *r, long long xp, long long op) {
+static loss_rows loss_rows_of(const mn_cu_op_ctx *c, const row_cfg *r, long long xp, long long op) {
   loss_rows lr = {.per_block = 1, .grid = r->grid};
   if (r->g != r->block) return lr;
   while (lr.per_block < LOSS_ROWS_PER_BLOCK && r->rows / (2 * lr.per_block) >= LOSS_ROW_BLOCKS)
     lr.per_block *= 2;
   lr.grid = mn_cu_blocks(r->rows, (unsigned)lr.per_block);
-  long long chunks = (xp + 8LL * r->g - 1) / (8LL * r->g);
-  if (lr.per_block > 1 && xp == op && xp % 8 == 0 && chunks <= 8)
-    lr.stage = (size_t)chunks * (size_t)r->g * 16;
+  long long chunks = (xp + 8LL * r->g - 1) / (8LL * r->g), fit = LOSS_STAGE_BYTES / (16LL * r->g);
+  bool low = mn_cu_arg_storage(c->plan, mn_cu_in(c, 0)) != MN_DEV_F32;
+  if (low && lr.per_block > 1 && xp == op && xp % 8 == 0 && chunks <= 8 && fit > 0) {
+    lr.staged = (int)(chunks < fit ? chunks : fit);
+    lr.stage = (size_t)lr.staged * (size_t)r->g * 16;
+  }
   return lr;
 }
 
@@ -204,12 +210,11 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_GRAD(const mn_cu_op_ctx *c) {
    * every op touching them reads the pitch, and they have one width). */
   long long xp = (long long)mn_cu_row_pitch(c->plan, c->node->inputs[0]),
             op = (long long)mn_cu_row_pitch(c->plan, c->id);
-  loss_rows lr = loss_rows_of(&r, xp, op);
-  int k =
-      mn_cu_kernel(c, (unsigned)r.block,
-                   "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %s>",
-                   r.block, r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op,
-                   lr.per_block, lr.stage ? "true" : "false");
+  loss_rows lr = loss_rows_of(c, &r, xp, op);
+  int k = mn_cu_kernel(
+      c, (unsigned)r.block,
+      "mn_loss_sparse_ce_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %d>", r.block, r.g,
+      (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op, lr.per_block, lr.staged);
   mn_cu_arg args[6] = {mn_cu_out(c),   mn_cu_in(c, 0),    mn_cu_in(c, 1),
                        mn_cu_in(c, 2), mn_cu_error_arg(), scratch};
   return mn_cu_launch(c, k, lr.grid, 1, 1, lr.stage, 6, args);
@@ -263,12 +268,11 @@ mn_status mn_cu_lower_SPARSE_CROSS_ENTROPY_LOSS_GRAD(const mn_cu_op_ctx *c) {
   }
   mn_status st = count_labels(c, scratch, r.rows);
   if (st != MN_OK) return st;
-  loss_rows lr = loss_rows_of(&r, xp, op);
+  loss_rows lr = loss_rows_of(c, &r, xp, op);
   int k = mn_cu_kernel(
       c, (unsigned)r.block,
-      "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %s>", r.block,
-      r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op, lr.per_block,
-      lr.stage ? "true" : "false");
+      "mn_loss_sparse_ce_loss_grad<%d, %d, %lldLL, %lldLL, %uu, %lldLL, %lldLL, %d, %d>", r.block,
+      r.g, (long long)r.rows, (long long)r.n, (unsigned)c->id, xp, op, lr.per_block, lr.staged);
   mn_cu_arg args[7] = {mn_cu_node_arg(grad),    mn_cu_in(c, 0),    mn_cu_in(c, 1),
                        mn_cu_in(c, 2),          mn_cu_error_arg(), scratch,
                        sparse_partials(scratch)};

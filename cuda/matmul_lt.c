@@ -133,7 +133,9 @@ static bool switched_off(mn_cu_epilogue e) {
 
 static bool bgrad_runs_plain(const mn_cu_matmul_desc *d) {
   const char *env = getenv("MN_CUDA_BGRAD_PLAIN_MIN");
-  double min = env && *env ? strtod(env, NULL) : BGRAD_PLAIN_MIN;
+  char *end = NULL;
+  double min = env && *env ? strtod(env, &end) : BGRAD_PLAIN_MIN;
+  if (end && (end == env || *end)) min = BGRAD_PLAIN_MIN; /* not a number: the default */
   int64_t cols = d->epilogue == MN_CU_EPI_BGRAD_B ? d->n : d->m;
   return cols % 8 == 0 && (double)d->k * (double)cols >= min;
 }

@@ -318,7 +318,7 @@ __device__ void mn_red_sum_rows(const IO &io) {
 template <long long ROWS, long long NCOL, int CH, int CT, int LANES, class IO>
 __device__ void mn_red_sum_rows_vec(const IO &io) {
   static_assert(NCOL % 8 == 0, "8 columns a thread need rows of 8k");
-  // 16 bytes of values a row either way: 8 rows of 16-bit values, 4 of fp32.
+  // 128 bytes in flight a thread either way: 8 rows of 8 16-bit values, 4 of 8 fp32 (two loads).
   constexpr int COLS = CT * 8, U = mn_io_storage<IO, 1>::value == MN_DEV_F32 ? 4 : 8;
   __shared__ double sh[LANES][COLS];
   const auto x = mn_in<1>(io);

@@ -320,22 +320,26 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_row(const IO &io, long lo
 }
 
 // R rows a block of one group (G == BLOCK), each row held in registers: the next row's loads
-// are issued (cp.async, each thread its own chunks, into the dynamic shared memory the launch
-// gives: CH x G x 16 bytes) while this row is worked on, since a block of 1024 threads holding
-// a 100 KB row is alone on its SM and its loads would otherwise wait for its stores and
-// exponentials. The stage's chunks are read into registers before the max's block barrier and
-// refilled after it. Rows are R apart in the grid; x0 and o0 are the first row's elements.
+// of its first SC chunks a lane are issued (cp.async, each thread its own chunks, into the
+// dynamic shared memory the launch gives: SC x G x 16 bytes) while this row is worked on, since
+// a block of 1024 threads holding a 100 KB row is alone on its SM and its loads would otherwise
+// wait for its stores and exponentials; chunks past SC (the stage is kept within what every
+// card from sm_80 on gives a block) are loaded when the row starts, which cost GPT-2's step 0.1 ms
+// against a stage of the whole row (docs/performance.md). The stage's chunks are read into
+// registers before the max's block barrier and refilled after it. Rows are R apart in the
+// grid; x0 and o0 are the first row's elements.
 template <bool LOSS, int S, int G, long long ROWS, long long N, unsigned NODE, long long XP, int R,
-          class IO>
+          int SC, class IO>
 __device__ __forceinline__ void mn_loss_sparse_ce_pipe(const IO &io, const unsigned short *x0,
                                                        unsigned short *o0, float *sh) {
   constexpr int CH = mn_loss_row_chunks<G, XP>();
+  static_assert(SC > 0 && SC <= CH, "a stage of some of the row's chunks");
   extern __shared__ __align__(16) uint4 mn_loss_stage[];
   const int lane = threadIdx.x;
   const long long first = (long long)blockIdx.x * R;
   const auto fetch = [&](long long row) {
 #pragma unroll
-    for (int c = 0; c < CH; c++) {
+    for (int c = 0; c < SC; c++) {
       const long long i = ((long long)c * G + lane) * 8;
       if (i < XP) mn_cp_async16(&mn_loss_stage[c * G + lane], x0 + row * XP + i, true);
     }
@@ -356,9 +360,12 @@ __device__ __forceinline__ void mn_loss_sparse_ce_pipe(const IO &io, const unsig
     }
     uint4 v[CH];
 #pragma unroll
-    for (int c = 0; c < CH; c++)
-      v[c] = ((long long)c * G + lane) * 8 < XP ? mn_loss_stage[c * G + lane]
-                                                : make_uint4(0u, 0u, 0u, 0u);
+    for (int c = 0; c < CH; c++) {
+      const long long i = ((long long)c * G + lane) * 8;
+      v[c] = i >= XP  ? make_uint4(0u, 0u, 0u, 0u)
+             : c < SC ? mn_loss_stage[c * G + lane]
+                      : *reinterpret_cast<const uint4 *>(x0 + row * XP + i);
+    }
     mn_loss_sparse_ce_held<LOSS, S, G, N, XP>(io, v, x0 + row * XP, o0 + row * XP, lane, sh, row,
                                               label, k, [&] {
                                                 if (more) fetch(row + 1);
@@ -367,28 +374,30 @@ __device__ __forceinline__ void mn_loss_sparse_ce_pipe(const IO &io, const unsig
 }
 
 // Rows of groups of G lanes: BLOCK / G rows a block, or (G == BLOCK) R rows a block one after
-// another, pipelined when STAGE (the launch gives the stage's shared memory) and the rows are
-// held in registers.
+// another, pipelined when SC > 0 (the launch gives a stage of SC chunks a lane), the rows are
+// held in registers and the card has cp.async.
 template <bool LOSS, int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP,
-          long long OP, int R, bool STAGE, class IO>
+          long long OP, int R, int SC, class IO>
 __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
   __shared__ float sh[32];
   if constexpr (G < BLOCK) {
-    static_assert(R == 1 && !STAGE, "several rows a block: one row a group");
+    static_assert(R == 1 && SC == 0, "several rows a block: one row a group");
     const long long row = (long long)blockIdx.x * (BLOCK / G) + threadIdx.x / G;
     if (row < ROWS)
       mn_loss_sparse_ce_grad_row<LOSS, G, N, NODE, XP, OP>(io, row, threadIdx.x % G, sh);
   } else {
+#if __CUDA_ARCH__ >= 800
     constexpr int SX = mn_io_storage<IO, 1>::value, SO = mn_io_storage<IO, 0>::value;
-    if constexpr (STAGE && mn_loss_held<SX, SO, G, XP, OP>()) {
+    if constexpr (SC > 0 && mn_loss_held<SX, SO, G, XP, OP>()) {
       const unsigned short *x0 = mn_in<1>(io).p;
       unsigned short *o0 = mn_out<0>(io).p;
       if (((reinterpret_cast<unsigned long long>(x0) | reinterpret_cast<unsigned long long>(o0)) &
            15ull) == 0) {
-        mn_loss_sparse_ce_pipe<LOSS, SX, G, ROWS, N, NODE, XP, R>(io, x0, o0, sh);
+        mn_loss_sparse_ce_pipe<LOSS, SX, G, ROWS, N, NODE, XP, R, SC>(io, x0, o0, sh);
         return;
       }
     }
+#endif
     for (int t = 0; t < R; t++) {
       const long long row = (long long)blockIdx.x * R + t;
       if (row >= ROWS) break;
@@ -398,14 +407,14 @@ __device__ __forceinline__ void mn_loss_sparse_ce_grad_rows(const IO &io) {
 }
 
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
-          int R, bool STAGE, class IO>
+          int R, int SC, class IO>
 __device__ void mn_loss_sparse_ce_grad(const IO &io) {
-  mn_loss_sparse_ce_grad_rows<false, BLOCK, G, ROWS, N, NODE, XP, OP, R, STAGE>(io);
+  mn_loss_sparse_ce_grad_rows<false, BLOCK, G, ROWS, N, NODE, XP, OP, R, SC>(io);
 }
 template <int BLOCK, int G, long long ROWS, long long N, unsigned NODE, long long XP, long long OP,
-          int R, bool STAGE, class IO>
+          int R, int SC, class IO>
 __device__ void mn_loss_sparse_ce_loss_grad(const IO &io) {
-  mn_loss_sparse_ce_grad_rows<true, BLOCK, G, ROWS, N, NODE, XP, OP, R, STAGE>(io);
+  mn_loss_sparse_ce_grad_rows<true, BLOCK, G, ROWS, N, NODE, XP, OP, R, SC>(io);
 }
 
 // sparse_cross_entropy_loss_grad of a small batch (at most BLOCK rows) in one block: the label
