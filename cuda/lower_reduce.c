@@ -311,8 +311,8 @@ static mn_status add_partials(const mn_cu_op_ctx *c, mn_cu_arg sums, mn_cu_arg p
 #define SMALL_SUM_COLS  32
 
 /* Many rows of 8k columns: 32 column threads of 8 columns by 8 row lanes a block, each lane 8
- * rows in flight (4 of fp32: the same bytes), about 512 blocks in all, each
- * chunk at least 128 rows (mn_red_sum_rows_vec); other widths a thread a column. */
+ * rows in flight (4 of fp32: the same bytes), about 512 blocks in all, each chunk at least 128
+ * rows (mn_red_sum_rows_vec); other widths a thread a column. */
 #define SUM_VEC_CT     32
 #define SUM_VEC_LANES  8
 #define SUM_VEC_BLOCKS 512
