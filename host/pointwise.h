@@ -27,6 +27,14 @@ MN_PW_FN float mn_pw_exp(float x) { return expf(x); }
 MN_PW_FN float mn_pw_log(float x) { return logf(x); }
 MN_PW_FN float mn_pw_tanh(float x) { return tanhf(x); }
 MN_PW_FN float mn_pw_fabs(float x) { return fabsf(x); }
+/* 1 / d for d in [1, 2]: the fast path of float division (the reciprocal's approximation and
+ * one Newton step, correctly rounded in that range) without the range test and branch that
+ * 1 / d adds for operands near under- or overflow, a sixth of GELU's instructions. */
+MN_PW_FN float mn_pw_recip_1_2(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return fmaf(r, fmaf(-d, r, 1.0f), r);
+}
 #else
 #include <math.h>
 
@@ -39,6 +47,8 @@ MN_PW_FN double mn_pw_exp(double x) { return exp(x); }
 MN_PW_FN double mn_pw_log(double x) { return log(x); }
 MN_PW_FN double mn_pw_tanh(double x) { return tanh(x); }
 MN_PW_FN double mn_pw_fabs(double x) { return fabs(x); }
+MN_PW_FN double mn_pw_recip_1_2(double d) { return 1 / d; }
+MN_PW_FN float mn_pw_recip_1_2_f32(float d) { return 1 / d; }
 #endif
 
 enum {
@@ -74,7 +84,7 @@ MN_PW_FN mn_pw_real mn_pw_silu_slope(mn_pw_real x) {
 #define MN_PW_GELU_FNS(T, SUFFIX, EXP)                                                             \
   MN_PW_FN void mn_pw_gelu_sigmoid##SUFFIX(T x, T *s, T *one_minus_s) {                            \
     T z = (T)(2 * MN_PW_GELU_K) * x * (1 + (T)MN_PW_GELU_C * x * x);                               \
-    T e = EXP(z < 0 ? z : -z), r = 1 / (1 + e);                                                    \
+    T e = EXP(z < 0 ? z : -z), r = mn_pw_recip_1_2##SUFFIX(1 + e);                                 \
     *s = z < 0 ? e * r : r;                                                                        \
     *one_minus_s = z < 0 ? r : e * r;                                                              \
   }                                                                                                \

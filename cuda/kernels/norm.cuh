@@ -7,11 +7,12 @@
 // once and kept in registers between the passes; rows too wide for that are re-read
 // (from L1/L2) in each pass.
 //
-// The reference accumulates the row statistics and gradient sums in double and forms
-// every output in double before rounding to float; these kernels do the same, so results
-// differ from it only by summation order. Row statistics are computed exactly as the
-// reference's row_stats (rms_norm: mean 0), so the gradients differentiate what the
-// forward computed. eps arrives as the bits of the float attribute.
+// The reference works in double throughout. These kernels work on each element in float and
+// carry every sum that crosses a vector of VEC values in double (mn_norm_stats): an element is
+// off by a few float roundings (a few 1e-7 relative), far inside the 1e-5 the tests allow, and
+// no sum loses to the row's length or its mean. The forward and the gradients share one
+// mn_norm_stats, so the gradients differentiate what the forward computed. eps arrives as the
+// bits of the float attribute.
 //
 // The forward and the x gradient are written once, over a loader and a storer
 // (mn_norm_fwd_with, mn_norm_grad_x_with), so that the code that cuda/lower_fused.c generates
@@ -25,8 +26,8 @@
 //
 // Storage: every float argument is read through mn_in / written through mn_out (common.cuh),
 // so x, dy, the weight, the bias and the outputs may be bf16 / fp16. The statistics and every
-// sum are formed in double from the values as stored, and each output is rounded once when
-// it is stored; nothing a kernel stores is read back.
+// sum are formed from the values as stored, and each output is rounded once when it is
+// stored; nothing a kernel stores is read back.
 
 // This thread's index within its row's group.
 template <int BLOCK> __device__ __forceinline__ int mn_norm_t() {
@@ -69,14 +70,43 @@ __device__ __forceinline__ void mn_norm_fill(float *cache, P row) {
   }
 }
 
-// mean (0 without CENTER) and 1 / sqrt(mean((x - mean)^2) + eps) of one row, as the
-// reference's row_stats computes them; xat(k, j, a) gives the x floats of slot k (vector j).
-// Every thread of the group gets both.
-template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, typename X>
-__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, double &mean,
-                                              double &inv) {
+// Sums over the row's group of two values at once (one barrier pair for a block); sh holds 64.
+template <int BLOCK>
+__device__ __forceinline__ void mn_norm_sum2(double &a, double &b, double *sh) {
+  a = mn_warp_sum_d(a);
+  b = mn_warp_sum_d(b);
+  if constexpr (BLOCK > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = a, sh[32 + warp] = b;
+    __syncthreads();
+    a = mn_warp_sum_d(lane < BLOCK / 32 ? sh[lane] : 0.0);
+    b = mn_warp_sum_d(lane < BLOCK / 32 ? sh[32 + lane] : 0.0);
+  }
+}
+
+// The type a row's elements are worked on in: float, but double for rows of one or two values,
+// whose x gradient is nearly all cancellation (two centred values span their whole row, and
+// what is left of g - mean(g) - x_hat mean(g x_hat) is of the order of eps / var), so that
+// float roundings of its terms would be most of it.
+template <long long N> struct mn_norm_real { using type = float; };
+template <> struct mn_norm_real<1> { using type = double; };
+template <> struct mn_norm_real<2> { using type = double; };
+
+// mean (0 without CENTER) and 1 / sqrt(mean((x - mean)^2) + eps) of one row, rounded to R;
+// xat(k, j, a) gives the x floats of slot k (vector j). Every thread of the group gets both.
+// A slot's VEC values are summed in R and that sum added into the thread's double, which
+// crosses threads in double: with R float, one conversion a slot, where converting every value
+// (and working on it in double) took most of the kernels' time, the double unit converting at
+// a sixteenth of the float rate (docs/performance.md). The squares are of x - mean_r, mean_r
+// the mean rounded to R, and the variance is corrected by (mean - mean_r)^2: the two-pass form
+// of the reference, so a mean far from zero costs no precision.
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, class R, class X>
+__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R &mean, R &inv) {
   constexpr long long NV = N / VEC;
+  constexpr double RN = 1.0 / (double)N;
   double m = 0.0;
+  R mr = 0;
   if constexpr (CENTER) {
     double s = 0.0;
 #pragma unroll(CACHE ? ITEMS : 1)
@@ -84,13 +114,16 @@ __device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, d
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
       if (j < NV) {
         float a[VEC];
+        R t = 0;
         xat(k, j, a);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          s += (double)a[e];
+          t += (R)a[e];
+        s += (double)t;
       }
     }
-    m = mn_norm_sum<BLOCK>(s, sh) / (double)N;
+    m = mn_norm_sum<BLOCK>(s, sh) * RN;
+    mr = (R)m;
   }
   double ss = 0.0;
 #pragma unroll(CACHE ? ITEMS : 1)
@@ -98,17 +131,20 @@ __device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, d
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC];
+      R t = 0;
       xat(k, j, a);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
-        const double d = (double)a[e] - m;
-        ss += d * d;
+        const R d = (R)a[e] - mr;
+        t = fma(d, d, t);
       }
+      ss += (double)t;
     }
   }
-  ss = mn_norm_sum<BLOCK>(ss, sh);
-  mean = m;
-  inv = 1.0 / sqrt(ss / (double)N + eps);
+  const double shift = m - (double)mr;
+  const double var = mn_norm_sum<BLOCK>(ss, sh) * RN - shift * shift;
+  mean = mr;
+  inv = (R)rsqrt((var > 0.0 ? var : 0.0) + eps);
 }
 
 template <int VEC> __device__ __forceinline__ void mn_norm_copy(const float *src, float *dst) {
@@ -151,7 +187,8 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
     else
       load(r0 + j * VEC, a, unused, false);
   };
-  double mean, inv;
+  using R = typename mn_norm_real<N>::type;
+  R mean, inv;
   mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
                                                      mean, inv);
 #pragma unroll(CACHE ? ITEMS : 1)
@@ -169,11 +206,11 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
         mn_ld_vec<VEC>(b + j * VEC, bv);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o[e] = (float)(((double)a[e] - mean) * inv * (double)wv[e] + (double)bv[e]);
+          o[e] = (float)fma(((R)a[e] - mean) * inv, (R)wv[e], (R)bv[e]);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o[e] = (float)((double)a[e] * inv * (double)wv[e]);
+          o[e] = (float)((R)a[e] * inv * (R)wv[e]);
       }
       store(r0 + j * VEC, o);
     }
@@ -198,7 +235,7 @@ __device__ void mn_norm_fwd(const IO &io) {
 template <int BLOCK, int RPB, long long ROWS, int VEC, long long N, int ITEMS, bool CACHE,
           bool CENTER, unsigned EPS_BITS, class W, typename L, typename S>
 __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
-  __shared__ double sh[32];
+  __shared__ double sh[64];
   constexpr long long NV = N / VEC;
   const long long row = mn_norm_row<BLOCK, RPB, ROWS>();
   if (row < 0) return;
@@ -226,7 +263,8 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       load(r0 + j * VEC, a, d, write);
     }
   };
-  double mean, inv;
+  using R = typename mn_norm_real<N>::type;
+  R mean, inv;
   mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
                                                      mean, inv);
   double sg = 0.0, sgx = 0.0;
@@ -235,18 +273,22 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
     if (j < NV) {
       float a[VEC], d[VEC], wv[VEC];
+      R tg = 0, tgx = 0;
       both(k, j, a, d, false);
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
-        const double g = (double)d[e] * (double)wv[e];
-        sg += g;
-        sgx += g * (((double)a[e] - mean) * inv);
+        const R g = (R)d[e] * (R)wv[e];
+        tg += g;
+        tgx = fma(g, ((R)a[e] - mean) * inv, tgx);
       }
+      sg += (double)tg;
+      sgx += (double)tgx;
     }
   }
-  const double mg = CENTER ? mn_norm_sum<BLOCK>(sg, sh) / (double)N : 0.0;
-  const double mgx = mn_norm_sum<BLOCK>(sgx, sh) / (double)N;
+  mn_norm_sum2<BLOCK>(sg, sgx, sh);
+  constexpr double RN = 1.0 / (double)N;
+  const R mg = CENTER ? (R)(sg * RN) : (R)0, mgx = (R)(sgx * RN);
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
@@ -256,9 +298,8 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
-        const double g = (double)d[e] * (double)wv[e];
-        const double xh = ((double)a[e] - mean) * inv;
-        o[e] = (float)(inv * (g - mg - xh * mgx));
+        const R xh = ((R)a[e] - mean) * inv;
+        o[e] = (float)(inv * fma(-xh, mgx, (R)d[e] * (R)wv[e] - mg));
       }
       store(r0 + j * VEC, o);
     }
@@ -308,7 +349,8 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
     const auto dy = dy0 + r * N;
     float xc[CACHE ? ITEMS * VEC : 1];
     mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
-    double mean, inv;
+    using R = typename mn_norm_real<N>::type;
+    R mean, inv;
     mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
         [&](int k, long long j, float *a) { mn_norm_get<VEC, CACHE>(xc, k, x, j, a); }, eps, sh,
         mean, inv);
@@ -321,7 +363,7 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
         mn_ld_vec<VEC>(dy + j * VEC, d);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          acc[k * VEC + e] += (double)d[e] * (((double)a[e] - mean) * inv);
+          acc[k * VEC + e] += (double)((R)d[e] * (((R)a[e] - mean) * inv));
       }
     }
   }
