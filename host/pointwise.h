@@ -35,6 +35,16 @@ MN_PW_FN float mn_pw_recip_1_2(float d) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
   return fmaf(r, fmaf(-d, r, 1.0f), r);
 }
+/* exp(z) for z <= 0 as 2^(z log2(e)) by the multifunction unit's approximation: off by what
+ * rounding z log2(e) does, |z| 2^-24 relative, and two ulps more, where expf's exact range
+ * reduction takes six instructions more (GELU's sigmoid, whose error bound grows with |z|
+ * anyway, tests/test_math.c); results below 2^-126 flush to 0, so GELU is -0 from x of about
+ * -10.0 rather than -10.7. */
+MN_PW_FN float mn_pw_exp_nonpos(float z) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(z * 1.44269504088896341f));
+  return r;
+}
 #else
 #include <math.h>
 
@@ -49,6 +59,7 @@ MN_PW_FN double mn_pw_tanh(double x) { return tanh(x); }
 MN_PW_FN double mn_pw_fabs(double x) { return fabs(x); }
 MN_PW_FN double mn_pw_recip_1_2(double d) { return 1 / d; }
 MN_PW_FN float mn_pw_recip_1_2_f32(float d) { return 1 / d; }
+MN_PW_FN double mn_pw_exp_nonpos(double z) { return exp(z); }
 #endif
 
 enum {
@@ -76,11 +87,10 @@ MN_PW_FN mn_pw_real mn_pw_silu_slope(mn_pw_real x) {
  *   s (1 + x (1 - s) 2K (1 + 3C x^2)),  s = sigmoid(2u).
  * s and 1 - s come from e = exp(-|2u|) <= 1 as 1 / (1 + e) and e / (1 + e), whichever each is
  * by the sign of u: neither is a difference near 0, and nothing overflows. Where s is 0 (x
- * below about -10.7 in float, or -inf) the value is -0 and the slope 0, their limits, not
- * -inf * 0; where 1 - s is 0 (above about 10.7, or +inf) the slope is s, not the 0 * inf of an
- * overflowing x^2. NaN stays NaN.
- * Defined for a float type T and its exp: the rows' mn_pw_real, and on the host also float
- * (suffix _f32), the device's arithmetic, for the tests. */
+ * below about -10.7 in float, -10.0 on the device, or -inf) the value is -0 and the slope 0, their
+ * limits, not -inf * 0; where 1 - s is 0 (above about 10.7, or +inf) the slope is s, not the 0 *
+ * inf of an overflowing x^2. NaN stays NaN. Defined for a float type T and its exp: the rows'
+ * mn_pw_real, and on the host also float (suffix _f32), the device's arithmetic, for the tests. */
 #define MN_PW_GELU_FNS(T, SUFFIX, EXP)                                                             \
   MN_PW_FN void mn_pw_gelu_sigmoid##SUFFIX(T x, T *s, T *one_minus_s) {                            \
     T z = (T)(2 * MN_PW_GELU_K) * x * (1 + (T)MN_PW_GELU_C * x * x);                               \
@@ -100,7 +110,7 @@ MN_PW_FN mn_pw_real mn_pw_silu_slope(mn_pw_real x) {
     if (t == 0) return s;                                                                          \
     return s * (1 + x * t * (T)(2 * MN_PW_GELU_K) * (1 + (T)(3 * MN_PW_GELU_C) * x * x));          \
   }
-MN_PW_GELU_FNS(mn_pw_real, , mn_pw_exp)
+MN_PW_GELU_FNS(mn_pw_real, , mn_pw_exp_nonpos)
 #ifndef __CUDACC_RTC__
 MN_PW_GELU_FNS(float, _f32, expf)
 #endif
