@@ -14,15 +14,6 @@
 
 #include "graph_timing.cuh"
 
-#define LT(x)                                                                                      \
-  do {                                                                                             \
-    cublasStatus_t st = (x);                                                                       \
-    if (st != CUBLAS_STATUS_SUCCESS) {                                                             \
-      printf("%s: %d\n", #x, (int)st);                                                             \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-
 constexpr int M = 16384, K = 768, N = 3072;
 
 __device__ float gelu_tanh(float x) {

@@ -1,4 +1,4 @@
-// Shared by the graph probes: the check macro and the timing of one instantiated graph.
+// Shared by the graph probes: the check macros and the timing of one instantiated graph.
 #ifndef MN_PROBES_GRAPH_TIMING_CUH
 #define MN_PROBES_GRAPH_TIMING_CUH
 
@@ -13,6 +13,16 @@
     cudaError_t e = (x);                                                                           \
     if (e != cudaSuccess) {                                                                        \
       printf("%s: %s\n", #x, cudaGetErrorString(e));                                               \
+      return 1;                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+// The same for a cuBLASLt call (the probes that include cublasLt.h).
+#define LT(x)                                                                                      \
+  do {                                                                                             \
+    cublasStatus_t st = (x);                                                                       \
+    if (st != CUBLAS_STATUS_SUCCESS) {                                                             \
+      printf("%s: %d\n", #x, (int)st);                                                             \
       return 1;                                                                                    \
     }                                                                                              \
   } while (0)

@@ -15,15 +15,6 @@
 
 #include "graph_timing.cuh"
 
-#define LT(x)                                                                                      \
-  do {                                                                                             \
-    cublasStatus_t st = (x);                                                                       \
-    if (st != CUBLAS_STATUS_SUCCESS) {                                                             \
-      printf("%s: %d\n", #x, (int)st);                                                             \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-
 constexpr int BM = 32, BN = 64, KC = 32, THREADS = 128;
 constexpr int LDA = KC + 4; // a fragment's 32 loads fall in 32 banks (4g + t)
 constexpr int LDB = BN + 8; // and a B fragment's (8t + g)
