@@ -36,9 +36,9 @@ MN_PW_FN float mn_pw_recip_1_2(float d) {
   return fmaf(r, fmaf(-d, r, 1.0f), r);
 }
 /* exp(z) for z <= 0 as 2^(z log2(e)) by the multifunction unit's approximation: off by what
- * rounding z log2(e) does, |z| 2^-24 relative, and two ulps more, where expf's exact range
- * reduction takes six instructions more (GELU's sigmoid, whose error bound grows with |z|
- * anyway, tests/test_math.c); results below 2^-126 flush to 0, so GELU is -0 from x of about
+ * rounding log2(e) and z log2(e) does, about |z| 2^-24 relative, and two ulps more, where expf's
+ * exact range reduction takes six instructions more (GELU's sigmoid, whose error bound grows with
+ * |z| anyway, tests/test_math.c); results below 2^-126 flush to 0, so GELU is -0 from x of about
  * -10.0 rather than -10.7. */
 MN_PW_FN float mn_pw_exp_nonpos(float z) {
   float r;
@@ -90,7 +90,9 @@ MN_PW_FN mn_pw_real mn_pw_silu_slope(mn_pw_real x) {
  * below about -10.7 in float, -10.0 on the device, or -inf) the value is -0 and the slope 0, their
  * limits, not -inf * 0; where 1 - s is 0 (above about 10.7, or +inf) the slope is s, not the 0 *
  * inf of an overflowing x^2. NaN stays NaN. Defined for a float type T and its exp: the rows'
- * mn_pw_real, and on the host also float (suffix _f32), the device's arithmetic, for the tests. */
+ * mn_pw_real, and on the host also float (suffix _f32), the device's arithmetic but for its exp
+ * (expf here, ex2.approx there: up to half an ulp more per unit of |2u| and two ulps), for the
+ * tests. */
 #define MN_PW_GELU_FNS(T, SUFFIX, EXP)                                                             \
   MN_PW_FN void mn_pw_gelu_sigmoid##SUFFIX(T x, T *s, T *one_minus_s) {                            \
     T z = (T)(2 * MN_PW_GELU_K) * x * (1 + (T)MN_PW_GELU_C * x * x);                               \

@@ -501,8 +501,10 @@ Test(math, bias_add_and_broadcast_add_hand_computed) {
 
 /* ---------------------------------------------------------------- GELU's float form */
 
-/* The device computes GELU and its slope in float (host/pointwise.h, suffix _f32 on the host);
- * these measure that arithmetic against the tanh formula in long double, written as
+/* The device computes GELU and its slope in float (host/pointwise.h, suffix _f32 on the host,
+ * with expf where the device's exp of -|2u| is ex2.approx, up to half an ulp more per unit of
+ * |2u| and two ulps, which these do not measure); these measure that arithmetic against the tanh
+ * formula in long double, written as
  * x sigmoid(2u) as well, since 0.5 (1 + tanh(u)) loses digits even in long double below x of
  * about -4. */
 typedef struct gelu_ref {

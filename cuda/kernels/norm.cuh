@@ -9,10 +9,14 @@
 //
 // The reference works in double throughout. These kernels work on each element in float and
 // carry every sum that crosses a vector of VEC values in double (mn_norm_stats): an element is
-// off by a few float roundings (a few 1e-7 relative), far inside the 1e-5 the tests allow, and
-// no sum loses to the row's length or its mean. The forward and the gradients share one
-// mn_norm_stats, so the gradients differentiate what the forward computed. eps arrives as the
-// bits of the float attribute.
+// off by a few float roundings (a few 1e-7 relative for rows whose mean is within a few
+// standard deviations of zero), inside the 1e-5 the tests allow, and the mean is carried as
+// its float and the rest (mn_norm_centre), so that x - mean keeps its digits in rows far from
+// zero; what a far row still loses is the float sum of each vector before the double one (VEC
+// values, 2^-24 of their size each: 7e-6 of x_hat for rows of [1000, 1004)). The forward, the
+// x gradient and the wide rows' weight gradient share one mn_norm_stats, so the gradients
+// differentiate what the forward computed (rows of up to 1024 take mn_norm_grad_w_rows, which
+// centres on a pivot of its own). eps arrives as the bits of the float attribute.
 //
 // The forward and the x gradient are written once, over a loader and a storer
 // (mn_norm_fwd_with, mn_norm_grad_x_with), so that the code that cuda/lower_fused.c generates
@@ -93,16 +97,18 @@ template <long long N> struct mn_norm_real { using type = float; };
 template <> struct mn_norm_real<1> { using type = double; };
 template <> struct mn_norm_real<2> { using type = double; };
 
-// mean (0 without CENTER) and 1 / sqrt(mean((x - mean)^2) + eps) of one row, rounded to R;
-// xat(k, j, a) gives the x floats of slot k (vector j). Every thread of the group gets both.
-// A slot's VEC values are summed in R and that sum added into the thread's double, which
-// crosses threads in double: with R float, one conversion a slot, where converting every value
-// (and working on it in double) took most of the kernels' time, the double unit converting at
-// a sixteenth of the float rate (docs/performance.md). The squares are of x - mean_r, mean_r
-// the mean rounded to R, and the variance is corrected by (mean - mean_r)^2: the two-pass form
-// of the reference, so a mean far from zero costs no precision.
+// mean (0 without CENTER), as mean_r, the mean rounded to R, and rest = mean - mean_r rounded to
+// R, and inv = 1 / sqrt(mean((x - mean)^2) + eps) of one row; xat(k, j, a) gives the x floats of
+// slot k (vector j). Every thread of the group gets all three. A slot's VEC values are summed in
+// R and that sum added into the thread's double, which crosses threads in double: with R
+// float, one conversion a slot, where converting every value (and working on it in double)
+// took most of the kernels' time, the double unit converting at an eighth of the float rate
+// (docs/performance.md). The squares are of x - mean_r, and the variance is corrected by
+// (mean - mean_r)^2: the two-pass form of the reference. A NaN or an infinity in the row makes
+// inv NaN, as in the reference.
 template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, class R, class X>
-__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R &mean, R &inv) {
+__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R &mean, R &rest,
+                                              R &inv) {
   constexpr long long NV = N / VEC;
   constexpr double RN = 1.0 / (double)N;
   double m = 0.0;
@@ -144,7 +150,14 @@ __device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R
   const double shift = m - (double)mr;
   const double var = mn_norm_sum<BLOCK>(ss, sh) * RN - shift * shift;
   mean = mr;
-  inv = (R)rsqrt((var > 0.0 ? var : 0.0) + eps);
+  rest = (R)shift;
+  inv = (R)rsqrt((var < 0.0 ? 0.0 : var) + eps);
+}
+
+// x - mean from mn_norm_stats's two parts: x - mean_r is exact for x within a factor of two of
+// mean_r, so a row far from zero keeps the digits of its spread.
+template <class R> __device__ __forceinline__ R mn_norm_centre(float x, R mean, R rest) {
+  return ((R)x - mean) - rest;
 }
 
 template <int VEC> __device__ __forceinline__ void mn_norm_copy(const float *src, float *dst) {
@@ -188,9 +201,9 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
       load(r0 + j * VEC, a, unused, false);
   };
   using R = typename mn_norm_real<N>::type;
-  R mean, inv;
+  R mean, rest, inv;
   mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
-                                                     mean, inv);
+                                                     mean, rest, inv);
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
@@ -206,7 +219,7 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
         mn_ld_vec<VEC>(b + j * VEC, bv);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o[e] = (float)fma(((R)a[e] - mean) * inv, (R)wv[e], (R)bv[e]);
+          o[e] = (float)fma(mn_norm_centre(a[e], mean, rest) * inv, (R)wv[e], (R)bv[e]);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++)
@@ -264,9 +277,9 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
     }
   };
   using R = typename mn_norm_real<N>::type;
-  R mean, inv;
+  R mean, rest, inv;
   mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
-                                                     mean, inv);
+                                                     mean, rest, inv);
   double sg = 0.0, sgx = 0.0;
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
@@ -280,7 +293,7 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       for (int e = 0; e < VEC; e++) {
         const R g = (R)d[e] * (R)wv[e];
         tg += g;
-        tgx = fma(g, ((R)a[e] - mean) * inv, tgx);
+        tgx = fma(g, mn_norm_centre(a[e], mean, rest) * inv, tgx);
       }
       sg += (double)tg;
       sgx += (double)tgx;
@@ -298,7 +311,7 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
-        const R xh = ((R)a[e] - mean) * inv;
+        const R xh = mn_norm_centre(a[e], mean, rest) * inv;
         o[e] = (float)(inv * fma(-xh, mgx, (R)d[e] * (R)wv[e] - mg));
       }
       store(r0 + j * VEC, o);
@@ -350,10 +363,10 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
     float xc[CACHE ? ITEMS * VEC : 1];
     mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
     using R = typename mn_norm_real<N>::type;
-    R mean, inv;
+    R mean, rest, inv;
     mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
         [&](int k, long long j, float *a) { mn_norm_get<VEC, CACHE>(xc, k, x, j, a); }, eps, sh,
-        mean, inv);
+        mean, rest, inv);
 #pragma unroll(CACHE ? ITEMS : 1)
     for (int k = 0; k < ITEMS; k++) {
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
@@ -363,7 +376,7 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
         mn_ld_vec<VEC>(dy + j * VEC, d);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          acc[k * VEC + e] += (double)((R)d[e] * (((R)a[e] - mean) * inv));
+          acc[k * VEC + e] += (double)((R)d[e] * (mn_norm_centre(a[e], mean, rest) * inv));
       }
     }
   }
