@@ -4,6 +4,7 @@
  * reached through training graphs whose loss multiplies the op's output by an input, so
  * that the upstream gradient is not uniform. The runtime error paths (bad embedding or
  * scatter index, bad kv_pos) and the KV cache across steps need a GPU. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -118,6 +119,53 @@ CUDA_TEST(norms_wide_rows) {
   check_norm(true, MN_SHAPE(3, 16385), 1e-5f, 43);
   check_norm(false, MN_SHAPE(2, 20000), 1e-5f, 44);
   check_norm(true, MN_SHAPE(2, 20000), 1e-5f, 45);
+}
+
+/* A NaN in a row makes that row of the output NaN, as the reference does (the fp16 loss scaler
+ * looks for NaN; a kernel that read the NaN variance as 0 gave rms_norm's other values finite),
+ * and leaves the next row finite; rows of 768 are worked on in float, rows of 2 in double. The
+ * reference is checked with no device too. */
+CUDA_TEST(norm_row_with_a_nan_is_nan) {
+  const int64_t widths[] = {768, 2};
+  const mn_backend backends[] = {MN_BACKEND_CPU, MN_BACKEND_CUDA};
+  for (int layer = 0; layer < 2; layer++)
+    for (int i = 0; i < 2; i++) {
+      const int64_t n = widths[i];
+      mn_graph *g = mn_graph_new();
+      finish_inference_graph(
+          g, norm_of(g, layer, mn_input(g, "x", MN_SHAPE(2, n)), MN_SHAPE(2, n), 1e-5f));
+      if (!compare_pass) {
+        mn_test_assert_compiles(g, false);
+        mn_graph_free(g);
+        continue;
+      }
+      float *x = malloc((size_t)(2 * n) * sizeof *x);
+      for (int64_t k = 0; k < 2 * n; k++)
+        x[k] = (float)(k % 7) - 3.0f;
+      x[n / 2] = NAN;
+      for (int b = 0; b < (mn_test_cuda_device_present() ? 2 : 1); b++) {
+        mn_session *s = mn_test_session(g, backends[b], false);
+        mn_rng r = mn_rng_new(50 + (uint64_t)i);
+        mn_test_init_uniform(g, s, &r, 0.5f, 1.5f, false);
+        cr_assert_eq(mn_session_set_input(s, "x", x, (size_t)(2 * n)), MN_OK, "%s",
+                     mn_last_error());
+        cr_assert_eq(mn_session_step(s), MN_OK, "%s", mn_last_error());
+        cr_assert_eq(mn_session_wait(s), MN_OK, "%s", mn_last_error());
+        float *y = mn_test_read_output(s, 0, (size_t)(2 * n));
+        const char *what = layer ? "layer_norm" : "rms_norm", *on = b ? "cuda" : "cpu";
+        for (int64_t k = 0; k < n; k++) {
+          cr_assert(isnan(y[k]), "%s %s of width %lld: row 0 element %lld is %g, not NaN", on, what,
+                    (long long)n, (long long)k, (double)y[k]);
+          cr_assert(isfinite(y[n + k]), "%s %s of width %lld: row 1 element %lld is %g", on, what,
+                    (long long)n, (long long)k, (double)y[n + k]);
+        }
+        free(y);
+        mn_session_free(s);
+      }
+      free(x);
+      mn_graph_free(g);
+    }
+  if (compare_pass) mn_test_require_cuda_device();
 }
 
 /* Many rows: the weight gradients take a warp a row, 8 warps a block, in chunks of 64 rows

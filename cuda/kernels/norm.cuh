@@ -11,8 +11,8 @@
 // carry every sum that crosses a vector of VEC values in double (mn_norm_stats): an element is
 // off by a few float roundings (a few 1e-7 relative for rows whose mean is within a few
 // standard deviations of zero), inside the 1e-5 the tests allow, and the mean is carried as
-// its float and the rest (mn_norm_centre), so that x - mean keeps its digits in rows far from
-// zero; what a far row still loses is the float sum of each vector before the double one (VEC
+// its float and the rest (mn_norm_row_stats::x_hat), so that x - mean keeps its digits in rows far
+// from zero; what a far row still loses is the float sum of each vector before the double one (VEC
 // values, 2^-24 of their size each: 7e-6 of x_hat for rows of [1000, 1004)). The forward, the
 // x gradient and the wide rows' weight gradient share one mn_norm_stats, so the gradients
 // differentiate what the forward computed (rows of up to 1024 take mn_norm_grad_w_rows, which
@@ -97,18 +97,27 @@ template <long long N> struct mn_norm_real { using type = float; };
 template <> struct mn_norm_real<1> { using type = double; };
 template <> struct mn_norm_real<2> { using type = double; };
 
-// mean (0 without CENTER), as mean_r, the mean rounded to R, and rest = mean - mean_r rounded to
-// R, and inv = 1 / sqrt(mean((x - mean)^2) + eps) of one row; xat(k, j, a) gives the x floats of
-// slot k (vector j). Every thread of the group gets all three. A slot's VEC values are summed in
+// A row's statistics: its mean (0 without CENTER) as mean, the mean rounded to R, and rest, the
+// difference rounded to R, and inv = 1 / sqrt(mean((x - mean)^2) + eps).
+template <class R> struct mn_norm_row_stats {
+  R mean, rest, inv;
+  // (x - mean) inv: x - mean is exact for x within a factor of two of it, so a row far from
+  // zero keeps the digits of its spread.
+  __device__ __forceinline__ R x_hat(float x) const { return (((R)x - mean) - rest) * inv; }
+};
+
+// The statistics of one row in mn_norm_real<N>; xat(k, j, a) gives the x floats of slot k
+// (vector j). Every thread of the group gets them. A slot's VEC values are summed in
 // R and that sum added into the thread's double, which crosses threads in double: with R
 // float, one conversion a slot, where converting every value (and working on it in double)
 // took most of the kernels' time, the double unit converting at an eighth of the float rate
 // (docs/performance.md). The squares are of x - mean_r, and the variance is corrected by
 // (mean - mean_r)^2: the two-pass form of the reference. A NaN or an infinity in the row makes
 // inv NaN, as in the reference.
-template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, class R, class X>
-__device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R &mean, R &rest,
-                                              R &inv) {
+template <int BLOCK, int VEC, long long N, int ITEMS, bool CACHE, bool CENTER, class X>
+__device__ __forceinline__ mn_norm_row_stats<typename mn_norm_real<N>::type>
+mn_norm_stats(X &&xat, double eps, double *sh) {
+  using R = typename mn_norm_real<N>::type;
   constexpr long long NV = N / VEC;
   constexpr double RN = 1.0 / (double)N;
   double m = 0.0;
@@ -149,15 +158,7 @@ __device__ __forceinline__ void mn_norm_stats(X &&xat, double eps, double *sh, R
   }
   const double shift = m - (double)mr;
   const double var = mn_norm_sum<BLOCK>(ss, sh) * RN - shift * shift;
-  mean = mr;
-  rest = (R)shift;
-  inv = (R)rsqrt((var < 0.0 ? 0.0 : var) + eps);
-}
-
-// x - mean from mn_norm_stats's two parts: x - mean_r is exact for x within a factor of two of
-// mean_r, so a row far from zero keeps the digits of its spread.
-template <class R> __device__ __forceinline__ R mn_norm_centre(float x, R mean, R rest) {
-  return ((R)x - mean) - rest;
+  return {mr, (R)shift, (R)rsqrt((var < 0.0 ? 0.0 : var) + eps)};
 }
 
 template <int VEC> __device__ __forceinline__ void mn_norm_copy(const float *src, float *dst) {
@@ -201,9 +202,8 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
       load(r0 + j * VEC, a, unused, false);
   };
   using R = typename mn_norm_real<N>::type;
-  R mean, rest, inv;
-  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
-                                                     mean, rest, inv);
+  const mn_norm_row_stats<R> st = mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
+      xat, (double)__int_as_float((int)EPS_BITS), sh);
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
     const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
@@ -219,11 +219,11 @@ __device__ __forceinline__ void mn_norm_fwd_with(W w, B b, L &&load, S &&store) 
         mn_ld_vec<VEC>(b + j * VEC, bv);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o[e] = (float)fma(mn_norm_centre(a[e], mean, rest) * inv, (R)wv[e], (R)bv[e]);
+          o[e] = (float)fma(st.x_hat(a[e]), (R)wv[e], (R)bv[e]);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          o[e] = (float)((R)a[e] * inv * (R)wv[e]);
+          o[e] = (float)(st.x_hat(a[e]) * (R)wv[e]);
       }
       store(r0 + j * VEC, o);
     }
@@ -277,9 +277,8 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
     }
   };
   using R = typename mn_norm_real<N>::type;
-  R mean, rest, inv;
-  mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(xat, (double)__int_as_float((int)EPS_BITS), sh,
-                                                     mean, rest, inv);
+  const mn_norm_row_stats<R> st = mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
+      xat, (double)__int_as_float((int)EPS_BITS), sh);
   double sg = 0.0, sgx = 0.0;
 #pragma unroll(CACHE ? ITEMS : 1)
   for (int k = 0; k < ITEMS; k++) {
@@ -293,7 +292,7 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       for (int e = 0; e < VEC; e++) {
         const R g = (R)d[e] * (R)wv[e];
         tg += g;
-        tgx = fma(g, mn_norm_centre(a[e], mean, rest) * inv, tgx);
+        tgx = fma(g, st.x_hat(a[e]), tgx);
       }
       sg += (double)tg;
       sgx += (double)tgx;
@@ -311,8 +310,7 @@ __device__ __forceinline__ void mn_norm_grad_x_with(W w, L &&load, S &&store) {
       mn_ld_vec<VEC>(w + j * VEC, wv);
 #pragma unroll
       for (int e = 0; e < VEC; e++) {
-        const R xh = mn_norm_centre(a[e], mean, rest) * inv;
-        o[e] = (float)(inv * fma(-xh, mgx, (R)d[e] * (R)wv[e] - mg));
+        o[e] = (float)(st.inv * fma(-st.x_hat(a[e]), mgx, (R)d[e] * (R)wv[e] - mg));
       }
       store(r0 + j * VEC, o);
     }
@@ -363,10 +361,8 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
     float xc[CACHE ? ITEMS * VEC : 1];
     mn_norm_fill<BLOCK, VEC, N, ITEMS, CACHE>(xc, x);
     using R = typename mn_norm_real<N>::type;
-    R mean, rest, inv;
-    mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
-        [&](int k, long long j, float *a) { mn_norm_get<VEC, CACHE>(xc, k, x, j, a); }, eps, sh,
-        mean, rest, inv);
+    const mn_norm_row_stats<R> st = mn_norm_stats<BLOCK, VEC, N, ITEMS, CACHE, CENTER>(
+        [&](int k, long long j, float *a) { mn_norm_get<VEC, CACHE>(xc, k, x, j, a); }, eps, sh);
 #pragma unroll(CACHE ? ITEMS : 1)
     for (int k = 0; k < ITEMS; k++) {
       const long long j = mn_norm_t<BLOCK>() + (long long)k * BLOCK;
@@ -376,7 +372,7 @@ __device__ void mn_norm_grad_w_partial(const IO &io) {
         mn_ld_vec<VEC>(dy + j * VEC, d);
 #pragma unroll
         for (int e = 0; e < VEC; e++)
-          acc[k * VEC + e] += (double)((R)d[e] * (mn_norm_centre(a[e], mean, rest) * inv));
+          acc[k * VEC + e] += (double)((R)d[e] * st.x_hat(a[e]));
       }
     }
   }
