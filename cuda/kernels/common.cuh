@@ -35,21 +35,24 @@ template <int S> __device__ __forceinline__ float mn_lp_load(unsigned short h) {
     return f;
   }
 }
+// The bf16 or the fp16 form of one instruction by storage S: PRE "bf16" POST or PRE "f16" POST,
+// with the asm operands after it (starting with their ':').
+#define MN_LP_ASM(S, PRE, POST, ...)                                                               \
+  do {                                                                                             \
+    if constexpr ((S) == MN_DEV_BF16)                                                              \
+      asm(PRE "bf16" POST __VA_ARGS__);                                                            \
+    else                                                                                           \
+      asm(PRE "f16" POST __VA_ARGS__);                                                             \
+  } while (0)
 template <int S> __device__ __forceinline__ unsigned short mn_lp_round(float v) {
   unsigned short h;
-  if constexpr (S == MN_DEV_BF16)
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  MN_LP_ASM(S, "cvt.rn.", ".f32 %0, %1;", : "=h"(h) : "f"(v));
   return h;
 }
 // Two values rounded into one 32-bit word, lo in the low half (one instruction for bf16).
 template <int S> __device__ __forceinline__ unsigned mn_lp_round2(float lo, float hi) {
   unsigned r;
-  if constexpr (S == MN_DEV_BF16)
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  MN_LP_ASM(S, "cvt.rn.", "x2.f32 %0, %1, %2;", : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 

@@ -139,10 +139,7 @@ template <int G, long long XP> __device__ constexpr int mn_loss_row_chunks() {
 template <int S> __device__ __forceinline__ unsigned mn_lp_max2(unsigned a, unsigned b) {
 #if __CUDA_ARCH__ >= 800
   unsigned r;
-  if constexpr (S == MN_DEV_BF16)
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else
-    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  MN_LP_ASM(S, "max.", "x2 %0, %1, %2;", : "=r"(r) : "r"(a), "r"(b));
   return r;
 #else
   const float lo = fmaxf(mn_lp_load<S>((unsigned short)(a & 0xffffu)),
