@@ -12,11 +12,32 @@
 #include "cuda/schedule.h"
 #include "host/error.h"
 
+/* A programmatic edge joins two kernel nodes: a launch whose captured dependencies include a
+ * copy or a memset (the step's first nodes) is made plainly. */
+static bool follows_kernels_only(cudaStream_t stream) {
+  enum cudaStreamCaptureStatus status;
+  const cudaGraphNode_t *deps = NULL;
+  size_t n = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, NULL, NULL, &deps, NULL, &n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (status != cudaStreamCaptureStatusActive) return true;
+  for (size_t i = 0; i < n; i++) {
+    enum cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(deps[i], &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
+      cudaGetLastError();
+      return false;
+    }
+  }
+  return n > 0;
+}
+
 mn_status mn_cu_launch_kernel(cuda_state *st, uint32_t kernel, const unsigned grid[3],
                               unsigned block, size_t smem, mn_ptrs *io) {
   void *args[] = {io};
   dim3 g = {grid[0], grid[1], grid[2]}, b = {block, 1, 1};
-  if (st->prog.kernels[kernel].overlaps && st->overlap) {
+  if (st->prog.kernels[kernel].overlaps && st->overlap && follows_kernels_only(st->stream)) {
     cudaLaunchAttribute attr = {.id = cudaLaunchAttributeProgrammaticStreamSerialization};
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {.gridDim = g,
@@ -341,7 +362,7 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
   /* For reading a step's nodes and edges where no profiler shows them (docs/performance.md). */
   const char *dot = getenv("MN_CUDA_GRAPH_DOT");
   if (dot && *dot) cudaGraphDebugDotPrint(graph, dot, cudaGraphDebugDotFlagsKernelNodeParams);
-  st->graph_width = mn_cu_graph_width(graph);
+  st->graph_width = mn_cu_graph_width(graph, &st->graph_overlapped_edges);
   rc = mn_cu_check(cudaGraphInstantiate(&st->exec, graph, 0), "instantiating the step graph");
   /* Nodes are enabled as instantiated; the graph stays while its copies' nodes are used. */
   bool kept = false;

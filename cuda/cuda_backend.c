@@ -278,6 +278,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_update_split_declare(&st->prog, s->plan, s->training, &st->split);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
+  if (rc == MN_OK) mn_cu_program_overlap_small_step(&st->prog, s->training);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_dp_declare(st, s);
   mn_nvtx_pop();
@@ -677,6 +678,7 @@ static void cuda_stats(const mn_session *s, mn_session_stats *out) {
   out->kernels = st->prog.num_kernels;
   out->graph_nodes = st->graph_nodes;
   out->graph_width = st->graph_width;
+  out->graph_overlapped_edges = st->graph_overlapped_edges;
   out->graph_captures = st->captures;
   out->kernel_cache_hit = st->cache_hit;
   out->build_ms = st->build_ms;

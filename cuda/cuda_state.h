@@ -127,6 +127,7 @@ typedef struct cuda_state {
 
   mn_cu_lanes lanes;
   size_t graph_width; /* the most nodes of the captured graph at one depth (1: a chain) */
+  size_t graph_overlapped_edges; /* its programmatic edges (mn_cu_launch_kernel) */
   cudaGraphExec_t exec;
   cudaGraph_t graph;     /* what exec was made from, kept for its input copies' nodes */
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */

@@ -111,6 +111,7 @@ int mn_cu_instance(mn_cu_program *prog, int k, unsigned storage) {
                                                          .block = kd->block,
                                                          .storage = storage,
                                                          .overlaps = kd->overlaps,
+                                                         .waits_at_entry = kd->waits_at_entry,
                                                          .min_blocks = kd->min_blocks};
   return (int)prog->num_kernels++;
 }
@@ -124,6 +125,13 @@ static bool same_call(const mn_cu_program *prog, size_t i, int k) {
 void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k) {
   for (size_t i = 0; i < c->prog->num_kernels; i++)
     if (same_call(c->prog, i, k)) c->prog->kernels[i].overlaps = true;
+}
+
+void mn_cu_program_overlap_small_step(mn_cu_program *prog, bool training) {
+  if (!training || mn_cu_program_product_flops(prog) >= MN_CU_SMALL_STEP_FLOPS) return;
+  for (size_t i = 0; i < prog->num_kernels; i++)
+    if (!prog->kernels[i].overlaps)
+      prog->kernels[i].overlaps = prog->kernels[i].waits_at_entry = true;
 }
 
 void mn_cu_kernel_min_blocks(const mn_cu_op_ctx *c, int k, unsigned blocks) {
@@ -385,8 +393,8 @@ char *mn_cu_program_source(const mn_cu_program *prog) {
       snprintf(bounds, sizeof bounds, "%u", kd->block);
     sb_append(&b,
               "extern \"C\" __global__ void __launch_bounds__(%s) mn_k%zu(mn_ptrs io) { "
-              "%s(mn_io<0x%xu>{io}); }\n",
-              bounds, i, kd->call, kd->storage);
+              "%s%s(mn_io<0x%xu>{io}); }\n",
+              bounds, i, kd->waits_at_entry ? "mn_overlap_wait(); " : "", kd->call, kd->storage);
   }
   if (b.failed) {
     free(b.s);

@@ -130,6 +130,8 @@ typedef struct mn_cu_kernel_desc {
   unsigned storage; /* the storage mask of its arguments (mn_dev_storage, 2 bits each) */
   /* Launched as a programmatic dependent of the kernel before it (mn_cu_kernel_overlaps). */
   bool overlaps;
+  /* Its wrapper waits for the kernels before it first thing (mn_cu_program_overlap_small_step). */
+  bool waits_at_entry;
   /* Blocks an SM must be able to hold (the second __launch_bounds__ argument; 0: no bound). */
   unsigned min_blocks;
 } mn_cu_kernel_desc;
@@ -264,6 +266,9 @@ static inline double mn_cu_program_product_flops(const mn_cu_program *prog) {
     if (prog->cmds[i].kind == MN_CU_CMD_MATMUL) flops += mn_cu_matmul_flops(&prog->cmds[i].mm);
   return flops;
 }
+/* Training steps whose products add up to fewer FLOPs than this wait on launches and
+ * latencies, not on the card (schedule.h, update_split.h, mn_cu_program_overlap_small_step). */
+#define MN_CU_SMALL_STEP_FLOPS 1e11
 
 #define MN_CU_DECLARE_LOWER(e, name, arity, flags) mn_status mn_cu_lower_##e(const mn_cu_op_ctx *c);
 MN_OP_LIST(MN_CU_DECLARE_LOWER)
@@ -282,6 +287,12 @@ mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int 
  * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
                                       int *sumsq, int *update, int *accumulate);
+
+/* In a small training step (MN_CU_SMALL_STEP_FLOPS) every kernel declared so far that does not
+ * overlap by itself gets a wrapper that waits (mn_overlap_wait) before its template runs and is
+ * launched as a programmatic dependent: its launch is no longer on the chain between the kernel
+ * before it and its own work. The wait keeps every order of a plain launch. */
+void mn_cu_program_overlap_small_step(mn_cu_program *prog, bool training);
 
 #define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, the generated templates,

@@ -407,9 +407,10 @@ static size_t index_of(const node_index *sorted, size_t n, cudaGraphNode_t node)
   return hit ? hit->index : n;
 }
 
-size_t mn_cu_graph_width(void *graph) {
+size_t mn_cu_graph_width(void *graph, size_t *programmatic) {
   cudaGraph_t g = graph;
   size_t n = 0, e = 0;
+  *programmatic = 0;
   if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess || n == 0) return 0;
   /* Programmatic (overlapping) launches make edges with data: a query without room for it is
    * refused as lossy, so the listing asks for it. */
@@ -431,6 +432,7 @@ size_t mn_cu_graph_width(void *graph) {
       sorted[i] = (node_index){nodes[i], i};
     qsort(sorted, n, sizeof *sorted, by_node);
     for (size_t k = 0; k < e; k++) {
+      if (data[k].type == cudaGraphDependencyTypeProgrammatic) ++*programmatic;
       src[k] = index_of(sorted, n, from[k]);
       dst[k] = index_of(sorted, n, to[k]);
       if (src[k] < n && dst[k] < n) indeg[dst[k]]++;

@@ -6,11 +6,10 @@
 #include "cuda/cuda_state.h"
 
 #define MN_CU_DEFAULT_STREAMS 1
-/* Training steps whose products add up to fewer FLOPs than this wait on launches and
- * latencies, not on the card, and take MN_CU_SMALL_STEP_STREAMS: the MLP 784-512-512-10 TF32
- * step went from 0.0617 to 0.0584 ms with two streams and the Llama block step from 1.29 to
- * 1.25 ms, while GPT-2 bf16 (14 TFLOP) went from 32.90 to 33.45 ms (one H100, 2026-11-28). */
-#define MN_CU_SMALL_STEP_FLOPS   1e11
+/* A small training step (emit.h MN_CU_SMALL_STEP_FLOPS) takes this many: the MLP
+ * 784-512-512-10 TF32 step went from 0.0617 to 0.0584 ms with two streams and the Llama block
+ * step from 1.29 to 1.25 ms, while GPT-2 bf16 (14 TFLOP) went from 32.90 to 33.45 ms (one
+ * H100, 2026-11-28). */
 #define MN_CU_SMALL_STEP_STREAMS 2
 
 /* The number of streams a capture of s spreads the program over: MN_CUDA_STREAMS from the
@@ -47,8 +46,9 @@ mn_status mn_cu_enqueue_program(cuda_state *st, const mn_session *s, mn_cu_after
  * `ev`) and, while the program is being enqueued, the last command of every other stream. */
 mn_status mn_cu_lanes_wait_all(cuda_state *st, cudaEvent_t ev, cudaStream_t target);
 
-/* The most nodes of `graph` (a cudaGraph_t) at one depth: 1 for a chain. */
-size_t mn_cu_graph_width(void *graph);
+/* The most nodes of `graph` (a cudaGraph_t) at one depth: 1 for a chain; *programmatic: its
+ * programmatic (overlapping launch) edges. */
+size_t mn_cu_graph_width(void *graph, size_t *programmatic);
 
 /* Frees what mn_cu_enqueue_program made. */
 void mn_cu_lanes_free(cuda_state *st);

@@ -389,6 +389,11 @@ typedef struct mn_session_stats {
    * reads or overwrites, so independent commands (q/k/v products, a weight gradient beside
    * its input gradient) become siblings that may run at once and this is above 1. */
   size_t graph_width;
+  /* Edges of the step graph along which a kernel is launched before the kernel it follows has
+   * ended (programmatic dependent launch, sm_90 and later): in a small training step every
+   * kernel of ours that follows only kernels starts this way and waits for them first thing.
+   * 0 with MN_CUDA_OVERLAP=0 in the environment, on older cards, and on the CPU. */
+  size_t graph_overlapped_edges;
   uint64_t graph_captures;     /* captures of the step graph: 1 unless the optimizer kind changed */
   bool kernel_cache_hit;       /* the kernels came from the disk cache: nothing compiled */
   double build_ms, compile_ms; /* backend creation, and the NVRTC part of it */

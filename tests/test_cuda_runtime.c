@@ -325,8 +325,10 @@ static mn_graph *two_branch_graph(void) {
   return g;
 }
 
-/* streams 0: MN_CUDA_STREAMS unset (the default for a small training step). */
-static void step_two_branches(int streams, size_t *width, float *w1, float *w2) {
+/* streams 0: MN_CUDA_STREAMS unset (the default for a small training step); *overlapped: the
+ * step graph's programmatic edges (NULL: not asked). */
+static void step_two_branches_with(int streams, size_t *width, size_t *overlapped, float *w1,
+                                   float *w2) {
   char value[8];
   snprintf(value, sizeof value, "%d", streams);
   if (streams > 0)
@@ -356,12 +358,39 @@ static void step_two_branches(int streams, size_t *width, float *w1, float *w2) 
   mn_session_stats stats;
   cr_assert_eq(mn_session_get_stats(s, &stats), MN_OK);
   *width = stats.graph_width;
+  if (overlapped) *overlapped = stats.graph_overlapped_edges;
   cr_assert_eq(stats.graph_launches, 4u);
   cr_assert_eq(mn_session_read_param(s, "w1", w1, 32 * 48), MN_OK);
   cr_assert_eq(mn_session_read_param(s, "w2", w2, 32 * 48), MN_OK);
   mn_session_free(s);
   mn_graph_free(g);
   unsetenv("MN_CUDA_STREAMS");
+}
+
+static void step_two_branches(int streams, size_t *width, float *w1, float *w2) {
+  step_two_branches_with(streams, width, NULL, w1, w2);
+}
+
+/* A small training step launches its kernels as programmatic dependents of the kernels they
+ * follow (sm_90 on): each waits for them first thing, so every weight is the bit it is with
+ * plain launches (MN_CUDA_OVERLAP=0). */
+Test(cuda_runtime, small_step_kernels_overlap_their_launches_and_change_no_bit) {
+  mn_test_require_cuda_device();
+  int major = 0;
+  cr_assert_eq(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  static float plain_w1[32 * 48], plain_w2[32 * 48], w1[32 * 48], w2[32 * 48];
+  size_t width = 0, plain_edges = 1, edges = 0;
+  setenv("MN_CUDA_OVERLAP", "0", 1);
+  step_two_branches_with(0, &width, &plain_edges, plain_w1, plain_w2);
+  unsetenv("MN_CUDA_OVERLAP");
+  step_two_branches_with(0, &width, &edges, w1, w2);
+  cr_assert_eq(plain_edges, 0u, "MN_CUDA_OVERLAP=0 left %zu programmatic edges", plain_edges);
+  if (major >= 9)
+    cr_assert_geq(edges, 3u, "the small step overlapped %zu launches", edges);
+  else
+    cr_assert_eq(edges, 0u, "sm_%d0 has no programmatic launches, yet %zu edges", major, edges);
+  cr_assert_eq(memcmp(w1, plain_w1, sizeof w1), 0, "w1 differs from the plain launches' w1");
+  cr_assert_eq(memcmp(w2, plain_w2, sizeof w2), 0, "w2 differs from the plain launches' w2");
 }
 
 /* The step graph holds the plan's data dependencies: the two branches become sibling nodes,

@@ -49,11 +49,12 @@ static inline void bench_step_end(bench_step *b, const char *name, double step_m
   mn_session_get_stats(b->s, &st);
   printf("BENCH %s%s%s backend=%s step_ms=%.4f dispatches=%zu launches_per_step=%.2f "
          "build_cold_ms=%.1f build_warm_ms=%.1f warm_cache_hit=%d kernels=%zu graph_nodes=%zu "
-         "loss=%.4f\n",
+         "overlapped_edges=%zu loss=%.4f\n",
          name, b->o.allow_tf32 ? "_tf32" : "", b->o.optimize ? "" : "_noopt", st.backend, step_ms,
          mn_plan_num_dispatches(mn_session_plan(b->s)),
          st.steps ? (double)st.submissions / (double)st.steps : 0.0, b->cold_ms, b->warm_ms,
-         b->warm_hit ? 1 : 0, st.kernels, st.graph_nodes, mn_session_read_loss(b->s));
+         b->warm_hit ? 1 : 0, st.kernels, st.graph_nodes, st.graph_overlapped_edges,
+         mn_session_read_loss(b->s));
 #ifdef MN_WITH_CUDA
   if (b->profile && mn_cuda_session_stream(b->s))
     bench_check(mn_cuda_profile_step(b->s, 20, stdout), "profile");
