@@ -322,6 +322,81 @@ static mn_status enqueue_step(cuda_state *st, const mn_session *s, unsigned key)
   return rc != MN_OK ? rc : parted != MN_OK ? parted : joined;
 }
 
+/* The nodes on one side of `node` (`after`: its dependents) into nodes[cap], with room for
+ * their edges' data: a query without it is refused as lossy where an edge is programmatic. */
+static bool edge_ends(cudaGraphNode_t node, bool after, cudaGraphNode_t *nodes,
+                      cudaGraphEdgeData *data, size_t cap, size_t *n) {
+  *n = cap;
+  cudaError_t e = after ? cudaGraphNodeGetDependentNodes(node, nodes, data, n)
+                        : cudaGraphNodeGetDependencies(node, nodes, data, n);
+  if (e != cudaSuccess) cudaGetLastError();
+  return e == cudaSuccess;
+}
+
+/* Removes `node` from `graph`, each node before it then ordered before each node after it,
+ * which waited on those through it (the scalars' copy, the loss scaler's, before the first
+ * kernel). */
+static mn_status remove_keeping_order(cudaGraph_t graph, cudaGraphNode_t node) {
+  size_t cap = 0;
+  if (cudaGraphGetEdges(graph, NULL, NULL, NULL, &cap) != cudaSuccess) {
+    cudaGetLastError();
+    return mn_fail(MN_ERR_DEVICE, "cuda backend: could not count the step graph's edges");
+  }
+  cap++;
+  cudaGraphNode_t *in = malloc(3 * cap * sizeof *in), *out = in ? in + cap : NULL,
+                  *before = in ? in + 2 * cap : NULL;
+  cudaGraphEdgeData *data = malloc(cap * sizeof *data);
+  size_t nin = 0, nout = 0, nb = 0;
+  mn_status rc =
+      in && data ? MN_OK : mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  if (rc == MN_OK && (!edge_ends(node, false, in, data, cap, &nin) ||
+                      !edge_ends(node, true, out, data, cap, &nout)))
+    rc = mn_fail(MN_ERR_DEVICE, "cuda backend: could not read an input copy's edges");
+  for (size_t o = 0; rc == MN_OK && o < nout; o++) {
+    if (!edge_ends(out[o], false, before, data, cap, &nb)) {
+      rc = mn_fail(MN_ERR_DEVICE, "cuda backend: could not read a node's edges");
+      break;
+    }
+    for (size_t i = 0; rc == MN_OK && i < nin; i++) {
+      bool present = false;
+      for (size_t b = 0; b < nb; b++)
+        present = present || before[b] == in[i];
+      if (!present)
+        rc = mn_cu_check(cudaGraphAddDependencies(graph, &in[i], &out[o], NULL, 1),
+                         "ordering around an input copy");
+    }
+  }
+  free(in);
+  free(data);
+  return rc != MN_OK ? rc : mn_cu_check(cudaGraphDestroyNode(node), "removing an input copy");
+}
+
+/* A step whose inputs are on the device already launches the graph without its copy nodes,
+ * which, disabled, still stand at the head of the chain. Opt-in (MN_CUDA_BARE_GRAPH=1) until
+ * measured again: a first version, which dropped the copies' edges with them, took the MLP TF32
+ * step from 0.0500-0.0503 to 0.0495-0.0498 ms (H200), but also the order of the scalars' and the
+ * loss scaler's copies before the kernels that read them; this one keeps that order and has not
+ * run on a GPU (docs/performance.md). */
+static mn_status instantiate_bare(cuda_state *st, cudaGraph_t graph) {
+  if (!st->bare_graph) return MN_OK;
+  cudaGraph_t clone = NULL;
+  mn_status rc = mn_cu_check(cudaGraphClone(&clone, graph), "cloning the step graph");
+  for (size_t i = 0; rc == MN_OK && i < st->num_staged; i++) {
+    cudaGraphNode_t node = NULL;
+    if (!st->staged[i].copy) continue;
+    rc = mn_cu_check(cudaGraphNodeFindInClone(&node, st->staged[i].copy, clone),
+                     "finding an input copy in the clone");
+    if (rc == MN_OK) rc = remove_keeping_order(clone, node);
+  }
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaGraphInstantiate(&st->bare_exec, clone, 0),
+                     "instantiating the step graph without its input copies");
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaGraphUpload(st->bare_exec, st->stream), "uploading the graph");
+  if (clone) cudaGraphDestroy(clone);
+  return rc;
+}
+
 /* A copy's node is only as good as the graph that holds it. */
 static void forget_copies_unless_kept(cuda_state *st) {
   for (size_t i = 0; !st->graph && i < st->num_staged; i++)
@@ -370,6 +445,12 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
     st->staged[i].copy_on = true;
     kept = kept || st->staged[i].copy;
   }
+  /* Without the bare graph every step launches exec, as before it existed. */
+  if (rc == MN_OK && kept && instantiate_bare(st, graph) != MN_OK) {
+    cudaGetLastError();
+    if (st->bare_exec) cudaGraphExecDestroy(st->bare_exec);
+    st->bare_exec = NULL;
+  }
   if (rc == MN_OK && kept)
     st->graph = graph;
   else
@@ -386,10 +467,18 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
 void mn_cu_graph_release(cuda_state *st) {
   if (st->exec) cudaGraphExecDestroy(st->exec);
   st->exec = NULL;
+  if (st->bare_exec) cudaGraphExecDestroy(st->bare_exec);
+  st->bare_exec = NULL;
   if (st->graph) cudaGraphDestroy(st->graph);
   st->graph = NULL;
   for (size_t i = 0; i < st->num_staged; i++)
     st->staged[i].copy = NULL;
+}
+
+bool mn_cu_inputs_written(const cuda_state *st) {
+  for (size_t i = 0; i < st->num_staged; i++)
+    if (st->staged[i].written) return true;
+  return false;
 }
 
 mn_status mn_cu_inputs_copied(cuda_state *st) {
@@ -404,10 +493,10 @@ mn_status mn_cu_inputs_copied(cuda_state *st) {
   return rc;
 }
 
-void mn_cu_inputs_launched(cuda_state *st) {
+void mn_cu_inputs_launched(cuda_state *st, bool bare) {
   for (size_t i = 0; i < st->num_staged; i++) {
     mn_cu_staged *sg = &st->staged[i];
-    if (!sg->copy_on) st->copies_skipped++;
+    if (bare || !sg->copy_on) st->copies_skipped++;
     sg->written = false;
   }
 }

@@ -261,6 +261,8 @@ static mn_status cuda_create(mn_session *s) {
   st->device = s->options.device;
   const char *overlap = getenv("MN_CUDA_OVERLAP");
   st->overlap = !(overlap && strcmp(overlap, "0") == 0);
+  const char *bare = getenv("MN_CUDA_BARE_GRAPH");
+  st->bare_graph = bare && strcmp(bare, "1") == 0;
   mn_status rc = mn_cu_check(cudaSetDevice(st->device), "selecting the device");
   if (rc == MN_OK)
     rc = mn_cu_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "a stream");
@@ -498,12 +500,16 @@ static mn_status cuda_step(mn_session *s) {
   if (rc == MN_OK) {
     fill_scalars(s, s->step_count + (update && apply ? 1 : 0), apply, st->host_scalars);
     mn_cu_scaler_stage(st, s);
-    rc = mn_cu_inputs_copied(st);
-    if (rc == MN_OK) rc = mn_cu_check(cudaGraphLaunch(st->exec, st->stream), "launching the step");
   }
+  bool bare = rc == MN_OK && st->bare_exec && !mn_cu_inputs_written(st);
+  if (rc == MN_OK && !bare) rc = mn_cu_inputs_copied(st);
+  if (rc == MN_OK)
+    rc = mn_cu_check(cudaGraphLaunch(bare ? st->bare_exec : st->exec, st->stream),
+                     "launching the step");
   mn_nvtx_pop();
   if (rc != MN_OK) return rc;
-  mn_cu_inputs_launched(st);
+  mn_cu_inputs_launched(st, bare);
+  st->bare_launches += bare;
   st->launches++;
   st->submissions++;
   st->in_flight = true;
@@ -642,6 +648,11 @@ void *mn_cuda_session_stream(const mn_session *s) {
 uint64_t mn_cuda_input_copies_skipped(const mn_session *s) {
   if (!s || s->backend != &mn_cuda_backend) return 0;
   return ((cuda_state *)s->backend_state)->copies_skipped;
+}
+
+uint64_t mn_cuda_bare_launches(const mn_session *s) {
+  if (!s || s->backend != &mn_cuda_backend) return 0;
+  return ((cuda_state *)s->backend_state)->bare_launches;
 }
 
 /* All-ones bytes are a NaN in f32 and the largest value in u32. Gradients are included

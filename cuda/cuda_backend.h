@@ -31,6 +31,9 @@ void *mn_cuda_session_stream(const mn_session *s);
 /* How many input copies the session's launches left out (inputs not written since the step
  * before), for tests; 0 for a session not on CUDA. */
 uint64_t mn_cuda_input_copies_skipped(const mn_session *s);
+/* How many of its launches were of the step graph without copy nodes (no input written since
+ * the step before), for tests; 0 for a session not on CUDA. */
+uint64_t mn_cuda_bare_launches(const mn_session *s);
 
 /* Times every command of one training step (run eagerly, outside the step graph, so
  * the parameters take one more update) with CUDA events, `reps` times, and prints the

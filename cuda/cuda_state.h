@@ -129,7 +129,12 @@ typedef struct cuda_state {
   size_t graph_width; /* the most nodes of the captured graph at one depth (1: a chain) */
   size_t graph_overlapped_edges; /* its programmatic edges (mn_cu_launch_kernel) */
   cudaGraphExec_t exec;
-  cudaGraph_t graph;     /* what exec was made from, kept for its input copies' nodes */
+  cudaGraph_t graph; /* what exec was made from, kept for its input copies' nodes */
+  /* exec without its input copies' nodes, launched when no input was written since the last
+   * step (mn_cu_inputs_written); NULL without bare_graph or a copy node kept. */
+  cudaGraphExec_t bare_exec;
+  /* MN_CUDA_BARE_GRAPH=1 in the environment at the build (opt-in: capture.c). */
+  bool bare_graph;
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;
   /* Kernels marked overlapping (emit.h mn_cu_kernel_overlaps) launch as programmatic dependents;
@@ -146,6 +151,7 @@ typedef struct cuda_state {
   bool in_flight;
   uint64_t launches;       /* cudaGraphLaunch calls */
   uint64_t copies_skipped; /* input copies left disabled in a launch (mn_cu_inputs_copied) */
+  uint64_t bare_launches;  /* launches of bare_exec */
   uint64_t captures;       /* graph (re-)captures */
   uint64_t submissions;    /* every stream submission made by step (launches included) */
   size_t graph_nodes;
@@ -269,10 +275,13 @@ mn_status mn_cu_dp_wait(cuda_state *st, cudaEvent_t event, const char *what);
 mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key);
 /* Destroys the captured graph (exec and the graph kept for its input copies). */
 void mn_cu_graph_release(cuda_state *st);
-/* Before a launch: each input copy enabled when its staging was written since the last
+/* Whether an input was written since the last launch (else bare_exec can run). */
+bool mn_cu_inputs_written(const cuda_state *st);
+/* Before a launch of exec: each input copy enabled when its staging was written since the last
  * launch, disabled when not (its device memory holds it still). After the launch succeeded:
- * the marks cleared (a failed launch keeps them, so a retry copies), skipped copies counted. */
+ * the marks cleared (a failed launch keeps them, so a retry copies), skipped copies counted
+ * (all of them after a launch of bare_exec, `bare`). */
 mn_status mn_cu_inputs_copied(cuda_state *st);
-void mn_cu_inputs_launched(cuda_state *st);
+void mn_cu_inputs_launched(cuda_state *st, bool bare);
 
 #endif

@@ -189,16 +189,22 @@ Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture
 
 /* A step copies in only the inputs written since the previous step (the others' copies are
  * disabled in the graph, their device memory unchanged): a CUDA session fed x and t, then t
- * alone, then nothing, then x alone, trains as the CPU session fed the same, loss by loss. */
+ * alone, then nothing, then x alone, trains as the CPU session fed the same, loss by loss; and
+ * a CUDA session that launches the graph without copy nodes at the steps that write none
+ * (MN_CUDA_BARE_GRAPH=1) trains to the same bits. */
 Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
   mn_test_require_cuda_device();
   mn_graph *g = mlp_graph(4, 8, 16, 3);
   mn_session *gpu = mn_test_session(g, MN_BACKEND_CUDA, true);
   mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
-  mn_rng r1 = mn_rng_new(11), r2 = mn_rng_new(11);
+  setenv("MN_CUDA_BARE_GRAPH", "1", 1);
+  mn_session *bare = mn_test_session(g, MN_BACKEND_CUDA, true);
+  unsetenv("MN_CUDA_BARE_GRAPH");
+  mn_rng r1 = mn_rng_new(11), r2 = mn_rng_new(11), r3 = mn_rng_new(11);
   feed_mlp(gpu, &r1);
   feed_mlp(cpu, &r2);
-  mn_session *both[2] = {gpu, cpu};
+  feed_mlp(bare, &r3);
+  mn_session *both[3] = {gpu, cpu, bare};
   float x[32], t[12];
   /* Which inputs each step writes first: 1 x, 2 t. */
   static const int writes[] = {0, 0, 2, 0, 0, 1, 0, 3, 0};
@@ -206,8 +212,8 @@ Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
   for (size_t i = 0; i < sizeof writes / sizeof writes[0]; i++) {
     mn_rng_fill(&data, x, 32, -1, 1);
     mn_rng_fill(&data, t, 12, -1, 1);
-    float loss[2];
-    for (int k = 0; k < 2; k++) {
+    float loss[3];
+    for (int k = 0; k < 3; k++) {
       mn_session *s = both[k];
       cr_assert_eq(mn_session_set_learning_rate(s, 0.05f), MN_OK);
       if (writes[i] & 1) cr_assert_eq(mn_session_set_input(s, "x", x, 32), MN_OK);
@@ -219,22 +225,33 @@ Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
     cr_assert_float_eq(loss[0], loss[1], 1e-5f * (1.0f + fabsf(loss[1])),
                        "step %zu (writes %d): CUDA loss %.9g, CPU %.9g", i, writes[i],
                        (double)loss[0], (double)loss[1]);
+    cr_assert_eq(memcmp(&loss[0], &loss[2], sizeof loss[0]), 0,
+                 "step %zu: loss %.9g, without copy nodes %.9g", i, (double)loss[0],
+                 (double)loss[2]);
   }
 #ifdef MN_WITH_CUDA
   /* Copies left out: x and t at the 5 steps that wrote nothing, x or t at the 2 that wrote
    * one (the first step copies both: both were set after the build). */
   cr_assert_eq(mn_cuda_input_copies_skipped(gpu), 12u, "%llu input copies skipped, not 12",
                (unsigned long long)mn_cuda_input_copies_skipped(gpu));
+  /* The 5 steps that wrote nothing ran the graph without copy nodes where asked to. */
+  cr_assert_eq(mn_cuda_bare_launches(bare), 5u, "%llu bare launches, not 5",
+               (unsigned long long)mn_cuda_bare_launches(bare));
+  cr_assert_eq(mn_cuda_input_copies_skipped(bare), 12u);
+  cr_assert_eq(mn_cuda_bare_launches(gpu), 0u);
 #endif
   /* And the weights they trained agree. */
-  float wg[128], wc[128];
+  float wg[128], wc[128], wk[128];
   cr_assert_eq(mn_session_read_param(gpu, "w1", wg, 128), MN_OK);
   cr_assert_eq(mn_session_read_param(cpu, "w1", wc, 128), MN_OK);
+  cr_assert_eq(mn_session_read_param(bare, "w1", wk, 128), MN_OK);
+  cr_assert_eq(memcmp(wg, wk, sizeof wg), 0, "w1 differs from the session without copy nodes");
   for (int i = 0; i < 128; i++)
     cr_assert_float_eq(wg[i], wc[i], 1e-5f, "w1[%d]: CUDA %.9g, CPU %.9g", i, (double)wg[i],
                        (double)wc[i]);
   mn_session_free(gpu);
   mn_session_free(cpu);
+  mn_session_free(bare);
   mn_graph_free(g);
 }
 
