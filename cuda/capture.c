@@ -18,7 +18,8 @@ static bool follows_kernels_only(cudaStream_t stream) {
   enum cudaStreamCaptureStatus status;
   const cudaGraphNode_t *deps = NULL;
   size_t n = 0;
-  if (cudaStreamGetCaptureInfo(stream, &status, NULL, NULL, &deps, NULL, &n) != cudaSuccess) {
+  const cudaGraphEdgeData *edges = NULL;
+  if (cudaStreamGetCaptureInfo(stream, &status, NULL, NULL, &deps, &edges, &n) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
@@ -158,7 +159,8 @@ static mn_status note_copy_node(cuda_state *st, mn_cu_staged *sg) {
   size_t n = 0;
   /* Skipping copies only saves time: an answer that does not name the copy (or none) leaves
    * it copying every step. */
-  if (cudaStreamGetCaptureInfo(st->stream, &status, NULL, NULL, &deps, NULL, &n) != cudaSuccess) {
+  const cudaGraphEdgeData *edges = NULL;
+  if (cudaStreamGetCaptureInfo(st->stream, &status, NULL, NULL, &deps, &edges, &n) != cudaSuccess) {
     cudaGetLastError();
     return MN_OK;
   }
@@ -359,8 +361,11 @@ static mn_status remove_keeping_order(cudaGraph_t graph, cudaGraphNode_t node) {
     }
     for (size_t i = 0; rc == MN_OK && i < nin; i++) {
       bool present = false;
+      /* A programmatic edge orders less than the copy did: only a full one counts. */
       for (size_t b = 0; b < nb; b++)
-        present = present || before[b] == in[i];
+        present =
+            present || (before[b] == in[i] && data[b].type == cudaGraphDependencyTypeDefault &&
+                        data[b].from_port == 0);
       if (!present)
         rc = mn_cu_check(cudaGraphAddDependencies(graph, &in[i], &out[o], NULL, 1),
                          "ordering around an input copy");
@@ -445,8 +450,11 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
     st->staged[i].copy_on = true;
     kept = kept || st->staged[i].copy;
   }
-  /* Without the bare graph every step launches exec, as before it existed. */
+  /* Without the bare graph every step launches exec, as before it existed; the switch is a
+   * developer's, who is told why. */
   if (rc == MN_OK && kept && instantiate_bare(st, graph) != MN_OK) {
+    fprintf(stderr, "meganeura: MN_CUDA_BARE_GRAPH=1, but the graph without copies failed: %s\n",
+            mn_last_error());
     cudaGetLastError();
     if (st->bare_exec) cudaGraphExecDestroy(st->bare_exec);
     st->bare_exec = NULL;
