@@ -502,6 +502,7 @@ mn_status mn_cu_inputs_copied(cuda_state *st) {
 }
 
 void mn_cu_inputs_launched(cuda_state *st, bool bare) {
+  st->bare_launches += bare;
   for (size_t i = 0; i < st->num_staged; i++) {
     mn_cu_staged *sg = &st->staged[i];
     if (bare || !sg->copy_on) st->copies_skipped++;

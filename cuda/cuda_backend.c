@@ -280,7 +280,7 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_update_split_declare(&st->prog, s->plan, s->training, &st->split);
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
-  if (rc == MN_OK) mn_cu_program_overlap_small_step(&st->prog, s->training);
+  if (rc == MN_OK) mn_cu_program_overlap_small_step(&st->prog, s->plan, s->training);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_dp_declare(st, s);
   mn_nvtx_pop();
@@ -509,7 +509,6 @@ static mn_status cuda_step(mn_session *s) {
   mn_nvtx_pop();
   if (rc != MN_OK) return rc;
   mn_cu_inputs_launched(st, bare);
-  st->bare_launches += bare;
   st->launches++;
   st->submissions++;
   st->in_flight = true;

@@ -127,8 +127,8 @@ void mn_cu_kernel_overlaps(const mn_cu_op_ctx *c, int k) {
     if (same_call(c->prog, i, k)) c->prog->kernels[i].overlaps = true;
 }
 
-void mn_cu_program_overlap_small_step(mn_cu_program *prog, bool training) {
-  if (!training || mn_cu_program_product_flops(prog) >= MN_CU_SMALL_STEP_FLOPS) return;
+void mn_cu_program_overlap_small_step(mn_cu_program *prog, const mn_plan *p, bool training) {
+  if (!training || !mn_cu_small_step(prog, p)) return;
   for (size_t i = 0; i < prog->num_kernels; i++)
     if (!prog->kernels[i].overlaps)
       prog->kernels[i].overlaps = prog->kernels[i].waits_at_entry = true;

@@ -269,6 +269,10 @@ static inline double mn_cu_program_product_flops(const mn_cu_program *prog) {
 /* Training steps whose products add up to fewer FLOPs than this wait on launches and
  * latencies, not on the card (schedule.h, update_split.h, mn_cu_program_overlap_small_step). */
 #define MN_CU_SMALL_STEP_FLOPS 1e11
+/* Whether the program of plan p is such a step: parameters to update, products under the line. */
+static inline bool mn_cu_small_step(const mn_cu_program *prog, const mn_plan *p) {
+  return p->update_bytes > 0 && mn_cu_program_product_flops(prog) < MN_CU_SMALL_STEP_FLOPS;
+}
 
 #define MN_CU_DECLARE_LOWER(e, name, arity, flags) mn_status mn_cu_lower_##e(const mn_cu_op_ctx *c);
 MN_OP_LIST(MN_CU_DECLARE_LOWER)
@@ -292,7 +296,7 @@ mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, boo
  * overlap by itself gets a wrapper that waits (mn_overlap_wait) before its template runs and is
  * launched as a programmatic dependent: its launch is no longer on the chain between the kernel
  * before it and its own work. The wait keeps every order of a plain launch. */
-void mn_cu_program_overlap_small_step(mn_cu_program *prog, bool training);
+void mn_cu_program_overlap_small_step(mn_cu_program *prog, const mn_plan *p, bool training);
 
 #define MN_CU_NORM_BLOCKS 256
 /* The NVRTC translation unit: every kernel template source, the generated templates,

@@ -190,8 +190,7 @@ int mn_cu_schedule_streams(const cuda_state *st, const mn_session *s) {
   int n = MN_CU_DEFAULT_STREAMS;
   if (env && *env)
     n = atoi(env);
-  else if (s->plan->update_bytes > 0 &&
-           mn_cu_program_product_flops(&st->prog) < MN_CU_SMALL_STEP_FLOPS)
+  else if (mn_cu_small_step(&st->prog, s->plan))
     n = MN_CU_SMALL_STEP_STREAMS;
   return n < 1 ? 1 : n > MN_CU_MAX_STREAMS ? MN_CU_MAX_STREAMS : n;
 }

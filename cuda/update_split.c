@@ -65,9 +65,8 @@ mn_status mn_cu_update_split_declare(mn_cu_program *prog, const mn_plan *p, bool
   const mn_cu_update_part none = {.kernel = -1};
   *split = (mn_cu_update_split){none, none};
   const char *env = getenv("MN_CUDA_SPLIT_UPDATE");
-  if ((env && strcmp(env, "0") == 0) || !training || p->update_bytes == 0 ||
-      mn_cu_low_storage(p) != MN_DEV_F32 ||
-      mn_cu_program_product_flops(prog) >= MN_CU_SMALL_STEP_FLOPS)
+  if ((env && strcmp(env, "0") == 0) || !training || !mn_cu_small_step(prog, p) ||
+      mn_cu_low_storage(p) != MN_DEV_F32)
     return MN_OK;
   slot *sl = calloc(p->num_params ? p->num_params : 1, sizeof *sl);
   if (!sl) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");

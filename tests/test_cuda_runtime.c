@@ -277,6 +277,10 @@ Test(cuda_runtime, profile_step_rejects_what_it_cannot_profile) {
   mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
   cr_assert_eq(mn_cuda_profile_step(cpu, 1, stdout), MN_ERR_INVALID_ARGUMENT);
   cr_assert_not_null(strstr(mn_last_error(), "mn_cuda_profile_step"), "%s", mn_last_error());
+  /* The test counters of a session not on CUDA, or of none, are 0. */
+  cr_assert_eq(mn_cuda_bare_launches(cpu), 0u);
+  cr_assert_eq(mn_cuda_bare_launches(NULL), 0u);
+  cr_assert_eq(mn_cuda_input_copies_skipped(NULL), 0u);
   mn_session_free(cpu);
   mn_test_require_cuda_device();
   mn_session *s = mn_test_session(g, MN_BACKEND_CUDA, true);

@@ -550,6 +550,7 @@ Test(session, stats_count_steps_and_report_the_backend) {
   cr_assert_eq(mn_session_get_stats(s, &st), MN_OK);
   cr_assert_eq(st.steps, 3u);
   cr_assert_eq(st.graph_launches, 0u, "the CPU backend launches no graphs");
+  cr_assert_eq(st.graph_overlapped_edges, 0u);
   cr_assert_eq(st.submissions, 0u);
   mn_session_free(s);
   mn_graph_free(g);
