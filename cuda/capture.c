@@ -376,12 +376,11 @@ static mn_status remove_keeping_order(cudaGraph_t graph, cudaGraphNode_t node) {
   return rc != MN_OK ? rc : mn_cu_check(cudaGraphDestroyNode(node), "removing an input copy");
 }
 
-/* A step whose inputs are on the device already launches the graph without its copy nodes,
- * which, disabled, still stand at the head of the chain. Opt-in (MN_CUDA_BARE_GRAPH=1) until
- * measured again: a first version, which dropped the copies' edges with them, took the MLP TF32
- * step from 0.0500-0.0503 to 0.0495-0.0498 ms (H200), but also the order of the scalars' and the
- * loss scaler's copies before the kernels that read them; this one keeps that order and has not
- * run on a GPU (docs/performance.md). */
+/* A small step whose inputs are on the device already launches the graph without its copy
+ * nodes, which, disabled, still stand at the head of the chain: the MLP TF32 step went from
+ * 0.0501-0.0502 to 0.0493-0.0498 ms (H200). The removed copies' edges become edges from their
+ * predecessors to their successors, so the scalars' and the loss scaler's copies still come
+ * before the kernels that read them (docs/performance.md). MN_CUDA_BARE_GRAPH=0 turns it off. */
 static mn_status instantiate_bare(cuda_state *st, cudaGraph_t graph) {
   if (!st->bare_graph) return MN_OK;
   cudaGraph_t clone = NULL;
@@ -450,10 +449,12 @@ mn_status mn_cu_capture(cuda_state *st, mn_session *s, unsigned key) {
     st->staged[i].copy_on = true;
     kept = kept || st->staged[i].copy;
   }
-  /* Without the bare graph every step launches exec, as before it existed; the switch is a
-   * developer's, who is told why. */
+  /* Without the bare graph every step launches exec, a little slower but the same; the failure is
+   * told on stderr, not to the caller, whose step is fine. */
   if (rc == MN_OK && kept && instantiate_bare(st, graph) != MN_OK) {
-    fprintf(stderr, "meganeura: MN_CUDA_BARE_GRAPH=1, but the graph without copies failed: %s\n",
+    fprintf(stderr,
+            "meganeura: the step graph without input copies failed (steps copy as "
+            "before): %s\n",
             mn_last_error());
     cudaGetLastError();
     if (st->bare_exec) cudaGraphExecDestroy(st->bare_exec);

@@ -261,8 +261,6 @@ static mn_status cuda_create(mn_session *s) {
   st->device = s->options.device;
   const char *overlap = getenv("MN_CUDA_OVERLAP");
   st->overlap = !(overlap && strcmp(overlap, "0") == 0);
-  const char *bare = getenv("MN_CUDA_BARE_GRAPH");
-  st->bare_graph = bare && strcmp(bare, "1") == 0;
   mn_status rc = mn_cu_check(cudaSetDevice(st->device), "selecting the device");
   if (rc == MN_OK)
     rc = mn_cu_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "a stream");
@@ -281,6 +279,11 @@ static mn_status cuda_create(mn_session *s) {
   if (rc == MN_OK) rc = mn_cu_scaler_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_program_add_readback(&st->prog, s->plan, &st->readback_kernel);
   if (rc == MN_OK) mn_cu_program_overlap_small_step(&st->prog, s->plan, s->training);
+  /* Only a small step waits on the copies' launch latency; a large one's second instance would
+   * cost build time and buy nothing (capture.c, instantiate_bare). */
+  const char *bare = getenv("MN_CUDA_BARE_GRAPH");
+  st->bare_graph = !(bare && strcmp(bare, "0") == 0) && s->training && rc == MN_OK &&
+                   mn_cu_small_step(&st->prog, s->plan);
   if (rc == MN_OK) rc = mn_cu_low_declare(st, s);
   if (rc == MN_OK) rc = mn_cu_dp_declare(st, s);
   mn_nvtx_pop();

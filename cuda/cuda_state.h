@@ -133,7 +133,7 @@ typedef struct cuda_state {
   /* exec without its input copies' nodes, launched when no input was written since the last
    * step (mn_cu_inputs_written); NULL without bare_graph or a copy node kept. */
   cudaGraphExec_t bare_exec;
-  /* MN_CUDA_BARE_GRAPH=1 in the environment at the build (opt-in: capture.c). */
+  /* A small training step, MN_CUDA_BARE_GRAPH not 0 at the build (capture.c, instantiate_bare). */
   bool bare_graph;
   unsigned captured_key; /* what the captured graph was built for (see capture.c) */
   bool captured;

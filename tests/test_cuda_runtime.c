@@ -189,21 +189,21 @@ Test(cuda_runtime, every_step_is_one_graph_launch_and_lr_changes_never_recapture
 
 /* A step copies in only the inputs written since the previous step (the others' copies are
  * disabled in the graph, their device memory unchanged): a CUDA session fed x and t, then t
- * alone, then nothing, then x alone, trains as the CPU session fed the same, loss by loss; and
- * CUDA sessions that launch the graph without copy nodes at the steps that write none
- * (MN_CUDA_BARE_GRAPH=1) train to the same bits on two streams, and as the CPU on one with the
- * scalars' copy ahead of the input copies (so the removed copies' order must be kept: the
- * learning rate changes every step; one stream may sum in another order than two). */
+ * alone, then nothing, then x alone, trains as the CPU session fed the same, loss by loss. By
+ * default a small step launches the graph without copy nodes at the steps that write none; those
+ * sessions train to the same bits as one without (MN_CUDA_BARE_GRAPH=0) on two streams, and as
+ * the CPU on one with the scalars' copy ahead of the input copies (so the removed copies' order
+ * must be kept: the learning rate changes every step; one stream may sum in another order than
+ * two). */
 Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
   mn_test_require_cuda_device();
   mn_graph *g = mlp_graph(4, 8, 16, 3);
   setenv("MN_CUDA_BARE_GRAPH", "0", 1);
   mn_session *gpu = mn_test_session(g, MN_BACKEND_CUDA, true);
+  unsetenv("MN_CUDA_BARE_GRAPH");
   mn_session *cpu = mn_test_session(g, MN_BACKEND_CPU, true);
-  setenv("MN_CUDA_BARE_GRAPH", "1", 1);
   mn_session *bare = mn_test_session(g, MN_BACKEND_CUDA, true);
   mn_session *bare_chain = mn_test_session(g, MN_BACKEND_CUDA, true);
-  unsetenv("MN_CUDA_BARE_GRAPH");
   enum { SESSIONS = 4 };
   mn_session *all[SESSIONS] = {gpu, cpu, bare, bare_chain};
   for (int k = 0; k < SESSIONS; k++) {
@@ -245,7 +245,7 @@ Test(cuda_runtime, inputs_not_written_again_keep_their_values) {
 #ifdef MN_WITH_CUDA
   /* Copies left out: x and t at the 5 steps that wrote nothing, x or t at the 2 that wrote
    * one (the first step copies both: both were set after the build); those 5 steps ran the
-   * graph without copy nodes where asked to. */
+   * graph without copy nodes unless told not to. */
   for (int k = 0; k < SESSIONS; k++) {
     if (k == 1) continue;
     cr_assert_eq(mn_cuda_input_copies_skipped(all[k]), 12u,
