@@ -18,6 +18,9 @@ mn_status mn_cuda_plan_source(const mn_plan *p, bool allow_tf32, bool training, 
   int readback;
   if (st == MN_OK) st = mn_cu_program_add_readback(&prog, p, &readback);
   if (st == MN_OK) mn_cu_program_overlap_small_step(&prog, p, training);
+  /* In cuda_create's order, so the wrappers' indices are the session's. */
+  int converts;
+  if (st == MN_OK) st = mn_cu_program_add_converts(&prog, p, &converts, NULL);
   if (st == MN_OK && !(*source = mn_cu_program_source(&prog)))
     st = mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: no memory for kernel source");
   mn_cu_program_free(&prog);

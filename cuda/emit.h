@@ -291,6 +291,11 @@ mn_status mn_cu_program_add_readback(mn_cu_program *prog, const mn_plan *p, int 
  * parameters to update; sets *sumsq, *update and *accumulate to their indices, or -1. */
 mn_status mn_cu_program_add_optimizer(mn_cu_program *prog, const mn_plan *p, bool training,
                                       int *sumsq, int *update, int *accumulate);
+/* Declares the kernels that refresh the 2-byte copy of a plan stored in 2 bytes
+ * (low_precision.c): *block converts the update block's parameters, per_buffer[b] (when not NULL)
+ * parameter buffer b outside it; -2 where there is nothing to convert. */
+mn_status mn_cu_program_add_converts(mn_cu_program *prog, const mn_plan *p, int *block,
+                                     int *per_buffer);
 
 /* In a small training step (MN_CU_SMALL_STEP_FLOPS) every kernel declared so far that does not
  * overlap by itself gets a wrapper that waits (mn_overlap_wait) before its template runs and is

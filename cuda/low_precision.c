@@ -20,10 +20,29 @@
 static bool low(const mn_session *s) { return mn_cu_low_storage(s->plan) != MN_DEV_F32; }
 
 /* mn_convert of n values into the low-precision storage; -1 when out of memory. */
-static int convert_kernel(cuda_state *st, const mn_plan *p, long long n) {
-  mn_cu_op_ctx c = {.prog = &st->prog, .plan = p, .g = p->graph, .node = p->graph->nodes};
+static int convert_kernel(mn_cu_program *prog, const mn_plan *p, long long n) {
+  mn_cu_op_ctx c = {.prog = prog, .plan = p, .g = p->graph, .node = p->graph->nodes};
   int k = mn_cu_kernel(&c, 256, "mn_convert<%lldLL>", n);
-  return k < 0 ? -1 : mn_cu_instance(&st->prog, k, (unsigned)mn_cu_low_storage(p));
+  return k < 0 ? -1 : mn_cu_instance(prog, k, (unsigned)mn_cu_low_storage(p));
+}
+
+mn_status mn_cu_program_add_converts(mn_cu_program *prog, const mn_plan *p, int *block,
+                                     int *per_buffer) {
+  *block = -2;
+  if (mn_cu_low_storage(p) == MN_DEV_F32) return MN_OK;
+  /* The update block's parameters in one launch, the others one by one. */
+  if (p->update_bytes)
+    *block = convert_kernel(prog, p, (long long)(p->update_bytes / sizeof(float)));
+  if (*block == -1) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+  for (size_t b = 0; b < p->num_buffers; b++) {
+    const mn_buffer_desc *d = &p->buffers[b];
+    int k = -2;
+    if (d->role == MN_BUF_PARAMETER && !(p->update_bytes && mn_cu_in_update_block(p, d)))
+      k = convert_kernel(prog, p, mn_tensor_type_numel(&p->graph->nodes[d->node].type));
+    if (k == -1) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
+    if (per_buffer) per_buffer[b] = k;
+  }
+  return MN_OK;
 }
 
 /* Enqueues the conversion (inside a capture too); launch_convert counts it as a submission. */
@@ -52,21 +71,7 @@ mn_status mn_cu_low_declare(cuda_state *st, const mn_session *s) {
   if (!low(s)) return MN_OK;
   st->shadow_kernel = malloc((p->num_buffers ? p->num_buffers : 1) * sizeof *st->shadow_kernel);
   if (!st->shadow_kernel) return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  /* The update block's parameters in one launch, the others one by one. */
-  st->shadow_block_kernel =
-      p->update_bytes ? convert_kernel(st, p, (long long)(p->update_bytes / sizeof(float))) : -2;
-  if (st->shadow_block_kernel == -1)
-    return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  for (size_t b = 0; b < p->num_buffers; b++) {
-    const mn_buffer_desc *d = &p->buffers[b];
-    st->shadow_kernel[b] = -2;
-    if (d->role != MN_BUF_PARAMETER || (p->update_bytes && mn_cu_in_update_block(p, d))) continue;
-    st->shadow_kernel[b] =
-        convert_kernel(st, p, mn_tensor_type_numel(&p->graph->nodes[d->node].type));
-    if (st->shadow_kernel[b] == -1)
-      return mn_fail(MN_ERR_OUT_OF_MEMORY, "cuda backend: out of host memory");
-  }
-  return MN_OK;
+  return mn_cu_program_add_converts(&st->prog, p, &st->shadow_block_kernel, st->shadow_kernel);
 }
 
 mn_status mn_cu_low_allocate(cuda_state *st, const mn_session *s) {

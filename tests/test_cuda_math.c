@@ -146,6 +146,27 @@ Test(cuda_math, skinny_products_take_their_kernels) {
   }
 }
 
+/* The offline source (bench_plan_kernels, the compile checks of mn_test_assert_compiles_*) holds
+ * the kernels that refresh a 2-byte session's weight copy, as the session's does: one for the
+ * update block in training, one a parameter in inference; none in fp32. */
+Test(cuda_math, offline_source_holds_the_weights_conversion) {
+  mn_test_require_cuda_build();
+  mn_graph *g = dense_layer(16, 32, 8, NULL);
+  char *f32 = mn_test_plan_source(g, true, MN_PRECISION_F32);
+  cr_assert_null(strstr(f32, "mn_convert<"), "%s", f32);
+  free(f32);
+  char *train = mn_test_plan_source(g, true, MN_PRECISION_BF16);
+  cr_assert_not_null(strstr(train, "mn_convert<"), "no conversion in a bf16 training plan");
+  free(train);
+  char *infer = mn_test_plan_source(g, false, MN_PRECISION_BF16);
+  /* x [16, 32], w [32, 8], b [8]. */
+  cr_assert_not_null(strstr(infer, "mn_convert<512LL>"), "%s", infer);
+  cr_assert_not_null(strstr(infer, "mn_convert<256LL>"));
+  cr_assert_not_null(strstr(infer, "mn_convert<8LL>"));
+  free(infer);
+  mn_graph_free(g);
+}
+
 Test(cuda_math, skinny_products) {
   mn_test_require_cuda_build();
   mn_node (*acts[])(mn_graph *, mn_node) = {NULL, mn_relu, mn_gelu, mn_silu};
