@@ -506,7 +506,8 @@ void mn_cu_inputs_launched(cuda_state *st, bool bare) {
   st->bare_launches += bare;
   for (size_t i = 0; i < st->num_staged; i++) {
     mn_cu_staged *sg = &st->staged[i];
-    if (bare || !sg->copy_on) st->copies_skipped++;
+    /* A copy whose node the capture did not name stays in the bare graph too. */
+    if ((bare && sg->copy) || !sg->copy_on) st->copies_skipped++;
     sg->written = false;
   }
 }

@@ -280,7 +280,7 @@ bool mn_cu_inputs_written(const cuda_state *st);
 /* Before a launch of exec: each input copy enabled when its staging was written since the last
  * launch, disabled when not (its device memory holds it still). After the launch succeeded:
  * the marks cleared (a failed launch keeps them, so a retry copies), skipped copies counted
- * (all of them after a launch of bare_exec, `bare`). */
+ * (after a launch of bare_exec, `bare`, every copy it was built without). */
 mn_status mn_cu_inputs_copied(cuda_state *st);
 void mn_cu_inputs_launched(cuda_state *st, bool bare);
 
